@@ -1,0 +1,1 @@
+"""What runs in other processes: the sample publisher, (later) weight subscriber and prediction client."""

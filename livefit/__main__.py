@@ -1,0 +1,3 @@
+from livefit.cli import main
+
+raise SystemExit(main())

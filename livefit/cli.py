@@ -1,0 +1,68 @@
+"""The ``livefit`` command: serve, publish, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from livefit import __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    return int(args.handler(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="livefit", description="Real-time online learning and inference server."
+    )
+    parser.add_argument("--version", action="version", version=f"livefit {__version__}")
+    commands = parser.add_subparsers(title="commands")
+
+    serve = commands.add_parser("serve", help="run the learner: MQTT in, training, HTTP API")
+    serve.add_argument("--config", help="TOML config file (default: the bundled demo model)")
+    serve.add_argument("--host", help="override http.host")
+    serve.add_argument("--port", type=int, help="override http.port")
+    serve.set_defaults(handler=_serve)
+
+    from livefit.clients import publish
+
+    pub = commands.add_parser("publish", help="stream samples to a model's MQTT topic")
+    publish.add_arguments(pub)
+    pub.set_defaults(handler=publish.run)
+
+    from livefit import demo
+
+    dem = commands.add_parser("demo", help="broker, server and publisher in one command")
+    demo.add_arguments(dem)
+    dem.set_defaults(handler=demo.run)
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from livefit.server.config import ConfigError, load_settings
+    from livefit.server.logs import configure_logging
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"livefit: {exc}", file=sys.stderr)
+        return 2
+    if args.host:
+        settings.http.host = args.host
+    if args.port is not None:
+        settings.http.port = args.port
+    configure_logging(settings.logging.level, settings.logging.json_format)
+    from livefit.server.serve import run_server
+
+    return run_server(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The livefit server: ingestion, training, serving, metrics, HTTP app."""

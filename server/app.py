@@ -1,0 +1,56 @@
+"""The FastAPI app: health, metrics (and, in their own modules, the prediction endpoints).
+
+One lifespan owns every background part: the runtime is started when uvicorn starts the app
+and stopped, in order and with timeouts, when uvicorn shuts it down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from livefit import __version__
+from livefit.server.runtime import LearnerRuntime
+
+log = logging.getLogger(__name__)
+
+
+def create_app(runtime: LearnerRuntime) -> FastAPI:
+    """An app serving ``runtime``; starting the app starts the runtime."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(runtime.start)
+        log.info("livefit %s ready to learn %s", __version__, ", ".join(runtime.models))
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(runtime.stop)
+
+    app = FastAPI(title="livefit", version=__version__, lifespan=lifespan)
+    app.state.runtime = runtime
+
+    @app.get("/v2/health/live")
+    async def live() -> dict[str, bool]:
+        """The process is up (OIP v2 liveness)."""
+        return {"live": True}
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        """200 once every model is warmed up and the broker is connected, else 503."""
+        is_ready = runtime.ready()
+        return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text exposition of this process's registry."""
+        body = generate_latest(runtime.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,188 @@
+"""Where the broker is: parse ``mqtt://`` URLs, and resolve ``url = "auto"``.
+
+``auto`` picks, in order, and says in the log which it chose:
+1. a broker already listening on 127.0.0.1:1883 (Debian's mosquitto package starts one);
+2. mosquitto started as a child process, when the binary is on PATH (persistence on, under
+   ``storage.dir``/mosquitto);
+3. an embedded amqtt broker (``pip install livefit[embedded-broker]``), with a loud warning: it
+   speaks MQTT 3.1.1 only and does not redeliver unacknowledged messages, so no-loss
+   guarantees do not hold on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+log = logging.getLogger(__name__)
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 1883
+DEFAULT_TLS_PORT = 8883
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAddress:
+    """A broker endpoint, parsed from ``mqtt[s]://[user:pass@]host[:port]``."""
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+
+    def __str__(self) -> str:  # never shows the password
+        scheme = "mqtts" if self.tls else "mqtt"
+        user = f"{self.username}@" if self.username else ""
+        return f"{scheme}://{user}{self.host}:{self.port}"
+
+
+def parse_broker_url(url: str) -> BrokerAddress:
+    """Parse a broker URL; ValueError names what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("mqtt", "mqtts"):
+        raise ValueError(f"broker URL must start with mqtt:// or mqtts://, got {url!r}")
+    if not parts.hostname:
+        raise ValueError(f"broker URL has no host: {url!r}")
+    tls = parts.scheme == "mqtts"
+    try:
+        port = parts.port or (DEFAULT_TLS_PORT if tls else DEFAULT_PORT)
+    except ValueError:
+        raise ValueError(f"broker URL has an invalid port: {url!r}") from None
+    return BrokerAddress(
+        host=parts.hostname,
+        port=port,
+        tls=tls,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+    )
+
+
+def is_listening(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when something accepts TCP connections at host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class ManagedBroker:
+    """A broker livefit started itself and must stop on shutdown."""
+
+    kind = "none"
+    protocol = "5"
+
+    def stop(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class MosquittoChild(ManagedBroker):
+    """mosquitto as a child process with persistence under ``workdir``."""
+
+    kind = "mosquitto"
+
+    def __init__(self, workdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        conf = workdir / "mosquitto.conf"
+        user = "user root\n" if os.geteuid() == 0 else ""
+        conf.write_text(
+            f"listener {port} {host}\nallow_anonymous true\n{user}"
+            f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\n"
+            "max_queued_messages 1000000\nmax_inflight_messages 1000\n"
+            f"log_dest file {workdir}/mosquitto.log\n"
+        )
+        self.process = subprocess.Popen(
+            ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        _wait_listening(host, port, lambda: self.process.poll() is None, "mosquitto")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+class EmbeddedAmqtt(ManagedBroker):
+    """amqtt running on its own event loop in a daemon thread (MQTT 3.1.1, no redelivery)."""
+
+    kind = "amqtt"
+    protocol = "3.1.1"
+
+    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+        try:
+            from amqtt.broker import Broker
+        except ImportError:
+            raise RuntimeError(
+                "no MQTT broker: nothing listens on 127.0.0.1:1883, mosquitto is not on PATH "
+                "(apt-get install mosquitto) and amqtt is not installed "
+                "(pip install 'livefit[embedded-broker]'); or set broker.url"
+            ) from None
+        config = {
+            "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
+            "sys_interval": 0,
+            "auth": {"allow-anonymous": True},
+            "topic-check": {"enabled": False},
+        }
+        self._loop = asyncio.new_event_loop()
+        self._broker = Broker(config, loop=self._loop)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="amqtt", daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._broker.start(), self._loop).result(timeout=15)
+        _wait_listening(host, port, self._thread.is_alive, "amqtt")
+
+    def stop(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self._broker.shutdown(), self._loop).result(timeout=10)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+
+def resolve_broker(
+    url: str, storage_dir: Path, allow: tuple[str, ...] = ("existing", "mosquitto", "amqtt")
+) -> tuple[BrokerAddress, ManagedBroker | None]:
+    """The broker to connect to, starting one when ``url`` is ``auto`` and none is running."""
+    if url != "auto":
+        return parse_broker_url(url), None
+    address = BrokerAddress(DEFAULT_HOST, DEFAULT_PORT)
+    if "existing" in allow and is_listening(address.host, address.port):
+        log.info("broker: using the broker already listening on %s", address)
+        return address, None
+    if "mosquitto" in allow and shutil.which("mosquitto"):
+        managed: ManagedBroker = MosquittoChild(storage_dir / "mosquitto", port=address.port)
+        log.info("broker: started mosquitto as a child process on %s (persistence on)", address)
+        return address, managed
+    if "amqtt" in allow:
+        managed = EmbeddedAmqtt(port=address.port)
+        log.warning(
+            "broker: started an EMBEDDED amqtt broker on %s. It speaks MQTT 3.1.1 only and does "
+            "NOT redeliver unacknowledged messages: samples can be lost. Install mosquitto "
+            "for anything beyond a demo.",
+            address,
+        )
+        return address, managed
+    raise RuntimeError("broker.url is auto but no broker could be found or started")
+
+
+def _wait_listening(host: str, port: int, alive, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"{what} exited before listening on {host}:{port}")
+        if is_listening(host, port, timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")

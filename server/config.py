@@ -1,0 +1,298 @@
+"""Validated configuration: a TOML file, every key overridable by ``LIVEFIT_...`` environment vars.
+
+``load_settings(path)`` reads the file (or the bundled example when ``path`` is None), lays the
+environment over it (``LIVEFIT_HTTP__PORT=9000``, ``LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE=64``:
+``__`` separates levels) and validates the whole tree at once. A bad or unknown key raises
+``ConfigError`` whose message names the key, e.g. ``models.demo.train.max_batch_size``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "LIVEFIT_"
+ENV_DELIMITER = "__"
+BUILTIN_BUILDERS = ("linear", "mlp", "lstm")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names every bad key and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class TlsSettings(_Section):
+    """TLS material for ``mqtts://`` brokers (all paths are PEM files)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure: bool = False  # skip hostname verification: for test CAs only
+
+
+class BrokerSettings(_Section):
+    """How livefit reaches its MQTT broker."""
+
+    url: str = "auto"
+    client_id: str = "livefit-learner"
+    protocol: Literal["5", "3.1.1"] = "5"
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    session_expiry_s: int = Field(86400, ge=0)
+    receive_maximum: int = Field(1000, ge=1, le=65535)
+    reconnect_min_s: float = Field(0.5, gt=0)
+    reconnect_max_s: float = Field(5.0, gt=0)
+    connect_timeout_s: float = Field(10.0, gt=0)
+    tls: TlsSettings = TlsSettings()
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if value != "auto" and not re.match(r"^mqtts?://[^/]+$", value):
+            raise ValueError('must be "auto" or mqtt://[user:pass@]host:port or mqtts://...')
+        return value
+
+
+class HttpSettings(_Section):
+    """Where the HTTP API listens."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+
+
+class StorageSettings(_Section):
+    """Where livefit keeps state (broker persistence when it starts mosquitto, later checkpoints)."""
+
+    dir: str = "./livefit-data"
+
+
+class LoggingSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    json_format: bool = Field(False, alias="json")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class TrainSettings(_Section):
+    """How the trainer forms minibatches from the sample queue."""
+
+    max_batch_size: int = Field(256, ge=1, le=65536)
+    max_wait_ms: float = Field(0.0, ge=0, le=60_000)
+    queue_capacity: int = Field(20_000, ge=1)  # samples held between ingestion and training
+
+
+class ServeSettings(_Section):
+    """Request batching and limits for the prediction API."""
+
+    max_batch_size: int = Field(64, ge=1, le=65536)
+    batch_timeout_ms: float = Field(2.0, ge=0, le=10_000)
+    max_queue_rows: int = Field(4096, ge=1)
+    default_deadline_ms: float = Field(5000.0, gt=0)
+    allowed_batch_sizes: list[int] | None = None
+    max_request_rows: int = Field(1024, ge=1)
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> ServeSettings:
+        sizes = self.allowed_batch_sizes
+        if sizes is not None:
+            if not sizes or sorted(set(sizes)) != sizes or sizes[0] < 1:
+                raise ValueError("allowed_batch_sizes must be strictly increasing positive ints")
+            if sizes[-1] != self.max_batch_size:
+                raise ValueError("the last allowed_batch_sizes entry must equal max_batch_size")
+        return self
+
+    def batch_sizes(self) -> list[int]:
+        """The padded batch sizes the compiled inference function sees (powers of two by default)."""
+        if self.allowed_batch_sizes is not None:
+            return list(self.allowed_batch_sizes)
+        sizes, size = [], 1
+        while size < self.max_batch_size:
+            sizes.append(size)
+            size *= 2
+        return [*sizes, self.max_batch_size]
+
+
+class WeightsSettings(_Section):
+    """How often the trainer hands a snapshot of its weights to serving (and, later, to MQTT)."""
+
+    publish_interval_s: float = Field(0.5, gt=0, le=3600)
+    topic: str | None = None
+
+
+class ModelSettings(_Section):
+    """One model: its network, its training stream and its serving limits."""
+
+    builder: str = "mlp"
+    builder_options: dict[str, Any] = Field(default_factory=dict)
+    input_shape: list[int]
+    output_shape: list[int]
+    target_shape: list[int] | None = None  # default: output_shape ([] for sparse categorical)
+    loss: str = "mse"
+    optimizer: str = "adam"
+    learning_rate: float = Field(0.001, gt=0)
+    metrics: list[Literal["accuracy"]] = Field(default_factory=list)
+    device: str = "auto"  # "auto" picks /GPU:0 when TensorFlow sees one, else /CPU:0
+    topic: str | None = None
+    dead_letter_topic: str | None = None
+    max_message_bytes: int = Field(1024 * 1024, ge=64)
+    max_samples_per_message: int = Field(10_000, ge=1)
+    prequential_window: int = Field(1000, ge=1)
+    seed: int | None = None
+    train: TrainSettings = TrainSettings()
+    serve: ServeSettings = ServeSettings()
+    weights: WeightsSettings = WeightsSettings()
+
+    @field_validator("builder")
+    @classmethod
+    def _check_builder(cls, value: str) -> str:
+        if value not in BUILTIN_BUILDERS and not _BUILDER_PATH.match(value):
+            raise ValueError(
+                f"unknown builder {value!r}: use one of {', '.join(BUILTIN_BUILDERS)} "
+                'or "package.module:function"'
+            )
+        return value
+
+    @field_validator("input_shape", "output_shape")
+    @classmethod
+    def _check_shape(cls, value: list[int]) -> list[int]:
+        if not value or any(d < 1 for d in value):
+            raise ValueError("must be a non-empty list of positive ints")
+        return value
+
+    @field_validator("dead_letter_topic")
+    @classmethod
+    def _check_publish_topic(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(c in value for c in "#+\0")):
+            raise ValueError("must be a non-empty MQTT topic without wildcards")
+        return value
+
+    @field_validator("target_shape")
+    @classmethod
+    def _check_target_shape(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and any(d < 1 for d in value):
+            raise ValueError("must be a list of positive ints ([] for a scalar target)")
+        return value
+
+    @field_validator("topic")
+    @classmethod
+    def _check_topic(cls, value: str | None) -> str | None:
+        if value is not None and (not value or "\0" in value or value.startswith("$")):
+            raise ValueError("must be a non-empty MQTT topic (wildcards + and # are allowed)")
+        return value
+
+    def resolved_target_shape(self) -> list[int]:
+        """Shape of one label: ``target_shape``, else [] for sparse categorical, else output_shape."""
+        if self.target_shape is not None:
+            return list(self.target_shape)
+        if self.loss.startswith("sparse_categorical"):
+            return []
+        return list(self.output_shape)
+
+
+class Settings(_Section):
+    """The whole livefit configuration."""
+
+    broker: BrokerSettings = BrokerSettings()
+    http: HttpSettings = HttpSettings()
+    storage: StorageSettings = StorageSettings()
+    logging: LoggingSettings = LoggingSettings()
+    models: dict[str, ModelSettings]
+
+    @field_validator("models")
+    @classmethod
+    def _check_models(cls, value: dict[str, ModelSettings]) -> dict[str, ModelSettings]:
+        if not value:
+            raise ValueError("at least one [models.<name>] table is required")
+        for name in value:
+            if not _MODEL_NAME.match(name):
+                raise ValueError(f"model name {name!r} must match {_MODEL_NAME.pattern}")
+        return value
+
+    def samples_topic(self, name: str) -> str:
+        return self.models[name].topic or f"livefit/{name}/samples"
+
+    def dead_letter_topic(self, name: str) -> str:
+        return self.models[name].dead_letter_topic or f"livefit/{name}/rejected"
+
+    def weights_topic(self, name: str) -> str:
+        return self.models[name].weights.topic or f"livefit/{name}/weights"
+
+
+def bundled_example_path() -> Path:
+    """The example config shipped with the package (one MLP model called ``demo``)."""
+    return Path(__file__).resolve().parent.parent / "livefit" / "examples" / "demo.toml"
+
+
+def load_settings(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Read ``path`` (default: the bundled example), apply ``LIVEFIT_*`` overrides, validate."""
+    file = Path(path) if path is not None else bundled_example_path()
+    try:
+        with file.open("rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {file}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: invalid TOML: {exc}") from exc
+    _apply_env(data, os.environ if environ is None else environ)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, file)) from None
+
+
+def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """Lay ``LIVEFIT_A__B__C=value`` over ``data["a"]["b"]["c"]`` (values parsed as TOML scalars)."""
+    for key, raw in sorted(environ.items()):
+        if not key.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in key[len(ENV_PREFIX) :].split(ENV_DELIMITER)]
+        if len(parts) < 2 or not all(parts):
+            continue  # LIVEFIT_CONFIG and friends are CLI inputs, not settings
+        if parts[0] == "models":
+            parts[1] = _match_model_name(data, parts[1])
+        node = data
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{key}: {'.'.join(parts)} cannot be set, its parent is a value")
+            node = child
+        node[parts[-1]] = _parse_env_value(raw)
+
+
+def _match_model_name(data: dict[str, Any], lowered: str) -> str:
+    """Env names are case-insensitive; model names are not: reuse the file's spelling."""
+    for name in data.get("models", {}):
+        if name.lower() == lowered:
+            return str(name)
+    return lowered
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw  # a bare string such as mqtt://host:1883
+
+
+def _describe(exc: ValidationError, file: Path) -> str:
+    lines = [f"invalid configuration ({file}):"]
+    for error in exc.errors():
+        key = ".".join(str(p) for p in error["loc"]) or "(root)"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling against the README's configuration table)"
+        lines.append(f"  {key}: {message}")
+    return "\n".join(lines)

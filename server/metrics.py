@@ -1,0 +1,143 @@
+"""Every Prometheus metric livefit exports, created on one registry per app instance.
+
+Names follow Prometheus conventions (base units, ``_total`` counters, ``_seconds``) and every
+per-model series carries the label ``model``. Label values are bounded: model names come from
+the config, rejection reasons from ``codec.REASONS``, HTTP codes from the few the API returns.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from livefit import __version__
+
+SIZE_BUCKETS = tuple(float(2**i) for i in range(14))  # 1 .. 8192 rows
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+class Metrics:
+    """The metric objects of one livefit process (learner or replica)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.build_info = Info("livefit_build", "livefit version and role", registry=r)
+        self.build_info.info({"version": __version__})
+
+        # Broker connection
+        self.broker_connected = Gauge(
+            "livefit_broker_connected", "1 while connected to the MQTT broker", registry=r
+        )
+        self.broker_connects = Counter(
+            "livefit_broker_connects_total",
+            "Successful MQTT connections (the first one and every reconnect)",
+            registry=r,
+        )
+        self.broker_disconnects = Counter(
+            "livefit_broker_disconnects_total", "Unexpected MQTT disconnections", registry=r
+        )
+
+        # Ingestion
+        self.ingest_messages = Counter(
+            "livefit_ingest_messages_total",
+            "MQTT sample messages by outcome (accepted or rejected) and rejection reason",
+            ["model", "outcome", "reason"],
+            registry=r,
+        )
+        self.ingest_samples = Counter(
+            "livefit_ingest_samples_total", "Samples accepted into the training queue",
+            ["model"], registry=r,
+        )  # fmt: skip
+        self.dead_letters = Counter(
+            "livefit_dead_letter_publishes_total",
+            "Rejected messages reported on the dead-letter topic, by outcome (sent or failed)",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "livefit_queue_depth", "Samples waiting for the trainer", ["model"], registry=r
+        )
+        self.internal_errors = Counter(
+            "livefit_internal_errors_total",
+            "Unexpected exceptions caught in a background component, which kept running",
+            ["component"],
+            registry=r,
+        )
+
+        # Training
+        self.train_steps = Counter(
+            "livefit_train_steps_total", "Training steps (minibatches) run", ["model"], registry=r
+        )
+        self.train_samples = Counter(
+            "livefit_train_samples_total", "Samples trained on", ["model"], registry=r
+        )
+        self.train_batch_size = Histogram(
+            "livefit_train_batch_size", "Samples per training step", ["model"],
+            buckets=SIZE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.train_step_seconds = Histogram(
+            "livefit_train_step_seconds", "Wall time of one training step (predict + train)",
+            ["model"], buckets=STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.train_loss = Gauge(
+            "livefit_train_loss", "Training loss of the last step", ["model"], registry=r
+        )
+        self.prequential_loss = Gauge(
+            "livefit_prequential_loss",
+            "Test-then-train loss: mean over the last prequential_window samples, each scored "
+            "before the model trained on it",
+            ["model"],
+            registry=r,
+        )
+        self.prequential_accuracy = Gauge(
+            "livefit_prequential_accuracy",
+            "Test-then-train accuracy over the last prequential_window samples (classifiers)",
+            ["model"],
+            registry=r,
+        )
+        self.model_version = Gauge(
+            "livefit_model_version", "Training steps in the trainer's weights", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.model_ready = Gauge(
+            "livefit_model_ready", "1 once the model is built and warmed up", ["model"], registry=r
+        )
+
+        # Serving
+        self.predict_requests = Counter(
+            "livefit_predict_requests_total", "Prediction requests by HTTP status code",
+            ["model", "code"], registry=r,
+        )  # fmt: skip
+        self.predict_latency = Histogram(
+            "livefit_predict_latency_seconds", "Whole prediction request time, parse to response",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.predict_queue_seconds = Histogram(
+            "livefit_predict_queue_seconds", "Time a request waited in the batcher's queue",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.predict_batch_size = Histogram(
+            "livefit_predict_batch_size", "Rows per model call (before padding)", ["model"],
+            buckets=SIZE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.predict_queue_rows = Gauge(
+            "livefit_predict_queue_rows", "Rows waiting in the batcher's queue", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.serving_version = Gauge(
+            "livefit_serving_version", "Version of the weights that answers predictions",
+            ["model"], registry=r,
+        )  # fmt: skip
+
+    def init_model(self, model: str) -> None:
+        """Create every per-model series at zero so dashboards and rate() see them at once."""
+        for metric in (
+            self.ingest_samples, self.queue_depth, self.train_steps, self.train_samples,
+            self.model_version, self.model_ready, self.predict_queue_rows, self.serving_version,
+        ):  # fmt: skip
+            metric.labels(model=model)
+        self.ingest_messages.labels(model=model, outcome="accepted", reason="none")
+        self.dead_letters.labels(model=model, outcome="sent")

@@ -1,0 +1,72 @@
+"""Build and compile a configured model, and pick the device it runs on."""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import tensorflow as tf
+from livefit.models import build_model
+from livefit.server.config import ModelSettings
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``/GPU:0`` when TensorFlow sees a GPU, else ``/CPU:0``; anything else as given."""
+    if device != "auto":
+        return device
+    return "/GPU:0" if tf.config.list_physical_devices("GPU") else "/CPU:0"
+
+
+def enable_gpu_memory_growth() -> None:
+    """Let several models (trainer and serving copies) share a GPU instead of one taking it all."""
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # already initialised: growth can no longer change
+            log.debug("GPU memory growth could not be set on %s", gpu.name)
+
+
+def make_optimizer(settings: ModelSettings) -> keras.optimizers.Optimizer:
+    """The configured optimizer, with the configured learning rate."""
+    try:
+        return keras.optimizers.get(
+            {"class_name": settings.optimizer, "config": {"learning_rate": settings.learning_rate}}
+        )
+    except ValueError as exc:
+        raise ValueError(f"unknown optimizer {settings.optimizer!r}: {exc}") from None
+
+
+def make_loss(settings: ModelSettings):  # type: ignore[no-untyped-def]
+    """The configured loss as a per-sample function ``loss(y_true, y_pred)``."""
+    try:
+        return keras.losses.get(settings.loss)
+    except ValueError as exc:
+        raise ValueError(f"unknown loss {settings.loss!r}: {exc}") from None
+
+
+def build_compiled(settings: ModelSettings, device: str) -> keras.Model:
+    """Build the configured network on ``device`` and compile it with its loss and optimizer."""
+    with tf.device(device):
+        model = build_model(
+            settings.builder,
+            settings.input_shape,
+            settings.output_shape,
+            settings.builder_options,
+            seed=settings.seed,
+        )
+        model.compile(optimizer=make_optimizer(settings), loss=make_loss(settings))
+    return model
+
+
+def build_uncompiled(settings: ModelSettings, device: str) -> keras.Model:
+    """The same network for serving: no optimizer state, weights set from snapshots."""
+    with tf.device(device):
+        return build_model(
+            settings.builder,
+            settings.input_shape,
+            settings.output_shape,
+            settings.builder_options,
+            seed=settings.seed,
+        )

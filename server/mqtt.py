@@ -1,0 +1,179 @@
+"""livefit's MQTT session: paho-mqtt 2.x, persistent session, QoS 1, manual acknowledgement.
+
+Callbacks stay tiny: ``on_message`` only puts the raw message on the inbox; ``on_connect``
+checks the reason code and (re)subscribes. Messages are acknowledged by the ingest worker once
+they are accepted into a model's queue (or rejected and reported), so a full queue stops the
+acks, and the broker (which honours our MQTT 5 Receive Maximum) stops sending: backpressure.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as paho
+from livefit.server.broker import BrokerAddress
+from livefit.server.config import BrokerSettings
+from livefit.server.metrics import Metrics
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """A message as it came off the wire, before any decoding."""
+
+    mid: int
+    qos: int
+    topic: str
+    payload: bytes
+    content_type: str | None
+    received_at: float
+
+
+class MqttConnection:
+    """One MQTT client: subscribes to sample topics, publishes reports, acks on request."""
+
+    def __init__(
+        self,
+        address: BrokerAddress,
+        settings: BrokerSettings,
+        metrics: Metrics,
+        protocol: str | None = None,
+        client_id: str | None = None,
+    ) -> None:
+        self.address = address
+        self.settings = settings
+        self.metrics = metrics
+        self.protocol = protocol or settings.protocol
+        self.inbox: queue.Queue[RawMessage] = queue.Queue(maxsize=settings.receive_maximum * 2)
+        self.connected = threading.Event()
+        self._subscriptions: list[tuple[str, int]] = []
+        self._client = self._make_client(client_id or settings.client_id)
+
+    def add_subscription(self, topic: str, qos: int = 1) -> None:
+        """Subscribe to ``topic`` on every (re)connect. Call before ``start``."""
+        self._subscriptions.append((topic, qos))
+
+    def start(self) -> None:
+        """Connect in the background; paho reconnects with backoff on its own after that."""
+        a, s = self.address, self.settings
+        kwargs: dict[str, Any] = {"keepalive": s.keepalive_s}
+        if self.protocol == "5":
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = s.session_expiry_s
+            props.ReceiveMaximum = s.receive_maximum
+            kwargs.update(clean_start=False, properties=props)
+        self._client.connect_async(a.host, a.port, **kwargs)
+        self._client.loop_start()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self.connected.wait(timeout)
+
+    def stop(self) -> None:
+        """Disconnect cleanly (the session, and what we did not ack, stays on the broker)."""
+        try:
+            self._client.disconnect()
+        finally:
+            self._client.loop_stop()
+            self.connected.clear()
+            self.metrics.broker_connected.set(0)
+
+    def ack(self, message: RawMessage) -> None:
+        """Acknowledge ``message`` to the broker (QoS 0 needs none)."""
+        if message.qos > 0:
+            self._client.ack(message.mid, message.qos)
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 1,
+        retain: bool = False,
+        content_type: str | None = None,
+        user_properties: list[tuple[str, str]] | None = None,
+    ) -> paho.MQTTMessageInfo:
+        """Publish; with QoS 1 paho keeps it and resends it after a reconnect."""
+        properties = None
+        if self.protocol == "5" and (content_type or user_properties):
+            properties = Properties(PacketTypes.PUBLISH)
+            if content_type:
+                properties.ContentType = content_type
+            if user_properties:
+                properties.UserProperty = user_properties
+        return self._client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+
+    def _make_client(self, client_id: str) -> paho.Client:
+        s = self.settings
+        v5 = self.protocol == "5"
+        client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
+            clean_session=None if v5 else False,
+            manual_ack=True,
+            reconnect_on_failure=True,
+        )
+        client.suppress_exceptions = True
+        client.max_inflight_messages_set(1000)
+        client.max_queued_messages_set(0)
+        client.reconnect_delay_set(
+            min_delay=max(1, round(s.reconnect_min_s)), max_delay=max(1, round(s.reconnect_max_s))
+        )
+        if self.address.username:
+            client.username_pw_set(self.address.username, self.address.password)
+        if self.address.tls:
+            client.tls_set(ca_certs=s.tls.ca_file, certfile=s.tls.cert_file, keyfile=s.tls.key_file)
+            client.tls_insecure_set(s.tls.insecure)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        return client
+
+    def _on_connect(
+        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
+    ) -> None:
+        if reason.is_failure:
+            log.error("MQTT connection to %s refused: %s", self.address, reason)
+            return
+        for topic, qos in self._subscriptions:
+            client.subscribe(topic, qos=qos)
+        resumed = bool(getattr(flags, "session_present", False))
+        log.info("MQTT connected to %s (session %s)", self.address, "resumed" if resumed else "new")
+        self.metrics.broker_connects.inc()
+        self.metrics.broker_connected.set(1)
+        self.connected.set()
+
+    def _on_disconnect(
+        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
+    ) -> None:
+        self.connected.clear()
+        self.metrics.broker_connected.set(0)
+        if getattr(reason, "value", reason) != 0:  # 0: the disconnect we asked for
+            self.metrics.broker_disconnects.inc()
+            log.warning("MQTT disconnected from %s: %s; reconnecting", self.address, reason)
+
+    def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
+        try:
+            content_type = (
+                getattr(message.properties, "ContentType", None) if message.properties else None
+            )
+            raw = RawMessage(
+                mid=message.mid,
+                qos=message.qos,
+                topic=message.topic,
+                payload=message.payload,
+                content_type=content_type,
+                received_at=time.time(),
+            )
+            self.inbox.put(raw)  # never blocks while the broker honours Receive Maximum
+        except Exception:
+            self.metrics.internal_errors.labels(component="mqtt_on_message").inc()
+            log.exception("could not enqueue an MQTT message on %s", message.topic)

@@ -1,0 +1,55 @@
+"""Test-then-train scores: each sample is scored by the model before the model trains on it."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class WindowedMean:
+    """Mean of the last ``window`` values (whole batches dropped from the old end) and overall."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._batches: deque[tuple[float, int]] = deque()
+        self._sum = 0.0
+        self._count = 0
+        self.total_sum = 0.0
+        self.total_count = 0
+
+    def add(self, values: np.ndarray) -> None:
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        if values.size > self.window:
+            values = values[-self.window :]
+        batch_sum, batch_count = float(values.sum()), int(values.size)
+        self._batches.append((batch_sum, batch_count))
+        self._sum += batch_sum
+        self._count += batch_count
+        self.total_sum += batch_sum
+        self.total_count += batch_count
+        while self._count - self._batches[0][1] >= self.window:
+            old_sum, old_count = self._batches.popleft()
+            self._sum -= old_sum
+            self._count -= old_count
+
+    @property
+    def value(self) -> float:
+        """The windowed mean (NaN before the first value)."""
+        return self._sum / self._count if self._count else float("nan")
+
+    @property
+    def cumulative(self) -> float:
+        return self.total_sum / self.total_count if self.total_count else float("nan")
+
+
+def correct_predictions(y_true: np.ndarray, y_pred: np.ndarray, sparse: bool) -> np.ndarray:
+    """1.0 where a classifier's prediction is right: argmax for several outputs, 0.5 for one."""
+    n = y_pred.shape[0]
+    pred = y_pred.reshape(n, -1)
+    if sparse:
+        return (pred.argmax(axis=1) == y_true.reshape(n).astype(np.int64)).astype(np.float32)
+    true = y_true.reshape(n, -1)
+    if pred.shape[1] == 1:
+        return ((pred[:, 0] > 0.5) == (true[:, 0] > 0.5)).astype(np.float32)
+    return (pred.argmax(axis=1) == true.argmax(axis=1)).astype(np.float32)

@@ -1,0 +1,140 @@
+"""The learner process's background parts, started and stopped together in a fixed order.
+
+Start: broker (resolve, maybe launch) -> models built and warmed -> trainers -> ingest worker ->
+MQTT connection. Stop, in reverse: MQTT (no new messages) -> ingest -> trainers (train what
+was accepted, final snapshot) -> the broker livefit launched, if any.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from livefit.server.broker import ManagedBroker, resolve_broker
+from livefit.server.codec import SampleSpec
+from livefit.server.config import ModelSettings, Settings
+from livefit.server.ingest import IngestWorker, Route
+from livefit.server.metrics import Metrics
+from livefit.server.modeling import enable_gpu_memory_growth, resolve_device
+from livefit.server.mqtt import MqttConnection
+from livefit.server.samples import SampleQueue
+from livefit.server.snapshot import SnapshotSlot
+from livefit.server.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelRuntime:
+    """Everything livefit runs for one configured model."""
+
+    name: str
+    settings: ModelSettings
+    device: str
+    queue: SampleQueue
+    slot: SnapshotSlot
+    trainer: Trainer | None = None
+
+
+class LearnerRuntime:
+    """Owns the broker connection, the ingest worker and one trainer per model."""
+
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.metrics = Metrics(registry)
+        self.models: dict[str, ModelRuntime] = {}
+        self.connection: MqttConnection | None = None
+        self.ingest: IngestWorker | None = None
+        self.managed_broker: ManagedBroker | None = None
+        self.started = False
+
+    def start(self) -> None:
+        """Start every part; raises (after cleaning up) if a part cannot start."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.started = True
+
+    def _start(self) -> None:
+        storage = Path(self.settings.storage.dir)
+        storage.mkdir(parents=True, exist_ok=True)
+        address, self.managed_broker = resolve_broker(self.settings.broker.url, storage)
+        enable_gpu_memory_growth()
+        for name, model_settings in self.settings.models.items():
+            self.models[name] = self._build_model(name, model_settings)
+        protocol = self.managed_broker.protocol if self.managed_broker else None
+        self.connection = MqttConnection(address, self.settings.broker, self.metrics, protocol)
+        routes = []
+        for name, runtime in self.models.items():
+            subscription = self.settings.samples_topic(name)
+            self.connection.add_subscription(subscription, qos=1)
+            routes.append(self._route(runtime, subscription))
+        self.ingest = IngestWorker(self.connection, routes, self.metrics)
+        for runtime in self.models.values():
+            assert runtime.trainer is not None
+            runtime.trainer.start()
+        self.ingest.start()
+        self.connection.start()
+        if not self.connection.wait_connected(self.settings.broker.connect_timeout_s):
+            log.warning("not connected to %s yet; paho keeps retrying", address)
+
+    def _build_model(self, name: str, settings: ModelSettings) -> ModelRuntime:
+        device = resolve_device(settings.device)
+        runtime = ModelRuntime(
+            name=name,
+            settings=settings,
+            device=device,
+            queue=SampleQueue(settings.train.queue_capacity),
+            slot=SnapshotSlot(),
+        )
+        self.metrics.init_model(name)
+        runtime.trainer = Trainer(
+            name, settings, runtime.queue, runtime.slot, self.metrics, device
+        )
+        runtime.trainer.warm_up()
+        self.metrics.model_ready.labels(model=name).set(1)
+        log.info("model %s built on %s (%s builder)", name, device, settings.builder)
+        return runtime
+
+    def _route(self, runtime: ModelRuntime, subscription: str) -> Route:
+        s = runtime.settings
+        return Route(
+            model=runtime.name,
+            subscription=subscription,
+            spec=SampleSpec(
+                input_shape=tuple(s.input_shape),
+                target_shape=tuple(s.resolved_target_shape()),
+                max_message_bytes=s.max_message_bytes,
+                max_samples=s.max_samples_per_message,
+            ),
+            queue=runtime.queue,
+            dead_letter_topic=self.settings.dead_letter_topic(runtime.name),
+        )
+
+    def ready(self) -> bool:
+        """True when every model is warmed up and the broker connection is up."""
+        return (
+            self.started
+            and self.connection is not None
+            and self.connection.connected.is_set()
+            and all(m.trainer is not None and m.trainer.running for m in self.models.values())
+        )
+
+    def stop(self) -> None:
+        """Stop every part that started, in reverse order; safe to call more than once."""
+        if self.connection is not None:
+            self.connection.stop()
+        if self.ingest is not None:
+            self.ingest.stop()
+        for runtime in self.models.values():
+            if runtime.trainer is not None:
+                runtime.trainer.stop()
+        if self.managed_broker is not None:
+            self.managed_broker.stop()
+            self.managed_broker = None
+        self.started = False

@@ -1,0 +1,55 @@
+"""Shared fixtures: a real mosquitto per session, and a check that no test leaves threads behind."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tests.mqtt_broker import MosquittoBroker  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
+    """A mosquitto on a free port for the whole session (never the one at 1883)."""
+    instance = MosquittoBroker(tmp_path_factory.mktemp("mosquitto"))
+    instance.start()
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
+    """A mosquitto for one test, which that test may stop, kill and restart."""
+    instance = MosquittoBroker(tmp_path / "mosquitto")
+    instance.start()
+    yield instance
+    instance.stop()
+
+
+# Threads that libraries start once per process and keep by design.
+_BENIGN_THREAD_PREFIXES = ("asyncio_", "ThreadPoolExecutor", "pytest_timeout")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    """Fail a test that leaves a thread of ours running (Home Assistant's verify_cleanup)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        leaked = [
+            t
+            for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.name.startswith(_BENIGN_THREAD_PREFIXES)
+        ]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not leaked, f"threads left running: {[t.name for t in leaked]}"

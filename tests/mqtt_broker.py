@@ -1,0 +1,85 @@
+"""A real mosquitto broker on a free loopback port, for tests: start, stop, restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class MosquittoBroker:
+    """One mosquitto child process with persistence in ``workdir``; restartable on the same port."""
+
+    def __init__(self, workdir: Path, port: int | None = None, extra_config: str = "") -> None:
+        if shutil.which("mosquitto") is None:
+            raise RuntimeError("mosquitto is not on PATH (apt-get install mosquitto)")
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.extra_config = extra_config
+        self.process: subprocess.Popen[bytes] | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.conf = workdir / "mosquitto.conf"
+        self.log = workdir / "mosquitto.log"
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> None:
+        user = "user root\n" if os.geteuid() == 0 else ""
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            f"{user}"
+            "persistence true\n"
+            f"persistence_location {self.workdir}/\n"
+            "autosave_interval 1\n"
+            "max_queued_messages 1000000\n"
+            "max_inflight_messages 1000\n"
+            "persistent_client_expiration 1d\n"
+            f"log_dest file {self.log}\n"
+            f"{self.extra_config}"
+        )
+        self.process = subprocess.Popen(
+            ["mosquitto", "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mosquitto exited: {self.log.read_text(errors='replace')}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"mosquitto did not listen on {self.port} within {timeout}s")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def restart(self, kill: bool = False) -> None:
+        self.stop(kill=kill)
+        self.start()
