@@ -1,0 +1,94 @@
+"""The sample queue and its batch former, deterministic: no sleeps decide an outcome."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from livefit.server.samples import QueueClosed, SampleChunk, SampleQueue
+
+
+def chunk(n: int, start: int = 0, ts: float | None = None) -> SampleChunk:
+    x = np.arange(start, start + n, dtype=np.float32).reshape(n, 1)
+    return SampleChunk(x=x, y=x.copy(), w=np.ones(n, np.float32), published_at=ts)
+
+
+def test_full_queue_gives_one_batch_of_max_size() -> None:
+    queue = SampleQueue(capacity=10_000)
+    for i in range(100):
+        queue.put(chunk(10, start=i * 10))
+    batch = queue.next_batch(max_batch_size=256)
+    assert batch is not None and len(batch) == 256
+    np.testing.assert_array_equal(batch.x[:, 0], np.arange(256))  # FIFO, split chunk included
+    assert len(queue) == 1000 - 256
+    rest = queue.next_batch(max_batch_size=256)
+    assert rest is not None and rest.x[0, 0] == 256  # the split chunk's remainder comes first
+
+
+def test_trickle_gives_small_batches() -> None:
+    queue = SampleQueue(capacity=100)
+    sizes = []
+    for i in range(5):
+        queue.put(chunk(1, start=i))
+        batch = queue.next_batch(max_batch_size=256)
+        assert batch is not None
+        sizes.append(len(batch))
+    assert sizes == [1, 1, 1, 1, 1]
+
+
+def test_linger_collects_samples_arriving_within_max_wait() -> None:
+    queue = SampleQueue(capacity=100)
+    queue.put(chunk(1))
+
+    def later() -> None:
+        time.sleep(0.05)
+        queue.put(chunk(2, start=1))
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    batch = queue.next_batch(max_batch_size=3, max_wait_s=5.0)
+    thread.join()
+    assert batch is not None and len(batch) == 3  # returned as soon as it was full
+
+
+def test_next_batch_times_out_when_empty() -> None:
+    assert SampleQueue(capacity=10).next_batch(8, timeout=0.01) is None
+
+
+def test_put_blocks_while_full_and_resumes() -> None:
+    queue = SampleQueue(capacity=10)
+    queue.put(chunk(10))
+    assert queue.put(chunk(1), timeout=0.05) is False  # full: the producer waits
+    assert queue.next_batch(4) is not None
+    assert queue.put(chunk(1), timeout=0.05) is True
+
+
+def test_oversized_chunk_is_admitted_when_empty() -> None:
+    queue = SampleQueue(capacity=10)
+    assert queue.put(chunk(50), timeout=0.05) is True
+    assert len(queue) == 50
+
+
+def test_close_drains_then_raises() -> None:
+    queue = SampleQueue(capacity=10)
+    queue.put(chunk(3))
+    queue.close()
+    with pytest.raises(QueueClosed):
+        queue.put(chunk(1))
+    batch = queue.next_batch(8)
+    assert batch is not None and len(batch) == 3
+    with pytest.raises(QueueClosed):
+        queue.next_batch(8)
+
+
+def test_batch_tracks_publish_times() -> None:
+    queue = SampleQueue(capacity=100)
+    queue.put(chunk(2, ts=10.0))
+    queue.put(chunk(2, ts=5.0))
+    queue.put(chunk(2))
+    batch = queue.next_batch(8)
+    assert batch is not None
+    assert (batch.oldest_published_at, batch.newest_published_at, batch.chunks) == (5.0, 10.0, 3)
