@@ -11,11 +11,14 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from livefit import __version__
+from livefit.server.predict_api import build_predict_router, error_response
 from livefit.server.runtime import LearnerRuntime
 
 log = logging.getLogger(__name__)
@@ -27,14 +30,20 @@ def create_app(runtime: LearnerRuntime) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(runtime.start)
+        for served in runtime.served().values():
+            served.start_batching(runtime.metrics)
         log.info("livefit %s ready to learn %s", __version__, ", ".join(runtime.models))
         try:
             yield
         finally:
+            for served in runtime.served().values():
+                await served.stop_batching()
             await asyncio.to_thread(runtime.stop)
 
     app = FastAPI(title="livefit", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
+    install_error_handlers(app)
+    app.include_router(build_predict_router(runtime.served, runtime.metrics))
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:
@@ -54,3 +63,18 @@ def create_app(runtime: LearnerRuntime) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error, ours or the framework's, is JSON ``{"error": "..."}`` (never a 422 list)."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return error_response(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return error_response(400, f"invalid request: {problems}")

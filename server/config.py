@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 ENV_PREFIX = "LIVEFIT_"
 ENV_DELIMITER = "__"
-BUILTIN_BUILDERS = ("linear", "mlp", "lstm")
+BUILTIN_BUILDERS = ("linear", "mlp", "lstm")  # = livefit.models.BUILTIN_BUILDERS; no TF import here
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 

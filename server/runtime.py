@@ -18,9 +18,10 @@ from livefit.server.codec import SampleSpec
 from livefit.server.config import ModelSettings, Settings
 from livefit.server.ingest import IngestWorker, Route
 from livefit.server.metrics import Metrics
-from livefit.server.modeling import enable_gpu_memory_growth, resolve_device
+from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
 from livefit.server.mqtt import MqttConnection
 from livefit.server.samples import SampleQueue
+from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.trainer import Trainer
 
@@ -37,6 +38,7 @@ class ModelRuntime:
     queue: SampleQueue
     slot: SnapshotSlot
     trainer: Trainer | None = None
+    served: ServedModel | None = None
 
 
 class LearnerRuntime:
@@ -97,9 +99,30 @@ class LearnerRuntime:
             name, settings, runtime.queue, runtime.slot, self.metrics, device
         )
         runtime.trainer.warm_up()
+        runtime.served = self._build_served(name, settings, device, runtime.slot)
         self.metrics.model_ready.labels(model=name).set(1)
         log.info("model %s built on %s (%s builder)", name, device, settings.builder)
         return runtime
+
+    def _build_served(
+        self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
+    ) -> ServedModel:
+        version_gauge = self.metrics.serving_version.labels(model=name)
+        serving = ServingModel(
+            name,
+            build_uncompiled(settings, device),
+            settings.input_shape,
+            settings.serve.batch_sizes(),
+            source=lambda: slot.latest,
+            device=device,
+            on_swap=lambda snapshot: version_gauge.set(snapshot.version),
+        )
+        serving.warm_up()
+        return ServedModel(name, settings, serving)
+
+    def served(self) -> dict[str, ServedModel]:
+        """The models the prediction API answers for."""
+        return {name: m.served for name, m in self.models.items() if m.served is not None}
 
     def _route(self, runtime: ModelRuntime, subscription: str) -> Route:
         s = runtime.settings
@@ -129,8 +152,10 @@ class LearnerRuntime:
         """Stop every part that started, in reverse order; safe to call more than once."""
         if self.connection is not None:
             self.connection.stop()
+            self.connection = None
         if self.ingest is not None:
             self.ingest.stop()
+            self.ingest = None
         for runtime in self.models.values():
             if runtime.trainer is not None:
                 runtime.trainer.stop()

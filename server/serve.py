@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -14,6 +16,16 @@ from livefit.server.config import Settings  # noqa: E402
 from livefit.server.runtime import LearnerRuntime  # noqa: E402
 
 log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after a graceful shutdown (exit status -15); we exit 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
 
 
 def run_server(settings: Settings) -> int:
@@ -28,6 +40,6 @@ def run_server(settings: Settings) -> int:
         access_log=False,
         timeout_graceful_shutdown=10,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     server.run()
     return 0 if server.started else 1

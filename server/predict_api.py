@@ -1,0 +1,203 @@
+"""Prediction endpoints: TensorFlow Serving REST (v1) and the Open Inference Protocol (v2).
+
+Every error is JSON ``{"error": "..."}`` telling the user what to fix: 400 bad input, 404
+unknown model, 413 too many rows or bytes, 429 (with Retry-After) when the model's queue is
+full, 503 before the model has weights, 504 when the request's deadline passed first. Every
+answer carries the version of the weights that computed it (``model_version`` and the
+``X-Model-Version`` header).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from livefit import __version__
+from livefit.server import protocols
+from livefit.server.batcher import DeadlineExceeded, QueueFull
+from livefit.server.metrics import Metrics
+from livefit.server.protocols import ParsedRequest, RequestError
+from livefit.server.serving import NotReady, ServedModel
+
+log = logging.getLogger(__name__)
+DEADLINE_HEADER = "x-deadline-ms"
+MAX_DEADLINE_S = 600.0
+
+Served = Callable[[], Mapping[str, ServedModel]]
+Parser = Callable[[bytes, ServedModel], ParsedRequest]
+Formatter = Callable[[ParsedRequest, ServedModel, Any, int], dict[str, Any]]
+
+
+class ApiError(Exception):
+    """An error answer: HTTP ``status`` and a message for the user."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
+    """The v1 and v2 prediction and model-metadata routes over the models ``served()`` returns."""
+    router = APIRouter()
+
+    def lookup(name: str) -> ServedModel:
+        model = served().get(name)
+        if model is None:
+            known = ", ".join(sorted(served())) or "none"
+            raise ApiError(404, f"unknown model {name!r}; this server has: {known}")
+        return model
+
+    async def predict(request: Request, name: str, parse: Parser, fmt: Formatter) -> JSONResponse:
+        started = time.perf_counter()
+        try:
+            model = lookup(name)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message)
+        try:
+            body = await _read_body(request, model.settings.serve.max_request_bytes)
+            parsed = parse(body, model)
+            answer, version = await _run(model, parsed, _timeout_s(request, parsed, model))
+            response = JSONResponse(fmt(parsed, model, answer, version))
+            response.headers["X-Model-Version"] = str(version)
+        except ApiError as exc:
+            response = error_response(exc.status, exc.message, exc.headers)
+        except RequestError as exc:
+            response = error_response(exc.status, exc.message)
+        metrics.predict_requests.labels(model=name, code=str(response.status_code)).inc()
+        metrics.predict_latency.labels(model=name).observe(time.perf_counter() - started)
+        return response
+
+    def parse_tf(body: bytes, model: ServedModel) -> ParsedRequest:
+        s = model.settings
+        return protocols.parse_tfserving(body, s.input_shape, s.serve.max_request_rows)
+
+    def fmt_tf(parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int) -> dict[str, Any]:
+        return protocols.format_tfserving(parsed, outputs, version)
+
+    def parse_v2(body: bytes, model: ServedModel) -> ParsedRequest:
+        s = model.settings
+        return protocols.parse_oip(body, s.input_shape, s.serve.max_request_rows)
+
+    def fmt_v2(parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int) -> dict[str, Any]:
+        return protocols.format_oip(parsed, outputs, model.name, version)
+
+    @router.post("/v1/models/{name}:predict")
+    async def tfserving_predict(name: str, request: Request) -> JSONResponse:
+        """TensorFlow Serving REST predict (row ``instances`` or column ``inputs`` format)."""
+        return await predict(request, name, parse_tf, fmt_tf)
+
+    @router.get("/v1/models/{name}")
+    async def tfserving_status(name: str) -> JSONResponse:
+        """TensorFlow Serving model status: the version being served, AVAILABLE once ready."""
+        try:
+            model = lookup(name)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message)
+        return JSONResponse(protocols.tfserving_model_status(_version(model), model.ready()))
+
+    @router.post("/v2/models/{name}/infer")
+    async def oip_infer(name: str, request: Request) -> JSONResponse:
+        """Open Inference Protocol v2 inference (KServe v2, Triton)."""
+        return await predict(request, name, parse_v2, fmt_v2)
+
+    @router.get("/v2/models/{name}")
+    async def oip_metadata(name: str) -> JSONResponse:
+        try:
+            model = lookup(name)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message)
+        version = _version(model)
+        s = model.settings
+        return JSONResponse(
+            protocols.oip_model_metadata(
+                name, [] if version is None else [str(version)], s.input_shape, s.output_shape
+            )
+        )
+
+    @router.get("/v2/models/{name}/ready")
+    async def oip_ready(name: str) -> JSONResponse:
+        try:
+            model = lookup(name)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message)
+        is_ready = model.ready()
+        return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
+
+    @router.get("/v2")
+    async def oip_server_metadata() -> dict[str, Any]:
+        return {"name": "livefit", "version": __version__, "extensions": []}
+
+    return router
+
+
+async def _run(model: ServedModel, parsed: ParsedRequest, timeout_s: float) -> tuple[Any, int]:
+    if not model.ready() or model.batcher is None:
+        raise ApiError(503, f"model {model.name} is not ready yet (no weights); retry shortly",
+                       {"Retry-After": "1"})  # fmt: skip
+    try:
+        prediction = await model.batcher.submit(parsed.rows, timeout_s)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), {"Retry-After": str(exc.retry_after_s)}) from None
+    except DeadlineExceeded as exc:
+        raise ApiError(504, str(exc)) from None
+    except NotReady as exc:
+        raise ApiError(503, str(exc), {"Retry-After": "1"}) from None
+    except Exception as exc:
+        log.exception("prediction failed for model %s", model.name)
+        raise ApiError(500, f"prediction failed: {type(exc).__name__}: {exc}") from None
+    return prediction.outputs, prediction.version
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes exceeds max_request_bytes={limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body exceeds max_request_bytes={limit}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _timeout_s(request: Request, parsed: ParsedRequest, model: ServedModel) -> float:
+    """The request's deadline: the model default, shortened by X-Deadline-Ms or OIP ``timeout``.
+
+    Like Triton, a request may only shorten the configured default, never lengthen it.
+    """
+    default = model.settings.serve.default_deadline_ms / 1000.0
+    requested: float | None = None
+    header = request.headers.get(DEADLINE_HEADER)
+    if header is not None:
+        requested = _positive(header, f"{DEADLINE_HEADER} header (milliseconds)") / 1000.0
+    timeout_us = (parsed.parameters or {}).get("timeout")
+    if timeout_us is not None:
+        requested = _positive(timeout_us, "parameters.timeout (microseconds)") / 1e6
+    return min(default, requested) if requested is not None else default
+
+
+def _positive(value: Any, what: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if not 0 < number < float("inf"):
+        raise ApiError(400, f"{what} must be a positive number, got {value!r}")
+    return number
+
+
+def _version(model: ServedModel) -> int | None:
+    latest = model.serving.source()
+    return latest.version if latest is not None else None

@@ -1,0 +1,161 @@
+"""The serving copy of a model: its own weights, swapped only between batches.
+
+A ``ServingModel`` is used by exactly one thread (its batcher's executor). Before each batch it
+looks at its snapshot source; when a newer snapshot is there it sets those weights, and the
+whole batch then runs on that one version, which is returned with the outputs. The inference
+function is compiled once per padded batch size (the sizes in ``allowed_batch_sizes``), so the
+set of compiled shapes is bounded whatever batch sizes arrive; padding never leaves this class.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections.abc import Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from livefit.server.batcher import BatchStats, RequestBatcher
+from livefit.server.config import ModelSettings
+from livefit.server.metrics import Metrics
+from livefit.server.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+SnapshotSource = Callable[[], Snapshot | None]
+
+
+class NotReady(Exception):
+    """No weights yet: the model cannot answer (HTTP 503)."""
+
+
+class ServingModel:
+    """Predicts with the newest snapshot from ``source``, padded to ``batch_sizes``."""
+
+    def __init__(
+        self,
+        name: str,
+        model: keras.Model,
+        input_shape: list[int],
+        batch_sizes: list[int],
+        source: SnapshotSource,
+        device: str,
+        on_swap: Callable[[Snapshot], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.input_shape = list(input_shape)
+        self.batch_sizes = sorted(batch_sizes)
+        self.source = source
+        self.device = device
+        self.on_swap = on_swap
+        self.snapshot: Snapshot | None = None
+        self._owner: int | None = None
+        signature = [tf.TensorSpec([None, *input_shape], tf.float32, name="x")]
+        self._infer = tf.function(lambda x: model(x, training=False), input_signature=signature)
+
+    @property
+    def version(self) -> int | None:
+        return self.snapshot.version if self.snapshot else None
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.batch_sizes[-1]
+
+    def warm_up(self) -> None:
+        """Compile and run once per allowed batch size, so no request pays for tracing."""
+        with tf.device(self.device):
+            for size in self.batch_sizes:
+                self._infer(np.zeros((size, *self.input_shape), dtype=np.float32))
+
+    def refresh(self) -> Snapshot | None:
+        """Swap to the source's newest snapshot if it is newer than ours; return ours."""
+        latest = self.source()
+        if latest is not None and (self.snapshot is None or latest.version > self.snapshot.version):
+            self.model.set_weights(list(latest.weights))
+            self.snapshot = latest
+            if self.on_swap is not None:
+                self.on_swap(latest)
+        return self.snapshot
+
+    def predict(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """Outputs for ``rows`` (N, *input_shape) and the version that computed all of them."""
+        self._check_thread()
+        snapshot = self.refresh()
+        if snapshot is None:
+            raise NotReady(f"model {self.name} has no weights yet")
+        outputs = [self._run_padded(part) for part in self._parts(rows)]
+        return (outputs[0] if len(outputs) == 1 else np.concatenate(outputs)), snapshot.version
+
+    def padded_size(self, rows: int) -> int:
+        """The allowed batch size a call with ``rows`` rows is padded to."""
+        return self.batch_sizes[bisect.bisect_left(self.batch_sizes, rows)]
+
+    def _parts(self, rows: np.ndarray) -> list[np.ndarray]:
+        step = self.max_batch_size
+        return [rows[i : i + step] for i in range(0, rows.shape[0], step)]
+
+    def _run_padded(self, rows: np.ndarray) -> np.ndarray:
+        n = rows.shape[0]
+        size = self.padded_size(n)
+        if size != n:
+            padded = np.zeros((size, *rows.shape[1:]), dtype=np.float32)
+            padded[:n] = rows
+            rows = padded
+        with tf.device(self.device):
+            out = self._infer(rows)
+        return np.asarray(out)[:n]
+
+    def _check_thread(self) -> None:
+        """Only one thread may use a serving model (its weights change between calls)."""
+        ident = threading.get_ident()
+        if self._owner is None:
+            self._owner = ident
+        elif self._owner != ident:
+            raise RuntimeError(f"serving model {self.name} used from two threads")
+
+
+class ServedModel:
+    """One model as the prediction API sees it: settings, serving copy and request batcher."""
+
+    def __init__(self, name: str, settings: ModelSettings, serving: ServingModel) -> None:
+        self.name = name
+        self.settings = settings
+        self.serving = serving
+        self.batcher: RequestBatcher | None = None
+
+    def ready(self) -> bool:
+        """True once the batcher runs and a snapshot exists to serve."""
+        return self.batcher is not None and self.serving.source() is not None
+
+    def start_batching(self, metrics: Metrics) -> None:
+        """Create and start the request batcher on the running event loop."""
+        serve = self.settings.serve
+        name = self.name
+        batch_size = metrics.predict_batch_size.labels(model=name)
+        queue_seconds = metrics.predict_queue_seconds.labels(model=name)
+        queue_rows = metrics.predict_queue_rows.labels(model=name)
+
+        def on_batch(stats: BatchStats) -> None:
+            batch_size.observe(stats.rows)
+            for waited in stats.queue_seconds:
+                queue_seconds.observe(waited)
+
+        self.batcher = RequestBatcher(
+            name,
+            self.serving.predict,
+            max_batch_size=serve.max_batch_size,
+            batch_timeout_ms=serve.batch_timeout_ms,
+            max_queue_rows=serve.max_queue_rows,
+            on_batch=on_batch,
+            on_queue_change=queue_rows.set,
+        )
+        self.batcher.start()
+
+    async def stop_batching(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.stop()
+            self.batcher = None

@@ -1,0 +1,174 @@
+"""The request batcher, deterministic: huge timeouts so only size decides, then exact checks."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+import pytest
+
+from livefit.server.batcher import BatchStats, DeadlineExceeded, QueueFull, RequestBatcher
+
+HUGE_MS = 1e9
+
+
+class FakeModel:
+    """Doubles its input; records every call's row count; optionally blocks or fails."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail: Exception | None = None
+
+    def __call__(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
+        self.gate.wait(10)
+        self.calls.append(rows.shape[0])
+        if self.fail is not None:
+            raise self.fail
+        return rows * 2.0, len(self.calls)
+
+
+def run(test: Callable[..., Awaitable[None]], **kwargs: object) -> None:
+    async def main() -> None:
+        model = FakeModel()
+        stats: list[BatchStats] = []
+        options = {"max_batch_size": 4, "batch_timeout_ms": HUGE_MS, "max_queue_rows": 100}
+        options.update(kwargs)
+        batcher = RequestBatcher("m", model, on_batch=stats.append, **options)  # type: ignore[arg-type]
+        batcher.start()
+        try:
+            await test(batcher, model, stats)
+        finally:
+            await batcher.stop()
+
+    asyncio.run(main())
+
+
+def rows(n: int, value: float = 1.0) -> np.ndarray:
+    return np.full((n, 2), value, dtype=np.float32)
+
+
+def test_size_flush_only_when_full() -> None:
+    async def body(batcher: RequestBatcher, model: FakeModel, stats: list[BatchStats]) -> None:
+        first = [asyncio.create_task(batcher.submit(rows(1, i), 60)) for i in range(3)]
+        done, _ = await asyncio.wait(first, timeout=0.1)
+        assert not done and model.calls == []  # 3 rows < 4: nothing fires with a huge timeout
+        last = asyncio.create_task(batcher.submit(rows(1, 3), 60))
+        results = await asyncio.gather(*first, last)
+        assert model.calls == [4]
+        assert [float(r.outputs[0, 0]) for r in results] == [0.0, 2.0, 4.0, 6.0]
+        assert {r.version for r in results} == {1}
+        assert stats[0].rows == 4 and stats[0].requests == 4
+
+    run(body)
+
+
+def test_small_timeout_fires_with_one_request() -> None:
+    async def body(batcher: RequestBatcher, model: FakeModel, stats: list[BatchStats]) -> None:
+        result = await asyncio.wait_for(batcher.submit(rows(1), 60), 5)
+        assert model.calls == [1] and result.outputs.shape == (1, 2)
+
+    run(body, batch_timeout_ms=5)
+
+
+def test_concurrent_requests_share_model_calls() -> None:
+    async def body(batcher: RequestBatcher, model: FakeModel, stats: list[BatchStats]) -> None:
+        results = await asyncio.gather(*(batcher.submit(rows(1, i), 60) for i in range(64)))
+        assert len(model.calls) <= 64 // 16  # far fewer calls than requests
+        assert [float(r.outputs[0, 0]) for r in results] == [2.0 * i for i in range(64)]
+
+    run(body, max_batch_size=16, batch_timeout_ms=20)
+
+
+def test_multi_row_request_is_never_split() -> None:
+    async def body(batcher: RequestBatcher, model: FakeModel, stats: list[BatchStats]) -> None:
+        a = asyncio.create_task(batcher.submit(rows(3, 1), 60))
+        b = asyncio.create_task(batcher.submit(rows(3, 2), 60))
+        c = asyncio.create_task(batcher.submit(rows(1, 3), 60))
+        ra, rb, rc = await asyncio.gather(a, b, c)
+        assert model.calls == [3, 4]  # a alone (b would overflow 4), then b + c
+        assert ra.outputs.shape == (3, 2) and rb.outputs.shape == (3, 2)
+        assert ra.version == 1 and rb.version == rc.version == 2
+
+    run(body, batch_timeout_ms=20)
+
+
+def test_request_larger_than_batch_runs_alone() -> None:
+    async def body(batcher: RequestBatcher, model: FakeModel, stats: list[BatchStats]) -> None:
+        result = await batcher.submit(rows(10), 60)
+        assert model.calls == [10] and result.outputs.shape == (10, 2)
+
+    run(body)
+
+
+def test_exception_reaches_every_member() -> None:
+    async def body(batcher: RequestBatcher, model: FakeModel, stats: list[BatchStats]) -> None:
+        model.fail = ValueError("boom")
+        results = await asyncio.gather(
+            *(batcher.submit(rows(1), 60) for _ in range(4)), return_exceptions=True
+        )
+        assert all(isinstance(r, ValueError) and str(r) == "boom" for r in results)
+        model.fail = None
+        ok = await asyncio.gather(*(batcher.submit(rows(1), 60) for _ in range(4)))
+        assert len(ok) == 4  # the batcher kept running
+
+    run(body)
+
+
+def test_cancelled_requests_are_dropped() -> None:
+    async def body(batcher: RequestBatcher, model: FakeModel, stats: list[BatchStats]) -> None:
+        gone = [asyncio.create_task(batcher.submit(rows(1, 9), 60)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        for task in gone:
+            task.cancel()
+        await asyncio.gather(*gone, return_exceptions=True)
+        kept = await asyncio.gather(*(batcher.submit(rows(1), 60) for _ in range(4)))
+        assert model.calls == [4]  # the two cancelled ones never reached the model
+        assert all(float(r.outputs[0, 0]) == 2.0 for r in kept)
+
+    run(body)
+
+
+def test_expired_request_gets_deadline_and_never_reaches_model() -> None:
+    async def body(batcher: RequestBatcher, model: FakeModel, stats: list[BatchStats]) -> None:
+        with pytest.raises(DeadlineExceeded):
+            await batcher.submit(rows(1), 0.05)
+        await asyncio.gather(*(batcher.submit(rows(1), 60) for _ in range(4)))
+        assert model.calls == [4]
+
+    run(body)
+
+
+def test_full_queue_rejects_with_retry_hint() -> None:
+    async def body(batcher: RequestBatcher, model: FakeModel, stats: list[BatchStats]) -> None:
+        model.gate.clear()  # the model is busy: requests pile up
+        busy = asyncio.create_task(batcher.submit(rows(4), 60))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.create_task(batcher.submit(rows(4), 60)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull) as caught:
+            await batcher.submit(rows(4), 60)
+        assert caught.value.retry_after_s >= 1
+        model.gate.set()
+        await asyncio.gather(busy, *queued)
+        assert batcher.queued_rows == 0
+
+    run(body, max_queue_rows=8)
+
+
+def test_stop_fails_queued_requests_instead_of_hanging() -> None:
+    async def main() -> None:
+        model = FakeModel()
+        batcher = RequestBatcher("m", model, max_batch_size=4, batch_timeout_ms=HUGE_MS,
+                                 max_queue_rows=100)  # fmt: skip
+        batcher.start()
+        pending = asyncio.create_task(batcher.submit(rows(1), 60))
+        await asyncio.sleep(0.01)
+        await batcher.stop()
+        with pytest.raises(RuntimeError, match="shutting down"):
+            await pending
+
+    asyncio.run(main())
