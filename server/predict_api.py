@@ -26,10 +26,11 @@ from livefit.server.serving import NotReady, ServedModel
 
 log = logging.getLogger(__name__)
 DEADLINE_HEADER = "x-deadline-ms"
+OIP_HEADER_LENGTH = "inference-header-content-length"  # the binary-data extension
 MAX_DEADLINE_S = 600.0
 
 Served = Callable[[], Mapping[str, ServedModel]]
-Parser = Callable[[bytes, ServedModel], ParsedRequest]
+Parser = Callable[[bytes, ServedModel, Request], ParsedRequest]
 Formatter = Callable[[ParsedRequest, ServedModel, Any, int], dict[str, Any]]
 
 
@@ -66,7 +67,7 @@ def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
             return error_response(exc.status, exc.message)
         try:
             body = await _read_body(request, model.settings.serve.max_request_bytes)
-            parsed = parse(body, model)
+            parsed = parse(body, model, request)
             answer, version = await _run(model, parsed, _timeout_s(request, parsed, model))
             response = JSONResponse(fmt(parsed, model, answer, version))
             response.headers["X-Model-Version"] = str(version)
@@ -78,16 +79,24 @@ def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
         metrics.predict_latency.labels(model=name).observe(time.perf_counter() - started)
         return response
 
-    def parse_tf(body: bytes, model: ServedModel) -> ParsedRequest:
+    def parse_tf(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
         s = model.settings
         return protocols.parse_tfserving(body, s.input_shape, s.serve.max_request_rows)
 
     def fmt_tf(parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int) -> dict[str, Any]:
         return protocols.format_tfserving(parsed, outputs, version)
 
-    def parse_v2(body: bytes, model: ServedModel) -> ParsedRequest:
+    def parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
         s = model.settings
-        return protocols.parse_oip(body, s.input_shape, s.serve.max_request_rows)
+        header = request.headers.get(OIP_HEADER_LENGTH)
+        if header is not None and not header.isdigit():
+            raise ApiError(400, f"{OIP_HEADER_LENGTH} must be a byte count, got {header!r}")
+        return protocols.parse_oip(
+            body,
+            s.input_shape,
+            s.serve.max_request_rows,
+            header_length=int(header) if header is not None else None,
+        )
 
     def fmt_v2(parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int) -> dict[str, Any]:
         return protocols.format_oip(parsed, outputs, model.name, version)
