@@ -1,1 +1,1 @@
-"""What runs in other processes: the sample publisher, (later) weight subscriber and prediction client."""
+"""Code for other processes: the sample publisher, weight subscriber and prediction client."""

@@ -254,7 +254,7 @@ def _start_server(workdir: Path, broker: str, port: int, protocol: str) -> subpr
     config.write_text(
         f'[broker]\nurl = "{broker}"\nclient_id = "livefit-demo-{port}"\nprotocol = "{protocol}"\n'
         f'[http]\nport = {port}\n[storage]\ndir = "{workdir / "data"}"\n'
-        f"[models.{MODEL}]\nbuilder = \"mlp\"\ninput_shape = [{INPUT_DIM}]\noutput_shape = [1]\n"
+        f'[models.{MODEL}]\nbuilder = "mlp"\ninput_shape = [{INPUT_DIM}]\noutput_shape = [1]\n'
         f"learning_rate = 0.003\n[models.{MODEL}.train]\nmax_batch_size = 256\n"
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")

@@ -11,6 +11,7 @@ every request of its batch. The model call runs in a single-thread executor, off
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -103,16 +104,16 @@ class RequestBatcher:
         return self._queued_rows
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"batcher-{self.name}")
+        self._task = asyncio.get_running_loop().create_task(
+            self._loop(), name=f"batcher-{self.name}"
+        )
 
     async def stop(self) -> None:
         """Stop the background task; queued requests fail with an error, never hang."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         while self._queue:
             pending = self._queue.popleft()

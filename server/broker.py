@@ -50,8 +50,8 @@ def parse_broker_url(url: str) -> BrokerAddress:
     parts = urlsplit(url)
     if parts.scheme not in ("mqtt", "mqtts"):
         raise ValueError(f"broker URL must start with mqtt:// or mqtts://, got {url!r}")
-    if not parts.hostname:
-        raise ValueError(f"broker URL has no host: {url!r}")
+    if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"broker URL must look like mqtt://[user:pass@]host:port, got {url!r}")
     tls = parts.scheme == "mqtts"
     try:
         port = parts.port or (DEFAULT_TLS_PORT if tls else DEFAULT_PORT)
@@ -61,8 +61,8 @@ def parse_broker_url(url: str) -> BrokerAddress:
         host=parts.hostname,
         port=port,
         tls=tls,
-        username=unquote(parts.username) if parts.username else None,
-        password=unquote(parts.password) if parts.password else None,
+        username=unquote(parts.username) if parts.username is not None else None,
+        password=unquote(parts.password) if parts.password is not None else None,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+
 from livefit.server.samples import SampleChunk
 
 REASONS = (
@@ -215,7 +216,7 @@ def _squeezable(shape: tuple[int, ...], wanted: tuple[int, ...], batched: bool) 
 def _weights(value: Any, n: int, batched: bool) -> np.ndarray:
     if value is None:
         return np.ones(n, dtype=np.float32)
-    if isinstance(value, bool) or isinstance(value, str | bytes):
+    if isinstance(value, bool | str | bytes):
         raise Rejection("bad_weight", "w must be a number or a list of numbers")
     try:
         w = _to_array(value, "w")

@@ -1,7 +1,8 @@
 """Validated configuration: a TOML file, every key overridable by ``LIVEFIT_...`` environment vars.
 
 ``load_settings(path)`` reads the file (or the bundled example when ``path`` is None), lays the
-environment over it (``LIVEFIT_HTTP__PORT=9000``, ``LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE=64``:
+environment over it (``LIVEFIT_HTTP__PORT=9000``,
+``LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE=64``:
 ``__`` separates levels) and validates the whole tree at once. A bad or unknown key raises
 ``ConfigError`` whose message names the key, e.g. ``models.demo.train.max_batch_size``.
 """
@@ -71,7 +72,7 @@ class HttpSettings(_Section):
 
 
 class StorageSettings(_Section):
-    """Where livefit keeps state (broker persistence when it starts mosquitto, later checkpoints)."""
+    """Where livefit keeps state (broker persistence when it starts mosquitto)."""
 
     dir: str = "./livefit-data"
 
@@ -113,7 +114,7 @@ class ServeSettings(_Section):
         return self
 
     def batch_sizes(self) -> list[int]:
-        """The padded batch sizes the compiled inference function sees (powers of two by default)."""
+        """The padded batch sizes the inference function sees (powers of two by default)."""
         if self.allowed_batch_sizes is not None:
             return list(self.allowed_batch_sizes)
         sizes, size = [], 1
@@ -192,7 +193,7 @@ class ModelSettings(_Section):
         return value
 
     def resolved_target_shape(self) -> list[int]:
-        """Shape of one label: ``target_shape``, else [] for sparse categorical, else output_shape."""
+        """A label's shape: ``target_shape``, else [] for sparse categorical, else output_shape."""
         if self.target_shape is not None:
             return list(self.target_shape)
         if self.loss.startswith("sparse_categorical"):
@@ -254,7 +255,7 @@ def load_settings(
 
 
 def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> None:
-    """Lay ``LIVEFIT_A__B__C=value`` over ``data["a"]["b"]["c"]`` (values parsed as TOML scalars)."""
+    """Lay ``LIVEFIT_A__B__C=value`` over ``data["a"]["b"]["c"]`` (values parsed as TOML)."""
     for key, raw in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX):
             continue

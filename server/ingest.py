@@ -116,9 +116,7 @@ class IngestWorker:
         self.metrics.ingest_messages.labels(
             model=route.model, outcome="rejected", reason=rejection.reason
         ).inc()
-        log.info(
-            "rejected a message on %s for %s: %s", message.topic, route.model, rejection
-        )
+        log.info("rejected a message on %s for %s: %s", message.topic, route.model, rejection)
         report = dead_letter_report(route.model, message, rejection)
         try:
             self.connection.publish(

@@ -6,6 +6,7 @@ import logging
 
 import keras
 import tensorflow as tf
+
 from livefit.models import build_model
 from livefit.server.config import ModelSettings
 
@@ -13,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``/GPU:0`` when TensorFlow sees a GPU, else ``/CPU:0``; anything else as given."""
+    """``auto``: ``/GPU:0`` when TensorFlow sees a GPU, else ``/CPU:0``; others as given."""
     if device != "auto":
         return device
     return "/GPU:0" if tf.config.list_physical_devices("GPU") else "/CPU:0"

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
-from livefit.server.broker import BrokerAddress
-from livefit.server.config import BrokerSettings
-from livefit.server.metrics import Metrics
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+
+from livefit.server.broker import BrokerAddress
+from livefit.server.config import BrokerSettings
+from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,9 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
@@ -83,7 +85,9 @@ def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
         s = model.settings
         return protocols.parse_tfserving(body, s.input_shape, s.serve.max_request_rows)
 
-    def fmt_tf(parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int) -> dict[str, Any]:
+    def fmt_tf(
+        parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
+    ) -> dict[str, Any]:
         return protocols.format_tfserving(parsed, outputs, version)
 
     def parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
@@ -98,7 +102,9 @@ def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
             header_length=int(header) if header is not None else None,
         )
 
-    def fmt_v2(parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int) -> dict[str, Any]:
+    def fmt_v2(
+        parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
+    ) -> dict[str, Any]:
         return protocols.format_oip(parsed, outputs, model.name, version)
 
     @router.post("/v1/models/{name}:predict")

@@ -95,9 +95,7 @@ class LearnerRuntime:
             slot=SnapshotSlot(),
         )
         self.metrics.init_model(name)
-        runtime.trainer = Trainer(
-            name, settings, runtime.queue, runtime.slot, self.metrics, device
-        )
+        runtime.trainer = Trainer(name, settings, runtime.queue, runtime.slot, self.metrics, device)
         runtime.trainer.warm_up()
         runtime.served = self._build_served(name, settings, device, runtime.slot)
         self.metrics.model_ready.labels(model=name).set(1)

@@ -17,7 +17,7 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class SampleChunk:
-    """One accepted message's samples: ``x`` (n, *input_shape), ``y`` (n, *target_shape), ``w`` (n,)."""
+    """One message's samples: ``x`` (n, *input_shape), ``y`` (n, *target_shape), ``w`` (n,)."""
 
     x: np.ndarray
     y: np.ndarray

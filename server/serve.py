@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import uvicorn  # noqa: E402
+import uvicorn
 
-from livefit.server.app import create_app  # noqa: E402
-from livefit.server.config import Settings  # noqa: E402
-from livefit.server.runtime import LearnerRuntime  # noqa: E402
+from livefit.server.app import create_app
+from livefit.server.config import Settings
+from livefit.server.runtime import LearnerRuntime
 
 log = logging.getLogger(__name__)
 

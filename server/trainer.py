@@ -12,6 +12,7 @@ import threading
 import time
 
 import numpy as np
+
 from livefit.server.config import ModelSettings
 from livefit.server.metrics import Metrics
 from livefit.server.modeling import build_compiled, make_loss

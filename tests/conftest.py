@@ -12,7 +12,7 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tests.mqtt_broker import MosquittoBroker  # noqa: E402
+from tests.mqtt_broker import MosquittoBroker
 
 
 @pytest.fixture(scope="session")

@@ -69,7 +69,9 @@ class ServerProcess:
     def metric(self, name: str, **labels: str) -> float:
         return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
 
-    def wait_for_metric(self, name: str, value: float, timeout: float = 60.0, **labels: str) -> float:
+    def wait_for_metric(
+        self, name: str, value: float, timeout: float = 60.0, **labels: str
+    ) -> float:
         """Poll until the metric reaches ``value``; return the last value seen."""
         deadline = time.monotonic() + timeout
         current = self.metric(name, **labels)

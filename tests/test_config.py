@@ -95,7 +95,10 @@ def test_missing_and_invalid_files(tmp_path: Path) -> None:
 
 def test_sparse_categorical_targets_are_scalars(tmp_path: Path) -> None:
     text = MINIMAL.replace("[1]", "[3]") + 'loss = "sparse_categorical_crossentropy"\n'
-    assert load_settings(write(tmp_path, text), environ={}).models["demo"].resolved_target_shape() == []
+    assert (
+        load_settings(write(tmp_path, text), environ={}).models["demo"].resolved_target_shape()
+        == []
+    )
 
 
 def test_builder_names_agree_with_models_package() -> None:

@@ -92,7 +92,9 @@ BAD = [
 ]
 
 
-def test_learns_every_good_sample_and_rejects_bad_ones(broker: MosquittoBroker, tmp_path: Path) -> None:
+def test_learns_every_good_sample_and_rejects_bad_ones(
+    broker: MosquittoBroker, tmp_path: Path
+) -> None:
     rng = np.random.default_rng(7)
     server = ServerProcess(config(broker, tmp_path / "data", "e2e-learning"), tmp_path).start()
     publisher = Publisher(broker)

@@ -13,6 +13,7 @@ from typing import Any
 import keras
 import numpy as np
 import pytest
+
 from livefit.models import BUILTIN_BUILDERS, build_model, weight_names
 
 CUSTOM = "tests.custom_builder:build"

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.http._utils import _get_inference_request
+
 from livefit.server.protocols import (
     OIP_DATATYPES,
     ParsedRequest,
@@ -24,7 +26,6 @@ from livefit.server.protocols import (
     parse_tfserving,
     tfserving_model_status,
 )
-from tritonclient.http._utils import _get_inference_request
 
 
 def _body(document: Any) -> bytes:

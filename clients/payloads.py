@@ -1,0 +1,100 @@
+"""Encode samples into the MQTT payload the server decodes (server/codec.py).
+
+The contract: a JSON or msgpack map with ``x`` and ``y`` and optional ``w``, ``id``, ``ts``,
+``source``, ``seq``. A single sample's ``x`` has the model's input shape; a batch adds a leading
+dimension of N, with ``y`` N targets and ``w`` N weights. With msgpack and ``raw=True`` each of
+``x``, ``y`` and a batch's ``w`` is a little-endian buffer
+``{"dtype": "<f4", "shape": [...], "data": <bytes>}`` instead of nested lists.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import msgpack
+import numpy as np
+
+Format = Literal["json", "msgpack"]
+CONTENT_TYPES: dict[str, str] = {"json": "application/json", "msgpack": "application/msgpack"}
+
+# What server/codec.py accepts as a raw dtype; anything else numeric is sent as float32.
+_RAW_DTYPES = frozenset({"<f2", "<f4", "<f8", "<i1", "<i2", "<i4", "<i8", "|u1", "|i1"})
+
+
+def encode_samples(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    fmt: Format,
+    batched: bool,
+    raw: bool = False,
+    w: float | np.ndarray | None = None,
+    ts: float | None = None,
+    source: str | None = None,
+    seq: int | None = None,
+    id: str | None = None,
+) -> bytes:
+    """One message holding one sample (``batched=False``) or ``len(x)`` samples.
+
+    ``w`` is a number for a single sample; for a batch, a number (given to every sample) or N
+    numbers. Raises ValueError for non-finite values or disagreeing sample counts, and TypeError
+    for non-numeric arrays, so that a message the server would reject is never sent.
+    """
+    if fmt not in CONTENT_TYPES:
+        raise ValueError(f"fmt must be one of {sorted(CONTENT_TYPES)}, got {fmt!r}")
+    if raw and fmt != "msgpack":
+        raise ValueError("raw buffers need fmt='msgpack' (JSON has no bytes type)")
+    x_array, y_array = _numeric(x, "x"), _numeric(y, "y")
+    weights = _weights(w, x_array, y_array, batched)
+    encode = _raw if raw else _nested
+    document: dict[str, Any] = {"x": encode(x_array), "y": encode(y_array)}
+    if weights is not None:
+        document["w"] = encode(weights) if batched else float(weights)
+    optional = {"id": id, "ts": ts, "source": source, "seq": seq}
+    document.update({key: value for key, value in optional.items() if value is not None})
+    if fmt == "json":
+        return json.dumps(document, allow_nan=False, separators=(",", ":")).encode()
+    return msgpack.packb(document, use_bin_type=True)
+
+
+def _numeric(value: Any, name: str) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold numbers, got dtype {array.dtype}")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise ValueError(f"{name} holds NaN or infinity; the server rejects non-finite values")
+    return array
+
+
+def _weights(
+    w: float | np.ndarray | None, x: np.ndarray, y: np.ndarray, batched: bool
+) -> np.ndarray | None:
+    if batched and (x.ndim == 0 or y.ndim == 0 or len(x) != len(y)):
+        raise ValueError(
+            "a batch needs x and y with the same leading length, got shapes "
+            f"{list(x.shape)} and {list(y.shape)}"
+        )
+    if w is None:
+        return None
+    weights = _numeric(w, "w").astype(np.float32)
+    if batched and weights.ndim == 0:
+        weights = np.full(len(x), weights, dtype=np.float32)
+    expected: tuple[int, ...] = (len(x),) if batched else ()
+    if weights.shape != expected:
+        raise ValueError(f"w has shape {list(weights.shape)}; expected {list(expected)}")
+    if (weights < 0).any():
+        raise ValueError("w must be non-negative")
+    return weights
+
+
+def _nested(array: np.ndarray) -> Any:
+    return array.tolist()
+
+
+def _raw(array: np.ndarray) -> dict[str, Any]:
+    little = array.dtype.newbyteorder("<") if array.dtype.itemsize > 1 else array.dtype
+    if little.str not in _RAW_DTYPES:
+        little = np.dtype("<f4")
+    data = np.ascontiguousarray(array, dtype=little).tobytes()
+    return {"dtype": little.str, "shape": list(array.shape), "data": data}

@@ -1,0 +1,655 @@
+"""`livefit publish`: stream training samples to the server over MQTT.
+
+SamplePublisher keeps at most ``window`` messages unacknowledged (paho has 65,535 message ids and
+no flow control of its own), paces to a rate in samples per second, stamps every message with
+``ts``, ``source`` and an increasing ``seq``, and sets the MQTT 5 ContentType. ``add_arguments``
+and ``run`` are the CLI subcommand that livefit/cli.py mounts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
+
+from livefit.clients.payloads import CONTENT_TYPES, Format, encode_samples
+from livefit.clients.synthetic import cycle_chunks, load_file, stream_chunks, stream_for_shape
+from livefit.server.broker import parse_broker_url
+
+MAX_WINDOW = 65_535  # paho's message ids; beyond this publish() fails with MQTT_ERR_QUEUE_SIZE
+Chunks = Iterable[tuple[np.ndarray, np.ndarray]]
+_PROTOCOLS = {"5": MQTTProtocolVersion.MQTTv5, "3.1.1": MQTTProtocolVersion.MQTTv311}
+
+
+class BrokerConnectionError(ConnectionError):
+    """The broker could not be reached, or refused the connection; the message says which."""
+
+
+class PublishError(RuntimeError):
+    """A message could not be handed to the broker."""
+
+
+class PublishTimeout(PublishError, TimeoutError):
+    """Messages stayed unacknowledged: no PUBACK arrived for the publisher's ack timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishStats:
+    """What one publish_stream call sent; ``seconds`` runs until the last acknowledgement."""
+
+    samples: int
+    messages: int
+    seconds: float
+    rejected: int = 0  # PUBACKs with a failure reason code (MQTT 5), e.g. not authorized
+    dropped: int = 0  # QoS 0 messages lost to a disconnection
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        line = (
+            f"published {self.samples} samples in {self.messages} messages in "
+            f"{self.seconds:.2f} s ({self.samples_per_s:,.0f} samples/s)"
+        )
+        if self.rejected or self.dropped:
+            line += f"; {self.rejected} rejected by the broker, {self.dropped} dropped"
+        return line
+
+
+class RatePacer:
+    """Holds a stream to ``rate`` samples/s on average.
+
+    Each message is due at start + samples_before_it / rate, so sleep overshoot never adds up.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be > 0 samples/s, got {rate}")
+        self.rate = rate
+        self._clock = clock
+        self._sleep = sleep
+        self._start: float | None = None
+
+    def wait(self, samples_sent: int) -> None:
+        """Block until the message that follows ``samples_sent`` samples is due."""
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+        delay = self._start + samples_sent / self.rate - now
+        if delay > 0:
+            self._sleep(delay)
+
+
+class SamplePublisher:
+    """Publishes sample messages to one topic with at most ``window`` of them unacknowledged.
+
+    Use as a context manager (connect, then flush and disconnect on exit) or call connect(),
+    publish()/publish_stream(), flush() and close(). close() always stops paho's thread.
+    """
+
+    def __init__(
+        self,
+        broker_url: str,
+        topic: str,
+        *,
+        fmt: Format = "msgpack",
+        raw: bool = False,
+        qos: int = 1,
+        window: int = 1000,
+        source: str | None = None,
+        protocol: Literal["5", "3.1.1"] = "5",
+        client_id: str = "",
+        connect_timeout_s: float = 10.0,
+        ack_timeout_s: float = 60.0,
+        ca_certs: str | None = None,
+    ) -> None:
+        if fmt not in CONTENT_TYPES:
+            raise ValueError(f"format must be one of {sorted(CONTENT_TYPES)}, got {fmt!r}")
+        if raw and fmt != "msgpack":
+            raise ValueError("raw buffers need the msgpack format")
+        if qos not in (0, 1):
+            raise ValueError(f"qos must be 0 or 1, got {qos}")
+        if not 1 <= window <= MAX_WINDOW:
+            raise ValueError(f"window must be between 1 and {MAX_WINDOW}, got {window}")
+        self.address = parse_broker_url(broker_url)
+        self.topic, self.fmt, self.raw, self.qos, self.window = topic, fmt, raw, qos, window
+        self.source = source
+        self.protocol = protocol
+        self.client_id = client_id
+        self.connect_timeout_s = connect_timeout_s
+        self.ack_timeout_s = ack_timeout_s
+        self.ca_certs = ca_certs
+        self._client: mqtt.Client | None = None
+        self._lock = threading.Condition()
+        self._in_flight = 0
+        self._max_in_flight = 0
+        self._limit = window  # lowered to the broker's Receive Maximum on connect
+        self._acks = 0
+        self._rejected = 0
+        self._dropped = 0
+        self._seq = 0
+        self._connected = threading.Event()
+        self._connack: ReasonCode | None = None
+        self._properties = self._publish_properties()
+
+    @property
+    def in_flight(self) -> int:
+        """Messages handed to paho and not yet acknowledged (QoS 1) or written (QoS 0)."""
+        return self._in_flight
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most messages ever in flight at once; never more than ``window``."""
+        return self._max_in_flight
+
+    @property
+    def client(self) -> mqtt.Client:
+        """The connected paho client; RuntimeError before connect() or after close()."""
+        if self._client is None:
+            raise RuntimeError("SamplePublisher is not connected: call connect() first")
+        return self._client
+
+    def connect(self) -> None:
+        """Connect and start paho's thread; BrokerConnectionError within connect_timeout_s."""
+        if self._client is not None:
+            raise RuntimeError("SamplePublisher is already connected")
+        self._connected.clear()
+        self._connack = None
+        client = self._make_client()
+        try:
+            client.connect(self.address.host, self.address.port, keepalive=30)
+        except OSError as exc:
+            raise BrokerConnectionError(
+                f"cannot reach the MQTT broker at {self.address}: {exc}"
+            ) from exc
+        client.loop_start()
+        self._client = client
+        self._await_connack()
+
+    def publish(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        *,
+        batched: bool,
+        w: float | np.ndarray | None = None,
+        id: str | None = None,
+    ) -> int:
+        """Send one message (one sample, or a batch); block while ``window`` are in flight.
+
+        Returns the message's ``seq``. Raises PublishTimeout when the window stays full for
+        ack_timeout_s, PublishError when paho refuses the message.
+        """
+        client = self.client
+        self._acquire_slot()
+        try:
+            seq = self._seq
+            payload = encode_samples(
+                x,
+                y,
+                fmt=self.fmt,
+                batched=batched,
+                raw=self.raw,
+                w=w,
+                ts=time.time(),
+                source=self.source,
+                seq=seq,
+                id=id,
+            )
+            self._seq += 1
+            info = client.publish(self.topic, payload, qos=self.qos, properties=self._properties)
+        except BaseException:
+            self._release_slot()
+            raise
+        self._check_result(info.rc)
+        return seq
+
+    def publish_stream(
+        self,
+        chunks: Chunks,
+        *,
+        batch: int = 1,
+        rate: float = 0.0,
+        on_progress: Callable[[int], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> PublishStats:
+        """Publish every sample of ``chunks`` (pairs x [n, ...], y [n, ...]) and wait for acks.
+
+        ``batch`` samples go in one message (1: single-sample messages); ``rate`` > 0 caps
+        samples/s. ``on_progress`` gets the sample count of each message sent.
+        """
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        pacer = RatePacer(rate) if rate > 0 else None
+        rejected, dropped = self._rejected, self._dropped
+        start = time.monotonic()
+        samples = messages = 0
+        for xs, ys in _messages(chunks, batch):
+            if stop is not None and stop.is_set():
+                break
+            if pacer is not None:
+                pacer.wait(samples)
+            if batch == 1:
+                self.publish(xs[0], ys[0], batched=False)
+            else:
+                self.publish(xs, ys, batched=True)
+            samples, messages = samples + len(xs), messages + 1
+            if on_progress is not None:
+                on_progress(len(xs))
+        if not self.flush():
+            raise self._timeout("at the end of the stream")
+        seconds = time.monotonic() - start
+        return PublishStats(
+            samples, messages, seconds, self._rejected - rejected, self._dropped - dropped
+        )
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until nothing is in flight; False if no ack came for timeout_s (ack_timeout_s)."""
+        with self._lock:
+            return self._wait_for(lambda: self._in_flight == 0, timeout_s)
+
+    def close(self) -> None:
+        """Disconnect and stop paho's thread; unacknowledged messages are abandoned."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.disconnect()
+            client.loop_stop()
+
+    def __enter__(self) -> SamplePublisher:
+        self.connect()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            if exc_type is None and not self.flush():
+                raise self._timeout("on exit")
+        finally:
+            self.close()
+
+    def _publish_properties(self) -> Properties | None:
+        if self.protocol != "5":
+            return None
+        properties = Properties(PacketTypes.PUBLISH)
+        properties.ContentType = CONTENT_TYPES[self.fmt]
+        return properties
+
+    def _make_client(self) -> mqtt.Client:
+        version = _PROTOCOLS[self.protocol]
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, self.client_id, protocol=version)
+        client.connect_timeout = self.connect_timeout_s
+        client.max_inflight_messages_set(self.window)  # paho's default of 20 throttles QoS 1
+        if self.address.username is not None:
+            client.username_pw_set(self.address.username, self.address.password)
+        if self.address.tls:
+            client.tls_set(ca_certs=self.ca_certs)
+        client.on_connect = self._on_connect
+        client.on_publish = self._on_publish
+        client.on_disconnect = self._on_disconnect
+        return client
+
+    def _await_connack(self) -> None:
+        answered = self._connected.wait(self.connect_timeout_s)
+        reason = self._connack
+        if answered and reason is not None and not reason.is_failure:
+            return
+        self.close()
+        if not answered:
+            raise BrokerConnectionError(
+                f"no answer (CONNACK) from the MQTT broker at {self.address} "
+                f"within {self.connect_timeout_s:g} s"
+            )
+        raise BrokerConnectionError(f"the MQTT broker at {self.address} refused us: {reason}")
+
+    # paho callbacks: run on paho's thread, only update counters under the lock.
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        _userdata: Any,
+        _flags: Any,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if not reason_code.is_failure:
+            # paho ignores the broker's Receive Maximum; exceeding it is a protocol error.
+            receive_max = getattr(properties, "ReceiveMaximum", MAX_WINDOW)
+            with self._lock:
+                self._limit = min(self.window, receive_max)
+                self._lock.notify_all()
+        self._connack = reason_code
+        self._connected.set()
+
+    def _on_publish(
+        self, _client: Any, _userdata: Any, _mid: int, reason_code: ReasonCode, _props: Any
+    ) -> None:
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            self._acks += 1
+            if reason_code.is_failure:
+                self._rejected += 1
+            self._lock.notify_all()
+
+    def _on_disconnect(self, *_: Any) -> None:
+        if self.qos == 0:  # paho drops unsent QoS 0 packets on reconnect; they never get acked
+            with self._lock:
+                self._dropped += self._in_flight
+                self._in_flight = 0
+                self._lock.notify_all()
+
+    def _acquire_slot(self) -> None:
+        with self._lock:
+            if not self._wait_for(lambda: self._in_flight < self._limit, None):
+                raise self._timeout(f"with the window of {self.window} full")
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+
+    def _release_slot(self, dropped: int = 0) -> None:
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            self._dropped += dropped
+            self._lock.notify_all()
+
+    def _wait_for(self, condition: Callable[[], bool], timeout_s: float | None) -> bool:
+        """With the lock held: wait until ``condition``; False after timeout_s without an ack."""
+        timeout_s = self.ack_timeout_s if timeout_s is None else timeout_s
+        acks, progress_at = self._acks, time.monotonic()
+        while not condition():
+            if self._acks != acks:
+                acks, progress_at = self._acks, time.monotonic()
+            remaining = progress_at + timeout_s - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._lock.wait(remaining)
+        return True
+
+    def _check_result(self, rc: MQTTErrorCode) -> None:
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+            return
+        if rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+            if self.qos == 1:
+                return  # paho keeps it and sends it after reconnecting; on_publish follows
+            self._release_slot(dropped=1)
+            return
+        self._release_slot()
+        raise PublishError(f"paho refused the message: {mqtt.error_string(rc)}")
+
+    def _timeout(self, when: str) -> PublishTimeout:
+        return PublishTimeout(
+            f"{self._in_flight} messages unacknowledged {when}: no PUBACK from the broker at "
+            f"{self.address} for {self.ack_timeout_s:g} s"
+        )
+
+
+def _messages(chunks: Chunks, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for x, y in chunks:
+        if len(x) != len(y):
+            raise ValueError(f"a chunk has {len(x)} inputs but {len(y)} targets")
+        for start in range(0, len(x), batch):
+            yield x[start : start + batch], y[start : start + batch]
+
+
+# ---------------------------------------------------------------------------------------------
+# The `livefit publish` subcommand.
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of `livefit publish` to ``parser``."""
+    add = parser.add_argument
+    add(
+        "--broker",
+        default="mqtt://127.0.0.1:1883",
+        metavar="URL",
+        help="mqtt://[user:pass@]host[:port] or mqtts://... (default %(default)s)",
+    )
+    add("--model", default="demo", help="model name (default %(default)s)")
+    add("--topic", help="topic to publish to (default livefit/<model>/samples)")
+    add(
+        "--source",
+        default="synthetic",
+        metavar="synthetic|PATH",
+        help="'synthetic' (y = linear function of x + noise) or a .npz/.npy/.csv file",
+    )
+    add(
+        "--input-shape",
+        metavar="SHAPE",
+        help="input shape, e.g. 8 or 20,3 (synthetic default 8; for a file, reshapes its rows)",
+    )
+    add(
+        "--output-dim",
+        metavar="N",
+        type=_positive_int,
+        default=1,
+        help="synthetic targets per sample",
+    )
+    add(
+        "--target-columns",
+        metavar="N",
+        type=_positive_int,
+        default=1,
+        help="last columns of a .npy/.csv file that are targets (default %(default)s)",
+    )
+    add(
+        "--count",
+        metavar="N",
+        type=_positive_int,
+        help="samples to publish (default 10000 synthetic; a file's rows once, cycling if more)",
+    )
+    add(
+        "--rate",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="SAMPLES_PER_S",
+        help="samples per second, 0 = as fast as the window allows (default 0)",
+    )
+    add(
+        "--batch",
+        metavar="N",
+        type=_positive_int,
+        default=1,
+        help="samples per message (default 1)",
+    )
+    add(
+        "--format",
+        choices=sorted(CONTENT_TYPES),
+        default="msgpack",
+        dest="fmt",
+        help="payload format (default %(default)s)",
+    )
+    add("--raw", action="store_true", help="msgpack raw little-endian buffers instead of lists")
+    add("--qos", type=int, choices=(0, 1), default=1, help="MQTT QoS (default %(default)s)")
+    add(
+        "--window",
+        metavar="N",
+        type=_window,
+        default=1000,
+        help="most unacknowledged messages at once (default %(default)s)",
+    )
+    add(
+        "--seed", metavar="N", type=int, default=0, help="synthetic data seed (default %(default)s)"
+    )
+    add(
+        "--noise",
+        type=_non_negative_float,
+        default=0.01,
+        help="synthetic noise std (default %(default)s)",
+    )
+    add("--source-id", metavar="ID", help="the payload's 'source' field (default <hostname>-<pid>)")
+    add(
+        "--mqtt-version",
+        choices=("5", "3.1.1"),
+        default="5",
+        help="MQTT protocol version (default %(default)s)",
+    )
+    add(
+        "--connect-timeout",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up connecting after this long (default %(default)s)",
+    )
+    add("--ca-file", metavar="PATH", help="CA certificates for mqtts:// (default: the system's)")
+    add("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `livefit publish`: 0 when every sample was acknowledged, 1 on a broker or publish
+    failure, 2 on invalid options or an unreadable source, 130 when interrupted."""
+    try:
+        chunks, count = _open_source(args)
+        publisher = _make_publisher(args)
+    except (ValueError, OSError) as exc:
+        return _fail(str(exc), 2)
+    try:
+        publisher.connect()
+    except BrokerConnectionError as exc:
+        return _fail(str(exc), 1)
+    try:
+        with _progress_bar(count, enabled=not args.no_progress) as advance:
+            stats = publisher.publish_stream(
+                chunks,
+                batch=args.batch,
+                rate=args.rate,
+                on_progress=advance,
+                stop=getattr(args, "stop_event", None),
+            )
+    except PublishError as exc:
+        return _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    finally:
+        publisher.close()
+    print(f"{stats.summary()} to {publisher.topic} at {publisher.address}", flush=True)
+    if stats.rejected or stats.dropped:
+        return _fail(f"{stats.rejected + stats.dropped} messages were not delivered", 1)
+    return 0
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """'8', '20,3' or '[20, 3]' -> a tuple of positive ints; ValueError otherwise."""
+    cleaned = text.strip().strip("[]()")
+    try:
+        shape = tuple(int(part) for part in cleaned.split(",") if part.strip())
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise ValueError(f"--input-shape must be positive integers like 8 or 20,3, got {text!r}")
+    return shape
+
+
+def _open_source(args: argparse.Namespace) -> tuple[Chunks, int]:
+    chunk_size = args.batch * max(1, 4096 // args.batch)
+    if args.source == "synthetic":
+        shape = parse_shape(args.input_shape or "8")
+        stream = stream_for_shape(shape, args.output_dim, args.noise, args.seed)
+        count = args.count or 10_000
+        return stream_chunks(stream, count, chunk_size), count
+    x, y = load_file(args.source, args.target_columns)
+    if args.input_shape:
+        x = _reshape_inputs(x, parse_shape(args.input_shape), args.source)
+    count = args.count or len(x)
+    return cycle_chunks(x, y, count, chunk_size), count
+
+
+def _reshape_inputs(x: np.ndarray, shape: tuple[int, ...], path: str) -> np.ndarray:
+    if int(np.prod(x.shape[1:])) != int(np.prod(shape)):
+        raise ValueError(
+            f"{path}: samples of shape {list(x.shape[1:])} cannot be reshaped to {list(shape)}"
+        )
+    return x.reshape(len(x), *shape)
+
+
+def _make_publisher(args: argparse.Namespace) -> SamplePublisher:
+    return SamplePublisher(
+        args.broker,
+        args.topic or f"livefit/{args.model}/samples",
+        fmt=args.fmt,
+        raw=args.raw,
+        qos=args.qos,
+        window=args.window,
+        source=args.source_id or f"{socket.gethostname()}-{os.getpid()}",
+        protocol=args.mqtt_version,
+        connect_timeout_s=args.connect_timeout,
+        ca_certs=args.ca_file,
+    )
+
+
+class _SpeedColumn(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} samples/s" if speed else "", style="progress.data.speed")
+
+
+@contextmanager
+def _progress_bar(total: int, *, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """A rich bar on stderr, or a no-op when disabled or stderr is not a terminal."""
+    console = Console(stderr=True)
+    if not (enabled and console.is_terminal):
+        yield lambda _n: None
+        return
+    columns = (TextColumn("publishing"), BarColumn(), MofNCompleteColumn(), _SpeedColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("publish", total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"livefit publish: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _window(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_WINDOW:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_WINDOW} (MQTT message ids)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
