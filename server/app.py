@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,13 +19,25 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from livefit import __version__
+from livefit.server.metrics import Metrics
 from livefit.server.predict_api import build_predict_router, error_response
-from livefit.server.runtime import LearnerRuntime
+from livefit.server.serving import ServedModel
 
 log = logging.getLogger(__name__)
 
 
-def create_app(runtime: LearnerRuntime) -> FastAPI:
+class Runtime(Protocol):
+    """What the app needs from a process's background parts (learner or replica)."""
+
+    metrics: Metrics
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def ready(self) -> bool: ...
+    def served(self) -> Mapping[str, ServedModel]: ...
+
+
+def create_app(runtime: Runtime) -> FastAPI:
     """An app serving ``runtime``; starting the app starts the runtime."""
 
     @asynccontextmanager
@@ -32,7 +45,7 @@ def create_app(runtime: LearnerRuntime) -> FastAPI:
         await asyncio.to_thread(runtime.start)
         for served in runtime.served().values():
             served.start_batching(runtime.metrics)
-        log.info("livefit %s ready to learn %s", __version__, ", ".join(runtime.models))
+        log.info("livefit %s serving %s", __version__, ", ".join(runtime.served()))
         try:
             yield
         finally:
