@@ -30,6 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="override http.port")
     serve.set_defaults(handler=_serve)
 
+    replica = commands.add_parser(
+        "replica", help="serve predictions with weights from a learner's weight stream"
+    )
+    replica.add_argument("--config", help="the learner's TOML config file (same file)")
+    replica.add_argument("--host", help="override http.host")
+    replica.add_argument("--port", type=int, help="override http.port")
+    replica.set_defaults(handler=_replica)
+
     from livefit.clients import publish
 
     pub = commands.add_parser("publish", help="stream samples to a model's MQTT topic")
@@ -44,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Load and validate the config, apply --host/--port, set up logging; None on error."""
     from livefit.server.config import ConfigError, load_settings
     from livefit.server.logs import configure_logging
 
@@ -52,15 +61,33 @@ def _serve(args: argparse.Namespace) -> int:
         settings = load_settings(args.config)
     except ConfigError as exc:
         print(f"livefit: {exc}", file=sys.stderr)
-        return 2
+        return None
     if args.host:
         settings.http.host = args.host
     if args.port is not None:
         settings.http.port = args.port
     configure_logging(settings.logging.level, settings.logging.json_format)
+    return settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    from livefit.server.runtime import LearnerRuntime
     from livefit.server.serve import run_server
 
-    return run_server(settings)
+    return run_server(settings, LearnerRuntime(settings))
+
+
+def _replica(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    from livefit.server.replica import ReplicaRuntime
+    from livefit.server.serve import run_server
+
+    return run_server(settings, ReplicaRuntime(settings))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from livefit import __version__
 from livefit.server.metrics import Metrics
 from livefit.server.predict_api import build_predict_router, error_response
 from livefit.server.serving import ServedModel
+from livefit.server.weight_publisher import WeightStore
+from livefit.server.weights_api import build_weights_router
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,7 @@ class Runtime(Protocol):
     def stop(self) -> None: ...
     def ready(self) -> bool: ...
     def served(self) -> Mapping[str, ServedModel]: ...
+    def weight_store(self, name: str) -> WeightStore | None: ...
 
 
 def create_app(runtime: Runtime) -> FastAPI:
@@ -57,6 +60,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.runtime = runtime
     install_error_handlers(app)
     app.include_router(build_predict_router(runtime.served, runtime.metrics))
+    app.include_router(build_weights_router(runtime.weight_store, lambda: list(runtime.served())))
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:

@@ -149,6 +149,10 @@ class RequestBatcher:
             future.cancel()  # the client went away: the batcher skips this request
             raise
 
+    def call_in_model_thread(self, fn: Callable[[], object]) -> asyncio.Future[object]:
+        """Run ``fn`` on the model's thread, between batches (e.g. a weight swap)."""
+        return asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
     def retry_after_s(self) -> int:
         """Seconds after which the queue has likely drained (at least 1)."""
         batches = self._queued_rows / max(1, self.max_batch_size)

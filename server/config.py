@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "LIVEFIT_"
 ENV_DELIMITER = "__"
@@ -65,10 +74,17 @@ class BrokerSettings(_Section):
 
 
 class HttpSettings(_Section):
-    """Where the HTTP API listens."""
+    """Where the HTTP API listens, and the address other processes use to reach it."""
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    public_url: str | None = None  # default http://<host>:<port>; put in weight manifests
+
+    def base_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
 
 
 class StorageSettings(_Section):
@@ -125,10 +141,17 @@ class ServeSettings(_Section):
 
 
 class WeightsSettings(_Section):
-    """How often the trainer hands a snapshot of its weights to serving (and, later, to MQTT)."""
+    """How often the trainer hands a snapshot of its weights to serving and to the weight topic."""
 
     publish_interval_s: float = Field(0.5, gt=0, le=3600)
     topic: str | None = None
+    hmac_key: SecretStr | None = None  # shared secret: sign (learner) and verify (replicas)
+    max_inline_bytes: int = Field(16 * 1024 * 1024, ge=1024)  # larger: manifest + HTTP pull
+    keep_versions: int = Field(4, ge=1, le=100)  # recent payloads kept for HTTP download
+    pull_timeout_s: float = Field(30.0, gt=0)
+
+    def key_bytes(self) -> bytes | None:
+        return self.hmac_key.get_secret_value().encode() if self.hmac_key else None
 
 
 class ModelSettings(_Section):

@@ -132,6 +132,46 @@ class Metrics:
             ["model"], registry=r,
         )  # fmt: skip
 
+        # Weight stream
+        self.weights_published = Counter(
+            "livefit_weights_published_total",
+            "Snapshots published on the weight topic, inline or as a manifest for HTTP pull",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.weights_publish_seconds = Histogram(
+            "livefit_weights_publish_seconds", "Time to encode and publish one snapshot",
+            ["model"], buckets=STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.weights_payload_bytes = Gauge(
+            "livefit_weights_payload_bytes", "Size of the last encoded snapshot", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.published_version = Gauge(
+            "livefit_published_version", "Version of the last snapshot published on MQTT",
+            ["model"], registry=r,
+        )  # fmt: skip
+        self.weights_received = Counter(
+            "livefit_weights_received_total",
+            "Weight messages received, by outcome (accepted, or why they were refused)",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.weights_age = Gauge(
+            "livefit_weights_age_seconds",
+            "Now minus the creation time of the snapshot being served",
+            ["model"],
+            registry=r,
+        )
+        self.freshness = Histogram(
+            "livefit_freshness_seconds",
+            "From the newest trained sample's publish time (ts) to its weights being published "
+            "(learner) or served (replica)",
+            ["model"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
+            registry=r,
+        )
+
     def init_model(self, model: str) -> None:
         """Create every per-model series at zero so dashboards and rate() see them at once."""
         for metric in (

@@ -1,8 +1,9 @@
 """The learner process's background parts, started and stopped together in a fixed order.
 
-Start: broker (resolve, maybe launch) -> models built and warmed -> trainers -> ingest worker ->
-MQTT connection. Stop, in reverse: MQTT (no new messages) -> ingest -> trainers (train what
-was accepted, final snapshot) -> the broker livefit launched, if any.
+Start: broker (resolve, maybe launch) -> models built and warmed -> weight publishers ->
+trainers -> ingest worker -> MQTT connection. Stop: ingest (nothing new is accepted; what was
+not acknowledged stays with the broker) -> trainers (train what was accepted, final snapshot)
+-> weight publishers (the final snapshot goes out) -> MQTT -> the broker livefit launched.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from livefit.models import weight_names
 from livefit.server.broker import ManagedBroker, resolve_broker
 from livefit.server.codec import SampleSpec
 from livefit.server.config import ModelSettings, Settings
@@ -24,6 +26,8 @@ from livefit.server.samples import SampleQueue
 from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.trainer import Trainer
+from livefit.server.weight_format import architecture_fingerprint
+from livefit.server.weight_publisher import WeightPublisher, WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,8 @@ class ModelRuntime:
     slot: SnapshotSlot
     trainer: Trainer | None = None
     served: ServedModel | None = None
+    store: WeightStore | None = None
+    publisher: WeightPublisher | None = None
 
 
 class LearnerRuntime:
@@ -77,6 +83,8 @@ class LearnerRuntime:
             self.connection.add_subscription(subscription, qos=1)
             routes.append(self._route(runtime, subscription))
         self.ingest = IngestWorker(self.connection, routes, self.metrics)
+        for runtime in self.models.values():
+            self._start_weight_stream(runtime, self.connection)
         for runtime in self.models.values():
             assert runtime.trainer is not None
             runtime.trainer.start()
@@ -118,6 +126,35 @@ class LearnerRuntime:
         serving.warm_up()
         return ServedModel(name, settings, serving)
 
+    def _start_weight_stream(self, runtime: ModelRuntime, connection: MqttConnection) -> None:
+        """Serving swaps and MQTT publishing follow every snapshot from now on."""
+        assert runtime.trainer is not None and runtime.served is not None
+        model = runtime.trainer.model
+        names = weight_names(model)
+        weights = runtime.settings.weights
+        runtime.store = WeightStore(weights.keep_versions)
+        runtime.publisher = WeightPublisher(
+            model=runtime.name,
+            topic=self.settings.weights_topic(runtime.name),
+            names=names,
+            fingerprint=architecture_fingerprint(names, model.get_weights()),
+            connection=connection,
+            metrics=self.metrics,
+            store=runtime.store,
+            hmac_key=weights.key_bytes(),
+            max_inline_bytes=weights.max_inline_bytes,
+            pull_url=self.settings.http.base_url(),
+        )
+        runtime.slot.subscribe(runtime.publisher.offer)
+        runtime.slot.subscribe(runtime.served.snapshot_arrived)
+        runtime.publisher.start()
+        if runtime.slot.latest is not None:
+            runtime.publisher.offer(runtime.slot.latest)
+
+    def weight_store(self, name: str) -> WeightStore | None:
+        runtime = self.models.get(name)
+        return runtime.store if runtime is not None else None
+
     def served(self) -> dict[str, ServedModel]:
         """The models the prediction API answers for."""
         return {name: m.served for name, m in self.models.items() if m.served is not None}
@@ -148,15 +185,19 @@ class LearnerRuntime:
 
     def stop(self) -> None:
         """Stop every part that started, in reverse order; safe to call more than once."""
-        if self.connection is not None:
-            self.connection.stop()
-            self.connection = None
         if self.ingest is not None:
             self.ingest.stop()
             self.ingest = None
         for runtime in self.models.values():
             if runtime.trainer is not None:
                 runtime.trainer.stop()
+        for runtime in self.models.values():
+            if runtime.publisher is not None:
+                runtime.publisher.stop()
+                runtime.publisher = None
+        if self.connection is not None:
+            self.connection.stop()
+            self.connection = None
         if self.managed_broker is not None:
             self.managed_broker.stop()
             self.managed_broker = None

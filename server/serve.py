@@ -13,7 +13,6 @@ import uvicorn
 
 from livefit.server.app import create_app
 from livefit.server.config import Settings
-from livefit.server.runtime import LearnerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +27,8 @@ class _Server(uvicorn.Server):
             self._captured_signals.clear()
 
 
-def run_server(settings: Settings) -> int:
-    """Serve until uvicorn receives SIGINT or SIGTERM; then stop everything in order."""
-    runtime = LearnerRuntime(settings)
+def run_server(settings: Settings, runtime: Runtime) -> int:
+    """Serve ``runtime`` until SIGINT or SIGTERM; then stop everything in order; 0 if clean."""
     app = create_app(runtime)
     config = uvicorn.Config(
         app,

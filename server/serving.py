@@ -9,6 +9,7 @@ set of compiled shapes is bounded whatever batch sizes arrive; padding never lea
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import threading
@@ -126,6 +127,8 @@ class ServedModel:
         self.settings = settings
         self.serving = serving
         self.batcher: RequestBatcher | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._refresh_queued = False
 
     def ready(self) -> bool:
         """True once the batcher runs and a snapshot exists to serve."""
@@ -154,8 +157,40 @@ class ServedModel:
             on_queue_change=queue_rows.set,
         )
         self.batcher.start()
+        self._loop = asyncio.get_running_loop()
+        self.snapshot_arrived()  # serve the newest weights from the first request on
+
+    def snapshot_arrived(self, *_: object) -> None:
+        """A newer snapshot exists: swap to it on the model thread now, between batches.
+
+        Safe to call from any thread (the trainer's, an MQTT receiver's); calls made while a
+        swap is already queued are folded into it.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._queue_refresh)
+        except RuntimeError:  # the loop closed meanwhile: nothing left to serve
+            pass
+
+    def _queue_refresh(self) -> None:
+        if self._refresh_queued or self.batcher is None:
+            return
+        self._refresh_queued = True
+        future = self.batcher.call_in_model_thread(self._refresh)
+        future.add_done_callback(self._refresh_done)
+
+    def _refresh(self) -> None:
+        self._refresh_queued = False
+        self.serving.refresh()
+
+    def _refresh_done(self, future: asyncio.Future[object]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.error("weight swap failed for %s: %s", self.name, future.exception())
 
     async def stop_batching(self) -> None:
+        self._loop = None
         if self.batcher is not None:
             await self.batcher.stop()
             self.batcher = None

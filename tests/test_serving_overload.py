@@ -67,8 +67,12 @@ class StubRuntime:
     def served(self) -> dict[str, ServedModel]:
         return self._served
 
+    def weight_store(self, name: str) -> None:
+        return None
+
     def publish(self, version: int) -> None:
         self.slot.publish(Snapshot("m", version, self.weights, time.time(), 0))
+        self._served["m"].snapshot_arrived()
 
 
 @pytest.fixture

@@ -1,0 +1,176 @@
+"""A replica: the serving half of livefit, fed by the weight stream instead of a trainer.
+
+Same config file, same prediction API, batcher and limits as the learner; no training. Each
+model's weights arrive on its weight topic (retained, so a replica started late gets the
+newest at once), are verified by a ``WeightReceiver`` and swapped in between batches. A replica
+is ready only once every model holds a version.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from livefit.models import weight_names
+from livefit.server.broker import resolve_broker
+from livefit.server.config import ModelSettings, Settings
+from livefit.server.metrics import Metrics
+from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
+from livefit.server.serving import ServedModel, ServingModel
+from livefit.server.snapshot import Snapshot, SnapshotSlot
+from livefit.server.weight_format import architecture_fingerprint
+from livefit.server.weight_publisher import EncodedWeights, WeightStore
+from livefit.server.weight_receiver import OUTCOMES, ReceivedWeights, WeightReceiver
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplicaModel:
+    """One model on a replica: where its weights come from and how it is served."""
+
+    name: str
+    settings: ModelSettings
+    slot: SnapshotSlot
+    served: ServedModel
+    store: WeightStore
+    receiver: WeightReceiver | None = None
+
+
+class ReplicaRuntime:
+    """Receives weights for every configured model and serves them."""
+
+    def __init__(
+        self, settings: Settings, registry: CollectorRegistry | None = None, instance: str = ""
+    ) -> None:
+        self.settings = settings
+        self.metrics = Metrics(registry)
+        self.metrics.build_info.info({"role": "replica"})
+        self.instance = instance or f"{socket.gethostname()}-{settings.http.port}"
+        self.models: dict[str, ReplicaModel] = {}
+        self.started = False
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.started = True
+
+    def _start(self) -> None:
+        storage = Path(self.settings.storage.dir)
+        address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
+        enable_gpu_memory_growth()
+        for name, model_settings in self.settings.models.items():
+            self.models[name] = self._build(name, model_settings)
+        for replica_model in self.models.values():
+            replica_model.receiver = self._receiver(replica_model, address)
+            replica_model.receiver.start()
+        deadline = time.monotonic() + self.settings.broker.connect_timeout_s
+        for replica_model in self.models.values():
+            assert replica_model.receiver is not None
+            if not replica_model.receiver.connected.wait(max(0.0, deadline - time.monotonic())):
+                log.warning("replica not connected to %s yet; retrying in the background", address)
+                break
+
+    def _build(self, name: str, settings: ModelSettings) -> ReplicaModel:
+        device = resolve_device(settings.device)
+        self.metrics.init_model(name)
+        for outcome in OUTCOMES:
+            self.metrics.weights_received.labels(model=name, outcome=outcome)
+        slot = SnapshotSlot()
+        serving = ServingModel(
+            name,
+            build_uncompiled(settings, device),
+            settings.input_shape,
+            settings.serve.batch_sizes(),
+            source=lambda: slot.latest,
+            device=device,
+            on_swap=lambda snapshot: self._swapped(name, snapshot),
+        )
+        serving.warm_up()
+        served = ServedModel(name, settings, serving)
+        slot.subscribe(served.snapshot_arrived)
+        age = self.metrics.weights_age.labels(model=name)
+        age.set_function(
+            lambda: time.time() - serving.snapshot.created_at if serving.snapshot else 0.0
+        )
+        self.metrics.model_ready.labels(model=name).set(1)
+        return ReplicaModel(
+            name, settings, slot, served, WeightStore(settings.weights.keep_versions)
+        )
+
+    def _receiver(self, replica_model: ReplicaModel, address: object) -> WeightReceiver:
+        name = replica_model.name
+        model = replica_model.served.serving.model
+        names = weight_names(model)
+        counter = self.metrics.weights_received
+        broker = self.settings.broker
+        return WeightReceiver(
+            address=address,  # type: ignore[arg-type]
+            model=name,
+            topic=self.settings.weights_topic(name),
+            fingerprint=architecture_fingerprint(names, model.get_weights()),
+            on_weights=lambda received: self._received(replica_model, received),
+            on_outcome=lambda outcome: counter.labels(model=name, outcome=outcome).inc(),
+            hmac_key=replica_model.settings.weights.key_bytes(),
+            client_id=f"{broker.client_id}-replica-{self.instance}-{name}",
+            tls=broker.tls.model_dump(),
+            pull_timeout_s=replica_model.settings.weights.pull_timeout_s,
+        )
+
+    def _received(self, replica_model: ReplicaModel, received: ReceivedWeights) -> None:
+        meta = received.meta
+        replica_model.store.add(
+            EncodedWeights(meta.version, received.payload, _sha(received.payload), meta.created_at)
+        )
+        replica_model.slot.publish(
+            Snapshot(
+                model=replica_model.name,
+                version=meta.version,
+                weights=tuple(received.arrays),
+                created_at=meta.created_at,
+                samples_seen=meta.samples_seen,
+                newest_published_at=meta.newest_published_at,
+            )
+        )
+
+    def _swapped(self, name: str, snapshot: Snapshot) -> None:
+        self.metrics.serving_version.labels(model=name).set(snapshot.version)
+        if snapshot.newest_published_at is not None:
+            freshness = max(0.0, time.time() - snapshot.newest_published_at)
+            self.metrics.freshness.labels(model=name).observe(freshness)
+        log.info("%s now serves version %d", name, snapshot.version)
+
+    def ready(self) -> bool:
+        """Connected to the weight stream and holding a version of every model."""
+        return self.started and all(
+            m.receiver is not None and m.receiver.connected.is_set() and m.slot.latest is not None
+            for m in self.models.values()
+        )
+
+    def served(self) -> dict[str, ServedModel]:
+        return {name: m.served for name, m in self.models.items()}
+
+    def weight_store(self, name: str) -> WeightStore | None:
+        replica_model = self.models.get(name)
+        return replica_model.store if replica_model is not None else None
+
+    def stop(self) -> None:
+        for replica_model in self.models.values():
+            if replica_model.receiver is not None:
+                replica_model.receiver.stop()
+                replica_model.receiver = None
+        self.started = False
+
+
+def _sha(payload: bytes) -> str:
+    from livefit.server.weight_format import sha256_hex
+
+    return sha256_hex(payload)

@@ -1,0 +1,51 @@
+"""``GET /v1/models/{name}/weights``: the current snapshot (or a recent version) as safetensors.
+
+Replicas pull from here when a snapshot is too large to publish inline (the manifest on MQTT
+names the version); people and tools can fetch weights the same way. Headers carry the
+version and sha256 (also as the ETag).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from livefit.server.predict_api import error_response
+from livefit.server.weight_format import WEIGHTS_CONTENT_TYPE
+from livefit.server.weight_publisher import WeightStore
+
+StoreLookup = Callable[[str], WeightStore | None]
+
+
+def build_weights_router(store_for: StoreLookup, models: Callable[[], list[str]]) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/models/{name}/weights")
+    async def weights(name: str, version: int | None = None) -> Response:
+        """The newest snapshot, or ``?version=N`` while it is among the last few kept."""
+        if name not in models():
+            return error_response(
+                404, f"unknown model {name!r}; this server has: {', '.join(models())}"
+            )
+        store = store_for(name)
+        item = store.get(version) if store is not None else None
+        if item is None:
+            if version is None:
+                return error_response(503, f"model {name} has no weights yet", {"Retry-After": "1"})
+            newest = store.get() if store is not None else None
+            hint = f"; newest is {newest.version}" if newest is not None else ""
+            return error_response(404, f"version {version} of {name} is no longer kept{hint}")
+        return Response(
+            item.payload,
+            media_type=WEIGHTS_CONTENT_TYPE,
+            headers={
+                "X-Model-Version": str(item.version),
+                "X-Weights-Sha256": item.sha256,
+                "ETag": f'"{item.sha256}"',
+                "Cache-Control": "no-cache",
+            },
+        )
+
+    return router
