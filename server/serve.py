@@ -1,4 +1,4 @@
-"""Run the learner: build the runtime and the app, serve with uvicorn until SIGINT/SIGTERM."""
+"""Run a learner or replica runtime behind uvicorn until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import uvicorn
 
-from livefit.server.app import create_app
+from livefit.server.app import Runtime, create_app
 from livefit.server.config import Settings
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -169,10 +170,8 @@ class ServedModel:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing to serve
             loop.call_soon_threadsafe(self._queue_refresh)
-        except RuntimeError:  # the loop closed meanwhile: nothing left to serve
-            pass
 
     def _queue_refresh(self) -> None:
         if self._refresh_queued or self.batcher is None:
