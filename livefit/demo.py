@@ -1,8 +1,9 @@
-"""``livefit demo``: broker, learner, publisher and prediction traffic in one command.
+"""``livefit demo``: broker, learner, replica, publisher and prediction traffic in one command.
 
-It finds or starts a broker (``broker.url = "auto"``), starts ``livefit serve`` as a child
-process on a free port, streams a learnable noisy linear function to it, sends prediction
-requests from a few concurrent clients, shows live progress, and stops everything after
+It finds or starts a broker (``broker.url = "auto"``), starts ``livefit serve`` and
+``livefit replica`` as child processes on free ports, streams a learnable noisy linear
+function to the learner, sends prediction requests from a few concurrent clients, shows live
+progress (the replica's version following the learner's), and stops everything after
 ``--duration`` seconds with a short summary.
 """
 
@@ -54,21 +55,32 @@ def run(args: argparse.Namespace) -> int:
     address, managed = resolve_broker(args.broker, workdir)
     console.print(f"[bold]broker[/bold] {address} ({managed.kind if managed else 'existing'})")
     port = args.port or _free_port()
-    server = _start_server(workdir, str(address), port, managed.protocol if managed else "5")
+    config = _write_config(workdir, str(address), port, managed.protocol if managed else "5")
+    server = _start(config, "serve", port, workdir / "server.log")
+    replica_port = _free_port()
+    replica = _start(config, "replica", replica_port, workdir / "replica.log")
     try:
         url = f"http://127.0.0.1:{port}"
+        replica_url = f"http://127.0.0.1:{replica_port}"
         if not _wait_ready(url, server, timeout=120):
-            console.print(f"[red]server did not become ready; log: {workdir / 'server.log'}")
+            console.print(f"[red]learner did not become ready; log: {workdir / 'server.log'}")
             return 1
         console.print(f"[bold]learner[/bold] {url} (log {workdir / 'server.log'})")
-        return _run_traffic(args, console, url, str(address))
+        if not _wait_ready(replica_url, replica, timeout=120):
+            console.print(f"[red]replica did not become ready; log: {workdir / 'replica.log'}")
+            return 1
+        console.print(f"[bold]replica[/bold] {replica_url} (log {workdir / 'replica.log'})")
+        return _run_traffic(args, console, url, replica_url, str(address))
     finally:
+        _stop(replica)
         _stop(server)
         if managed is not None:
             managed.stop()
 
 
-def _run_traffic(args: argparse.Namespace, console: Console, url: str, broker: str) -> int:
+def _run_traffic(
+    args: argparse.Namespace, console: Console, url: str, replica_url: str, broker: str
+) -> int:
     stop = threading.Event()
     publisher = threading.Thread(
         target=_publish, args=(broker, args, stop), name="demo-publisher", daemon=True
@@ -76,7 +88,7 @@ def _run_traffic(args: argparse.Namespace, console: Console, url: str, broker: s
     predictor = _Predictor(url, args.clients)
     predictor.start()
     publisher.start()
-    progress = _Progress(url)
+    progress = _Progress(url, replica_url)
     try:
         _show(console, progress, predictor, args.duration, live=not args.no_live)
     finally:
@@ -148,8 +160,10 @@ class _Predictor:
 class _Progress:
     """Reads the learner's /metrics and keeps the first and latest readings."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, replica_url: str) -> None:
         self.url = url
+        self.replica_url = replica_url
+        self.replica_version = 0.0
         self.first_loss: float | None = None
         self.latest: dict[str, float] = {}
         self.previous: tuple[float, dict[str, float]] | None = None
@@ -158,7 +172,9 @@ class _Progress:
     def poll(self) -> None:
         try:
             text = httpx.get(f"{self.url}/metrics", timeout=2).text
-        except httpx.HTTPError:
+            replica = httpx.get(f"{self.replica_url}/v1/models/{MODEL}", timeout=2).json()
+            self.replica_version = float(replica["model_version_status"][0]["version"])
+        except (httpx.HTTPError, KeyError, ValueError):
             return
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
@@ -200,7 +216,8 @@ def _table(progress: _Progress, predictor: _Predictor, elapsed: float, duration:
     )
     table.add_row("prequential loss", f"{p.get('livefit_prequential_loss'):.5f}")
     table.add_row("model version", f"{p.get('livefit_model_version'):,.0f}")
-    table.add_row("serving version", f"{p.get('livefit_serving_version'):,.0f}")
+    table.add_row("serving version (learner)", f"{p.get('livefit_serving_version'):,.0f}")
+    table.add_row("replica version", f"{p.replica_version:,.0f}")
     table.add_row("predictions/s", f"{p.rates.get('livefit_predict_requests_total:200', 0):,.0f}")
     table.add_row(
         "mean predict batch",
@@ -230,7 +247,8 @@ def _show(console: Console, progress: _Progress, predictor: _Predictor, duration
             console.print(
                 f"{elapsed:5.1f}s trained={progress.get('livefit_train_samples_total'):.0f} "
                 f"loss={progress.get('livefit_prequential_loss'):.5f} "
-                f"version={progress.get('livefit_model_version'):.0f}"
+                f"version={progress.get('livefit_model_version'):.0f} "
+                f"replica={progress.replica_version:.0f}"
             )
             next_line += 5.0
         time.sleep(0.5)
@@ -249,18 +267,23 @@ def _summary(console: Console, progress: _Progress, predictor: _Predictor) -> in
     return 0 if learned else 1
 
 
-def _start_server(workdir: Path, broker: str, port: int, protocol: str) -> subprocess.Popen[bytes]:
+def _write_config(workdir: Path, broker: str, port: int, protocol: str) -> Path:
     config = workdir / "demo.toml"
     config.write_text(
         f'[broker]\nurl = "{broker}"\nclient_id = "livefit-demo-{port}"\nprotocol = "{protocol}"\n'
         f'[http]\nport = {port}\n[storage]\ndir = "{workdir / "data"}"\n'
-        f'[models.{MODEL}]\nbuilder = "mlp"\ninput_shape = [{INPUT_DIM}]\noutput_shape = [1]\n'
+        f"[models.{MODEL}]\nbuilder = \"mlp\"\ninput_shape = [{INPUT_DIM}]\noutput_shape = [1]\n"
         f"learning_rate = 0.003\n[models.{MODEL}.train]\nmax_batch_size = 256\n"
     )
+    return config
+
+
+def _start(config: Path, command: str, port: int, log_path: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    with (workdir / "server.log").open("wb") as log:
+    with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "livefit", "serve", "--config", str(config)],
+            [sys.executable, "-m", "livefit", command, "--config", str(config),
+             "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
 
