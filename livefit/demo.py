@@ -272,7 +272,7 @@ def _write_config(workdir: Path, broker: str, port: int, protocol: str) -> Path:
     config.write_text(
         f'[broker]\nurl = "{broker}"\nclient_id = "livefit-demo-{port}"\nprotocol = "{protocol}"\n'
         f'[http]\nport = {port}\n[storage]\ndir = "{workdir / "data"}"\n'
-        f"[models.{MODEL}]\nbuilder = \"mlp\"\ninput_shape = [{INPUT_DIM}]\noutput_shape = [1]\n"
+        f'[models.{MODEL}]\nbuilder = "mlp"\ninput_shape = [{INPUT_DIM}]\noutput_shape = [1]\n'
         f"learning_rate = 0.003\n[models.{MODEL}.train]\nmax_batch_size = 256\n"
     )
     return config

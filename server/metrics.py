@@ -21,11 +21,11 @@ LATENCY_BUCKETS = (
 class Metrics:
     """The metric objects of one livefit process (learner or replica)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, role: str = "learner") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.build_info = Info("livefit_build", "livefit version and role", registry=r)
-        self.build_info.info({"version": __version__})
+        self.build_info.info({"version": __version__, "role": role})
 
         # Broker connection
         self.broker_connected = Gauge(

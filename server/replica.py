@@ -45,12 +45,13 @@ class ReplicaModel:
 class ReplicaRuntime:
     """Receives weights for every configured model and serves them."""
 
+    role = "replica"
+
     def __init__(
         self, settings: Settings, registry: CollectorRegistry | None = None, instance: str = ""
     ) -> None:
         self.settings = settings
-        self.metrics = Metrics(registry)
-        self.metrics.build_info.info({"role": "replica"})
+        self.metrics = Metrics(registry, role=self.role)
         self.instance = instance or f"{socket.gethostname()}-{settings.http.port}"
         self.models: dict[str, ReplicaModel] = {}
         self.started = False

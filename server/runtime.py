@@ -50,9 +50,11 @@ class ModelRuntime:
 class LearnerRuntime:
     """Owns the broker connection, the ingest worker and one trainer per model."""
 
+    role = "learner"
+
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
-        self.metrics = Metrics(registry)
+        self.metrics = Metrics(registry, role=self.role)
         self.models: dict[str, ModelRuntime] = {}
         self.connection: MqttConnection | None = None
         self.ingest: IngestWorker | None = None
