@@ -54,19 +54,22 @@ def publish_stream(broker: MosquittoBroker, stop: threading.Event) -> None:
             stop.wait(0.002)
 
 
-async def hammer(url: str, seconds: float) -> list[tuple[np.ndarray, np.ndarray, int]]:
+async def hammer(url: str, max_seconds: float) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """Predict from 16 clients until 400 answers spanning 10 versions are in (or time is up)."""
     results: list[tuple[np.ndarray, np.ndarray, int]] = []
+    versions: set[int] = set()
     rng = np.random.default_rng(0)
 
     async def client(http: httpx.AsyncClient) -> None:
         loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
-        while loop.time() < end:
+        end = loop.time() + max_seconds
+        while loop.time() < end and (len(results) < 400 or len(versions) < 10):
             rows = rng.normal(size=(int(rng.integers(1, 4)), 6)).astype(np.float32)
             response = await http.post("/v1/models/lin:predict", json={"instances": rows.tolist()})
             assert response.status_code == 200, response.text
             body = response.json()
             results.append((rows, np.asarray(body["predictions"]), int(body["model_version"])))
+            versions.add(int(body["model_version"]))
 
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
         await asyncio.gather(*(client(http) for _ in range(16)))
@@ -87,13 +90,13 @@ def test_every_response_matches_its_version(broker: MosquittoBroker, tmp_path: P
     publisher = threading.Thread(target=publish_stream, args=(broker, stop))
     publisher.start()
     try:
-        results = asyncio.run(hammer(server.url, seconds=4.0))
+        results = asyncio.run(hammer(server.url, max_seconds=60.0))
     finally:
         stop.set()
         publisher.join(30)
         server.stop()
     versions = {version for _, _, version in results}
-    assert len(results) > 200 and len(versions) >= 10, (len(results), len(versions))
+    assert len(results) >= 400 and len(versions) >= 10, (len(results), len(versions))
     for rows, outputs, version in results:
         kernel, bias = snapshots[version].weights
         np.testing.assert_allclose(outputs, rows @ kernel + bias, rtol=1e-5, atol=1e-5)
