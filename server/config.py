@@ -88,9 +88,15 @@ class HttpSettings(_Section):
 
 
 class StorageSettings(_Section):
-    """Where livefit keeps state (broker persistence when it starts mosquitto)."""
+    """Where and how livefit keeps state: write-ahead log, checkpoints, broker persistence."""
 
     dir: str = "./livefit-data"
+    wal: bool = True  # acknowledge samples only once they are in the write-ahead log
+    fsync: bool = (
+        True  # fsync each WAL commit (and checkpoints): survive power loss, not only crashes
+    )
+    wal_segment_bytes: int = Field(64 * 1024 * 1024, ge=4096)
+    wal_group_max: int = Field(1000, ge=1)  # messages per WAL commit at most
 
 
 class LoggingSettings(_Section):
@@ -154,6 +160,13 @@ class WeightsSettings(_Section):
         return self.hmac_key.get_secret_value().encode() if self.hmac_key else None
 
 
+class CheckpointSettings(_Section):
+    """How often a model's training state is saved (and at shutdown)."""
+
+    interval_s: float = Field(30.0, gt=0)
+    keep: int = Field(3, ge=1, le=1000)
+
+
 class ModelSettings(_Section):
     """One model: its network, its training stream and its serving limits."""
 
@@ -176,6 +189,7 @@ class ModelSettings(_Section):
     train: TrainSettings = TrainSettings()
     serve: ServeSettings = ServeSettings()
     weights: WeightsSettings = WeightsSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
 
     @field_validator("builder")
     @classmethod

@@ -1,10 +1,13 @@
 """The ingest worker: raw MQTT messages -> decoded, validated samples in each model's queue.
 
 It runs off paho's network thread. For each message, in arrival order: find the model by topic,
-decode and validate, then either put the samples on the model's queue (waiting while it is
-full) or report the rejection on the model's dead-letter topic; only then acknowledge the
-message to the broker. Acks therefore go out in the order messages came in, and a message is
-never acknowledged before livefit holds its samples.
+decode and validate, then either accept it or reject it (counted, reported on the model's
+dead-letter topic). Accepted messages are appended to the write-ahead log; a group of messages
+is committed with one fsync, and only then are they acknowledged to the broker, in arrival
+order, and their samples put on the model's queue (waiting while it is full, which stops the
+acks and so makes the broker hold the rest). A message is never acknowledged before livefit
+holds its samples durably; without a WAL (``storage.wal = false``) they are acknowledged once
+they are in the queue, and a crash can lose what was queued but not yet trained.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paho.mqtt.client import topic_matches_sub
 
@@ -23,6 +26,7 @@ from livefit.server.codec import DecodedMessage, Rejection, SampleSpec, decode_m
 from livefit.server.metrics import Metrics
 from livefit.server.mqtt import MqttConnection, RawMessage
 from livefit.server.samples import QueueClosed, SampleQueue
+from livefit.server.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
 DEAD_LETTER_PAYLOAD_LIMIT = 4096  # bytes of the original payload echoed in the report
@@ -40,13 +44,32 @@ class Route:
     dead_letter_topic: str
 
 
+@dataclass(slots=True)
+class _Held:
+    """A handled message waiting for the group commit: ack it, then queue its samples."""
+
+    message: RawMessage
+    route: Route | None = None
+    decoded: DecodedMessage | None = None
+
+
 class IngestWorker:
     """Drains the MQTT inbox into model queues; counts and reports what it rejects."""
 
-    def __init__(self, connection: MqttConnection, routes: list[Route], metrics: Metrics) -> None:
+    def __init__(
+        self,
+        connection: MqttConnection,
+        routes: list[Route],
+        metrics: Metrics,
+        wal: WriteAheadLog | None = None,
+        group_max: int = 1000,
+    ) -> None:
         self.connection = connection
         self.routes = routes
         self.metrics = metrics
+        self.wal = wal
+        self.group_max = group_max
+        self._held: list[_Held] = []
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -55,7 +78,7 @@ class IngestWorker:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop after the message in hand; unacknowledged ones are redelivered by the broker."""
+        """Stop after the group in hand; unacknowledged messages are redelivered by the broker."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -70,9 +93,12 @@ class IngestWorker:
                 continue
             try:
                 self.handle(message)
+                if inbox.empty() or len(self._held) >= self.group_max:
+                    self.flush()
             except Exception:
                 self.metrics.internal_errors.labels(component="ingest").inc()
                 log.exception("ingest failed on a message from %s; continuing", message.topic)
+        self.flush()
 
     def route_for(self, topic: str) -> Route | None:
         for route in self.routes:
@@ -81,19 +107,43 @@ class IngestWorker:
         return None
 
     def handle(self, message: RawMessage) -> None:
-        """Decode, validate and queue (or reject) one message, then acknowledge it."""
+        """Decode and validate one message; hold it for the next ``flush``."""
         route = self.route_for(message.topic)
         if route is None:
             log.warning("message on %s matches no model; acknowledged and dropped", message.topic)
-            self.connection.ack(message)
+            self._held.append(_Held(message))
             return
         try:
             decoded = decode_message(message.payload, route.spec, message.content_type)
         except Rejection as rejection:
             self._reject(route, message, rejection)
+            self._held.append(_Held(message))
             return
-        if self._enqueue(route, decoded):
-            self.connection.ack(message)
+        if self.wal is not None:
+            position = self.wal.append(route.model, message.payload, message.content_type)
+            decoded = replace(decoded, chunk=replace(decoded.chunk, position=position))
+        self._held.append(_Held(message, route, decoded))
+
+    def flush(self) -> None:
+        """Commit the held group to the log, then ack each message and queue its samples."""
+        if not self._held:
+            return
+        if self.wal is not None:
+            started = time.perf_counter()
+            self.wal.commit()
+            self.metrics.wal_commit_seconds.observe(time.perf_counter() - started)
+        held, self._held = self._held, []
+        if self.wal is not None:  # durable now: acknowledge the whole group, in order
+            for item in held:
+                self.connection.ack(item.message)
+        for index, item in enumerate(held):
+            if item.route is not None and item.decoded is not None:
+                queued = self._enqueue(item.route, item.decoded)
+                if not queued:  # stopping: the rest are in the log (replayed) or with the broker
+                    log.info("ingest stopped with %d messages not queued", len(held) - index)
+                    return
+            if self.wal is None:
+                self.connection.ack(item.message)
 
     def _enqueue(self, route: Route, decoded: DecodedMessage) -> bool:
         """Put the samples on the model's queue, waiting while it is full (backpressure)."""
@@ -104,7 +154,7 @@ class IngestWorker:
             except QueueClosed:
                 return False
         else:
-            return False  # stopping: leave it unacknowledged, the broker will redeliver it
+            return False
         n = len(decoded.chunk)
         m = self.metrics
         m.ingest_messages.labels(model=route.model, outcome="accepted", reason="none").inc()
@@ -126,7 +176,6 @@ class IngestWorker:
         except Exception:
             self.metrics.dead_letters.labels(model=route.model, outcome="failed").inc()
             log.exception("could not publish to dead-letter topic %s", route.dead_letter_topic)
-        self.connection.ack(message)
 
 
 def dead_letter_report(model: str, message: RawMessage, rejection: Rejection) -> bytes:

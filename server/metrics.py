@@ -172,6 +172,48 @@ class Metrics:
             registry=r,
         )
 
+        # Durability
+        self.wal_commit_seconds = Histogram(
+            "livefit_wal_commit_seconds", "Time to write and fsync one group of accepted messages",
+            buckets=STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.wal_replayed_samples = Counter(
+            "livefit_wal_replayed_samples_total",
+            "Samples replayed from the write-ahead log at start (accepted before a crash)",
+            ["model"],
+            registry=r,
+        )
+        self.checkpoints = Counter(
+            "livefit_checkpoints_total", "Checkpoints written, by outcome (ok or failed)",
+            ["model", "outcome"], registry=r,
+        )  # fmt: skip
+        self.checkpoint_seconds = Histogram(
+            "livefit_checkpoint_seconds", "Time to write one checkpoint (in the background)",
+            ["model"], buckets=STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.checkpoint_stall_seconds = Histogram(
+            "livefit_checkpoint_stall_seconds",
+            "Time the trainer paused to copy its state for a checkpoint",
+            ["model"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
+            registry=r,
+        )
+        self.checkpoint_bytes = Gauge(
+            "livefit_checkpoint_bytes", "Size of the last checkpoint file", ["model"], registry=r
+        )
+        self.model_samples = Gauge(
+            "livefit_model_samples",
+            "Samples trained into the current weights' lineage (restored from checkpoints)",
+            ["model"],
+            registry=r,
+        )
+        self.train_nonfinite = Counter(
+            "livefit_train_nonfinite_total",
+            "Training steps rolled back because the loss or the updated weights were not finite",
+            ["model"],
+            registry=r,
+        )
+
     def init_model(self, model: str) -> None:
         """Create every per-model series at zero so dashboards and rate() see them at once."""
         for metric in (

@@ -1,22 +1,25 @@
 """The learner process's background parts, started and stopped together in a fixed order.
 
-Start: broker (resolve, maybe launch) -> models built and warmed -> weight publishers ->
-trainers -> ingest worker -> MQTT connection. Stop: ingest (nothing new is accepted; what was
-not acknowledged stays with the broker) -> trainers (train what was accepted, final snapshot)
--> weight publishers (the final snapshot goes out) -> MQTT -> the broker livefit launched.
+Start: broker (resolve, maybe launch) -> models built, restored from their newest checkpoint
+and warmed -> weight publishers -> trainers -> replay of the write-ahead log past each
+checkpoint -> ingest worker -> MQTT connection. Stop: ingest (nothing new is accepted; what was
+not acknowledged stays with the broker) -> trainers (train what was accepted, final snapshot,
+final checkpoint) -> weight publishers (the final snapshot goes out) -> MQTT -> the log -> the
+broker livefit launched.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from livefit.models import weight_names
 from livefit.server.broker import ManagedBroker, resolve_broker
-from livefit.server.codec import SampleSpec
+from livefit.server.checkpoint import Checkpoint, CheckpointStore
+from livefit.server.codec import Rejection, SampleSpec, decode_message
 from livefit.server.config import ModelSettings, Settings
 from livefit.server.ingest import IngestWorker, Route
 from livefit.server.metrics import Metrics
@@ -26,6 +29,7 @@ from livefit.server.samples import SampleQueue
 from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.trainer import Trainer
+from livefit.server.wal import WriteAheadLog
 from livefit.server.weight_format import architecture_fingerprint
 from livefit.server.weight_publisher import WeightPublisher, WeightStore
 
@@ -59,6 +63,7 @@ class LearnerRuntime:
         self.connection: MqttConnection | None = None
         self.ingest: IngestWorker | None = None
         self.managed_broker: ManagedBroker | None = None
+        self.wal: WriteAheadLog | None = None
         self.started = False
 
     def start(self) -> None:
@@ -75,8 +80,17 @@ class LearnerRuntime:
         storage.mkdir(parents=True, exist_ok=True)
         address, self.managed_broker = resolve_broker(self.settings.broker.url, storage)
         enable_gpu_memory_growth()
+        if self.settings.storage.wal:
+            self.wal = WriteAheadLog(
+                storage / "wal",
+                self.settings.storage.wal_segment_bytes,
+                self.settings.storage.fsync,
+            )
         for name, model_settings in self.settings.models.items():
-            self.models[name] = self._build_model(name, model_settings)
+            self.models[name] = self._build_model(name, model_settings, storage)
+        if self.wal is not None:
+            restored = [m.trainer.trained_position for m in self.models.values() if m.trainer]
+            self.wal.open(start_after=max(restored, default=0))
         protocol = self.managed_broker.protocol if self.managed_broker else None
         self.connection = MqttConnection(address, self.settings.broker, self.metrics, protocol)
         routes = []
@@ -84,18 +98,59 @@ class LearnerRuntime:
             subscription = self.settings.samples_topic(name)
             self.connection.add_subscription(subscription, qos=1)
             routes.append(self._route(runtime, subscription))
-        self.ingest = IngestWorker(self.connection, routes, self.metrics)
+        self.ingest = IngestWorker(
+            self.connection, routes, self.metrics, self.wal, self.settings.storage.wal_group_max
+        )
         for runtime in self.models.values():
             self._start_weight_stream(runtime, self.connection)
         for runtime in self.models.values():
             assert runtime.trainer is not None
             runtime.trainer.start()
+        self._replay(routes)
         self.ingest.start()
         self.connection.start()
         if not self.connection.wait_connected(self.settings.broker.connect_timeout_s):
             log.warning("not connected to %s yet; paho keeps retrying", address)
 
-    def _build_model(self, name: str, settings: ModelSettings) -> ModelRuntime:
+    def _replay(self, routes: list[Route]) -> None:
+        """Queue what was accepted (and acknowledged) before a crash but not yet checkpointed."""
+        if self.wal is None:
+            return
+        by_model = {route.model: route for route in routes}
+        replayed: dict[str, int] = {}
+        for record in self.wal.replay():
+            route = by_model.get(record.model)
+            runtime = self.models.get(record.model)
+            if route is None or runtime is None or runtime.trainer is None:
+                continue
+            if record.position <= runtime.trainer.trained_position:
+                continue
+            try:
+                decoded = decode_message(record.payload, route.spec, record.content_type)
+            except Rejection as exc:  # the model's shapes changed since: cannot train on it
+                log.warning(
+                    "log record %d no longer fits %s: %s", record.position, record.model, exc
+                )
+                continue
+            chunk = decoded.chunk
+            route.queue.put(replace(chunk, position=record.position))
+            replayed[record.model] = replayed.get(record.model, 0) + len(chunk)
+            self.metrics.wal_replayed_samples.labels(model=record.model).inc(len(chunk))
+        for model, count in replayed.items():
+            log.info("replayed %d samples of %s from the write-ahead log", count, model)
+
+    def _truncate_log(self, checkpoint: Checkpoint) -> None:
+        """After a checkpoint, drop log segments that every model's checkpoint is past."""
+        if self.wal is None:
+            return
+        frontiers = [
+            m.trainer.checkpointed_position for m in self.models.values() if m.trainer is not None
+        ]
+        removed = self.wal.truncate(min(frontiers, default=0))
+        if removed:
+            log.info("write-ahead log: %d old segments removed", removed)
+
+    def _build_model(self, name: str, settings: ModelSettings, storage: Path) -> ModelRuntime:
         device = resolve_device(settings.device)
         runtime = ModelRuntime(
             name=name,
@@ -105,7 +160,20 @@ class LearnerRuntime:
             slot=SnapshotSlot(),
         )
         self.metrics.init_model(name)
-        runtime.trainer = Trainer(name, settings, runtime.queue, runtime.slot, self.metrics, device)
+        wal = self.wal
+        runtime.trainer = Trainer(
+            name,
+            settings,
+            runtime.queue,
+            runtime.slot,
+            self.metrics,
+            device,
+            checkpoints=CheckpointStore(
+                storage / "checkpoints" / name, name, settings.checkpoint.keep
+            ),
+            frontier=(lambda trained: wal.frontier(name, trained)) if wal is not None else None,
+        )
+        runtime.trainer.on_checkpoint(self._truncate_log)
         runtime.trainer.warm_up()
         runtime.served = self._build_served(name, settings, device, runtime.slot)
         self.metrics.model_ready.labels(model=name).set(1)
@@ -200,6 +268,9 @@ class LearnerRuntime:
         if self.connection is not None:
             self.connection.stop()
             self.connection = None
+        if self.wal is not None:
+            self.wal.close()
+            self.wal = None
         if self.managed_broker is not None:
             self.managed_broker.stop()
             self.managed_broker = None

@@ -24,14 +24,20 @@ class SampleChunk:
     w: np.ndarray
     published_at: float | None = None  # the message's "ts" (epoch seconds), when it had one
     received_at: float = 0.0  # time.time() when the ingest worker accepted it
+    position: int | None = None  # write-ahead-log position of its message, when logged
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
     def split(self, n: int) -> tuple[SampleChunk, SampleChunk]:
-        """The first ``n`` samples and the rest, sharing memory with this chunk."""
+        """The first ``n`` samples and the rest, sharing memory with this chunk.
+
+        Only the rest keeps the position: the message is complete when its last part is.
+        """
         head = SampleChunk(self.x[:n], self.y[:n], self.w[:n], self.published_at, self.received_at)
-        tail = SampleChunk(self.x[n:], self.y[n:], self.w[n:], self.published_at, self.received_at)
+        tail = SampleChunk(
+            self.x[n:], self.y[n:], self.w[n:], self.published_at, self.received_at, self.position
+        )
         return head, tail
 
 
@@ -45,6 +51,7 @@ class Batch:
     chunks: int  # how many chunks (messages or parts of messages) it holds
     oldest_published_at: float | None  # earliest "ts" among them, for freshness
     newest_published_at: float | None
+    position: int | None = None  # WAL position of the last message completed by this batch
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -165,6 +172,7 @@ class SampleQueue:
 
 def _concatenate(chunks: list[SampleChunk]) -> Batch:
     published = [c.published_at for c in chunks if c.published_at is not None]
+    positions = [c.position for c in chunks if c.position is not None]
     if len(chunks) == 1:
         only = chunks[0]
         x, y, w = only.x, only.y, only.w
@@ -179,4 +187,5 @@ def _concatenate(chunks: list[SampleChunk]) -> Batch:
         chunks=len(chunks),
         oldest_published_at=min(published) if published else None,
         newest_published_at=max(published) if published else None,
+        position=max(positions) if positions else None,
     )

@@ -34,6 +34,7 @@ class StepResult:
     loss: float
     prequential_losses: np.ndarray  # (n,) per-sample loss before the update
     predictions: np.ndarray  # (n, *output_shape) before the update
+    applied: bool = True  # False: loss, gradients or new weights were not finite; rolled back
 
 
 def behaves_same_in_training(model: keras.Model) -> bool:
@@ -65,6 +66,13 @@ class TrainStep:
         self.device = device
         optimizer = model.optimizer
         optimizer.build(model.trainable_variables)
+        # Everything a step changes, and a device-side copy to roll a bad step back to.
+        state = [*model.trainable_variables, *optimizer.variables]
+        with tf.device(device):
+            backup = [
+                tf.Variable(v, trainable=False, name=f"backup_{i}") for i, v in enumerate(state)
+            ]
+        self._backup = backup
         separate_eval = not behaves_same_in_training(model)
         signature = [
             tf.TensorSpec([None, *input_shape], tf.float32, name="x"),
@@ -88,10 +96,29 @@ class TrainStep:
                 if model.losses:
                     loss += tf.add_n(model.losses)
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
+            finite = tf.math.is_finite(loss)
+            for grad in grads:
+                finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
+            applied = tf.cond(finite, lambda: apply(grads), lambda: tf.constant(False))
             if scored is None:
-                return loss, losses, pred
-            return loss, per_sample(y, scored), scored
+                return loss, losses, pred, applied
+            return loss, per_sample(y, scored), scored, applied
+
+        def apply(grads: list[tf.Tensor]) -> tf.Tensor:
+            """Apply the update; if any new value is not finite, restore the state before it."""
+            for saved, variable in zip(backup, state, strict=True):
+                saved.assign(variable)
+            optimizer.apply(grads, model.trainable_variables)
+            ok = tf.constant(True)
+            for variable in model.trainable_variables:
+                ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(variable)))
+
+            def restore() -> tf.Tensor:
+                for saved, variable in zip(backup, state, strict=True):
+                    variable.assign(saved)
+                return tf.constant(False)
+
+            return tf.cond(ok, lambda: tf.constant(True), restore)
 
         self._step = step
 
@@ -107,5 +134,21 @@ class TrainStep:
 
     def __call__(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> StepResult:
         with tf.device(self.device):
-            loss, losses, pred = self._step(x, y, w)
-        return StepResult(float(loss), losses.numpy(), pred.numpy())
+            loss, losses, pred, applied = self._step(x, y, w)
+        return StepResult(float(loss), losses.numpy(), pred.numpy(), bool(applied))
+
+    def optimizer_state(self) -> list[np.ndarray]:
+        """Copies of the optimizer's variables (for checkpoints)."""
+        return [np.array(v.numpy()) for v in self.model.optimizer.variables]
+
+    def restore(self, weights: list[np.ndarray], optimizer_state: list[np.ndarray]) -> None:
+        """Set weights and optimizer variables from a checkpoint of the same model."""
+        variables = self.model.optimizer.variables
+        if len(variables) != len(optimizer_state):
+            raise ValueError(
+                f"checkpoint has {len(optimizer_state)} optimizer variables, model has "
+                f"{len(variables)}: was the optimizer or architecture changed?"
+            )
+        self.model.set_weights(weights)
+        for variable, value in zip(variables, optimizer_state, strict=True):
+            variable.assign(value)

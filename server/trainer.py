@@ -2,7 +2,10 @@
 
 The trainer owns its Keras model; no other thread touches it. Every ``publish_interval_s``
 (and only when the weights changed) it copies them into a ``Snapshot`` for everything
-downstream. On stop it trains what was already accepted, then hands over a final snapshot.
+downstream. Every ``checkpoint.interval_s`` it copies weights and optimizer state (the only
+pause, measured in ``livefit_checkpoint_stall_seconds``) and a background thread writes them.
+On stop it trains what was already accepted, hands over a final snapshot and writes a final
+checkpoint. A step whose loss, gradients or new weights are not finite is rolled back.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
+from livefit.server.checkpoint import Checkpoint, CheckpointStore
 from livefit.server.config import ModelSettings
 from livefit.server.metrics import Metrics
 from livefit.server.modeling import build_compiled, make_loss
@@ -23,6 +28,7 @@ from livefit.server.train_step import TrainStep
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
+VERSION_BLOCK = 1000  # versions claimed on disk at a time (see _reserve_versions)
 
 
 class Trainer:
@@ -36,6 +42,8 @@ class Trainer:
         slot: SnapshotSlot,
         metrics: Metrics,
         device: str,
+        checkpoints: CheckpointStore | None = None,
+        frontier: Callable[[int], int] | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -43,8 +51,19 @@ class Trainer:
         self.slot = slot
         self.metrics = metrics
         self.device = device
+        self.checkpoints = checkpoints
+        self.frontier = frontier  # WAL position needed by nobody, given trained_position
         self.version = 0
         self.samples_seen = 0
+        self.trained_position = 0  # WAL position of the last message fully trained
+        self.restored_from: Checkpoint | None = None
+        self.checkpointed_position = 0  # WAL position the newest written checkpoint is past
+        self._writer = CheckpointWriter(name, checkpoints, metrics) if checkpoints else None
+        if self._writer is not None:
+            self._writer.on_written.append(self._written)
+        self._last_checkpoint_at = time.monotonic()
+        self._checkpoint_version = -1
+        self._reserved_version = 0
         self.prequential_loss = WindowedMean(settings.prequential_window)
         self.prequential_accuracy = WindowedMean(settings.prequential_window)
         self._track_accuracy = "accuracy" in settings.metrics
@@ -63,12 +82,44 @@ class Trainer:
             device,
         )
 
+    def on_checkpoint(self, callback: Callable[[Checkpoint], None]) -> None:
+        """Call ``callback(checkpoint)`` after each checkpoint is on disk (writer thread)."""
+        if self._writer is not None:
+            self._writer.on_written.append(callback)
+
     def warm_up(self) -> None:
-        """Compile the step and hand serving the initial weights (version 0)."""
+        """Restore the newest checkpoint, compile the step, hand serving the first snapshot."""
+        self._restore()
         self.step.warm_up()
         self._snapshot(force=True)
 
+    def _restore(self) -> None:
+        if self.checkpoints is None:
+            return
+        checkpoint = self.checkpoints.load_latest()
+        mark = self.checkpoints.high_water_mark()
+        if checkpoint is not None:
+            self.step.restore(checkpoint.weights, checkpoint.optimizer)
+            self.samples_seen = checkpoint.samples_seen
+            self.trained_position = checkpoint.position
+            self.checkpointed_position = checkpoint.position
+            self.restored_from = checkpoint
+        # Versions handed out after the checkpoint are never reused: continue above them.
+        self.version = max(checkpoint.version if checkpoint else 0, mark)
+        self._checkpoint_version = self.version
+        self._reserved_version = self.version
+        self.metrics.model_samples.labels(model=self.name).set(self.samples_seen)
+        self.metrics.model_version.labels(model=self.name).set(self.version)
+        if checkpoint is not None:
+            log.info(
+                "%s restored from checkpoint v%d (%d samples, log position %d); continuing at v%d",
+                self.name, checkpoint.version, checkpoint.samples_seen, checkpoint.position,
+                self.version,
+            )  # fmt: skip
+
     def start(self) -> None:
+        if self._writer is not None:
+            self._writer.start()
         self._thread = threading.Thread(target=self._run, name=f"trainer-{self.name}", daemon=True)
         self._thread.start()
 
@@ -81,6 +132,8 @@ class Trainer:
             if self._thread.is_alive():
                 log.error("trainer %s did not stop within %.0fs", self.name, timeout)
             self._thread = None
+        if self._writer is not None:
+            self._writer.stop()
 
     @property
     def running(self) -> bool:
@@ -97,7 +150,9 @@ class Trainer:
             if batch is not None:
                 self._train_safely(batch)
             self._snapshot()
+            self._maybe_checkpoint()
         self._snapshot(force=True)
+        self._maybe_checkpoint(final=True)
 
     def _train_safely(self, batch: Batch) -> None:
         try:
@@ -112,7 +167,18 @@ class Trainer:
         started = time.perf_counter()
         result = self.step(batch.x, batch.y, batch.w)
         elapsed = time.perf_counter() - started
+        if batch.position is not None:
+            self.trained_position = batch.position
+        if not result.applied:
+            self.metrics.train_nonfinite.labels(model=self.name).inc()
+            log.warning(
+                "%s: a batch of %d gave a non-finite loss or weights (loss %s); step rolled back",
+                self.name, len(batch), result.loss,
+            )  # fmt: skip
+            return
         self.version += 1
+        if self.version > self._reserved_version:
+            self._reserve_versions()
         self.samples_seen += len(batch)
         if batch.newest_published_at is not None:
             self._newest_published_at = max(
@@ -136,6 +202,7 @@ class Trainer:
         if self._track_accuracy:
             m.prequential_accuracy.labels(model=name).set(self.prequential_accuracy.value)
         m.model_version.labels(model=name).set(self.version)
+        m.model_samples.labels(model=name).set(self.samples_seen)
         m.queue_depth.labels(model=name).set(len(self.queue))
 
     def _snapshot(self, force: bool = False) -> None:
@@ -156,3 +223,110 @@ class Trainer:
         self._last_snapshot_at = now
         self._snapshot_version = self.version
         self.slot.publish(snapshot)
+
+    def _reserve_versions(self) -> None:
+        """Claim the next block of versions on disk before using the first of them.
+
+        A restart continues above the claimed mark, so no version is ever handed out twice,
+        even by a learner killed long after its last checkpoint (versions may jump instead).
+        """
+        self._reserved_version = self.version + VERSION_BLOCK
+        if self.checkpoints is not None:
+            self.checkpoints.write_high_water_mark(self._reserved_version)
+
+    def _maybe_checkpoint(self, final: bool = False) -> None:
+        """Copy the training state for the background writer (or write it now, when final)."""
+        if self._writer is None or self.version == self._checkpoint_version:
+            return
+        interval = self.settings.checkpoint.interval_s
+        if not final and time.monotonic() - self._last_checkpoint_at < interval:
+            return
+        started = time.perf_counter()
+        checkpoint = Checkpoint(
+            model=self.name,
+            version=self.version,
+            samples_seen=self.samples_seen,
+            position=self.frontier(self.trained_position) if self.frontier else 0,
+            weights=[np.array(w) for w in self.model.get_weights()],
+            optimizer=self.step.optimizer_state(),
+        )
+        self.metrics.checkpoint_stall_seconds.labels(model=self.name).observe(
+            time.perf_counter() - started
+        )
+        self._last_checkpoint_at = time.monotonic()
+        self._checkpoint_version = self.version
+        if final:
+            self._writer.write(checkpoint)
+            if self.checkpoints is not None:  # a clean stop: continue exactly here, no jump
+                self.checkpoints.write_high_water_mark(self.version)
+        else:
+            self._writer.offer(checkpoint)
+
+    def _written(self, checkpoint: Checkpoint) -> None:
+        self.checkpointed_position = max(self.checkpointed_position, checkpoint.position)
+
+
+class CheckpointWriter:
+    """Writes checkpoints on its own thread; the newest offered wins, older pending ones drop."""
+
+    def __init__(self, name: str, store: CheckpointStore, metrics: Metrics) -> None:
+        self.name = name
+        self.store = store
+        self.metrics = metrics
+        self.on_written: list[Callable[[Checkpoint], None]] = []
+        self._pending: Checkpoint | None = None
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name=f"checkpoint-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def offer(self, checkpoint: Checkpoint) -> None:
+        with self._wake:
+            self._pending = checkpoint
+            self._wake.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._pending is not None or self._stopping)
+                checkpoint, self._pending = self._pending, None
+                stopping = self._stopping
+            if checkpoint is not None:
+                self.write(checkpoint)
+            if stopping:
+                return
+
+    def write(self, checkpoint: Checkpoint) -> None:
+        """Write now, on the caller's thread; failures are counted and logged, never raised."""
+        started = time.perf_counter()
+        try:
+            path = self.store.write(checkpoint)
+        except Exception:
+            self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
+            log.exception("checkpoint of %s v%d failed", self.name, checkpoint.version)
+            return
+        self.metrics.checkpoints.labels(model=self.name, outcome="ok").inc()
+        self.metrics.checkpoint_seconds.labels(model=self.name).observe(
+            time.perf_counter() - started
+        )
+        self.metrics.checkpoint_bytes.labels(model=self.name).set(path.stat().st_size)
+        log.info("checkpoint %s v%d written (log position %d)", self.name, checkpoint.version,
+                 checkpoint.position)  # fmt: skip
+        for callback in self.on_written:
+            try:
+                callback(checkpoint)
+            except Exception:
+                log.exception("after-checkpoint callback failed for %s", self.name)

@@ -1,0 +1,165 @@
+"""Checkpoints: a model's weights, optimizer state, version and log position, on disk.
+
+A checkpoint is one safetensors file ``<dir>/<model>/ckpt-<version>.safetensors``: tensors
+``w:NNNN`` (model weights) and ``o:NNNN`` (optimizer variables), plus extra named arrays
+(``x:<name>``, e.g. scaling statistics); metadata holds the version, samples seen, the
+write-ahead-log position trained through, the creation time and a sha256 over all tensor bytes
+(so a flipped byte is caught, not only a truncated file). Files are written to a temporary
+name, fsynced and renamed, and the directory fsynced: a reader sees a whole checkpoint or
+none. The newest ``keep`` are kept; loading falls back to an older one when the newest is
+unreadable, and says so.
+
+The version high-water mark is a separate tiny file: the trainer claims versions in blocks
+there before using them, so that a restarted learner continues above every version it ever
+handed out, even when it crashed long after its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+log = logging.getLogger(__name__)
+PREFIX = "ckpt-"
+SUFFIX = ".safetensors"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Everything needed to continue training where it stopped."""
+
+    model: str
+    version: int
+    samples_seen: int
+    position: int  # write-ahead-log position trained through (0: none)
+    weights: list[np.ndarray]
+    optimizer: list[np.ndarray]
+    created_at: float = field(default_factory=time.time)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class CheckpointError(Exception):
+    """A checkpoint file is unreadable or fails its checksum."""
+
+
+class CheckpointStore:
+    """Checkpoints of one model in ``directory``, newest ``keep`` kept."""
+
+    def __init__(self, directory: Path, model: str, keep: int = 3) -> None:
+        self.directory = directory
+        self.model = model
+        self.keep = keep
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def write(self, checkpoint: Checkpoint) -> Path:
+        """Write atomically, then delete all but the newest ``keep``; returns the path."""
+        tensors = {f"w:{i:04d}": np.ascontiguousarray(a) for i, a in enumerate(checkpoint.weights)}
+        tensors.update(
+            {f"o:{i:04d}": np.ascontiguousarray(a) for i, a in enumerate(checkpoint.optimizer)}
+        )
+        tensors.update({f"x:{k}": np.ascontiguousarray(a) for k, a in checkpoint.extra.items()})
+        metadata = {
+            "model": checkpoint.model,
+            "version": str(checkpoint.version),
+            "samples_seen": str(checkpoint.samples_seen),
+            "position": str(checkpoint.position),
+            "created_at": repr(checkpoint.created_at),
+            "sha256": _digest(tensors),
+        }
+        path = self.directory / f"{PREFIX}{checkpoint.version:012d}{SUFFIX}"
+        _atomic_write(path, bytes(st_save(tensors, metadata=metadata)))
+        self._prune()
+        return path
+
+    def paths(self) -> list[Path]:
+        """Checkpoint files, newest first."""
+        return sorted(self.directory.glob(f"{PREFIX}*{SUFFIX}"), reverse=True)
+
+    def load_latest(self) -> Checkpoint | None:
+        """The newest readable checkpoint; an unreadable newer one is logged and skipped."""
+        for path in self.paths():
+            try:
+                return self.load(path)
+            except CheckpointError as exc:
+                log.error(
+                    "checkpoint %s is unusable (%s); falling back to the previous one", path, exc
+                )
+        return None
+
+    def load(self, path: Path) -> Checkpoint:
+        try:
+            payload = path.read_bytes()
+            tensors = st_load(payload)
+            header_len = int.from_bytes(payload[:8], "little")
+            meta = json.loads(payload[8 : 8 + header_len]).get("__metadata__", {})
+            if meta.get("sha256") != _digest(tensors):
+                raise CheckpointError("checksum mismatch")
+            return Checkpoint(
+                model=meta["model"],
+                version=int(meta["version"]),
+                samples_seen=int(meta["samples_seen"]),
+                position=int(meta["position"]),
+                weights=_ordered(tensors, "w:"),
+                optimizer=_ordered(tensors, "o:"),
+                created_at=float(meta["created_at"]),
+                extra={k[2:]: v for k, v in tensors.items() if k.startswith("x:")},
+            )
+        except (OSError, SafetensorError, ValueError, KeyError) as exc:
+            raise CheckpointError(str(exc)) from None
+
+    def _prune(self) -> None:
+        for old in self.paths()[self.keep :]:
+            old.unlink(missing_ok=True)
+
+    # version high-water mark ---------------------------------------------------------------
+    @property
+    def _mark(self) -> Path:
+        return self.directory / "version-high-water-mark"
+
+    def write_high_water_mark(self, version: int) -> None:
+        """Record that versions up to ``version`` may have been used (survives a process crash)."""
+        tmp = self._mark.with_suffix(".tmp")
+        tmp.write_text(str(version))
+        tmp.replace(self._mark)
+
+    def high_water_mark(self) -> int:
+        try:
+            return int(self._mark.read_text().strip())
+        except (OSError, ValueError):
+            return 0
+
+
+def _ordered(tensors: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+    return [tensors[k] for k in sorted(k for k in tensors if k.startswith(prefix))]
+
+
+def _digest(tensors: dict[str, np.ndarray]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        digest.update(key.encode())
+        digest.update(np.ascontiguousarray(tensors[key]).tobytes())
+    return digest.hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
