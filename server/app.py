@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from livefit import __version__
+from livefit.server.dashboard import build_dashboard_router
 from livefit.server.metrics import Metrics
 from livefit.server.predict_api import build_predict_router, error_response
 from livefit.server.serving import ServedModel
@@ -61,6 +62,11 @@ def create_app(runtime: Runtime) -> FastAPI:
     install_error_handlers(app)
     app.include_router(build_predict_router(runtime.served, runtime.metrics))
     app.include_router(build_weights_router(runtime.weight_store, lambda: list(runtime.served())))
+    app.include_router(
+        build_dashboard_router(
+            runtime.metrics, lambda: list(runtime.served()), getattr(runtime, "role", "learner")
+        )
+    )
 
     @app.get("/v2/health/live")
     async def live() -> dict[str, bool]:

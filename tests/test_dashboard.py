@@ -1,0 +1,397 @@
+"""The live dashboard: ``/api/stats`` read from a real registry, and the page in a real browser.
+
+The unit test serves the router with a real uvicorn and checks every stats value against
+hand-computed numbers (quantiles interpolated inside histogram buckets, nulls for absent series,
+no NaN). The browser test opens the page of a real learner process in headless Chromium,
+driven over the Chrome DevTools Protocol, while samples and predictions stream in, and checks
+that the page shows no console error and that its numbers and charts move. It saves a
+screenshot to ``artifacts/dashboard.png``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from websockets.sync.client import ClientConnection, connect
+
+from livefit.clients.publish import SamplePublisher
+from livefit.clients.synthetic import LinearStream
+from livefit.server.dashboard import build_dashboard_router, render_page
+from livefit.server.metrics import Metrics
+from tests.inprocess import InProcessServer
+from tests.mqtt_broker import MosquittoBroker
+from tests.server_process import ServerProcess
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+APT_HINT = "apt-get install -y chromium (Debian's package; chromium-driver is not needed)"
+
+
+def reject_constant(name: str) -> float:
+    raise ValueError(f"JSON carries {name}, which is not JSON")
+
+
+def fill_metrics() -> Metrics:
+    """ "demo" with hand-picked values, "idle" at zero, "healthy" with no error, no "ghost"."""
+    metrics = Metrics()
+    metrics.init_model("demo")
+    metrics.init_model("idle")
+    metrics.predict_requests.labels(model="healthy", code="200").inc(5)
+    metrics.predict_latency.labels(model="idle")  # a histogram with no observation yet
+    metrics.train_samples.labels(model="demo").inc(150)
+    metrics.train_steps.labels(model="demo").inc(3)
+    metrics.queue_depth.labels(model="demo").set(7)
+    metrics.train_loss.labels(model="demo").set(0.25)
+    metrics.prequential_loss.labels(model="demo").set(math.nan)
+    metrics.model_version.labels(model="demo").set(3)
+    metrics.serving_version.labels(model="demo").set(2)
+    metrics.weights_age.labels(model="demo").set(1.5)
+    metrics.predict_requests.labels(model="demo", code="200").inc(8)
+    metrics.predict_requests.labels(model="demo", code="429").inc(2)
+    for seconds in [0.003] * 4 + [0.007] * 4 + [0.02] * 2:
+        metrics.predict_latency.labels(model="demo").observe(seconds)
+    for rows in (4, 12):
+        metrics.predict_batch_size.labels(model="demo").observe(rows)
+    for seconds in (0.3, 100.0, 100.0):  # the median lies beyond the last finite bucket (60 s)
+        metrics.freshness.labels(model="demo").observe(seconds)
+    return metrics
+
+
+@pytest.fixture
+def stats_server() -> Iterator[InProcessServer]:
+    app = FastAPI()
+    app.include_router(build_dashboard_router(fill_metrics(), lambda: ["demo", "idle", "healthy", "ghost"], "learner"))  # fmt: skip
+    server = InProcessServer(app).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_stats_are_read_from_the_registry(stats_server: InProcessServer) -> None:
+    response = httpx.get(f"{stats_server.url}/api/stats", timeout=10)
+    assert response.status_code == 200
+    data = json.loads(response.text, parse_constant=reject_constant)
+    assert data["role"] == "learner"
+    assert abs(data["time"] - time.time()) < 60
+    demo = data["models"]["demo"]
+    assert demo["predict_latency"]["p50"] == pytest.approx(0.005 + 0.005 * (5 - 4) / (8 - 4))
+    assert demo["predict_latency"]["p99"] == pytest.approx(0.01 + 0.015 * (9.9 - 8) / (10 - 8))
+    assert demo == {
+        "train_samples_total": 150.0, "train_steps_total": 3.0, "queue_depth": 7.0,
+        "train_loss": 0.25, "prequential_loss": None, "prequential_accuracy": None,
+        "model_version": 3.0, "serving_version": 2.0, "weights_age_seconds": 1.5,
+        "predict_requests_total": 10.0, "predict_errors_total": 2.0,
+        "predict_latency": demo["predict_latency"], "predict_batch_mean": 8.0,
+        "freshness_p50": 60.0,
+    }  # fmt: skip
+    idle = data["models"]["idle"]
+    assert idle["train_samples_total"] == 0.0 and idle["model_version"] == 0.0
+    assert idle["predict_latency"] == {"p50": None, "p99": None}
+    for key in ("train_loss", "predict_requests_total", "predict_errors_total",
+                "predict_batch_mean", "freshness_p50", "weights_age_seconds"):  # fmt: skip
+        assert idle[key] is None, key
+    assert data["models"]["healthy"]["predict_errors_total"] == 0.0
+    ghost = data["models"]["ghost"]
+    assert ghost["predict_latency"] == {"p50": None, "p99": None}
+    assert {v for k, v in ghost.items() if k != "predict_latency"} == {None}
+
+
+def test_page_is_self_contained(stats_server: InProcessServer) -> None:
+    response = httpx.get(f"{stats_server.url}/", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    page = response.text
+    assert "<title>livefit &ndash; learner</title>" in page
+    assert not re.search(r"https?://", page), "the page must not reference other hosts"
+    assert not re.search(r"<script[^>]*\bsrc\s*=", page, re.IGNORECASE)
+    assert not re.search(r"<link[^>]*href=\"(?!data:)", page), "only data: links"
+    assert "@import" not in page and "url(" not in page
+    assert "<title>livefit &ndash; replica</title>" in render_page("replica")
+    assert "&lt;b&gt;" in render_page("<b>")
+
+
+# -- The page in a real browser ----------------------------------------------------------------
+
+
+def chromium_binary() -> str:
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip(f"headless Chromium not found; install it with: {APT_HINT}")
+
+
+class Browser:
+    """Headless Chromium on a free debugging port, and one page driven over DevTools Protocol."""
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        profile = workdir / "chromium-profile"
+        self.log = workdir / "chromium.log"
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1400,1000",
+                 f"--user-data-dir={profile}", "--remote-debugging-port=0"]  # fmt: skip
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [binary, *flags, "about:blank"], stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        self.ws: ClientConnection | None = None
+        self.events: list[dict[str, Any]] = []
+        self.next_id = 0
+        try:
+            self.ws = connect(self._page_websocket(profile / "DevToolsActivePort"), max_size=None)
+        except BaseException:
+            self.close()
+            raise
+
+    def _page_websocket(self, port_file: Path, timeout: float = 30.0) -> str:
+        """The page target's websocket URL, once Chromium has written its debugging port."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"chromium exited:\n{self.log.read_text()[-3000:]}")
+            if port_file.exists() and port_file.read_text().strip():
+                port = port_file.read_text().split()[0]
+                targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=5).json()
+                pages = [t for t in targets if t["type"] == "page"]
+                if pages:
+                    return str(pages[0]["webSocketDebuggerUrl"])
+            time.sleep(0.1)
+        raise RuntimeError(
+            f"chromium did not open a debugging port:\n{self.log.read_text()[-3000:]}"
+        )
+
+    def call(self, method: str, timeout: float = 10.0, **params: Any) -> dict[str, Any]:
+        """Send one command and return its result; events read meanwhile are kept."""
+        assert self.ws is not None
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        deadline = time.monotonic() + timeout
+        while True:
+            message = json.loads(self.ws.recv(timeout=max(0.01, deadline - time.monotonic())))
+            if message.get("id") == self.next_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return dict(message.get("result", {}))
+            self.events.append(message)
+
+    def drain(self) -> None:
+        """Keep every event that has arrived so far."""
+        assert self.ws is not None
+        try:
+            while True:
+                self.events.append(json.loads(self.ws.recv(timeout=0.05)))
+        except TimeoutError:
+            pass
+
+    def wait_event(self, method: str, timeout: float = 15.0) -> None:
+        assert self.ws is not None
+        deadline = time.monotonic() + timeout
+        while not any(e.get("method") == method for e in self.events):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {method} within {timeout}s")
+            self.drain()
+
+    def evaluate(self, expression: str) -> Any:
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def errors(self) -> list[str]:
+        """Console errors, uncaught exceptions and browser log errors seen so far."""
+        self.drain()
+        found = []
+        for event in self.events:
+            method, params = event.get("method"), event.get("params", {})
+            if method == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
+                found.append(f"console: {[a.get('value') for a in params['args']]}")
+            elif method == "Runtime.exceptionThrown":
+                found.append(f"exception: {params['exceptionDetails']}")
+            elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
+                found.append(f"log: {params['entry'].get('text')} {params['entry'].get('url')}")
+        return found
+
+    def screenshot(self, path: Path) -> None:
+        """A PNG of the whole page, however long it is."""
+        height = self.evaluate("document.documentElement.scrollHeight")
+        self.call("Emulation.setDeviceMetricsOverride", width=1400, height=int(height),
+                  deviceScaleFactor=1, mobile=False)  # fmt: skip
+        time.sleep(0.3)  # one frame at the new size
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(data))
+
+    def close(self) -> None:
+        if self.ws is not None:
+            self.ws.close()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
+
+
+class Feeder:
+    """A thread streaming samples to the learner and asking servers for predictions, until stopped."""
+
+    def __init__(self, broker: MosquittoBroker, servers: list[str], topic: str) -> None:
+        self.broker_url, self.servers, self.topic = broker.url, servers, topic
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="dashboard-feeder")
+
+    def _run(self) -> None:
+        stream = LinearStream(input_dim=8, seed=0)
+        try:
+            with (
+                SamplePublisher(self.broker_url, self.topic, fmt="msgpack") as publisher,
+                httpx.Client(timeout=10) as client,
+            ):
+                while not self.stopping.is_set():
+                    x, y = stream.sample(50)
+                    publisher.publish(x, y, batched=True)
+                    for url in self.servers:
+                        predict = f"{url}/v1/models/demo:predict"
+                        client.post(predict, json={"instances": x[:4].tolist()}).raise_for_status()
+                    self.stopping.wait(0.05)
+        except BaseException as exc:  # reported by stop(), in the test's thread
+            self.error = exc
+
+    def __enter__(self) -> Feeder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "feeder did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+def learner_config(broker: MosquittoBroker, storage: Path) -> str:
+    return f"""
+[broker]
+url = "{broker.url}"
+client_id = "dashboard-{broker.port}"
+[storage]
+dir = "{storage}"
+[models.demo]
+builder = "mlp"
+builder_options = {{ hidden_units = [16] }}
+input_shape = [8]
+output_shape = [1]
+learning_rate = 0.01
+seed = 11
+topic = "dashboard/demo/samples"
+[models.demo.weights]
+topic = "dashboard/demo/weights"
+publish_interval_s = 0.2
+"""
+
+
+READ_PAGE = """(() => {
+  const model = document.querySelector('[data-model="demo"]');
+  const nodes = sel => (model ? [...model.querySelectorAll(sel)] : []);
+  const value = node => (node.dataset.value === "" ? null : Number(node.dataset.value));
+  return {
+    title: document.title, polls: Number(document.body.dataset.polls || 0),
+    status: document.getElementById("status").className,
+    stats: Object.fromEntries(nodes("[data-stat]").map(n => [n.dataset.stat, value(n)])),
+    points: Object.fromEntries(nodes("canvas").map(c => [c.dataset.chart, Number(c.dataset.points)])),
+  };
+})()"""
+Page = dict[str, Any]
+
+
+def read_until(browser: Browser, ready: Callable[[Page], bool], timeout: float) -> Page:
+    """Read the page until ``ready`` holds; return the last read either way."""
+    deadline = time.monotonic() + timeout
+    page = browser.evaluate(READ_PAGE)
+    while not ready(page) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        page = browser.evaluate(READ_PAGE)
+    return dict(page)
+
+
+def open_page(browser: Browser, url: str, ready: Callable[[Page], bool]) -> Page:
+    """Load ``url``, wait for two polls and ``ready``; the page must say it is live."""
+    browser.events.clear()
+    browser.call("Page.navigate", url=url)
+    browser.wait_event("Page.loadEventFired")
+    page = read_until(browser, lambda p: p["polls"] >= 2 and ready(p), 15)
+    assert page["status"] == "ok" and ready(page), page
+    return page
+
+
+def check_learner_page(browser: Browser, url: str) -> None:
+    first = open_page(browser, url, lambda p: (p["stats"]["train_samples_total"] or 0) > 0)
+    assert first["title"] == "livefit \u2013 learner"
+    time.sleep(3)
+    second = read_until(browser, lambda p: bool(p["stats"]["latency_p50_ms"]), 10)
+    browser.screenshot(ARTIFACTS / "dashboard.png")
+    before, after = first["stats"], second["stats"]
+    assert after["train_samples_total"] > before["train_samples_total"], (first, second)
+    assert after["model_version"] > before["model_version"], (first, second)
+    assert after["predict_requests_total"] > 0 and after["predict_errors_total"] == 0, second
+    assert after["samples_per_s"] > 0 and after["latency_p50_ms"] > 0, second
+    assert second["points"]["samples"] > first["points"]["samples"], (first, second)
+    assert second["points"]["loss"] > 0 and second["points"]["latency"] > 0, second
+    assert "weights_age" not in second["points"], "replica-only chart on the learner"
+
+
+def check_replica_page(browser: Browser, url: str) -> None:
+    first = open_page(browser, url, lambda p: p["stats"]["weights_age_seconds"] is not None)
+    assert first["title"] == "livefit \u2013 replica"
+    time.sleep(2)
+    second = read_until(browser, lambda p: bool(p["stats"]["latency_p50_ms"]), 10)
+    browser.screenshot(ARTIFACTS / "dashboard-replica.png")
+    assert second["stats"]["serving_version"] > first["stats"]["serving_version"], (first, second)
+    assert second["stats"]["predict_requests_total"] > 0, second
+    assert second["points"]["weights_age"] > first["points"]["weights_age"], (first, second)
+    assert "loss" not in second["points"], "learner-only chart on a replica"
+
+
+@pytest.mark.e2e
+def test_dashboard_in_a_browser(broker: MosquittoBroker, tmp_path: Path) -> None:
+    binary = chromium_binary()
+    config = learner_config(broker, tmp_path / "data")
+    learner = ServerProcess(config, tmp_path).start()
+    replica = ServerProcess(config, tmp_path, command="replica")
+    browser: Browser | None = None
+    try:
+        replica.start()
+        browser = Browser(binary, tmp_path)
+        for domain in ("Page", "Runtime", "Log"):
+            browser.call(f"{domain}.enable")
+        with Feeder(broker, [learner.url, replica.url], "dashboard/demo/samples"):
+            check_learner_page(browser, f"{learner.url}/")
+            assert browser.errors() == []
+            check_replica_page(browser, f"{replica.url}/")
+            assert browser.errors() == []
+    finally:
+        if browser is not None:
+            browser.close()
+        replica.stop()
+        assert learner.stop() == 0
