@@ -46,6 +46,7 @@ class Checkpoint:
     optimizer: list[np.ndarray]
     created_at: float = field(default_factory=time.time)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # small text state (e.g. dedup JSON)
 
 
 class CheckpointError(Exception):
@@ -75,6 +76,7 @@ class CheckpointStore:
             "position": str(checkpoint.position),
             "created_at": repr(checkpoint.created_at),
             "sha256": _digest(tensors),
+            **{f"note:{k}": v for k, v in checkpoint.notes.items()},
         }
         path = self.directory / f"{PREFIX}{checkpoint.version:012d}{SUFFIX}"
         _atomic_write(path, bytes(st_save(tensors, metadata=metadata)))
@@ -113,6 +115,7 @@ class CheckpointStore:
                 optimizer=_ordered(tensors, "o:"),
                 created_at=float(meta["created_at"]),
                 extra={k[2:]: v for k, v in tensors.items() if k.startswith("x:")},
+                notes={k[5:]: v for k, v in meta.items() if k.startswith("note:")},
             )
         except (OSError, SafetensorError, ValueError, KeyError) as exc:
             raise CheckpointError(str(exc)) from None

@@ -185,6 +185,7 @@ class ModelSettings(_Section):
     max_message_bytes: int = Field(1024 * 1024, ge=64)
     max_samples_per_message: int = Field(10_000, ge=1)
     prequential_window: int = Field(1000, ge=1)
+    dedup: bool = False  # drop messages whose (source, seq) was already accepted
     seed: int | None = None
     train: TrainSettings = TrainSettings()
     serve: ServeSettings = ServeSettings()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from paho.mqtt.client import topic_matches_sub
 
 from livefit.server.codec import DecodedMessage, Rejection, SampleSpec, decode_message
+from livefit.server.dedup import SequenceTracker
 from livefit.server.metrics import Metrics
 from livefit.server.mqtt import MqttConnection, RawMessage
 from livefit.server.samples import QueueClosed, SampleQueue
@@ -42,6 +43,7 @@ class Route:
     spec: SampleSpec
     queue: SampleQueue
     dead_letter_topic: str
+    dedup: SequenceTracker | None = None
 
 
 @dataclass(slots=True)
@@ -119,10 +121,21 @@ class IngestWorker:
             self._reject(route, message, rejection)
             self._held.append(_Held(message))
             return
+        if self._is_duplicate(route, decoded):
+            self._held.append(_Held(message))
+            return
         if self.wal is not None:
             position = self.wal.append(route.model, message.payload, message.content_type)
             decoded = replace(decoded, chunk=replace(decoded.chunk, position=position))
         self._held.append(_Held(message, route, decoded))
+
+    def _is_duplicate(self, route: Route, decoded: DecodedMessage) -> bool:
+        if route.dedup is None or decoded.source is None or decoded.seq is None:
+            return False
+        duplicate = route.dedup.check(decoded.source, decoded.seq)
+        if duplicate:
+            self.metrics.ingest_duplicates.labels(model=route.model).inc()
+        return duplicate
 
     def flush(self) -> None:
         """Commit the held group to the log, then ack each message and queue its samples."""
@@ -133,7 +146,10 @@ class IngestWorker:
             self.wal.commit()
             self.metrics.wal_commit_seconds.observe(time.perf_counter() - started)
         held, self._held = self._held, []
-        if self.wal is not None:  # durable now: acknowledge the whole group, in order
+        trackers = {id(r.dedup): r.dedup for r in (i.route for i in held) if r and r.dedup}
+        if self.wal is not None:  # durable now: remember sequence numbers, ack in order
+            for route_tracker in trackers.values():
+                self._commit(route_tracker, held)
             for item in held:
                 self.connection.ack(item.message)
         for index, item in enumerate(held):
@@ -141,9 +157,20 @@ class IngestWorker:
                 queued = self._enqueue(item.route, item.decoded)
                 if not queued:  # stopping: the rest are in the log (replayed) or with the broker
                     log.info("ingest stopped with %d messages not queued", len(held) - index)
+                    for tracker in trackers.values():
+                        tracker.discard_pending()
                     return
             if self.wal is None:
                 self.connection.ack(item.message)
+        if self.wal is None:
+            for tracker in trackers.values():
+                self._commit(tracker, held)
+
+    def _commit(self, tracker: SequenceTracker, held: list[_Held]) -> None:
+        gaps = tracker.commit()
+        if gaps:
+            model = next(i.route.model for i in held if i.route and i.route.dedup is tracker)
+            self.metrics.ingest_seq_gaps.labels(model=model).inc(gaps)
 
     def _enqueue(self, route: Route, decoded: DecodedMessage) -> bool:
         """Put the samples on the model's queue, waiting while it is full (backpressure)."""

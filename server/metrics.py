@@ -57,6 +57,18 @@ class Metrics:
             ["model", "outcome"],
             registry=r,
         )
+        self.ingest_duplicates = Counter(
+            "livefit_ingest_duplicates_total",
+            "Messages dropped because their (source, seq) was already accepted (dedup on)",
+            ["model"],
+            registry=r,
+        )
+        self.ingest_seq_gaps = Counter(
+            "livefit_ingest_seq_gaps_total",
+            "Sequence numbers skipped by publishers (messages never received), dedup on",
+            ["model"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "livefit_queue_depth", "Samples waiting for the trainer", ["model"], registry=r
         )

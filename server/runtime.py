@@ -21,6 +21,7 @@ from livefit.server.broker import ManagedBroker, resolve_broker
 from livefit.server.checkpoint import Checkpoint, CheckpointStore
 from livefit.server.codec import Rejection, SampleSpec, decode_message
 from livefit.server.config import ModelSettings, Settings
+from livefit.server.dedup import SequenceTracker
 from livefit.server.ingest import IngestWorker, Route
 from livefit.server.metrics import Metrics
 from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
@@ -49,6 +50,7 @@ class ModelRuntime:
     served: ServedModel | None = None
     store: WeightStore | None = None
     publisher: WeightPublisher | None = None
+    dedup: SequenceTracker | None = None
 
 
 class LearnerRuntime:
@@ -132,12 +134,24 @@ class LearnerRuntime:
                     "log record %d no longer fits %s: %s", record.position, record.model, exc
                 )
                 continue
+            if route.dedup is not None and decoded.source is not None and decoded.seq is not None:
+                if route.dedup.check(decoded.source, decoded.seq):
+                    continue
+                route.dedup.commit()
             chunk = decoded.chunk
             route.queue.put(replace(chunk, position=record.position))
             replayed[record.model] = replayed.get(record.model, 0) + len(chunk)
             self.metrics.wal_replayed_samples.labels(model=record.model).inc(len(chunk))
         for model, count in replayed.items():
             log.info("replayed %d samples of %s from the write-ahead log", count, model)
+
+    @staticmethod
+    def _notes(runtime: ModelRuntime):  # type: ignore[no-untyped-def]
+        """Text state saved with each checkpoint of this model (the dedup sequence numbers)."""
+        tracker = runtime.dedup
+        if tracker is None:
+            return None
+        return lambda: {"dedup": tracker.dumps()}
 
     def _truncate_log(self, checkpoint: Checkpoint) -> None:
         """After a checkpoint, drop log segments that every model's checkpoint is past."""
@@ -158,6 +172,7 @@ class LearnerRuntime:
             device=device,
             queue=SampleQueue(settings.train.queue_capacity),
             slot=SnapshotSlot(),
+            dedup=SequenceTracker() if settings.dedup else None,
         )
         self.metrics.init_model(name)
         wal = self.wal
@@ -172,9 +187,13 @@ class LearnerRuntime:
                 storage / "checkpoints" / name, name, settings.checkpoint.keep
             ),
             frontier=(lambda trained: wal.frontier(name, trained)) if wal is not None else None,
+            notes=self._notes(runtime),
         )
         runtime.trainer.on_checkpoint(self._truncate_log)
         runtime.trainer.warm_up()
+        restored = runtime.trainer.restored_from
+        if runtime.dedup is not None and restored is not None and "dedup" in restored.notes:
+            runtime.dedup.loads(restored.notes["dedup"])
         runtime.served = self._build_served(name, settings, device, runtime.slot)
         self.metrics.model_ready.labels(model=name).set(1)
         log.info("model %s built on %s (%s builder)", name, device, settings.builder)
@@ -242,6 +261,7 @@ class LearnerRuntime:
             ),
             queue=runtime.queue,
             dead_letter_topic=self.settings.dead_letter_topic(runtime.name),
+            dedup=runtime.dedup,
         )
 
     def ready(self) -> bool:

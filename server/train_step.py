@@ -151,4 +151,4 @@ class TrainStep:
             )
         self.model.set_weights(weights)
         for variable, value in zip(variables, optimizer_state, strict=True):
-            variable.assign(value)
+            variable.assign(np.reshape(value, variable.shape))  # safetensors stores () as (1,)

@@ -44,6 +44,7 @@ class Trainer:
         device: str,
         checkpoints: CheckpointStore | None = None,
         frontier: Callable[[int], int] | None = None,
+        notes: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -53,6 +54,7 @@ class Trainer:
         self.device = device
         self.checkpoints = checkpoints
         self.frontier = frontier  # WAL position needed by nobody, given trained_position
+        self.notes = notes  # small text state to save with each checkpoint
         self.version = 0
         self.samples_seen = 0
         self.trained_position = 0  # WAL position of the last message fully trained
@@ -249,6 +251,7 @@ class Trainer:
             position=self.frontier(self.trained_position) if self.frontier else 0,
             weights=[np.array(w) for w in self.model.get_weights()],
             optimizer=self.step.optimizer_state(),
+            notes=self.notes() if self.notes else {},
         )
         self.metrics.checkpoint_stall_seconds.labels(model=self.name).observe(
             time.perf_counter() - started
