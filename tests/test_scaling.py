@@ -1,0 +1,153 @@
+"""RunningStandardizer: batch merges equal a two-pass mean and variance over everything seen."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.numpy import load, save
+
+from livefit.server.scaling import RunningStandardizer
+
+
+def _random_batches(
+    rng: np.random.Generator, count: int, shape: tuple[int, ...]
+) -> list[np.ndarray]:
+    sizes = [1, 1, 2, *rng.integers(1, 200, size=count - 3).tolist()]
+    return [
+        rng.normal(3.0, 2.0, size=(n, *shape)) * rng.uniform(0.5, 5.0, size=shape) for n in sizes
+    ]
+
+
+def test_matches_numpy_over_many_batches_of_varying_sizes() -> None:
+    rng = np.random.default_rng(0)
+    batches = _random_batches(rng, 300, (3, 2))
+    scaler = RunningStandardizer()
+    for batch in batches:
+        scaler.update(batch)
+    everything = np.concatenate(batches)
+    assert scaler.count == len(everything)
+    assert scaler.mean.shape == (3, 2)
+    np.testing.assert_allclose(scaler.mean, everything.mean(axis=0), rtol=1e-10)
+    np.testing.assert_allclose(scaler.variance, everything.var(axis=0), rtol=1e-10)
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(sizes=st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=30))
+def test_any_split_of_a_stream_gives_the_same_statistics(sizes: list[int]) -> None:
+    rng = np.random.default_rng(len(sizes))
+    data = rng.normal(-2.0, 0.3, size=(sum(sizes) + 1, 4))
+    scaler = RunningStandardizer()
+    for chunk in np.split(data, np.cumsum(sizes)):
+        scaler.update(chunk)
+    np.testing.assert_allclose(scaler.mean, data.mean(axis=0), rtol=1e-10)
+    np.testing.assert_allclose(scaler.variance, data.var(axis=0), rtol=1e-9)
+
+
+def test_stable_with_a_large_offset_and_a_small_spread() -> None:
+    rng = np.random.default_rng(1)
+    batches = [1e9 + rng.normal(0.0, 0.5, size=(int(n), 2)) for n in rng.integers(1, 100, 400)]
+    scaler = RunningStandardizer()
+    for batch in batches:
+        scaler.update(batch)
+    everything = np.concatenate(batches)
+    mean = everything.mean(axis=0)
+    two_pass_var = np.square(everything - mean).mean(axis=0)
+    # Subtracting 1e9 is exact here, so this two-pass variance is exact to ~1e-16.
+    exact_var = (everything - 1e9).var(axis=0)
+    # The one-pass textbook formula is useless here, so this test can tell stable from naive.
+    naive_var = np.square(everything).mean(axis=0) - np.square(mean)
+    assert np.abs(naive_var - exact_var).max() > 1.0
+    np.testing.assert_allclose(scaler.mean, mean, rtol=1e-14)
+    np.testing.assert_allclose(scaler.variance, two_pass_var, rtol=1e-9)
+    np.testing.assert_allclose(scaler.variance, exact_var, rtol=1e-13)
+
+
+def test_transform_standardises_and_leaves_constant_features_unscaled() -> None:
+    rng = np.random.default_rng(2)
+    x = np.column_stack([rng.normal(5.0, 3.0, 1000), np.full(1000, 7.25), np.full(1000, 1e9 + 0.1)])
+    scaler = RunningStandardizer()
+    for chunk in np.array_split(x, 13):
+        scaler.update(chunk)
+    out = scaler.transform(x)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out[:, 0].mean(), 0.0, atol=1e-6)
+    np.testing.assert_allclose(out[:, 0].std(), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(out[:, 1:], 0.0, atol=1e-6)
+    shifted = scaler.transform(np.array([[5.0, 8.25, 1e9 + 2.1]]))[0, 1:]
+    np.testing.assert_allclose(shifted, [1.0, 2.0], rtol=1e-6)
+    _, std = scaler.mean_std()
+    assert std[1:].tolist() == [1.0, 1.0]
+
+
+def test_identity_before_any_update() -> None:
+    scaler = RunningStandardizer()
+    x = np.arange(6.0).reshape(2, 3)
+    out = scaler.transform(x)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, x)
+    mean, std = scaler.mean_std()
+    np.testing.assert_array_equal((x - mean) / std, x)
+    scaler.update(np.empty((0, 3)))
+    assert scaler.count == 0
+
+
+def test_mean_std_reproduce_the_transform_for_a_serving_model() -> None:
+    rng = np.random.default_rng(3)
+    scaler = RunningStandardizer()
+    scaler.update(rng.normal(10.0, 4.0, size=(500, 2, 3)).astype(np.float32))
+    mean, std = scaler.mean_std()
+    assert mean.dtype == std.dtype == np.float32
+    assert mean.shape == std.shape == (2, 3)
+    x = rng.normal(10.0, 4.0, size=(20, 2, 3)).astype(np.float32)
+    np.testing.assert_allclose((x - mean) / std, scaler.transform(x), rtol=1e-5, atol=1e-6)
+
+
+def test_state_round_trips_through_safetensors_and_goes_on_alike() -> None:
+    rng = np.random.default_rng(4)
+    scaler = RunningStandardizer(per_last_axis=True)
+    scaler.update(rng.normal(size=(50, 7, 3)))
+    state = scaler.state()
+    assert all(isinstance(value, np.ndarray) for value in state.values())
+    restored = RunningStandardizer.from_state(load(save(state)))
+    more = rng.normal(size=(30, 7, 3))
+    np.testing.assert_array_equal(restored.transform(more), scaler.transform(more))
+    scaler.update(more)
+    restored.update(more)
+    for key, value in scaler.state().items():
+        np.testing.assert_allclose(restored.state()[key], value, rtol=1e-13)
+
+
+def test_state_of_a_fresh_standardizer_round_trips() -> None:
+    restored = RunningStandardizer.from_state(RunningStandardizer().state())
+    assert restored.count == 0
+    np.testing.assert_array_equal(restored.transform(np.ones((1, 2))), np.ones((1, 2)))
+
+
+def test_sequence_inputs_pool_each_feature_over_time() -> None:
+    rng = np.random.default_rng(5)
+    scales = np.array([1.0, 10.0, 100.0])
+    batches = [rng.normal(size=(int(n), 12, 3)) * scales + scales for n in rng.integers(1, 40, 50)]
+    pooled, per_step = RunningStandardizer(per_last_axis=True), RunningStandardizer()
+    for batch in batches:
+        pooled.update(batch)
+        per_step.update(batch)
+    everything = np.concatenate(batches)
+    assert pooled.count == everything.shape[0] * everything.shape[1]
+    np.testing.assert_allclose(pooled.mean, everything.mean(axis=(0, 1)), rtol=1e-10)
+    np.testing.assert_allclose(pooled.variance, everything.var(axis=(0, 1)), rtol=1e-10)
+    assert per_step.state()["mean"].shape == (12, 3)
+    mean, std = pooled.mean_std()
+    assert mean.shape == std.shape == (3,)
+    out = pooled.transform(everything)
+    np.testing.assert_allclose(out.reshape(-1, 3).std(axis=0), 1.0, rtol=1e-5)
+
+
+def test_a_batch_of_another_shape_is_refused_with_both_shapes() -> None:
+    scaler = RunningStandardizer()
+    scaler.update(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"\(4,\).*\(3,\)"):
+        scaler.update(np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="axes"):
+        scaler.update(np.zeros(3))
