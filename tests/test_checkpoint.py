@@ -31,7 +31,9 @@ def test_round_trip(tmp_path: Path) -> None:
     loaded = store.load_latest()
     assert loaded is not None
     assert (loaded.version, loaded.samples_seen, loaded.position) == (7, 70, 21)
-    for a, b in zip(loaded.weights + loaded.optimizer, original.weights + original.optimizer, strict=True):
+    for a, b in zip(
+        loaded.weights + loaded.optimizer, original.weights + original.optimizer, strict=True
+    ):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(loaded.extra["scaler_mean"], np.ones(4))
 
@@ -40,12 +42,17 @@ def test_keeps_the_newest(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, "m", keep=2)
     for version in (1, 2, 3, 4):
         store.write(checkpoint(version))
-    assert [p.name for p in store.paths()] == ["ckpt-000000000004.safetensors", "ckpt-000000000003.safetensors"]
+    assert [p.name for p in store.paths()] == [
+        "ckpt-000000000004.safetensors",
+        "ckpt-000000000003.safetensors",
+    ]
     assert not list(tmp_path.glob("*.tmp"))
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_corrupt_newest_falls_back_and_says_so(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_corrupt_newest_falls_back_and_says_so(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     store = CheckpointStore(tmp_path, "m")
     store.write(checkpoint(1))
     newest = store.write(checkpoint(2))

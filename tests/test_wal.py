@@ -10,7 +10,9 @@ from livefit.server.wal import WriteAheadLog
 
 
 def fill(wal: WriteAheadLog, n: int, model: str = "m") -> list[int]:
-    positions = [wal.append(model, f"payload-{i}".encode() * 10, "application/json") for i in range(n)]
+    positions = [
+        wal.append(model, f"payload-{i}".encode() * 10, "application/json") for i in range(n)
+    ]
     wal.commit()
     return positions
 
@@ -65,7 +67,9 @@ def test_flipped_byte_is_detected(tmp_path: Path) -> None:
     data[len(data) // 2] ^= 0xFF
     segment.write_bytes(bytes(data))
     positions = [r.position for r in WriteAheadLog(tmp_path).replay()]
-    assert positions == [1]  # the damaged record and what follows it in that segment are not replayed
+    assert positions == [
+        1
+    ]  # the damaged record and what follows it in that segment are not replayed
 
 
 @pytest.mark.parametrize("upto", [0, 10, 25, 40])
