@@ -39,7 +39,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # Numbers become strings where a string is expected: LIVEFIT_..._HMAC_KEY=123456 is a key.
+    model_config = ConfigDict(extra="forbid", validate_default=True, coerce_numbers_to_str=True)
 
 
 class TlsSettings(_Section):
@@ -103,7 +104,7 @@ class LoggingSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     json_format: bool = Field(False, alias="json")
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, coerce_numbers_to_str=True)
 
 
 class TrainSettings(_Section):

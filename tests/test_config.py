@@ -53,6 +53,14 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
     assert settings.models["demo"].serve.batch_sizes() == [1, 8, 64]
 
 
+def test_numeric_env_values_for_string_keys(tmp_path: Path) -> None:
+    settings = load_settings(
+        write(tmp_path, MINIMAL), environ={"LIVEFIT_MODELS__DEMO__WEIGHTS__HMAC_KEY": "123456"}
+    )
+    assert settings.models["demo"].weights.key_bytes() == b"123456"
+    assert "123456" not in repr(settings)  # secrets never show in reprs or logs
+
+
 def test_default_serving_batch_sizes_are_powers_of_two() -> None:
     serve = config.ServeSettings(max_batch_size=48)
     assert serve.batch_sizes() == [1, 2, 4, 8, 16, 32, 48]
