@@ -19,6 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from livefit import __version__
+from livefit.server.auth import TokenGuard
+from livefit.server.config import Settings
 from livefit.server.dashboard import build_dashboard_router
 from livefit.server.metrics import Metrics
 from livefit.server.predict_api import build_predict_router, error_response
@@ -33,6 +35,7 @@ class Runtime(Protocol):
     """What the app needs from a process's background parts (learner or replica)."""
 
     metrics: Metrics
+    settings: Settings
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -60,8 +63,15 @@ def create_app(runtime: Runtime) -> FastAPI:
     app = FastAPI(title="livefit", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
     install_error_handlers(app)
-    app.include_router(build_predict_router(runtime.served, runtime.metrics))
-    app.include_router(build_weights_router(runtime.weight_store, lambda: list(runtime.served())))
+    http = runtime.settings.http
+    guard = TokenGuard(http.token_bytes())
+    predict_guard = guard.check if http.protect_predictions else None
+    app.include_router(
+        build_predict_router(runtime.served, runtime.metrics, predict_guard, http.body_timeout_s)
+    )
+    app.include_router(
+        build_weights_router(runtime.weight_store, lambda: list(runtime.served()), guard.check)
+    )
     app.include_router(
         build_dashboard_router(
             runtime.metrics, lambda: list(runtime.served()), getattr(runtime, "role", "learner")

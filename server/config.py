@@ -80,6 +80,12 @@ class HttpSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     public_url: str | None = None  # default http://<host>:<port>; put in weight manifests
+    token: SecretStr | None = None  # bearer token for the weight download (and predictions)
+    protect_predictions: bool = False  # require the token on prediction and model endpoints
+    body_timeout_s: float = Field(10.0, gt=0)  # a request body must arrive within this
+
+    def token_bytes(self) -> bytes | None:
+        return self.token.get_secret_value().encode() if self.token else None
 
     def base_url(self) -> str:
         if self.public_url:

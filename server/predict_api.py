@@ -9,6 +9,7 @@ answer carries the version of the weights that computed it (``model_version`` an
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ MAX_DEADLINE_S = 600.0
 Served = Callable[[], Mapping[str, ServedModel]]
 Parser = Callable[[bytes, ServedModel, Request], ParsedRequest]
 Formatter = Callable[[ParsedRequest, ServedModel, Any, int], dict[str, Any]]
+Guard = Callable[[Request], None]
 
 
 class ApiError(Exception):
@@ -50,9 +52,18 @@ def error_response(
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
-    """The v1 and v2 prediction and model-metadata routes over the models ``served()`` returns."""
+def build_predict_router(
+    served: Served, metrics: Metrics, guard: Guard | None = None, body_timeout_s: float = 10.0
+) -> APIRouter:
+    """The v1 and v2 prediction and model-metadata routes over the models ``served()`` returns.
+
+    ``guard(request)`` raises a 401 ApiError when a request is not allowed.
+    """
     router = APIRouter()
+
+    def admit(request: Request) -> None:
+        if guard is not None:
+            guard(request)
 
     def lookup(name: str) -> ServedModel:
         model = served().get(name)
@@ -64,11 +75,13 @@ def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
     async def predict(request: Request, name: str, parse: Parser, fmt: Formatter) -> JSONResponse:
         started = time.perf_counter()
         try:
+            admit(request)
             model = lookup(name)
         except ApiError as exc:
-            return error_response(exc.status, exc.message)
+            return error_response(exc.status, exc.message, exc.headers)
         try:
-            body = await _read_body(request, model.settings.serve.max_request_bytes)
+            limit = model.settings.serve.max_request_bytes
+            body = await _read_body(request, limit, body_timeout_s)
             parsed = parse(body, model, request)
             answer, version = await _run(model, parsed, _timeout_s(request, parsed, model))
             response = JSONResponse(fmt(parsed, model, answer, version))
@@ -113,12 +126,13 @@ def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
         return await predict(request, name, parse_tf, fmt_tf)
 
     @router.get("/v1/models/{name}")
-    async def tfserving_status(name: str) -> JSONResponse:
+    async def tfserving_status(name: str, request: Request) -> JSONResponse:
         """TensorFlow Serving model status: the version being served, AVAILABLE once ready."""
         try:
+            admit(request)
             model = lookup(name)
         except ApiError as exc:
-            return error_response(exc.status, exc.message)
+            return error_response(exc.status, exc.message, exc.headers)
         return JSONResponse(protocols.tfserving_model_status(_version(model), model.ready()))
 
     @router.post("/v2/models/{name}/infer")
@@ -127,8 +141,9 @@ def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
         return await predict(request, name, parse_v2, fmt_v2)
 
     @router.get("/v2/models/{name}")
-    async def oip_metadata(name: str) -> JSONResponse:
+    async def oip_metadata(name: str, request: Request) -> JSONResponse:
         try:
+            admit(request)
             model = lookup(name)
         except ApiError as exc:
             return error_response(exc.status, exc.message)
@@ -141,8 +156,9 @@ def build_predict_router(served: Served, metrics: Metrics) -> APIRouter:
         )
 
     @router.get("/v2/models/{name}/ready")
-    async def oip_ready(name: str) -> JSONResponse:
+    async def oip_ready(name: str, request: Request) -> JSONResponse:
         try:
+            admit(request)
             model = lookup(name)
         except ApiError as exc:
             return error_response(exc.status, exc.message)
@@ -174,16 +190,21 @@ async def _run(model: ServedModel, parsed: ParsedRequest, timeout_s: float) -> t
     return prediction.outputs, prediction.version
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, refused with 413 past ``limit`` bytes and 408 when it trickles in too slowly."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds max_request_bytes={limit}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds max_request_bytes={limit}")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"request body exceeds max_request_bytes={limit}")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"request body not received within {timeout_s:g} s") from None
     return b"".join(chunks)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from livefit.models import weight_names
+from livefit.server.auth import TokenGuard
 from livefit.server.broker import resolve_broker
 from livefit.server.config import ModelSettings, Settings
 from livefit.server.metrics import Metrics
@@ -124,6 +125,7 @@ class ReplicaRuntime:
             client_id=f"{broker.client_id}-replica-{self.instance}-{name}",
             tls=broker.tls.model_dump(),
             pull_timeout_s=replica_model.settings.weights.pull_timeout_s,
+            pull_headers=TokenGuard(self.settings.http.token_bytes()).headers(),
         )
 
     def _received(self, replica_model: ReplicaModel, received: ReceivedWeights) -> None:

@@ -9,22 +9,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from livefit.server.predict_api import error_response
+from livefit.server.predict_api import ApiError, Guard, error_response
 from livefit.server.weight_format import WEIGHTS_CONTENT_TYPE
 from livefit.server.weight_publisher import WeightStore
 
 StoreLookup = Callable[[str], WeightStore | None]
 
 
-def build_weights_router(store_for: StoreLookup, models: Callable[[], list[str]]) -> APIRouter:
+def build_weights_router(
+    store_for: StoreLookup, models: Callable[[], list[str]], guard: Guard | None = None
+) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/models/{name}/weights")
-    async def weights(name: str, version: int | None = None) -> Response:
+    async def weights(name: str, request: Request, version: int | None = None) -> Response:
         """The newest snapshot, or ``?version=N`` while it is among the last few kept."""
+        if guard is not None:
+            try:
+                guard(request)
+            except ApiError as exc:
+                return error_response(exc.status, exc.message, exc.headers)
         if name not in models():
             return error_response(
                 404, f"unknown model {name!r}; this server has: {', '.join(models())}"

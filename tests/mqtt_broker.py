@@ -39,7 +39,7 @@ class MosquittoBroker:
         user = "user root\n" if os.geteuid() == 0 else ""
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\n"
-            "allow_anonymous true\n"
+            f"allow_anonymous {'false' if 'password_file' in self.extra_config else 'true'}\n"
             f"{user}"
             "persistence true\n"
             f"persistence_location {self.workdir}/\n"

@@ -11,68 +11,11 @@ import time
 from collections.abc import Iterator
 
 import httpx
-import numpy as np
 import pytest
 
-from livefit.models import build_model
 from livefit.server.app import create_app
-from livefit.server.config import ModelSettings
-from livefit.server.metrics import Metrics
-from livefit.server.serving import ServedModel, ServingModel
-from livefit.server.snapshot import Snapshot, SnapshotSlot
 from tests.inprocess import InProcessServer
-
-
-class HeldServingModel(ServingModel):
-    """A serving model whose calls wait until the test opens ``gate``."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = threading.Event()
-
-    def predict(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
-        self.entered.set()
-        self.gate.wait(30)
-        return super().predict(rows)
-
-
-class StubRuntime:
-    """One served model, no training: the app's Runtime protocol and nothing more."""
-
-    def __init__(self) -> None:
-        self.metrics = Metrics()
-        self.settings = ModelSettings.model_validate(
-            {"builder": "linear", "input_shape": [2], "output_shape": [1],
-             "serve": {"max_batch_size": 2, "batch_timeout_ms": 0, "max_queue_rows": 4}}
-        )  # fmt: skip
-        self.slot = SnapshotSlot()
-        model = build_model("linear", [2], [1], seed=0)
-        self.weights = tuple(np.asarray(w) for w in model.get_weights())
-        self.serving = HeldServingModel(
-            "m", model, [2], self.settings.serve.batch_sizes(), lambda: self.slot.latest, "/CPU:0"
-        )
-        self._served = {"m": ServedModel("m", self.settings, self.serving)}
-
-    def start(self) -> None:
-        self.serving.warm_up()
-
-    def stop(self) -> None:
-        pass
-
-    def ready(self) -> bool:
-        return self.slot.latest is not None
-
-    def served(self) -> dict[str, ServedModel]:
-        return self._served
-
-    def weight_store(self, name: str) -> None:
-        return None
-
-    def publish(self, version: int) -> None:
-        self.slot.publish(Snapshot("m", version, self.weights, time.time(), 0))
-        self._served["m"].snapshot_arrived()
+from tests.stub_runtime import StubRuntime
 
 
 @pytest.fixture
