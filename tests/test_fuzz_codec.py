@@ -26,14 +26,22 @@ scalars = st.one_of(
 )
 values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=6) | st.dictionaries(st.text(max_size=4), children, max_size=4)
+    ),
     max_leaves=40,
 )
 numbers = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 row = st.lists(numbers, min_size=1, max_size=5)
 documents = st.fixed_dictionaries(
     {"x": st.one_of(row, st.lists(row, max_size=4), values), "y": st.one_of(numbers, row, values)},
-    optional={"w": st.one_of(numbers, values), "ts": values, "seq": values, "source": values, "id": values},
+    optional={
+        "w": st.one_of(numbers, values),
+        "ts": values,
+        "seq": values,
+        "source": values,
+        "id": values,
+    },
 )
 
 
@@ -93,7 +101,9 @@ def test_raw_buffers(dtype: str, shape: list[int], data: bytes) -> None:
 
 def test_giant_and_deep_inputs_are_rejected_fast() -> None:
     giant = json.dumps({"x": [[0.5, 0.5, 0.5]] * 10_000, "y": [[1.0]] * 10_000}).encode()
-    with_limit = SampleSpec(input_shape=(3,), target_shape=(1,), max_message_bytes=len(giant) + 1, max_samples=100)
+    with_limit = SampleSpec(
+        input_shape=(3,), target_shape=(1,), max_message_bytes=len(giant) + 1, max_samples=100
+    )
     for payload, spec in [
         (giant, SPEC),
         (giant, with_limit),

@@ -24,7 +24,9 @@ def trainer(optimizer: str = "adam", learning_rate: float = 0.01) -> Trainer:
 
 def batch(x: np.ndarray) -> Batch:
     n = x.shape[0]
-    return Batch(x.astype(np.float32), np.ones((n, 1), np.float32), np.ones(n, np.float32), 1, None, None)
+    return Batch(
+        x.astype(np.float32), np.ones((n, 1), np.float32), np.ones(n, np.float32), 1, None, None
+    )
 
 
 def state(t: Trainer) -> list[np.ndarray]:
