@@ -80,6 +80,7 @@ def build_predict_router(
         except ApiError as exc:
             return error_response(exc.status, exc.message, exc.headers)
         try:
+            _shed_early(model)
             limit = model.settings.serve.max_request_bytes
             body = await _read_body(request, limit, body_timeout_s)
             parsed = parse(body, model, request)
@@ -188,6 +189,19 @@ async def _run(model: ServedModel, parsed: ParsedRequest, timeout_s: float) -> t
         log.exception("prediction failed for model %s", model.name)
         raise ApiError(500, f"prediction failed: {type(exc).__name__}: {exc}") from None
     return prediction.outputs, prediction.version
+
+
+def _shed_early(model: ServedModel) -> None:
+    """429 before reading or parsing the body when the queue is already full: under overload,
+    refusing must cost far less than serving, or the refused starve the accepted."""
+    batcher = model.batcher
+    if batcher is not None and batcher.queued_rows >= batcher.max_queue_rows:
+        raise ApiError(
+            429,
+            f"model {model.name} has {batcher.queued_rows} rows queued "
+            f"(max_queue_rows={batcher.max_queue_rows}); retry later",
+            {"Retry-After": str(batcher.retry_after_s())},
+        )
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
