@@ -1,0 +1,130 @@
+"""Metrics as operators see them: promtool lints a live scrape of a learner and a replica, and a
+real Prometheus, run with the repo's scrape config pointed at them, collects their series."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from livefit.clients.publish import SamplePublisher
+from livefit.clients.synthetic import LinearStream
+from tests.mqtt_broker import MosquittoBroker, free_port
+from tests.server_process import ServerProcess
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parent.parent
+SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+needs_prometheus = pytest.mark.skipif(
+    shutil.which("promtool") is None or shutil.which("prometheus") is None,
+    reason="needs promtool and prometheus: apt-get install prometheus",
+)
+
+
+@pytest.fixture(scope="module")
+def pair(
+    broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, ServerProcess]]:
+    workdir = tmp_path_factory.mktemp("prometheus")
+    config = f"""
+[broker]
+url = "{broker.url}"
+client_id = "prometheus-{broker.port}"
+[storage]
+dir = "{workdir / "data"}"
+[models.demo]
+builder = "linear"
+input_shape = [8]
+output_shape = [1]
+"""
+    learner = ServerProcess(config, workdir).start()
+    replica = ServerProcess(config, workdir, command="replica")
+    try:
+        replica.start()
+        with SamplePublisher(broker.url, "livefit/demo/samples", fmt="msgpack") as publisher:
+            x, y = LinearStream(input_dim=8).sample(300)
+            publisher.publish(x, y, batched=True)
+        learner.wait_for_metric("livefit_train_samples_total", 300, model="demo")
+        for server in (learner, replica):
+            httpx.post(
+                f"{server.url}/v1/models/demo:predict",
+                json={"instances": x[:4].tolist()},
+                timeout=10,
+            )
+        yield {"learner": learner, "replica": replica}
+    finally:
+        replica.stop()
+        learner.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    yield
+
+
+@needs_prometheus
+@pytest.mark.parametrize("role", ["learner", "replica"])
+def test_promtool_lints_a_live_scrape(pair: dict[str, ServerProcess], role: str) -> None:
+    text = httpx.get(f"{pair[role].url}/metrics", timeout=10).text
+    result = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True
+    )
+    assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
+        result.stdout + result.stderr
+    )
+
+
+@needs_prometheus
+def test_real_prometheus_scrapes_learner_and_replica(
+    pair: dict[str, ServerProcess], tmp_path: Path
+) -> None:
+    config = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    config["global"]["scrape_interval"] = config["global"]["scrape_timeout"] = "1s"
+    targets = {"livefit-learner": [pair["learner"]], "livefit-replicas": [pair["replica"]]}
+    for job in config["scrape_configs"]:
+        job["static_configs"] = [
+            {"targets": [f"127.0.0.1:{s.port}" for s in targets[job["job_name"]]]}
+        ]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    check = subprocess.run(
+        ["promtool", "check", "config", str(path)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    port = free_port()
+    with (tmp_path / "prometheus.log").open("wb") as log:
+        process = subprocess.Popen(
+            ["prometheus", f"--config.file={path}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+    try:
+        seen: set[str] = set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and seen != {"livefit-learner", "livefit-replicas"}:
+            time.sleep(1)
+            try:
+                answer = httpx.get(
+                    f"http://127.0.0.1:{port}/api/v1/query",
+                    params={"query": "livefit_serving_version"},
+                    timeout=5,
+                ).json()
+            except httpx.HTTPError:
+                continue
+            seen = {series["metric"]["job"] for series in answer.get("data", {}).get("result", [])}
+        assert seen == {"livefit-learner", "livefit-replicas"}, (
+            tmp_path / "prometheus.log"
+        ).read_text()[-2000:]
+        up = httpx.get(
+            f"http://127.0.0.1:{port}/api/v1/query", params={"query": "up"}, timeout=5
+        ).json()
+        assert all(series["value"][1] == "1" for series in up["data"]["result"])
+    finally:
+        process.terminate()
+        process.wait(30)
