@@ -16,6 +16,8 @@ from typing import Any
 
 import keras
 
+from livefit.models.standardize import with_standardization
+
 BUILTIN_BUILDERS = ("linear", "mlp", "lstm")
 
 _DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
@@ -36,19 +38,30 @@ def build_model(
     output_shape: Sequence[int],
     options: Mapping[str, Any] | None = None,
     seed: int | None = None,
+    scaling: str = "none",
 ) -> keras.Model:
-    """Build the network ``builder`` names; the same ``seed`` gives the same initial weights."""
+    """Build the network ``builder`` names; the same ``seed`` gives the same initial weights.
+
+    ``scaling="standardize"`` puts a ``Standardize`` layer in front (per feature; for ``[T, F]``
+    sequence inputs, per F pooled over time): build with the same scaling as the learner to
+    use its weights.
+    """
     in_shape = _check_shape("input_shape", input_shape)
     out_shape = _check_shape("output_shape", output_shape)
+    if scaling not in ("none", "standardize"):
+        raise ValueError(f'scaling must be "none" or "standardize", got {scaling!r}')
     opts = dict(options or {})
     if builder in BUILTIN_BUILDERS:
         opts = _resolve_options(builder, opts)
         _seed(seed)
-        return _BUILTINS[builder](in_shape, out_shape, **opts)
-    function = _load_builder(builder)
-    _seed(seed)
-    model = function(input_shape=in_shape, output_shape=out_shape, **opts)
-    _check_custom_model(builder, model, in_shape, out_shape)
+        model = _BUILTINS[builder](in_shape, out_shape, **opts)
+    else:
+        function = _load_builder(builder)
+        _seed(seed)
+        model = function(input_shape=in_shape, output_shape=out_shape, **opts)
+        _check_custom_model(builder, model, in_shape, out_shape)
+    if scaling == "standardize":
+        model = with_standardization(model, in_shape, per_last_axis=builder == "lstm")
     return model
 
 

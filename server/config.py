@@ -119,6 +119,22 @@ class TrainSettings(_Section):
     max_batch_size: int = Field(256, ge=1, le=65536)
     max_wait_ms: float = Field(0.0, ge=0, le=60_000)
     queue_capacity: int = Field(20_000, ge=1)  # samples held between ingestion and training
+    steps_per_batch: int = Field(1, ge=1, le=100)  # gradient steps on each minibatch
+    replay_capacity: int = Field(0, ge=0)  # samples kept for replay (0: no replay)
+    replay_mode: Literal["reservoir", "window"] = "reservoir"
+    replay_share: float = Field(0.5, ge=0, lt=1)  # share of replayed samples in each step
+
+
+class DriftSettings(_Section):
+    """Drift detection on the prequential loss, and what to do when it fires."""
+
+    enabled: bool = True  # detect, count and report drift (a cheap test on the losses)
+    method: Literal["page_hinkley", "adwin"] = "page_hinkley"
+    threshold: float = Field(50.0, gt=0)  # Page-Hinkley lambda, in standardised loss units
+    reaction: Literal["none", "reset_optimizer", "boost_lr"] = "none"
+    boost_factor: float = Field(3.0, gt=1)  # learning rate multiplier for boost_lr
+    boost_steps: int = Field(200, ge=1)  # training steps the boost lasts
+    events_topic: str | None = None  # default livefit/<name>/events
 
 
 class ServeSettings(_Section):
@@ -186,6 +202,7 @@ class ModelSettings(_Section):
     optimizer: str = "adam"
     learning_rate: float = Field(0.001, gt=0)
     metrics: list[Literal["accuracy"]] = Field(default_factory=list)
+    scaling: Literal["none", "standardize"] = "standardize"  # online per-feature scaling
     device: str = "auto"  # "auto" picks /GPU:0 when TensorFlow sees one, else /CPU:0
     topic: str | None = None
     dead_letter_topic: str | None = None
@@ -198,6 +215,7 @@ class ModelSettings(_Section):
     serve: ServeSettings = ServeSettings()
     weights: WeightsSettings = WeightsSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
+    drift: DriftSettings = DriftSettings()
 
     @field_validator("builder")
     @classmethod
@@ -273,6 +291,9 @@ class Settings(_Section):
 
     def weights_topic(self, name: str) -> str:
         return self.models[name].weights.topic or f"livefit/{name}/weights"
+
+    def events_topic(self, name: str) -> str:
+        return self.models[name].drift.events_topic or f"livefit/{name}/events"
 
 
 def bundled_example_path() -> Path:

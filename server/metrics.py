@@ -110,6 +110,25 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.prequential_score = Gauge(
+            "livefit_prequential_score",
+            "Test-then-train scores: loss, and accuracy and log_loss (classifiers) or mse and "
+            "mae (regression), over the sliding window or since the start (cumulative)",
+            ["model", "metric", "window"],
+            registry=r,
+        )
+        self.replayed_samples = Counter(
+            "livefit_replayed_samples_total", "Replayed samples mixed into training steps",
+            ["model"], registry=r,
+        )  # fmt: skip
+        self.replay_fill = Gauge(
+            "livefit_replay_buffer_fill_ratio", "How full the replay buffer is (0 to 1)",
+            ["model"], registry=r,
+        )  # fmt: skip
+        self.drift_detected = Counter(
+            "livefit_drift_detected_total", "Drifts the detector found in the prequential loss",
+            ["model"], registry=r,
+        )  # fmt: skip
         self.model_version = Gauge(
             "livefit_model_version", "Training steps in the trainer's weights", ["model"],
             registry=r,

@@ -56,6 +56,7 @@ def build_compiled(settings: ModelSettings, device: str) -> keras.Model:
             settings.output_shape,
             settings.builder_options,
             seed=settings.seed,
+            scaling=settings.scaling,
         )
         model.compile(optimizer=make_optimizer(settings), loss=make_loss(settings))
     return model
@@ -70,4 +71,5 @@ def build_uncompiled(settings: ModelSettings, device: str) -> keras.Model:
             settings.output_shape,
             settings.builder_options,
             seed=settings.seed,
+            scaling=settings.scaling,
         )

@@ -53,3 +53,40 @@ def correct_predictions(y_true: np.ndarray, y_pred: np.ndarray, sparse: bool) ->
     if pred.shape[1] == 1:
         return ((pred[:, 0] > 0.5) == (true[:, 0] > 0.5)).astype(np.float32)
     return (pred.argmax(axis=1) == true.argmax(axis=1)).astype(np.float32)
+
+
+class PrequentialScores:
+    """Test-then-train scores of one model, each over a sliding window and cumulatively.
+
+    Always ``loss`` (the training loss function); for classifiers ``accuracy`` and ``log_loss``
+    (the cross-entropy of the predicted probabilities), for regression ``mse`` and ``mae``.
+    """
+
+    def __init__(self, window: int, classification: bool, sparse: bool) -> None:
+        self.classification = classification
+        self.sparse = sparse
+        names = ("loss", "accuracy", "log_loss") if classification else ("loss", "mse", "mae")
+        self.scores = {name: WindowedMean(window) for name in names}
+
+    def add(self, losses: np.ndarray, y_true: np.ndarray, y_pred: np.ndarray) -> None:
+        """Add a batch scored before training: per-sample losses, targets and predictions."""
+        self.scores["loss"].add(losses)
+        if self.classification:
+            self.scores["accuracy"].add(correct_predictions(y_true, y_pred, self.sparse))
+            self.scores["log_loss"].add(log_loss(y_true, y_pred, self.sparse))
+        else:
+            error = y_pred.reshape(len(y_pred), -1) - y_true.reshape(len(y_true), -1)
+            self.scores["mse"].add((error**2).mean(axis=1))
+            self.scores["mae"].add(np.abs(error).mean(axis=1))
+
+
+def log_loss(y_true: np.ndarray, y_pred: np.ndarray, sparse: bool, eps: float = 1e-7) -> np.ndarray:
+    """Per-sample cross-entropy of predicted probabilities (clipped), binary or categorical."""
+    n = y_pred.shape[0]
+    p = np.clip(y_pred.reshape(n, -1).astype(np.float64), eps, 1 - eps)
+    if sparse:
+        return -np.log(p[np.arange(n), y_true.reshape(n).astype(np.int64)])
+    t = y_true.reshape(n, -1)
+    if p.shape[1] == 1:
+        return -(t[:, 0] * np.log(p[:, 0]) + (1 - t[:, 0]) * np.log(1 - p[:, 0]))
+    return -(t * np.log(p)).sum(axis=1)

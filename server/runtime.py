@@ -10,7 +10,9 @@ broker livefit launched.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -145,6 +147,26 @@ class LearnerRuntime:
         for model, count in replayed.items():
             log.info("replayed %d samples of %s from the write-ahead log", count, model)
 
+    def _drift(self, name: str, detections: int) -> None:
+        """Count a detected drift and report it on the model's events topic."""
+        self.metrics.drift_detected.labels(model=name).inc()
+        runtime, connection = self.models.get(name), self.connection
+        if connection is None or runtime is None or runtime.trainer is None:
+            return
+        event = {
+            "event": "drift",
+            "model": name,
+            "detections": detections,
+            "version": runtime.trainer.version,
+            "samples_seen": runtime.trainer.samples_seen,
+            "reaction": runtime.settings.drift.reaction,
+            "time": time.time(),
+        }
+        connection.publish(
+            self.settings.events_topic(name), json.dumps(event).encode(), qos=1,
+            content_type="application/json",
+        )  # fmt: skip
+
     @staticmethod
     def _notes(runtime: ModelRuntime):  # type: ignore[no-untyped-def]
         """Text state saved with each checkpoint of this model (the dedup sequence numbers)."""
@@ -188,6 +210,7 @@ class LearnerRuntime:
             ),
             frontier=(lambda trained: wal.frontier(name, trained)) if wal is not None else None,
             notes=self._notes(runtime),
+            on_drift=lambda detections: self._drift(name, detections),
         )
         runtime.trainer.on_checkpoint(self._truncate_log)
         runtime.trainer.warm_up()

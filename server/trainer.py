@@ -21,10 +21,11 @@ from livefit.server.checkpoint import Checkpoint, CheckpointStore
 from livefit.server.config import ModelSettings
 from livefit.server.metrics import Metrics
 from livefit.server.modeling import build_compiled, make_loss
-from livefit.server.prequential import WindowedMean, correct_predictions
+from livefit.server.prequential import PrequentialScores
 from livefit.server.samples import Batch, QueueClosed, SampleQueue
 from livefit.server.snapshot import Snapshot, SnapshotSlot
 from livefit.server.train_step import TrainStep
+from livefit.server.update_policy import Learned, UpdatePolicy
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
@@ -45,6 +46,7 @@ class Trainer:
         checkpoints: CheckpointStore | None = None,
         frontier: Callable[[int], int] | None = None,
         notes: Callable[[], dict[str, str]] | None = None,
+        on_drift: Callable[[int], None] | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -66,10 +68,11 @@ class Trainer:
         self._last_checkpoint_at = time.monotonic()
         self._checkpoint_version = -1
         self._reserved_version = 0
-        self.prequential_loss = WindowedMean(settings.prequential_window)
-        self.prequential_accuracy = WindowedMean(settings.prequential_window)
-        self._track_accuracy = "accuracy" in settings.metrics
-        self._sparse_targets = settings.resolved_target_shape() == []
+        self.scores = PrequentialScores(
+            settings.prequential_window,
+            classification="crossentropy" in settings.loss or "accuracy" in settings.metrics,
+            sparse=settings.resolved_target_shape() == [],
+        )
         self._newest_published_at: float | None = None
         self._last_snapshot_at = 0.0
         self._snapshot_version = -1
@@ -83,6 +86,7 @@ class Trainer:
             settings.resolved_target_shape(),
             device,
         )
+        self.policy = UpdatePolicy(settings, self.step, on_drift, seed=settings.seed)
 
     def on_checkpoint(self, callback: Callable[[Checkpoint], None]) -> None:
         """Call ``callback(checkpoint)`` after each checkpoint is on disk (writer thread)."""
@@ -102,6 +106,7 @@ class Trainer:
         mark = self.checkpoints.high_water_mark()
         if checkpoint is not None:
             self.step.restore(checkpoint.weights, checkpoint.optimizer)
+            self.policy.restore(checkpoint.extra)
             self.samples_seen = checkpoint.samples_seen
             self.trained_position = checkpoint.position
             self.checkpointed_position = checkpoint.position
@@ -165,9 +170,10 @@ class Trainer:
             log.exception("training step failed for %s (batch of %d)", self.name, len(batch))
 
     def train_batch(self, batch: Batch) -> None:
-        """Score ``batch`` with the current weights, then train on it (one version step)."""
+        """Score ``batch`` with the current weights, then learn it (a version per step)."""
         started = time.perf_counter()
-        result = self.step(batch.x, batch.y, batch.w)
+        learned = self.policy.learn(batch)
+        result = learned.first
         elapsed = time.perf_counter() - started
         if batch.position is not None:
             self.trained_position = batch.position
@@ -178,7 +184,7 @@ class Trainer:
                 self.name, len(batch), result.loss,
             )  # fmt: skip
             return
-        self.version += 1
+        self.version += learned.steps
         if self.version > self._reserved_version:
             self._reserve_versions()
         self.samples_seen += len(batch)
@@ -186,23 +192,29 @@ class Trainer:
             self._newest_published_at = max(
                 batch.newest_published_at, self._newest_published_at or 0.0
             )
-        self.prequential_loss.add(result.prequential_losses)
-        if self._track_accuracy:
-            self.prequential_accuracy.add(
-                correct_predictions(batch.y, result.predictions, self._sparse_targets)
-            )
-        self._record(batch, result.loss, elapsed)
+        self.scores.add(result.prequential_losses, batch.y, result.predictions)
+        self._record(batch, learned, elapsed)
 
-    def _record(self, batch: Batch, loss: float, elapsed: float) -> None:
+    def _record(self, batch: Batch, learned: Learned, elapsed: float) -> None:
         m, name = self.metrics, self.name
-        m.train_steps.labels(model=name).inc()
+        m.train_steps.labels(model=name).inc(learned.steps)
         m.train_samples.labels(model=name).inc(len(batch))
         m.train_batch_size.labels(model=name).observe(len(batch))
         m.train_step_seconds.labels(model=name).observe(elapsed)
-        m.train_loss.labels(model=name).set(loss)
-        m.prequential_loss.labels(model=name).set(self.prequential_loss.value)
-        if self._track_accuracy:
-            m.prequential_accuracy.labels(model=name).set(self.prequential_accuracy.value)
+        m.train_loss.labels(model=name).set(learned.first.loss)
+        scores = self.scores.scores
+        m.prequential_loss.labels(model=name).set(scores["loss"].value)
+        if "accuracy" in scores:
+            m.prequential_accuracy.labels(model=name).set(scores["accuracy"].value)
+        for metric, mean in scores.items():
+            m.prequential_score.labels(model=name, metric=metric, window="sliding").set(mean.value)
+            m.prequential_score.labels(model=name, metric=metric, window="cumulative").set(
+                mean.cumulative
+            )
+        if learned.replayed:
+            m.replayed_samples.labels(model=name).inc(learned.replayed)
+        if self.policy.replay is not None:
+            m.replay_fill.labels(model=name).set(self.policy.replay.fill_ratio)
         m.model_version.labels(model=name).set(self.version)
         m.model_samples.labels(model=name).set(self.samples_seen)
         m.queue_depth.labels(model=name).set(len(self.queue))
@@ -251,6 +263,7 @@ class Trainer:
             position=self.frontier(self.trained_position) if self.frontier else 0,
             weights=[np.array(w) for w in self.model.get_weights()],
             optimizer=self.step.optimizer_state(),
+            extra=self.policy.state(),
             notes=self.notes() if self.notes else {},
         )
         self.metrics.checkpoint_stall_seconds.labels(model=self.name).observe(

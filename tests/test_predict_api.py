@@ -17,6 +17,7 @@ from livefit.server.app import create_app
 from livefit.server.config import load_settings
 from livefit.server.runtime import LearnerRuntime
 from tests.inprocess import InProcessServer
+from tests.linear import linear_forward
 from tests.mqtt_broker import MosquittoBroker
 
 CONFIG = """
@@ -65,8 +66,7 @@ def no_leaked_threads() -> Iterator[None]:
 def expected(server: InProcessServer, model: str, rows: np.ndarray) -> np.ndarray:
     """What the served weights compute for a linear model: rows @ kernel + bias."""
     runtime = server.server.config.app.state.runtime
-    kernel, bias = runtime.models[model].slot.latest.weights
-    return rows.reshape(len(rows), -1) @ kernel + bias
+    return linear_forward(runtime.models[model].slot.latest.weights, rows)
 
 
 def post(server: InProcessServer, path: str, body: object, **kwargs: object) -> httpx.Response:

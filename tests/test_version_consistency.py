@@ -21,6 +21,7 @@ from livefit.server.config import load_settings
 from livefit.server.runtime import LearnerRuntime
 from livefit.server.snapshot import Snapshot
 from tests.inprocess import InProcessServer
+from tests.linear import linear_forward
 from tests.mqtt_broker import MosquittoBroker
 
 CONFIG = """
@@ -98,5 +99,6 @@ def test_every_response_matches_its_version(broker: MosquittoBroker, tmp_path: P
     versions = {version for _, _, version in results}
     assert len(results) >= 400 and len(versions) >= 10, (len(results), len(versions))
     for rows, outputs, version in results:
-        kernel, bias = snapshots[version].weights
-        np.testing.assert_allclose(outputs, rows @ kernel + bias, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            outputs, linear_forward(snapshots[version].weights, rows), rtol=1e-5, atol=1e-5
+        )

@@ -167,11 +167,11 @@ def test_late_replica_is_ready_with_retained_weights(cluster: dict[str, ServerPr
 
 def forged_messages() -> list[tuple[str, bytes, list[tuple[str, str]]]]:
     """(expected outcome, payload, user properties) for each kind of bad weights message."""
-    model = build_model("mlp", [8], [1], {"hidden_units": [16]}, seed=1)
+    model = build_model("mlp", [8], [1], {"hidden_units": [16]}, seed=1, scaling="standardize")
     names, arrays = weight_names(model), model.get_weights()
     meta = WeightsMeta("demo", 10**9, 0, time.time(), None, architecture_fingerprint(names, arrays))
     good = encode_weights(names, arrays, meta)
-    other = build_model("mlp", [8], [1], {"hidden_units": [4]}, seed=1)
+    other = build_model("mlp", [8], [1], {"hidden_units": [4]}, seed=1, scaling="standardize")
     other_names, other_arrays = weight_names(other), other.get_weights()
     foreign = encode_weights(other_names, other_arrays, WeightsMeta(
         "demo", 10**9, 0, time.time(), None, architecture_fingerprint(other_names, other_arrays)))  # fmt: skip
@@ -227,7 +227,7 @@ import json, sys
 from livefit.clients.weights import WeightSubscriber
 from livefit.models import build_model
 broker, key, rows, wanted = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
-model = build_model("mlp", [8], [1], {"hidden_units": [16]}, seed=99)
+model = build_model("mlp", [8], [1], {"hidden_units": [16]}, seed=99, scaling="standardize")
 with WeightSubscriber(model, broker, "demo", hmac_key=key) as weights:
     ok = weights.wait_for_version(wanted, timeout=60)
     out = weights.predict(rows).tolist()

@@ -1,0 +1,166 @@
+"""How a trainer learns from one minibatch: online scaling, replay, several steps, drift.
+
+Per batch, after the compiled step scored it (test-then-train):
+- ``steps_per_batch`` gradient steps, each on the new samples plus, with a replay buffer,
+  ``replay_share`` of replayed ones (sampled afresh for each step; the batch joins the buffer
+  only afterwards, so it never replays itself);
+- the running standardizer takes in the batch and the model's ``Standardize`` layer gets the
+  new statistics (scoring and training of this batch used the statistics from before it,
+  as a streaming scaler must);
+- the drift detector reads the batch's prequential losses; on drift it reports, and with a
+  reaction configured resets the optimizer state or raises the learning rate for a while.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from livefit.models.standardize import standardize_layer
+from livefit.server.config import ModelSettings
+from livefit.server.drift import DriftDetector
+from livefit.server.replay import ReplayBuffer, mix
+from livefit.server.samples import Batch
+from livefit.server.scaling import RunningStandardizer
+from livefit.server.train_step import StepResult, TrainStep
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What learning one batch did: the first step's result (its scores are prequential)."""
+
+    first: StepResult
+    steps: int  # steps applied (each one version)
+    replayed: int  # replayed samples, over all steps
+    drift: bool
+
+
+class UpdatePolicy:
+    """Scaling, replay, steps per batch and drift handling for one model's trainer thread."""
+
+    def __init__(
+        self,
+        settings: ModelSettings,
+        step: TrainStep,
+        on_drift: Callable[[int], None] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        train = settings.train
+        self.step = step
+        self.steps_per_batch = train.steps_per_batch
+        self.replay_share = train.replay_share
+        self.replay = (
+            ReplayBuffer(train.replay_capacity, train.replay_mode, seed)
+            if train.replay_capacity > 0 and train.replay_share > 0
+            else None
+        )
+        self.layer = standardize_layer(step.model)
+        self.scaler = (
+            RunningStandardizer(per_last_axis=settings.builder == "lstm")
+            if self.layer is not None
+            else None
+        )
+        drift = settings.drift
+        self.drift = (
+            DriftDetector(drift.method, threshold=drift.threshold)
+            if drift.enabled and drift.method == "page_hinkley"
+            else DriftDetector(drift.method)
+            if drift.enabled
+            else None
+        )
+        self.reaction = drift.reaction
+        self.boost_factor = drift.boost_factor
+        self.boost_steps = drift.boost_steps
+        self.on_drift = on_drift
+        self._base_lr = float(np.asarray(step.model.optimizer.learning_rate))
+        self._boost_left = 0
+
+    def learn(self, batch: Batch) -> Learned:
+        """Score and learn ``batch``; rolled-back steps are not counted in ``steps``."""
+        first: StepResult | None = None
+        steps = replayed = 0
+        for _ in range(self.steps_per_batch):
+            x, y, w, k = self._with_replay(batch)
+            result = self.step(x, y, w)
+            if first is None:
+                first = _first_rows(result, len(batch))
+            if not result.applied:
+                break
+            steps += 1
+            replayed += k
+            self._after_step()
+        assert first is not None
+        if steps:
+            self._absorb(batch)
+        drift = self._watch(first)
+        return Learned(first, steps, replayed, drift)
+
+    def _with_replay(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        if self.replay is None:
+            return batch.x, batch.y, batch.w, 0
+        return mix(batch.x, batch.y, batch.w, self.replay, self.replay_share)
+
+    def _absorb(self, batch: Batch) -> None:
+        """The batch joins the replay buffer and the scaling statistics."""
+        if self.replay is not None:
+            self.replay.add(batch.x, batch.y, batch.w)
+        if self.scaler is not None and self.layer is not None:
+            self.scaler.update(batch.x)
+            mean, std = self.scaler.mean_std()
+            self.layer.set_statistics(mean, std)
+
+    def _watch(self, first: StepResult) -> bool:
+        if self.drift is None or not first.applied:
+            return False
+        if not self.drift.update(first.prequential_losses):
+            return False
+        log.warning(
+            "drift detected (detection %d); reaction: %s", self.drift.detections, self.reaction
+        )
+        if self.reaction == "reset_optimizer":
+            for variable in self.step.model.optimizer.variables:
+                variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+        elif self.reaction == "boost_lr":
+            self._set_lr(self._base_lr * self.boost_factor)
+            self._boost_left = self.boost_steps
+        if self.on_drift is not None:
+            self.on_drift(self.drift.detections)
+        return True
+
+    def _after_step(self) -> None:
+        if self._boost_left > 0:
+            self._boost_left -= 1
+            if self._boost_left == 0:
+                self._set_lr(self._base_lr)
+
+    def _set_lr(self, value: float) -> None:
+        self.step.model.optimizer.learning_rate = value
+
+    # checkpoint state --------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays to save with a checkpoint (the scaler's running statistics)."""
+        if self.scaler is None:
+            return {}
+        return {f"scaler_{k}": v for k, v in self.scaler.state().items()}
+
+    def restore(self, extra: dict[str, np.ndarray]) -> None:
+        if self.scaler is None or "scaler_count" not in extra:
+            return
+        state = {k.removeprefix("scaler_"): v for k, v in extra.items() if k.startswith("scaler_")}
+        state["count"] = np.asarray(state["count"]).reshape(())
+        state["per_last_axis"] = np.asarray(state["per_last_axis"]).reshape(())
+        self.scaler = RunningStandardizer.from_state(state)
+
+
+def _first_rows(result: StepResult, n: int) -> StepResult:
+    """The scores of the new samples only: replayed ones are not test-then-train."""
+    if len(result.prequential_losses) == n:
+        return result
+    return StepResult(
+        result.loss, result.prequential_losses[:n], result.predictions[:n], result.applied
+    )

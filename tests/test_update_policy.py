@@ -1,0 +1,147 @@
+"""The trainer's update policy with a real Keras model: scaling statistics, replay composition,
+steps per batch, drift detection and reactions, and scaler state across checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from livefit.models.standardize import standardize_layer
+from livefit.server.checkpoint import CheckpointStore
+from livefit.server.config import ModelSettings
+from livefit.server.metrics import Metrics
+from livefit.server.samples import Batch, SampleQueue
+from livefit.server.snapshot import SnapshotSlot
+from livefit.server.trainer import Trainer
+
+
+def trainer(
+    tmp_path: Path | None = None, drifts: list[int] | None = None, **overrides: Any
+) -> Trainer:
+    settings = ModelSettings.model_validate(
+        {"builder": "linear", "input_shape": [3], "output_shape": [1], "seed": 0, **overrides}
+    )
+    store = CheckpointStore(tmp_path, "m") if tmp_path is not None else None
+    on_drift = drifts.append if drifts is not None else None
+    instance = Trainer("m", settings, SampleQueue(10_000), SnapshotSlot(), Metrics(), "/CPU:0", store,
+                       on_drift=on_drift)  # fmt: skip
+    instance.warm_up()
+    return instance
+
+
+def batch(x: np.ndarray, y: np.ndarray | None = None) -> Batch:
+    n = len(x)
+    targets = y if y is not None else x.sum(axis=1, keepdims=True)
+    return Batch(
+        x.astype(np.float32), targets.astype(np.float32), np.ones(n, np.float32), 1, None, None
+    )
+
+
+def test_scaling_statistics_match_a_direct_computation() -> None:
+    t = trainer()
+    rng = np.random.default_rng(0)
+    seen = []
+    for size in (1, 7, 64, 3, 200):
+        x = rng.normal(loc=[100.0, -5.0, 0.0], scale=[10.0, 0.1, 3.0], size=(size, 3))
+        seen.append(x)
+        t.train_batch(batch(x))
+    layer = standardize_layer(t.model)
+    assert layer is not None
+    everything = np.concatenate(seen)
+    np.testing.assert_allclose(np.asarray(layer.mean), everything.mean(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(layer.std), everything.std(axis=0), rtol=1e-4)
+    names = [v.path for v in t.model.weights]
+    assert names[:2] == ["standardize/mean", "standardize/std"]  # in every snapshot
+
+
+def test_no_scaling_layer_when_off() -> None:
+    assert standardize_layer(trainer(scaling="none").model) is None
+
+
+def test_replay_composition_and_bound() -> None:
+    t = trainer(train={"replay_capacity": 50, "replay_share": 0.5, "steps_per_batch": 2})
+    rng = np.random.default_rng(1)
+    t.train_batch(batch(rng.normal(size=(20, 3))))  # nothing to replay yet
+    assert t.policy.replay is not None and len(t.policy.replay) == 20
+    seen_shapes: list[int] = []
+    original = t.step.__call__
+
+    def spy(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> Any:
+        seen_shapes.append(len(x))
+        return original(x, y, w)
+
+    t.step.__class__ = type(
+        "Spy", (t.step.__class__,), {"__call__": lambda self, x, y, w: spy(x, y, w)}
+    )
+    t.policy.step = t.step
+    before = t.version
+    t.train_batch(batch(rng.normal(size=(10, 3))))
+    assert seen_shapes == [20, 20]  # 10 new + 10 replayed (share 0.5), twice (2 steps)
+    assert t.version == before + 2
+    for _ in range(20):
+        t.train_batch(batch(rng.normal(size=(10, 3))))
+    assert len(t.policy.replay) == 50  # bounded
+    assert t.metrics.registry.get_sample_value("livefit_replayed_samples_total", {"model": "m"}) > 0
+
+
+def test_drift_fires_on_abrupt_change_not_on_a_stationary_stream() -> None:
+    drifts: list[int] = []
+    t = trainer(drifts=drifts, learning_rate=0.05)
+    rng = np.random.default_rng(2)
+    for _ in range(150):  # a stationary noisy stream, learned as well as the noise allows
+        x = rng.normal(size=(20, 3))
+        t.train_batch(
+            batch(x, x @ np.array([[1.0], [2.0], [-1.0]]) + rng.normal(scale=0.3, size=(20, 1)))
+        )
+    assert drifts == []
+    t.policy.drift.reset()  # as after warm-up
+    for _ in range(100):
+        x = rng.normal(size=(20, 3))
+        t.train_batch(
+            batch(x, x @ np.array([[1.0], [2.0], [-1.0]]) + rng.normal(scale=0.3, size=(20, 1)))
+        )
+    assert drifts == []
+    for _ in range(20):  # abrupt drift: a different function
+        x = rng.normal(size=(20, 3))
+        t.train_batch(
+            batch(
+                x, x @ np.array([[-3.0], [0.5], [4.0]]) + 5.0 + rng.normal(scale=0.3, size=(20, 1))
+            )
+        )
+        if drifts:
+            break
+    assert drifts == [1]
+
+
+@pytest.mark.parametrize("reaction", ["reset_optimizer", "boost_lr"])
+def test_drift_reactions(reaction: str) -> None:
+    t = trainer(learning_rate=0.01, drift={"reaction": reaction, "boost_steps": 3})
+    t.train_batch(batch(np.ones((4, 3))))
+    t.policy.drift._detector.update = lambda losses: [0]  # type: ignore[method-assign]
+    t.train_batch(batch(np.ones((4, 3))))
+    optimizer = t.model.optimizer
+    if reaction == "reset_optimizer":
+        assert all(
+            not np.any(np.asarray(v)) for v in optimizer.variables if v.path != "adam/learning_rate"
+        )
+    else:
+        assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.03)
+        t.policy.drift = None
+        for _ in range(3):
+            t.train_batch(batch(np.ones((4, 3))))
+        assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.01)
+
+
+def test_scaler_state_survives_a_checkpoint(tmp_path: Path) -> None:
+    t = trainer(tmp_path)
+    x = np.random.default_rng(3).normal(loc=50, scale=4, size=(100, 3))
+    t.train_batch(batch(x))
+    t._maybe_checkpoint(final=True)
+    restored = trainer(tmp_path)
+    assert restored.policy.scaler is not None and restored.policy.scaler.count == 100
+    np.testing.assert_allclose(
+        np.asarray(standardize_layer(restored.model).mean), x.mean(axis=0), rtol=1e-5
+    )
