@@ -7,7 +7,15 @@ the config, rejection reasons from ``codec.REASONS``, HTTP codes from the few th
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from livefit import __version__
 
@@ -24,6 +32,10 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, role: str = "learner") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        ProcessCollector(
+            registry=r
+        )  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        PlatformCollector(registry=r)  # python_info
         self.build_info = Info("livefit_build", "livefit version and role", registry=r)
         self.build_info.info({"version": __version__, "role": role})
 
@@ -244,6 +256,24 @@ class Metrics:
             ["model"],
             registry=r,
         )
+
+        self.gpu_memory = Gauge(
+            "livefit_gpu_memory_bytes",
+            "GPU memory TensorFlow holds, by device and kind (current or peak); only with a GPU",
+            ["device", "kind"],
+            registry=r,
+        )
+
+    def watch_gpus(self) -> None:
+        """Export TensorFlow's memory use of every visible GPU (read at scrape time)."""
+        import tensorflow as tf
+
+        for index, _ in enumerate(tf.config.list_physical_devices("GPU")):
+            device = f"GPU:{index}"
+            for kind in ("current", "peak"):
+                self.gpu_memory.labels(device=device, kind=kind).set_function(
+                    lambda d=device, k=kind: float(tf.config.experimental.get_memory_info(d)[k])
+                )
 
     def init_model(self, model: str) -> None:
         """Create every per-model series at zero so dashboards and rate() see them at once."""

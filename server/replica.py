@@ -69,6 +69,7 @@ class ReplicaRuntime:
         storage = Path(self.settings.storage.dir)
         address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
         enable_gpu_memory_growth()
+        self.metrics.watch_gpus()
         for name, model_settings in self.settings.models.items():
             self.models[name] = self._build(name, model_settings)
         for replica_model in self.models.values():

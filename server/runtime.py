@@ -84,6 +84,7 @@ class LearnerRuntime:
         storage.mkdir(parents=True, exist_ok=True)
         address, self.managed_broker = resolve_broker(self.settings.broker.url, storage)
         enable_gpu_memory_growth()
+        self.metrics.watch_gpus()
         if self.settings.storage.wal:
             self.wal = WriteAheadLog(
                 storage / "wal",

@@ -203,5 +203,5 @@ class WeightPublisher:
         if snapshot.newest_published_at is not None:
             freshness = max(0.0, time.time() - snapshot.newest_published_at)
             m.freshness.labels(model=self.model).observe(freshness)
-        log.debug("published %s v%d (%s, %d bytes)", self.model, snapshot.version, kind,
-                  len(encoded.payload))  # fmt: skip
+        log.info("weights %s v%d published (%s, %d bytes, %.1f ms)", self.model,
+                 snapshot.version, kind, len(encoded.payload), seconds * 1000)  # fmt: skip

@@ -38,6 +38,7 @@ def test_every_metric_is_documented() -> None:
         suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
         names.add(family.name + suffix)
     documented = set(re.findall(r"\| `(livefit_\w+)", README))
+    documented |= set(re.findall(r"`((?:process|python)_\w+)`", README))
     assert names - documented == set(), f"undocumented metrics: {sorted(names - documented)}"
     assert documented - names == set(), (
         f"README names metrics that do not exist: {sorted(documented - names)}"
