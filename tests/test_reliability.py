@@ -147,3 +147,41 @@ def test_corrupt_newest_checkpoint_falls_back(own_broker: MosquittoBroker, tmp_p
         assert "falling back to the previous one" in log and newest.name in log
     finally:
         assert restarted.stop() == 0
+
+
+def test_backpressure_slows_ingestion_and_drops_nothing(
+    own_broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    """A trainer slower than the stream: the queue stays within its capacity, the broker holds
+    the rest, and every sample is trained."""
+    text = (
+        config(own_broker, tmp_path / "data", "backpressure")
+        .replace("max_batch_size = 64", "max_batch_size = 8\nqueue_capacity = 100")
+        .replace(
+            'builder = "linear"\ninput_shape = [8]',
+            'builder = "mlp"\nbuilder_options = { hidden_units = [256, 256] }\ninput_shape = [8]',
+        )
+    )
+    text = text.replace(
+        f'client_id = "backpressure-{own_broker.port}"',
+        f'client_id = "backpressure-{own_broker.port}"\nreceive_maximum = 20',
+    )
+    server = ServerProcess(text, tmp_path).start()
+    publisher = StreamingPublisher(own_broker, count=6000, rate=0)
+    publisher.start()
+    depths = []
+    try:
+        while publisher.is_alive() or lineage(server) < 6000:
+            depths.append(server.metric("livefit_queue_depth", model="demo"))
+            if len(depths) > 600:
+                break
+            time.sleep(0.05)
+        publisher.join(60)
+        assert publisher.error is None
+        trained = wait_trained(server, 6000)
+    finally:
+        publisher.join(60)
+        assert server.stop() == 0
+    assert trained == 6000
+    assert max(depths) <= 100 + MESSAGE_SAMPLES  # bounded by queue_capacity (plus one message)
+    assert max(depths) >= 50  # the queue did fill: the trainer was the bottleneck

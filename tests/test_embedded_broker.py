@@ -1,0 +1,43 @@
+"""The zero-install fallback: an embedded amqtt broker (MQTT 3.1.1) that livefit can use."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from livefit.server.broker import BrokerAddress, EmbeddedAmqtt
+from livefit.server.config import BrokerSettings
+from livefit.server.metrics import Metrics
+from livefit.server.mqtt import MqttConnection
+from tests.mqtt_broker import free_port
+
+pytest.importorskip("amqtt")
+# amqtt's own modules warn on import (deprecated APIs); not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning")
+
+
+def test_embedded_amqtt_carries_samples_over_mqtt_311() -> None:
+    port = free_port()
+    broker = EmbeddedAmqtt(port=port)
+    assert broker.protocol == "3.1.1"
+    address = BrokerAddress("127.0.0.1", port)
+    settings = BrokerSettings(protocol="3.1.1", client_id="embedded-test")
+    receiver = MqttConnection(address, settings, Metrics())
+    sender = MqttConnection(
+        address, settings.model_copy(update={"client_id": "embedded-sender"}), Metrics()
+    )
+    receiver.add_subscription("livefit/demo/samples", qos=1)
+    try:
+        receiver.start()
+        sender.start()
+        assert receiver.wait_connected(10) and sender.wait_connected(10)
+        time.sleep(0.3)  # the subscription is in place
+        sender.publish("livefit/demo/samples", b'{"x": [1], "y": [2]}', qos=1).wait_for_publish(10)
+        message = receiver.inbox.get(timeout=10)
+        assert message.payload == b'{"x": [1], "y": [2]}' and message.qos == 1
+        receiver.ack(message)
+    finally:
+        sender.stop()
+        receiver.stop()
+        broker.stop()
