@@ -22,6 +22,13 @@ from livefit import __version__
 from livefit.server import protocols
 from livefit.server.batcher import DeadlineExceeded, QueueFull
 from livefit.server.metrics import Metrics
+from livefit.server.openapi_docs import (
+    OIP_REQUEST,
+    OIP_RESPONSE,
+    TFSERVING_REQUEST,
+    TFSERVING_RESPONSE,
+    predict_openapi,
+)
 from livefit.server.protocols import ParsedRequest, RequestError
 from livefit.server.serving import NotReady, ServedModel
 
@@ -121,7 +128,10 @@ def build_predict_router(
     ) -> dict[str, Any]:
         return protocols.format_oip(parsed, outputs, model.name, version)
 
-    @router.post("/v1/models/{name}:predict")
+    @router.post(
+        "/v1/models/{name}:predict",
+        openapi_extra=predict_openapi(TFSERVING_REQUEST, TFSERVING_RESPONSE),
+    )
     async def tfserving_predict(name: str, request: Request) -> JSONResponse:
         """TensorFlow Serving REST predict (row ``instances`` or column ``inputs`` format)."""
         return await predict(request, name, parse_tf, fmt_tf)
@@ -136,7 +146,9 @@ def build_predict_router(
             return error_response(exc.status, exc.message, exc.headers)
         return JSONResponse(protocols.tfserving_model_status(_version(model), model.ready()))
 
-    @router.post("/v2/models/{name}/infer")
+    @router.post(
+        "/v2/models/{name}/infer", openapi_extra=predict_openapi(OIP_REQUEST, OIP_RESPONSE)
+    )
     async def oip_infer(name: str, request: Request) -> JSONResponse:
         """Open Inference Protocol v2 inference (KServe v2, Triton)."""
         return await predict(request, name, parse_v2, fmt_v2)

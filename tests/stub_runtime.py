@@ -14,6 +14,13 @@ from livefit.server.config import ModelSettings, Settings
 from livefit.server.metrics import Metrics
 from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import Snapshot, SnapshotSlot
+from livefit.server.weight_format import (
+    WeightsMeta,
+    architecture_fingerprint,
+    encode_weights,
+    sha256_hex,
+)
+from livefit.server.weight_publisher import EncodedWeights, WeightStore
 
 
 class HeldServingModel(ServingModel):
@@ -54,6 +61,7 @@ class StubRuntime:
             lambda: self.slot.latest,
             "/CPU:0",
         )
+        self.store = WeightStore(keep=4)
         self._served = {"m": ServedModel("m", self.model_settings, self.serving)}
 
     def start(self) -> None:
@@ -68,9 +76,15 @@ class StubRuntime:
     def served(self) -> dict[str, ServedModel]:
         return self._served
 
-    def weight_store(self, name: str) -> None:
-        return None
+    def weight_store(self, name: str) -> WeightStore | None:
+        return self.store if name == "m" else None
 
     def publish(self, version: int) -> None:
-        self.slot.publish(Snapshot("m", version, self.weights, time.time(), 0))
+        snapshot = Snapshot("m", version, self.weights, time.time(), 0)
+        self.slot.publish(snapshot)
         self._served["m"].snapshot_arrived()
+        names = [f"w{i}" for i in range(len(self.weights))]
+        meta = WeightsMeta("m", version, 0, snapshot.created_at, None,
+                           architecture_fingerprint(names, self.weights))  # fmt: skip
+        payload = encode_weights(names, self.weights, meta)
+        self.store.add(EncodedWeights(version, payload, sha256_hex(payload), snapshot.created_at))
