@@ -49,15 +49,8 @@ def make_loss(settings: ModelSettings):  # type: ignore[no-untyped-def]
 
 def build_compiled(settings: ModelSettings, device: str) -> keras.Model:
     """Build the configured network on ``device`` and compile it with its loss and optimizer."""
+    model = build_uncompiled(settings, device)
     with tf.device(device):
-        model = build_model(
-            settings.builder,
-            settings.input_shape,
-            settings.output_shape,
-            settings.builder_options,
-            seed=settings.seed,
-            scaling=settings.scaling,
-        )
         model.compile(optimizer=make_optimizer(settings), loss=make_loss(settings))
     return model
 

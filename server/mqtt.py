@@ -21,10 +21,19 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from livefit.server.broker import BrokerAddress
-from livefit.server.config import BrokerSettings
+from livefit.server.config import BrokerSettings, TlsSettings
 from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+
+def apply_credentials(client: paho.Client, address: BrokerAddress, tls: TlsSettings) -> None:
+    """Username/password from the URL, and TLS (CA, client certificate) for ``mqtts://``."""
+    if address.username:
+        client.username_pw_set(address.username, address.password)
+    if address.tls:
+        client.tls_set(ca_certs=tls.ca_file, certfile=tls.cert_file, keyfile=tls.key_file)
+        client.tls_insecure_set(tls.insecure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +137,7 @@ class MqttConnection:
         client.reconnect_delay_set(
             min_delay=max(1, round(s.reconnect_min_s)), max_delay=max(1, round(s.reconnect_max_s))
         )
-        if self.address.username:
-            client.username_pw_set(self.address.username, self.address.password)
-        if self.address.tls:
-            client.tls_set(ca_certs=s.tls.ca_file, certfile=s.tls.cert_file, keyfile=s.tls.key_file)
-            client.tls_insecure_set(s.tls.insecure)
+        apply_credentials(client, self.address, s.tls)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message

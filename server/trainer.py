@@ -19,6 +19,7 @@ import numpy as np
 
 from livefit.server.checkpoint import Checkpoint, CheckpointStore
 from livefit.server.config import ModelSettings
+from livefit.server.latest_worker import LatestWorker
 from livefit.server.metrics import Metrics
 from livefit.server.modeling import build_compiled, make_loss
 from livefit.server.prequential import PrequentialScores
@@ -290,40 +291,16 @@ class CheckpointWriter:
         self.store = store
         self.metrics = metrics
         self.on_written: list[Callable[[Checkpoint], None]] = []
-        self._pending: Checkpoint | None = None
-        self._wake = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._worker: LatestWorker[Checkpoint] = LatestWorker(f"checkpoint-{name}", self.write)
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name=f"checkpoint-{self.name}", daemon=True
-        )
-        self._thread.start()
+        self._worker.start()
 
     def offer(self, checkpoint: Checkpoint) -> None:
-        with self._wake:
-            self._pending = checkpoint
-            self._wake.notify()
+        self._worker.offer(checkpoint)
 
     def stop(self, timeout: float = 30.0) -> None:
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                self._wake.wait_for(lambda: self._pending is not None or self._stopping)
-                checkpoint, self._pending = self._pending, None
-                stopping = self._stopping
-            if checkpoint is not None:
-                self.write(checkpoint)
-            if stopping:
-                return
+        self._worker.stop(timeout)
 
     def write(self, checkpoint: Checkpoint) -> None:
         """Write now, on the caller's thread; failures are counted and logged, never raised."""

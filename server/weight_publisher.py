@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from livefit.server.latest_worker import LatestWorker
 from livefit.server.metrics import Metrics
 from livefit.server.mqtt import MqttConnection
 from livefit.server.snapshot import Snapshot
@@ -32,7 +33,6 @@ from livefit.server.weight_format import (
 )
 
 log = logging.getLogger(__name__)
-_POLL_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,51 +94,26 @@ class WeightPublisher:
         self.max_inline_bytes = max_inline_bytes
         self.pull_url = pull_url
         self.published_version: int | None = None
-        self._pending: Snapshot | None = None
-        self._wake = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
+        self._worker: LatestWorker[Snapshot] = LatestWorker(
+            f"weights-{model}", self._publish_safely, ready=connection.connected.is_set
+        )
         self._last_info: Any = None
 
     def offer(self, snapshot: Snapshot) -> None:
         """Hand a new snapshot over (called from the trainer thread; returns at once)."""
-        with self._wake:
-            self._pending = snapshot
-            self._wake.notify()
+        self._worker.offer(snapshot)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"weights-{self.model}", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Publish what is pending (if connected), then stop."""
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        """Publish what is pending (if connected), then stop and wait for the broker's ack."""
+        self._worker.stop(timeout)
         if self._last_info is not None:
             try:
                 self._last_info.wait_for_publish(timeout)
             except (RuntimeError, ValueError):
                 log.warning("final weights of %s were not acknowledged by the broker", self.model)
-
-    def _run(self) -> None:
-        connected = self.connection.connected
-        while True:
-            with self._wake:
-                self._wake.wait_for(
-                    lambda: self._stopping or (self._pending is not None and connected.is_set()),
-                    _POLL_S,
-                )
-                stopping, snapshot = self._stopping, None
-                if self._pending is not None and connected.is_set():
-                    snapshot, self._pending = self._pending, None
-            if snapshot is not None:
-                self._publish_safely(snapshot)
-            if stopping:
-                return
 
     def _publish_safely(self, snapshot: Snapshot) -> None:
         try:

@@ -24,6 +24,8 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.server.broker import BrokerAddress
+from livefit.server.config import TlsSettings
+from livefit.server.mqtt import apply_credentials
 from livefit.server.weight_format import (
     MANIFEST_CONTENT_TYPE,
     WeightsMeta,
@@ -191,15 +193,7 @@ class WeightReceiver:
         client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
         client.suppress_exceptions = True
         client.reconnect_delay_set(1, 5)
-        if self.address.username:
-            client.username_pw_set(self.address.username, self.address.password)
-        if self.address.tls:
-            client.tls_set(
-                ca_certs=tls.get("ca_file"),
-                certfile=tls.get("cert_file"),
-                keyfile=tls.get("key_file"),
-            )
-            client.tls_insecure_set(bool(tls.get("insecure")))
+        apply_credentials(client, self.address, TlsSettings.model_validate(tls))
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
