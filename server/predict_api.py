@@ -136,15 +136,21 @@ def build_predict_router(
         """TensorFlow Serving REST predict (row ``instances`` or column ``inputs`` format)."""
         return await predict(request, name, parse_tf, fmt_tf)
 
-    @router.get("/v1/models/{name}")
-    async def tfserving_status(name: str, request: Request) -> JSONResponse:
-        """TensorFlow Serving model status: the version being served, AVAILABLE once ready."""
+    def about(
+        name: str, request: Request, answer: Callable[[ServedModel], JSONResponse]
+    ) -> JSONResponse:
+        """``answer(model)``, or the error (401, 404) that stands in its way."""
         try:
             admit(request)
             model = lookup(name)
         except ApiError as exc:
             return error_response(exc.status, exc.message, exc.headers)
-        return JSONResponse(protocols.tfserving_model_status(_version(model), model.ready()))
+        return answer(model)
+
+    @router.get("/v1/models/{name}")
+    async def tfserving_status(name: str, request: Request) -> JSONResponse:
+        """TensorFlow Serving model status: the version being served, AVAILABLE once ready."""
+        return about(name, request, _tfserving_status)
 
     @router.post(
         "/v2/models/{name}/infer", openapi_extra=predict_openapi(OIP_REQUEST, OIP_RESPONSE)
@@ -155,28 +161,13 @@ def build_predict_router(
 
     @router.get("/v2/models/{name}")
     async def oip_metadata(name: str, request: Request) -> JSONResponse:
-        try:
-            admit(request)
-            model = lookup(name)
-        except ApiError as exc:
-            return error_response(exc.status, exc.message)
-        version = _version(model)
-        s = model.settings
-        return JSONResponse(
-            protocols.oip_model_metadata(
-                name, [] if version is None else [str(version)], s.input_shape, s.output_shape
-            )
-        )
+        """OIP model metadata: versions, input and output tensors."""
+        return about(name, request, _metadata)
 
     @router.get("/v2/models/{name}/ready")
     async def oip_ready(name: str, request: Request) -> JSONResponse:
-        try:
-            admit(request)
-            model = lookup(name)
-        except ApiError as exc:
-            return error_response(exc.status, exc.message)
-        is_ready = model.ready()
-        return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
+        """OIP model readiness: 200 once it holds weights, else 503."""
+        return about(name, request, _readiness)
 
     @router.get("/v2")
     async def oip_server_metadata() -> dict[str, Any]:
@@ -258,6 +249,24 @@ def _positive(value: Any, what: str) -> float:
     if not 0 < number < float("inf"):
         raise ApiError(400, f"{what} must be a positive number, got {value!r}")
     return number
+
+
+def _tfserving_status(model: ServedModel) -> JSONResponse:
+    return JSONResponse(protocols.tfserving_model_status(_version(model), model.ready()))
+
+
+def _readiness(model: ServedModel) -> JSONResponse:
+    ready = model.ready()
+    return JSONResponse({"name": model.name, "ready": ready}, status_code=200 if ready else 503)
+
+
+def _metadata(model: ServedModel) -> JSONResponse:
+    version = _version(model)
+    s = model.settings
+    versions = [] if version is None else [str(version)]
+    return JSONResponse(
+        protocols.oip_model_metadata(model.name, versions, s.input_shape, s.output_shape)
+    )
 
 
 def _version(model: ServedModel) -> int | None:
