@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _settings(args: argparse.Namespace):
     """Load and validate the config, apply --host/--port, set up logging; None on error."""
     from livefit.server.config import ConfigError, load_settings
     from livefit.server.logs import configure_logging

@@ -29,7 +29,7 @@ class Standardize(keras.layers.Layer):
             name="std", shape=self.stats_shape, initializer="ones", trainable=False
         )
 
-    def call(self, inputs):  # type: ignore[no-untyped-def]
+    def call(self, inputs):
         return (inputs - self.mean) / self.std
 
     def set_statistics(self, mean: np.ndarray, std: np.ndarray) -> None:

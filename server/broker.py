@@ -177,7 +177,7 @@ def resolve_broker(
     raise RuntimeError("broker.url is auto but no broker could be found or started")
 
 
-def _wait_listening(host: str, port: int, alive, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+def _wait_listening(host: str, port: int, alive, what: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not alive():

@@ -7,6 +7,8 @@ the config, rejection reasons from ``codec.REASONS``, HTTP codes from the few th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -268,12 +270,13 @@ class Metrics:
         """Export TensorFlow's memory use of every visible GPU (read at scrape time)."""
         import tensorflow as tf
 
+        def reader(device: str, kind: str) -> Callable[[], float]:
+            return lambda: float(tf.config.experimental.get_memory_info(device)[kind])
+
         for index, _ in enumerate(tf.config.list_physical_devices("GPU")):
-            device = f"GPU:{index}"
             for kind in ("current", "peak"):
-                self.gpu_memory.labels(device=device, kind=kind).set_function(
-                    lambda d=device, k=kind: float(tf.config.experimental.get_memory_info(d)[k])
-                )
+                gauge = self.gpu_memory.labels(device=f"GPU:{index}", kind=kind)
+                gauge.set_function(reader(f"GPU:{index}", kind))
 
     def init_model(self, model: str) -> None:
         """Create every per-model series at zero so dashboards and rate() see them at once."""

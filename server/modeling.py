@@ -39,7 +39,7 @@ def make_optimizer(settings: ModelSettings) -> keras.optimizers.Optimizer:
         raise ValueError(f"unknown optimizer {settings.optimizer!r}: {exc}") from None
 
 
-def make_loss(settings: ModelSettings):  # type: ignore[no-untyped-def]
+def make_loss(settings: ModelSettings):
     """The configured loss as a per-sample function ``loss(y_true, y_pred)``."""
     try:
         return keras.losses.get(settings.loss)

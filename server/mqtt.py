@@ -175,7 +175,7 @@ class MqttConnection:
                 mid=message.mid,
                 qos=message.qos,
                 topic=message.topic,
-                payload=message.payload,
+                payload=bytes(message.payload),
                 content_type=content_type,
                 received_at=time.time(),
             )

@@ -116,7 +116,7 @@ class ReplicaRuntime:
         counter = self.metrics.weights_received
         broker = self.settings.broker
         return WeightReceiver(
-            address=address,  # type: ignore[arg-type]
+            address=address,
             model=name,
             topic=self.settings.weights_topic(name),
             fingerprint=architecture_fingerprint(names, model.get_weights()),

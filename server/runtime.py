@@ -169,7 +169,7 @@ class LearnerRuntime:
         )  # fmt: skip
 
     @staticmethod
-    def _notes(runtime: ModelRuntime):  # type: ignore[no-untyped-def]
+    def _notes(runtime: ModelRuntime):
         """Text state saved with each checkpoint of this model (the dedup sequence numbers)."""
         tracker = runtime.dedup
         if tracker is None:

@@ -57,7 +57,7 @@ class TrainStep:
     def __init__(
         self,
         model: keras.Model,
-        loss_fn,  # type: ignore[no-untyped-def]
+        loss_fn,
         input_shape: list[int],
         target_shape: list[int],
         device: str,
@@ -86,7 +86,7 @@ class TrainStep:
             return values if rank == 1 else tf.reduce_mean(values, axis=list(range(1, rank)))
 
         @tf.function(input_signature=signature)
-        def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor):  # type: ignore[no-untyped-def]
+        def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor):
             scored = model(x, training=False) if separate_eval else None
             with tf.GradientTape() as tape:
                 pred = model(x, training=True)
