@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from importlib import resources
 import socket
 import tomllib
 from collections.abc import Mapping
@@ -298,7 +299,7 @@ class Settings(_Section):
 
 def bundled_example_path() -> Path:
     """The example config shipped with the package (one MLP model called ``demo``)."""
-    return Path(__file__).resolve().parent.parent / "livefit" / "examples" / "demo.toml"
+    return Path(str(resources.files("livefit") / "examples" / "demo.toml"))
 
 
 def load_settings(
