@@ -34,11 +34,16 @@ class Standardize(keras.layers.Layer):
 
     def set_statistics(self, mean: np.ndarray, std: np.ndarray) -> None:
         """Set the statistics (broadcast to the layer's shape)."""
-        self.mean.assign(np.broadcast_to(mean, self.stats_shape).astype(np.float32))
-        self.std.assign(np.broadcast_to(std, self.stats_shape).astype(np.float32))
+        self.mean.assign(broadcast_statistic(mean, self.stats_shape))
+        self.std.assign(broadcast_statistic(std, self.stats_shape))
 
     def get_config(self) -> dict[str, object]:
         return {**super().get_config(), "stats_shape": list(self.stats_shape)}
+
+
+def broadcast_statistic(value: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """A mean or std as a float32 array of the layer's statistics shape."""
+    return np.ascontiguousarray(np.broadcast_to(value, tuple(shape)), dtype=np.float32)
 
 
 def stats_shape(input_shape: Sequence[int], per_last_axis: bool) -> tuple[int, ...]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-from importlib import resources
 import socket
 import tomllib
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 

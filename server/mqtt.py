@@ -65,6 +65,7 @@ class MqttConnection:
         self.protocol = protocol or settings.protocol
         self.inbox: queue.Queue[RawMessage] = queue.Queue(maxsize=settings.receive_maximum * 2)
         self.connected = threading.Event()
+        self._stopping = threading.Event()
         self._subscriptions: list[tuple[str, int]] = []
         self._client = self._make_client(client_id or settings.client_id)
 
@@ -89,12 +90,22 @@ class MqttConnection:
 
     def stop(self) -> None:
         """Disconnect cleanly (the session, and what we did not ack, stays on the broker)."""
+        self._stopping.set()
+        self._drain_inbox()  # unblock paho's thread if it waits on a full inbox
         try:
             self._client.disconnect()
         finally:
             self._client.loop_stop()
             self.connected.clear()
             self.metrics.broker_connected.set(0)
+
+    def _drain_inbox(self) -> None:
+        """Drop what nobody will handle now: it was never acknowledged, so it is redelivered."""
+        while True:
+            try:
+                self.inbox.get_nowait()
+            except queue.Empty:
+                return
 
     def ack(self, message: RawMessage) -> None:
         """Acknowledge ``message`` to the broker (QoS 0 needs none)."""
@@ -179,7 +190,14 @@ class MqttConnection:
                 content_type=content_type,
                 received_at=time.time(),
             )
-            self.inbox.put(raw)  # never blocks while the broker honours Receive Maximum
+            # Never blocks while the broker honours Receive Maximum; when stopping, the message is
+            # left unacknowledged and the broker redelivers it to the next session.
+            while not self._stopping.is_set():
+                try:
+                    self.inbox.put(raw, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
         except Exception:
             self.metrics.internal_errors.labels(component="mqtt_on_message").inc()
             log.exception("could not enqueue an MQTT message on %s", message.topic)

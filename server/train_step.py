@@ -15,6 +15,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from livefit.models.standardize import standardize_layer
+
 _TRAINING_SENSITIVE = (
     keras.layers.Dropout,
     keras.layers.BatchNormalization,
@@ -64,6 +66,10 @@ class TrainStep:
     ) -> None:
         self.model = model
         self.device = device
+        # With a Standardize layer, new statistics travel into the step and are assigned in the
+        # graph after the update (two eager assigns per step cost more than the step itself).
+        scaler = standardize_layer(model)
+        self._scaler = scaler
         optimizer = model.optimizer
         optimizer.build(model.trainable_variables)
         # Everything a step changes, and a device-side copy to roll a bad step back to.
@@ -79,6 +85,11 @@ class TrainStep:
             tf.TensorSpec([None, *target_shape], tf.float32, name="y"),
             tf.TensorSpec([None], tf.float32, name="w"),
         ]
+        if scaler is not None:
+            signature += [
+                tf.TensorSpec(scaler.stats_shape, tf.float32, name="mean"),
+                tf.TensorSpec(scaler.stats_shape, tf.float32, name="std"),
+            ]
 
         def per_sample(y: tf.Tensor, pred: tf.Tensor) -> tf.Tensor:
             values = loss_fn(y, pred)
@@ -86,7 +97,7 @@ class TrainStep:
             return values if rank == 1 else tf.reduce_mean(values, axis=list(range(1, rank)))
 
         @tf.function(input_signature=signature)
-        def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor):
+        def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *stats: tf.Tensor):
             scored = model(x, training=False) if separate_eval else None
             with tf.GradientTape() as tape:
                 pred = model(x, training=True)
@@ -100,9 +111,18 @@ class TrainStep:
             for grad in grads:
                 finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
             applied = tf.cond(finite, lambda: apply(grads), lambda: tf.constant(False))
+            if scaler is not None:  # after the forward pass: this batch used the old statistics
+                mean, std = stats
+                tf.cond(applied, lambda: set_statistics(mean, std), lambda: tf.constant(False))
             if scored is None:
                 return loss, losses, pred, applied
             return loss, per_sample(y, scored), scored, applied
+
+        def set_statistics(mean: tf.Tensor, std: tf.Tensor) -> tf.Tensor:
+            assert scaler is not None
+            scaler.mean.assign(mean)
+            scaler.std.assign(std)
+            return tf.constant(True)
 
         def apply(grads: list[tf.Tensor]) -> tf.Tensor:
             """Apply the update; if any new value is not finite, restore the state before it."""
@@ -132,9 +152,21 @@ class TrainStep:
         """How many times the step was traced: stays 1 whatever batch sizes arrive."""
         return int(self._step.experimental_get_tracing_count())
 
-    def __call__(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> StepResult:
+    def __call__(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        w: np.ndarray,
+        statistics: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> StepResult:
+        """One step; with a Standardize layer, ``statistics`` (mean, std) are set if it applies
+        (default: keep the current ones)."""
+        args: list[object] = [x, y, w]
+        if self._scaler is not None:
+            layer = self._scaler
+            args += list(statistics) if statistics is not None else [layer.mean, layer.std]
         with tf.device(self.device):
-            loss, losses, pred, applied = self._step(x, y, w)
+            loss, losses, pred, applied = self._step(*args)
         return StepResult(float(loss), losses.numpy(), pred.numpy(), bool(applied))
 
     def optimizer_state(self) -> list[np.ndarray]:

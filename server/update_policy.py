@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from livefit.models.standardize import standardize_layer
+from livefit.models.standardize import broadcast_statistic, standardize_layer
 from livefit.server.config import ModelSettings
 from livefit.server.drift import DriftDetector
 from livefit.server.replay import ReplayBuffer, mix
@@ -79,14 +79,17 @@ class UpdatePolicy:
         self.on_drift = on_drift
         self._base_lr = float(np.asarray(step.model.optimizer.learning_rate))
         self._boost_left = 0
+        self._saved_scaler: RunningStandardizer | None = None
 
     def learn(self, batch: Batch) -> Learned:
         """Score and learn ``batch``; rolled-back steps are not counted in ``steps``."""
         first: StepResult | None = None
         steps = replayed = 0
+        statistics = self._next_statistics(batch)
         for _ in range(self.steps_per_batch):
             x, y, w, k = self._with_replay(batch)
-            result = self.step(x, y, w)
+            result = self.step(x, y, w, statistics)
+            statistics = None  # set by the first applied step
             if first is None:
                 first = _first_rows(result, len(batch))
             if not result.applied:
@@ -97,6 +100,8 @@ class UpdatePolicy:
         assert first is not None
         if steps:
             self._absorb(batch)
+        elif self._saved_scaler is not None:  # rolled back: so are the statistics
+            self.scaler = self._saved_scaler
         drift = self._watch(first)
         return Learned(first, steps, replayed, drift)
 
@@ -105,14 +110,20 @@ class UpdatePolicy:
             return batch.x, batch.y, batch.w, 0
         return mix(batch.x, batch.y, batch.w, self.replay, self.replay_share)
 
+    def _next_statistics(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
+        """The scaling statistics including ``batch``, for the step to set after its update."""
+        if self.scaler is None or self.layer is None:
+            return None
+        self._saved_scaler = RunningStandardizer.from_state(self.scaler.state())
+        self.scaler.update(batch.x)
+        mean, std = self.scaler.mean_std()
+        shape = self.layer.stats_shape
+        return broadcast_statistic(mean, shape), broadcast_statistic(std, shape)
+
     def _absorb(self, batch: Batch) -> None:
-        """The batch joins the replay buffer and the scaling statistics."""
+        """The batch joins the replay buffer."""
         if self.replay is not None:
             self.replay.add(batch.x, batch.y, batch.w)
-        if self.scaler is not None and self.layer is not None:
-            self.scaler.update(batch.x)
-            mean, std = self.scaler.mean_std()
-            self.layer.set_statistics(mean, std)
 
     def _watch(self, first: StepResult) -> bool:
         if self.drift is None or not first.applied:

@@ -69,12 +69,12 @@ def test_replay_composition_and_bound() -> None:
     seen_shapes: list[int] = []
     original = t.step.__call__
 
-    def spy(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> Any:
+    def spy(x: np.ndarray, y: np.ndarray, w: np.ndarray, *rest: Any) -> Any:
         seen_shapes.append(len(x))
-        return original(x, y, w)
+        return original(x, y, w, *rest)
 
     t.step.__class__ = type(
-        "Spy", (t.step.__class__,), {"__call__": lambda self, x, y, w: spy(x, y, w)}
+        "Spy", (t.step.__class__,), {"__call__": lambda self, x, y, w, *rest: spy(x, y, w, *rest)}
     )
     t.policy.step = t.step
     before = t.version

@@ -1,0 +1,7 @@
+"""``python -m bench``: run the benchmark suite (see ``bench.cli``)."""
+
+import sys
+
+from bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,130 @@
+"""Benchmark 4, freshness: from a sample's publish to a replica serving weights trained on it.
+
+A learner and a replica (``livefit serve`` and ``livefit replica``, default settings: weights
+published every 0.5 s at most) on a mosquitto started here. A probe:
+
+1. waits a random 0-0.5 s, so probes land at every phase of the 0.5 s publish interval;
+2. reads the learner's training version ``v0`` (``livefit_model_version``);
+3. publishes one sample (QoS 1, ``ts`` stamped) and starts the clock;
+4. sends one-row predictions to the replica, back to back, until an answer's ``model_version``
+   exceeds ``v0``; the clock stops at that answer.
+
+Why this is sound: probes are the only samples and go one at a time, so the learner's next
+training step after ``v0`` is exactly the step that trained on the probe (checked: the
+learner's version is ``v0 + 1`` when the probe is seen). A replica answer computed with version
+``> v0`` therefore comes from weights that include the probe, and nothing earlier can. The time
+includes MQTT in, the trainer's step, the wait for the next snapshot, encoding, the weight
+topic, the replica's checks and swap, and one batched prediction (2 ms batch timeout).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import httpx
+import numpy as np
+
+from bench.harness import BenchResult, Context, Row, Spread
+from bench.models import MLP
+from bench.procs import HttpServer
+
+MODEL = "fresh"
+
+
+def run(ctx: Context) -> BenchResult:
+    from livefit.clients.publish import SamplePublisher
+
+    probes = ctx.pick(6, 200)
+    spec = MLP
+    result = BenchResult(
+        name="freshness",
+        title="Freshness: publish to served",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides={
+            "livefit": "learner + replica processes, default settings "
+            "(`weights.publish_interval_s` 0.5, `train.max_wait_ms` 0)"
+        },
+        settings={
+            "model": spec.describe(),
+            "probes": probes,
+            "ranges": "bootstrap 95% intervals over the probes",
+        },
+    )
+    times: list[float] = []
+    steps_ok = 0
+    rng = random.Random(5)
+    x, y = spec.rows(probes, seed=9), np.zeros((probes, 1), dtype=np.float32)
+    with ctx.fleet(MODEL, replica=True) as fleet, httpx.Client(timeout=10) as http:
+        learner, replica = fleet.learner, fleet.replica
+        assert replica is not None
+        publisher = SamplePublisher(
+            fleet.broker.url, f"livefit/{MODEL}/samples", fmt="json", source="bench"
+        )
+        publisher.connect()
+        try:
+            for i in range(probes):
+                time.sleep(rng.uniform(0.0, 0.5))
+                seconds, one_step = _probe(learner, replica, http, publisher, x[i], y[i])
+                times.append(seconds)
+                steps_ok += one_step
+                if (i + 1) % max(1, probes // 10) == 0:
+                    ctx.step(
+                        f"probe {i + 1}/{probes}: median so far "
+                        f"{np.median(times) * 1e3:.0f} ms, max {max(times) * 1e3:.0f} ms"
+                    )
+        finally:
+            publisher.close()
+    result.check(
+        "each probe was trained by exactly one step (the version test is sound)",
+        steps_ok == probes,
+        f"{steps_ok} of {probes}",
+    )
+    result.check("every probe reached the replica", all(t < float("inf") for t in times))
+    row = Row(case={"settings": "defaults"})
+    row.figures["p50 s"] = _percentile(times, 50)
+    row.figures["p90 s"] = _percentile(times, 90)
+    row.figures["p99 s"] = _percentile(times, 99)
+    row.figures["max s"] = Spread.of([max(times)], "s")
+    row.target("p99 s", "<=", 1.0, "p99 ≤ 1 s")
+    result.rows.append(row)
+    result.extra["seconds"] = times
+    return result
+
+
+def _probe(
+    learner: HttpServer,
+    replica: HttpServer,
+    http: httpx.Client,
+    publisher,
+    x,
+    y,
+) -> tuple[float, bool]:
+    v0 = learner.metric("livefit_model_version", model=MODEL)
+    body = json.dumps({"instances": [x.tolist()]}).encode()
+    url = f"{replica.url}/v1/models/{MODEL}:predict"
+    started = time.time()
+    publisher.publish(x, y, batched=False)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        answer = http.post(url, content=body, headers={"content-type": "application/json"})
+        if answer.status_code == 200 and int(answer.json()["model_version"]) > v0:
+            seconds = time.time() - started
+            return seconds, learner.metric("livefit_model_version", model=MODEL) == v0 + 1
+    return float("inf"), False
+
+
+def _percentile(values: list[float], q: float) -> Spread:
+    """The ``q`` percentile of ``values``, its range a bootstrap 95% interval."""
+    data = np.asarray(values)
+    rng = np.random.default_rng(0)
+    boot = [np.percentile(rng.choice(data, data.size), q) for _ in range(1000)]
+    point = float(np.percentile(data, q))
+    return Spread(
+        point,
+        float(np.percentile(boot, 2.5)),
+        float(np.percentile(boot, 97.5)),
+        int(data.size),
+        "s",
+    )

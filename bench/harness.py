@@ -1,0 +1,338 @@
+"""What every benchmark shares: run sizes, spreads, targets, result records and machine facts.
+
+A benchmark measures livefit and its comparisons side by side in one run, repeated and
+interleaved, and reports medians with their spread (min-max over the repeats) and the ratios of
+paired repeats, never one absolute time. A result is plain JSON (``BenchResult.to_json``), so
+``BENCHMARKS.md`` can be regenerated from ``bench/results/latest.json`` alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from bench.fleet import Fleet
+
+Mode = Literal["quick", "full", "soak"]
+Op = Literal[">=", "<=", "<"]
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Repeated measurements of one figure: the median and the range around it."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+    unit: str
+    values: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, values: Sequence[float], unit: str) -> Spread:
+        """The spread of ``values`` (at least one)."""
+        if not values:
+            raise ValueError("a spread needs at least one value")
+        clean = [float(v) for v in values]
+        return cls(statistics.median(clean), min(clean), max(clean), len(clean), unit, tuple(clean))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "median": self.median,
+            "min": self.low,
+            "max": self.high,
+            "n": self.n,
+            "unit": self.unit,
+            "values": list(self.values),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Spread:
+        return cls(
+            data["median"],
+            data["min"],
+            data["max"],
+            data["n"],
+            data["unit"],
+            tuple(data.get("values", ())),
+        )
+
+
+def paired_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> Spread:
+    """Ratios of interleaved repeats (a / b of the same round): drift cancels within a round."""
+    if len(numerators) != len(denominators):
+        raise ValueError(f"{len(numerators)} numerators but {len(denominators)} denominators")
+    ratios = [
+        a / b if b > 0 else float("inf") for a, b in zip(numerators, denominators, strict=True)
+    ]
+    return Spread.of(ratios, "x")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A promise: ``observed op value``, judged on the median of ``subject``."""
+
+    subject: str  # a key of the row's figures or ratios
+    op: Op
+    value: float
+    observed: float
+    label: str = ""
+
+    @property
+    def passed(self) -> bool:
+        if self.op == ">=":
+            return self.observed >= self.value
+        if self.op == "<=":
+            return self.observed <= self.value
+        return self.observed < self.value
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "op": self.op,
+            "value": self.value,
+            "observed": self.observed,
+            "label": self.label,
+            "pass": self.passed,
+        }
+
+
+@dataclass
+class Row:
+    """One case of a benchmark (a batch size, a message format, a client count and server)."""
+
+    case: dict[str, Any]
+    figures: dict[str, Spread] = field(default_factory=dict)
+    ratios: dict[str, Spread] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+
+    def target(self, subject: str, op: Op, value: float, label: str = "") -> Target:
+        """Add a target on a ratio or figure of this row (judged on its median)."""
+        spread = self.ratios.get(subject) or self.figures.get(subject)
+        if spread is None:
+            raise KeyError(f"row {self.case} has no figure or ratio {subject!r}")
+        target = Target(subject, op, value, spread.median, label)
+        self.targets.append(target)
+        return target
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case,
+            "figures": {k: v.to_json() for k, v in self.figures.items()},
+            "ratios": {k: v.to_json() for k, v in self.ratios.items()},
+            "targets": [t.to_json() for t in self.targets],
+        }
+
+
+@dataclass
+class BenchResult:
+    """Everything one benchmark measured, with the facts needed to read it."""
+
+    name: str
+    title: str
+    what: str  # how it is measured, in a few sentences of Markdown
+    sides: dict[str, str]  # side name -> how it runs (its settings)
+    settings: dict[str, Any] = field(default_factory=dict)  # shared by every side
+    rows: list[Row] = field(default_factory=list)
+    checks: list[dict[str, Any]] = field(default_factory=list)  # e.g. zero loss, same outputs
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # raw figures worth keeping
+
+    def check(self, what: str, passed: bool, detail: str = "") -> None:
+        """Record a correctness check (it is shown with the table; a failure is loud)."""
+        self.checks.append({"what": what, "pass": bool(passed), "detail": detail})
+
+    def merge_checks(self) -> None:
+        """One line per distinct check: it passes only if every repeat of it passed."""
+        merged: dict[str, dict[str, Any]] = {}
+        for check in self.checks:
+            seen = merged.setdefault(check["what"], dict(check))
+            if not check["pass"]:
+                seen.update(check)
+        self.checks = list(merged.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "title": self.title,
+            "what": self.what,
+            "sides": self.sides,
+            "settings": self.settings,
+            "rows": [r.to_json() for r in self.rows],
+            "checks": self.checks,
+            "notes": self.notes,
+            "extra": self.extra,
+        }
+
+
+class SharedFleet:
+    """The one fleet a quick run shares between benchmarks, started on first use."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.fleet: Fleet | None = None
+
+    def get(self) -> Fleet:
+        from bench.fleet import SHARED, Fleet
+
+        if self.fleet is None:
+            self.fleet = Fleet(self.workdir, SHARED, replica=True, tag="shared")
+            try:
+                self.fleet.start()
+            except BaseException:
+                self.fleet.stop()
+                self.fleet = None
+                raise
+        return self.fleet
+
+    def stop(self) -> None:
+        if self.fleet is not None:
+            self.fleet.stop()
+            self.fleet = None
+
+
+@dataclass
+class Context:
+    """How big a run is, where it may write, and where it reports progress."""
+
+    mode: Mode
+    workdir: Path
+    console: Console
+    load_client: str = "auto"  # "auto" (wrk when on PATH), "wrk" or "python"
+    shared: SharedFleet | None = None  # quick runs share one fleet
+
+    @contextlib.contextmanager
+    def fleet(self, *models: str, replica: bool = False) -> Iterator[Fleet]:
+        """Broker + learner (+ replica) holding ``models``: shared in quick runs, else fresh."""
+        from bench.fleet import fleet_for
+
+        shared = self.shared.get() if self.shared is not None else None
+        with fleet_for(self.workdir / "fleet", models, replica, shared) as fleet:
+            yield fleet
+
+    @property
+    def quick(self) -> bool:
+        return self.mode == "quick"
+
+    def pick(self, quick: Any, full: Any, soak: Any | None = None) -> Any:
+        """The value for this run's size (``soak`` defaults to ``full``)."""
+        if self.mode == "quick":
+            return quick
+        if self.mode == "soak" and soak is not None:
+            return soak
+        return full
+
+    def step(self, message: str) -> None:
+        """One line of progress, time-stamped."""
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    """A registered benchmark: its name, a one-line summary and its ``run(ctx)``."""
+
+    name: str
+    summary: str
+    run: Callable[[Context], BenchResult]
+
+
+def machine_facts() -> dict[str, Any]:
+    """Facts that change what the figures mean: cores, CPU, memory, versions, device."""
+    import numpy as np
+
+    facts: dict[str, Any] = {
+        "cores_logical": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": _cpu_model(),
+        "memory_gib": _memory_gib(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "recorded_at": now_iso(),
+    }
+    facts.update(_framework_facts())
+    facts["livefit"] = _livefit_version()
+    facts["commit"] = _commit()
+    return facts
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
+
+
+def _framework_facts() -> dict[str, Any]:
+    import keras
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    device = "CPU"
+    if gpus:
+        details = tf.config.experimental.get_device_details(gpus[0])
+        device = f"GPU: {details.get('device_name', gpus[0].name)} (x{len(gpus)})"
+    return {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "device": device,
+        "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _memory_gib() -> float | None:
+    try:
+        import psutil
+
+        return round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        return None
+
+
+def _livefit_version() -> str:
+    try:
+        from livefit import __version__
+
+        return str(__version__)
+    except ImportError:
+        return "unknown"
+
+
+def _commit() -> str | None:
+    """The checked-out commit, read from .git without running git (None when not a checkout)."""
+    head = REPO / ".git" / "HEAD"
+    try:
+        ref = head.read_text().strip()
+        if not ref.startswith("ref: "):
+            return ref[:12]
+        target = REPO / ".git" / ref[5:]
+        if target.exists():
+            return target.read_text().strip()[:12]
+        packed = REPO / ".git" / "packed-refs"
+        for line in packed.read_text().splitlines():
+            if line.endswith(ref[5:]):
+                return line.split()[0][:12]
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,137 @@
+"""The models every side of a comparison uses: same builder, shapes, options and seed.
+
+A peer builds its network with ``livefit.models.build_model`` and the same seed as livefit's
+config, so every server starts from the same weights; the serving benchmark checks that they
+all answer the same numbers for the same request before it measures anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One benchmark model: what livefit's config and every peer's builder call receive."""
+
+    name: str
+    builder: str
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+    seed: int = 7
+    loss: str = "mse"
+    optimizer: str = "adam"
+    learning_rate: float = 0.001
+
+    def describe(self) -> str:
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        shape = "x".join(str(d) for d in self.input_shape)
+        return (
+            f"{self.builder} ({opts or 'defaults'}), input {shape}, output {self.output_shape[0]}"
+        )
+
+    def build(self, compiled: bool = False):
+        """The Keras network (``compiled``: with livefit's optimizer and loss)."""
+        import keras
+
+        from livefit.models import build_model
+
+        model = build_model(
+            self.builder, self.input_shape, self.output_shape, self.options, seed=self.seed
+        )
+        if compiled:
+            optimizer = keras.optimizers.get(
+                {"class_name": self.optimizer, "config": {"learning_rate": self.learning_rate}}
+            )
+            model.compile(optimizer=optimizer, loss=self.loss)
+        return model
+
+    def cli_args(self) -> list[str]:
+        """How a peer process is told which model to build (see ``from_cli``)."""
+        return ["--model-spec", json.dumps(self.to_json())]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "builder": self.builder,
+            "input_shape": list(self.input_shape),
+            "output_shape": list(self.output_shape),
+            "options": self.options,
+            "seed": self.seed,
+            "loss": self.loss,
+            "optimizer": self.optimizer,
+            "learning_rate": self.learning_rate,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelSpec:
+        return cls(
+            name=data["name"],
+            builder=data["builder"],
+            input_shape=tuple(data["input_shape"]),
+            output_shape=tuple(data["output_shape"]),
+            options=dict(data["options"]),
+            seed=data["seed"],
+            loss=data["loss"],
+            optimizer=data["optimizer"],
+            learning_rate=data["learning_rate"],
+        )
+
+    def toml(self, extra: str = "") -> str:
+        """This model's ``[models.<name>]`` tables for a livefit config; ``extra`` is appended."""
+        options = ", ".join(f"{k} = {_toml_value(v)}" for k, v in self.options.items())
+        return (
+            f"[models.{self.name}]\n"
+            f'builder = "{self.builder}"\n'
+            f"builder_options = {{ {options} }}\n"
+            f"input_shape = {list(self.input_shape)}\n"
+            f"output_shape = {list(self.output_shape)}\n"
+            f'loss = "{self.loss}"\n'
+            f'optimizer = "{self.optimizer}"\n'
+            f"learning_rate = {self.learning_rate}\n"
+            f"seed = {self.seed}\n"
+            f"{extra}"
+        )
+
+    def rows(self, n: int, seed: int = 1) -> np.ndarray:
+        """``n`` deterministic float32 inputs."""
+        rng = np.random.default_rng(seed)
+        return rng.standard_normal((n, *self.input_shape), dtype=np.float32)
+
+    def request_body(self, seed: int = 1) -> bytes:
+        """One TF Serving ``:predict`` request of one row: the body every server receives."""
+        row = np.round(self.rows(1, seed).astype(np.float64), 4)
+        return json.dumps({"instances": row.tolist()}, separators=(",", ":")).encode()
+
+    def predict_path(self) -> str:
+        return f"/v1/models/{self.name}:predict"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+MLP = ModelSpec("mlp", "mlp", (8,), (1,), {"hidden_units": [64, 64]})
+LSTM = ModelSpec("lstm", "lstm", (16, 8), (1,), {"units": 64})
+
+
+def learner_config(broker_url: str, storage: str, client_id: str, models: list[str]) -> str:
+    """A livefit config at default settings but for the broker and storage the bench gives.
+
+    ``models`` are complete ``[models.<name>]`` sections (see ``ModelSpec.toml``).
+    """
+    return (
+        f'[broker]\nurl = "{broker_url}"\nclient_id = "{client_id}"\n\n'
+        f'[storage]\ndir = "{storage}"\n\n' + "\n".join(models)
+    )

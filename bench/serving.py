@@ -1,0 +1,291 @@
+"""Benchmark 3, serving: requests/s and latency under concurrent clients, against the peers.
+
+Five servers run at once on loopback, each in its own process with one uvicorn worker (uvloop
+and httptools), serving the same Keras model built from the same seed; before measuring, each
+must answer the bench's request with the same prediction as livefit (checked to 1e-5). The load
+comes from a separate process (``wrk`` when installed, else ``bench.loadgen``): N keep-alive
+connections, closed loop, the same one-row TF Serving body, a fixed duration. Each round runs
+every server at every client count, the servers' order rotated; a ratio pairs the runs of one
+round. Ratios are livefit's requests/s over the peer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
+from bench.load import LoadResult, run_load
+from bench.models import LSTM, MLP, ModelSpec
+from bench.procs import HttpServer, free_port, running, start_all, wait_all
+
+MAX_BATCH, TIMEOUT_MS = 64, 2.0  # livefit's serve defaults, given to LitServe too
+TARGETS = {"predict_on_batch": 2.0, "predict": 10.0, "litserve": 1.2, "constant": 0.7}
+TARGET_CLIENTS, TARGET_MODEL = 64, "mlp"
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    key: str
+    label: str
+    how: str
+
+
+SIDES = (
+    Side(
+        "livefit",
+        "livefit",
+        f"`livefit serve`, default settings: batches of up to "
+        f"{MAX_BATCH} rows, {TIMEOUT_MS:g} ms batch timeout, padded to powers of two, compiled "
+        "inference function, TF Serving REST endpoint",
+    ),
+    Side(
+        "predict_on_batch",
+        "FastAPI + predict_on_batch",
+        "`async def` endpoint: `await request.json()`, `model.predict_on_batch(x)` on the event "
+        "loop, dict response (a `def` endpoint in FastAPI's thread pool measured slower here)",
+    ),
+    Side(
+        "predict",
+        "FastAPI + model.predict",
+        "the same with `model.predict(x, verbose=0)`, the call Keras tutorials show",
+    ),
+    Side(
+        "litserve",
+        "LitServe",
+        f"LitServe 0.2 (`pip install litserve`), `max_batch_size="
+        f"{MAX_BATCH}`, `batch_timeout={TIMEOUT_MS / 1e3}`, `predict_on_batch` on the batch, "
+        "`accelerator='cpu'`, 1 inference worker, 1 API server, `fast_queue=True` (ZeroMQ)",
+    ),
+    Side(
+        "constant",
+        "HTTP ceiling",
+        "FastAPI endpoint on the same uvicorn stack that reads the "
+        "body and returns a constant response of livefit's size: no parsing, no model",
+    ),
+)
+
+
+def run(ctx: Context) -> BenchResult:
+    sides = _available_sides()
+    models = ctx.pick([MLP], [MLP, LSTM])
+    clients = ctx.pick([TARGET_CLIENTS], [1, 16, 64, 256])
+    rounds = ctx.pick(1, 2)
+    duration = ctx.pick(1.0, 3.0)
+    result = BenchResult(
+        name="serving",
+        title="Serving throughput and latency",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides={s.label: s.how for s in sides},
+        settings={
+            "models": "; ".join(m.describe() for m in models),
+            "request": "one row, TF Serving `instances` JSON",
+            "clients": clients,
+            "seconds per run": duration,
+            "rounds": rounds,
+            "load client": ctx.load_client,
+        },
+    )
+    if len(sides) < len(SIDES):
+        result.notes.append(
+            "LitServe is not installed here (`pip install -e '.[bench]'`), so "
+            "its comparison was not run."
+        )
+    plan = Plan([s.key for s in sides], clients, rounds, duration)
+    runs: dict[str, list[LoadResult]] = {}
+    for spec in models:
+        _serve_model(ctx, spec, plan, result, runs)
+    for spec in models:
+        for n in clients:
+            for side in sides:
+                result.rows.append(_row(spec, n, side, runs))
+    result.extra["runs"] = {k: [r.to_json() for r in v] for k, v in runs.items()}
+    mine = [r for key, v in runs.items() if key.endswith("/livefit") for r in v]
+    errors = sum(r.errors for r in mine)
+    result.check(
+        "livefit answered every request 200, with no socket error", errors == 0, f"{errors} errors"
+    )
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Which servers run, at which client counts, how many rounds of how long."""
+
+    sides: list[str]
+    clients: list[int]
+    rounds: int
+    duration: float
+
+
+def _available_sides() -> tuple[Side, ...]:
+    if importlib.util.find_spec("litserve") is None:
+        return tuple(s for s in SIDES if s.key != "litserve")
+    return SIDES
+
+
+def _serve_model(
+    ctx: Context,
+    spec: ModelSpec,
+    plan: Plan,
+    result: BenchResult,
+    runs: dict[str, list[LoadResult]],
+) -> None:
+    work = ctx.workdir / spec.name
+    body = spec.request_body()
+    peers = _peers(spec, work, plan.sides)
+    ctx.step(f"{spec.name}: starting livefit and the peers")
+    with running(*peers.values()):
+        for key, peer in peers.items():
+            if key != "constant":
+                peer.start()  # their imports overlap livefit's start
+        with ctx.fleet(spec.name) as fleet:
+            wait_all([p for k, p in peers.items() if k != "constant"])
+            servers = {"livefit": fleet.learner, **peers}
+            _check_same_outputs(spec, servers, body, work, result)
+            _measure(ctx, spec, servers, body, plan, runs)
+
+
+def _measure(
+    ctx: Context,
+    spec: ModelSpec,
+    servers: dict[str, HttpServer],
+    body: bytes,
+    plan: Plan,
+    runs: dict[str, list[LoadResult]],
+) -> None:
+    """Every round runs every server at every client count, in a rotated order."""
+    path = spec.predict_path()
+    load_dir = ctx.workdir / spec.name / "load"
+    if not ctx.quick:  # first calls and connection setup are not measured
+        for server in servers.values():
+            run_load(ctx.load_client, server.url + path, body, 16, 1.0, load_dir)
+    for r in range(plan.rounds):
+        for i, n in enumerate(plan.clients):
+            for key in _rotate(plan.sides, r * len(plan.clients) + i):
+                load = run_load(
+                    ctx.load_client, servers[key].url + path, body, n, plan.duration, load_dir
+                )
+                runs.setdefault(_key(spec.name, n, key), []).append(load)
+                _settle(servers[key], spec, body)
+                ctx.step(
+                    f"round {r + 1}/{plan.rounds} {spec.name} {n:>3} clients {key:>16}: "
+                    f"{load.rps:>7,.0f} req/s  p50 {load.p50_ms:7.2f} ms  "
+                    f"p99 {load.p99_ms:7.2f} ms  errors {load.errors}"
+                )
+
+
+def _settle(server: HttpServer, spec: ModelSpec, body: bytes) -> None:
+    """Wait until ``server`` has answered what the load left queued (one request, in line).
+
+    A server that takes requests one at a time (the FastAPI peers) still works through the
+    requests of clients that went away; that work must not overlap the next server's run.
+    """
+    with contextlib.suppress(httpx.HTTPError):
+        _post(server, spec, body, timeout=60.0)
+
+
+def _peers(spec: ModelSpec, work: Path, sides: list[str]) -> dict[str, HttpServer]:
+    servers: dict[str, HttpServer] = {}
+    for mode in ("predict_on_batch", "predict", "constant"):
+        port = free_port()
+        extra = ["--constant-file", str(work / "constant.json")] if mode == "constant" else []
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.peers.fastapi_keras",
+            "--mode",
+            mode,
+            *spec.cli_args(),
+            "--port",
+            str(port),
+            *extra,
+        ]
+        servers[mode] = HttpServer(f"fastapi-{mode}", argv, work, port, "/health")
+    if "litserve" in sides:
+        port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.peers.litserve_keras",
+            *spec.cli_args(),
+            "--port",
+            str(port),
+            "--max-batch-size",
+            str(MAX_BATCH),
+            "--batch-timeout-ms",
+            str(TIMEOUT_MS),
+        ]
+        servers["litserve"] = HttpServer("litserve", argv, work, port, "/health")
+    return servers
+
+
+def _post(server: HttpServer, spec: ModelSpec, body: bytes, timeout: float = 30.0) -> bytes:
+    response = httpx.post(
+        server.url + spec.predict_path(),
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=timeout,
+    )
+    response.raise_for_status()
+    return response.content
+
+
+def _check_same_outputs(
+    spec: ModelSpec, servers: dict[str, HttpServer], body: bytes, work: Path, result: BenchResult
+) -> None:
+    """Every model server answers livefit's numbers; the constant one answers livefit's size."""
+    answer = _post(servers["livefit"], spec, body)
+    (work / "constant.json").write_bytes(answer)
+    start_all([servers["constant"]])
+    expected = np.asarray(json.loads(answer)["predictions"], dtype=np.float64)
+    for key, server in servers.items():
+        got = _post(server, spec, body)
+        if key == "constant":
+            result.check(
+                f"{spec.name}: the constant response has livefit's size",
+                len(got) == len(answer),
+                f"{len(got)} vs {len(answer)} bytes",
+            )
+            continue
+        outputs = np.asarray(json.loads(got)["predictions"], dtype=np.float64)
+        same = outputs.shape == expected.shape and np.allclose(outputs, expected, atol=1e-5)
+        result.check(
+            f"{spec.name}: {key} predicts what livefit predicts (same weights)",
+            same,
+            f"{outputs.ravel()[:3]} vs {expected.ravel()[:3]}",
+        )
+
+
+def _row(spec: ModelSpec, n: int, side: Side, runs: dict[str, list[LoadResult]]) -> Row:
+    mine = runs[_key(spec.name, n, side.key)]
+    row = Row(case={"model": spec.name, "clients": n, "server": side.label})
+    row.figures["req/s"] = Spread.of([r.rps for r in mine], "req/s")
+    row.figures["p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
+    row.figures["p99 ms"] = Spread.of([r.p99_ms for r in mine], "ms")
+    row.figures["errors"] = Spread.of([float(r.errors) for r in mine], "")
+    if side.key != "livefit":
+        livefit = runs[_key(spec.name, n, "livefit")]
+        row.ratios["livefit ÷ this (req/s)"] = paired_ratios(
+            [r.rps for r in livefit], [r.rps for r in mine]
+        )
+        if n == TARGET_CLIENTS and spec.name == TARGET_MODEL:
+            goal = TARGETS[side.key]
+            row.target("livefit ÷ this (req/s)", ">=", goal, f"livefit ≥ {goal:g}x")
+    return row
+
+
+def _key(model: str, clients: int, side: str) -> str:
+    return f"{model}/{clients}/{side}"
+
+
+def _rotate(items: list[str], by: int) -> list[str]:
+    k = by % len(items)
+    return items[k:] + items[:k]
