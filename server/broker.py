@@ -136,9 +136,13 @@ class EmbeddedAmqtt(ManagedBroker):
             "topic-check": {"enabled": False},
         }
         self._loop = asyncio.new_event_loop()
-        self._broker = Broker(config, loop=self._loop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="amqtt", daemon=True)
         self._thread.start()
+
+        async def create() -> Broker:  # amqtt looks up the running loop when it is built
+            return Broker(config)
+
+        self._broker = asyncio.run_coroutine_threadsafe(create(), self._loop).result(timeout=15)
         asyncio.run_coroutine_threadsafe(self._broker.start(), self._loop).result(timeout=15)
         _wait_listening(host, port, self._thread.is_alive, "amqtt")
 

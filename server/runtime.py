@@ -138,8 +138,9 @@ class LearnerRuntime:
                 )
                 continue
             if route.dedup is not None and decoded.source is not None and decoded.seq is not None:
-                if route.dedup.check(decoded.source, decoded.seq):
-                    continue
+                # Logged records were de-duplicated before they were logged: replay them all.
+                # (The checkpoint's dedup state already holds them; skipping would lose them.)
+                route.dedup.check(decoded.source, decoded.seq)
                 route.dedup.commit()
             chunk = decoded.chunk
             route.queue.put(replace(chunk, position=record.position))
