@@ -92,3 +92,62 @@ def test_batch_tracks_publish_times() -> None:
     batch = queue.next_batch(8)
     assert batch is not None
     assert (batch.oldest_published_at, batch.newest_published_at, batch.chunks) == (5.0, 10.0, 3)
+
+
+def test_random_puts_and_takes_keep_order_positions_and_counts() -> None:
+    """Against a plain model of the queue: every sample once, in order; each message's
+    write-ahead-log position on the batch that takes its last sample; publish times per batch."""
+    rng = np.random.default_rng(5)
+    queue = SampleQueue(capacity=1_000_000)
+    sent: list[np.ndarray] = []
+    ends: dict[int, int] = {}  # position -> index of the message's last sample
+    published: list[float] = []
+    total = 0
+    taken: list[np.ndarray] = []
+    for step in range(600):
+        if rng.random() < 0.6:
+            n = int(rng.choice([0, 1, 1, 2, 7, 100, 1023, 1024, 3000]))
+            ts = float(step) if rng.random() < 0.7 else None
+            piece = chunk(n, start=total, ts=ts)
+            queue.put(SampleChunk(piece.x, piece.y, piece.w, ts, position=step))
+            sent.append(piece.x[:, 0])
+            if n:
+                ends[step] = total + n - 1
+            published += [np.nan if ts is None else ts] * n
+            total += n
+        elif len(queue):
+            before = sum(len(t) for t in taken)
+            batch = queue.next_batch(int(rng.integers(1, 2000)))
+            assert batch is not None
+            taken.append(batch.x[:, 0].copy())
+            after = before + len(batch)
+            np.testing.assert_array_equal(batch.y, batch.x)
+            finished = [p for p, last in ends.items() if before <= last < after]
+            assert batch.position == (max(finished) if finished else None)
+            window = np.array(published[before:after])
+            window = window[~np.isnan(window)]
+            expected = (float(window.min()), float(window.max())) if window.size else (None, None)
+            assert (batch.oldest_published_at, batch.newest_published_at) == expected
+    while len(queue):
+        batch = queue.next_batch(4096)
+        assert batch is not None
+        taken.append(batch.x[:, 0].copy())
+    np.testing.assert_array_equal(np.concatenate(taken), np.arange(total, dtype=np.float32))
+
+
+def test_single_sample_messages_form_one_batch_across_blocks() -> None:
+    queue = SampleQueue(capacity=10_000)
+    for i in range(3000):
+        queue.put(chunk(1, start=i, ts=float(i)))
+    batch = queue.next_batch(2500)
+    assert batch is not None and len(batch) == 2500 and batch.chunks == 2500
+    np.testing.assert_array_equal(batch.x[:, 0], np.arange(2500))
+    assert (batch.oldest_published_at, batch.newest_published_at) == (0.0, 2499.0)
+
+
+def test_a_big_message_is_queued_without_a_copy() -> None:
+    queue = SampleQueue(capacity=100_000)
+    big = chunk(5000)
+    queue.put(big)
+    batch = queue.next_batch(5000)
+    assert batch is not None and np.shares_memory(batch.x, big.x)
