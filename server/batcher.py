@@ -138,16 +138,16 @@ class RequestBatcher:
         self._queued_rows += n
         self._queue_changed()
         self._arrived.set()
+        # ``asyncio.timeout`` cancels this await, and with it the future (the batcher then
+        # skips the request), as does a client going away. Cheaper than ``wait_for(shield())``,
+        # which wraps every request in a task of its own (a third of ``submit``'s time).
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await future
         except TimeoutError:
-            future.cancel()
             raise DeadlineExceeded(
                 f"deadline of {timeout_s * 1000:.0f} ms passed before model {self.name} answered"
             ) from None
-        except asyncio.CancelledError:
-            future.cancel()  # the client went away: the batcher skips this request
-            raise
 
     def call_in_model_thread(self, fn: Callable[[], object]) -> asyncio.Future[object]:
         """Run ``fn`` on the model's thread, between batches (e.g. a weight swap)."""

@@ -207,3 +207,29 @@ def test_request_metrics(server: InProcessServer) -> None:
         and "livefit_predict_queue_seconds_count" in text
     )
     assert 'livefit_serving_version{model="demo"}' in text
+
+
+def test_requests_for_no_model_share_one_series(server: InProcessServer) -> None:
+    for name in ("ghost-1", "ghost-2", "ghost-3"):
+        assert post(server, f"/v1/models/{name}:predict", {"instances": [[1]]}).status_code == 404
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'livefit_predict_requests_total{code="404",model="unknown"}' in text
+    assert "ghost" not in text  # a client cannot create series at will
+
+
+def test_predictions_are_served_by_plain_routes_and_documented() -> None:
+    """The fast Starlette routes come first; the FastAPI ones stay in the OpenAPI document."""
+    from fastapi.routing import APIRoute
+    from prometheus_client import CollectorRegistry
+    from starlette.routing import Match
+
+    from livefit.server.metrics import Metrics
+    from livefit.server.predict_api import build_predict_router
+
+    router = build_predict_router(lambda: {}, Metrics(CollectorRegistry()))
+    for path in ("/v1/models/m:predict", "/v2/models/m/infer"):
+        scope = {"type": "http", "path": path, "method": "POST"}
+        first = next(r for r in router.routes if r.matches(scope)[0] is Match.FULL)
+        assert not isinstance(first, APIRoute), path
+    documented = {r.path for r in router.routes if isinstance(r, APIRoute)}
+    assert {"/v1/models/{name}:predict", "/v2/models/{name}/infer"} <= documented
