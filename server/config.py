@@ -105,6 +105,9 @@ class StorageSettings(_Section):
     )
     wal_segment_bytes: int = Field(64 * 1024 * 1024, ge=4096)
     wal_group_max: int = Field(1000, ge=1)  # messages per WAL commit at most
+    # A commit waits up to this long for more messages once the inbox is empty (one fsync for
+    # the group); 0: commit as soon as the inbox is empty.
+    wal_commit_window_ms: float = Field(1.0, ge=0, le=1000)
 
 
 class LoggingSettings(_Section):
@@ -124,6 +127,8 @@ class TrainSettings(_Section):
     replay_capacity: int = Field(0, ge=0)  # samples kept for replay (0: no replay)
     replay_mode: Literal["reservoir", "window"] = "reservoir"
     replay_share: float = Field(0.5, ge=0, lt=1)  # share of replayed samples in each step
+    # Before each step, wait up to this long while prediction requests are queued (0: never).
+    yield_to_serving_ms: float = Field(2.0, ge=0, le=1000)
 
 
 class DriftSettings(_Section):

@@ -65,13 +65,16 @@ class IngestWorker:
         metrics: Metrics,
         wal: WriteAheadLog | None = None,
         group_max: int = 1000,
+        commit_window_s: float = 0.0,
     ) -> None:
         self.connection = connection
         self.routes = routes
         self.metrics = metrics
         self.wal = wal
         self.group_max = group_max
+        self.commit_window_s = commit_window_s
         self._held: list[_Held] = []
+        self._group_started = 0.0  # when the first message of the held group was taken
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -87,20 +90,36 @@ class IngestWorker:
             self._thread = None
 
     def _run(self) -> None:
+        """Group messages: commit when ``group_max`` are held, or when the inbox has stayed
+        empty until ``commit_window_s`` after the group's first message (at once with 0)."""
         inbox = self.connection.inbox
         while not self._stopping.is_set():
+            wait = _POLL_S
+            if self._held:
+                wait = self._group_started + self.commit_window_s - time.monotonic()
             try:
-                message = inbox.get(timeout=_POLL_S)
+                message = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
             except queue.Empty:
+                if self._held:
+                    self._flush_safely()
                 continue
             try:
+                if not self._held:
+                    self._group_started = time.monotonic()
                 self.handle(message)
-                if inbox.empty() or len(self._held) >= self.group_max:
+                if len(self._held) >= self.group_max:
                     self.flush()
             except Exception:
                 self.metrics.internal_errors.labels(component="ingest").inc()
                 log.exception("ingest failed on a message from %s; continuing", message.topic)
         self.flush()
+
+    def _flush_safely(self) -> None:
+        try:
+            self.flush()
+        except Exception:
+            self.metrics.internal_errors.labels(component="ingest").inc()
+            log.exception("ingest failed to commit a group of %d messages", len(self._held))
 
     def route_for(self, topic: str) -> Route | None:
         for route in self.routes:

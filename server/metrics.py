@@ -104,6 +104,10 @@ class Metrics:
             "livefit_train_batch_size", "Samples per training step", ["model"],
             buckets=SIZE_BUCKETS, registry=r,
         )  # fmt: skip
+        self.train_yield_seconds = Counter(
+            "livefit_train_yield_seconds", "Time the trainer waited for queued predictions",
+            ["model"], registry=r,
+        )  # fmt: skip
         self.train_step_seconds = Histogram(
             "livefit_train_step_seconds", "Wall time of one training step (predict + train)",
             ["model"], buckets=STEP_BUCKETS, registry=r,
@@ -282,7 +286,8 @@ class Metrics:
         """Create every per-model series at zero so dashboards and rate() see them at once."""
         for metric in (
             self.ingest_samples, self.queue_depth, self.train_steps, self.train_samples,
-            self.model_version, self.model_ready, self.predict_queue_rows, self.serving_version,
+            self.train_yield_seconds, self.model_version, self.model_ready,
+            self.predict_queue_rows, self.serving_version,
         ):  # fmt: skip
             metric.labels(model=model)
         self.ingest_messages.labels(model=model, outcome="accepted", reason="none")

@@ -103,8 +103,14 @@ class LearnerRuntime:
             subscription = self.settings.samples_topic(name)
             self.connection.add_subscription(subscription, qos=1)
             routes.append(self._route(runtime, subscription))
+        storage = self.settings.storage
         self.ingest = IngestWorker(
-            self.connection, routes, self.metrics, self.wal, self.settings.storage.wal_group_max
+            self.connection,
+            routes,
+            self.metrics,
+            self.wal,
+            storage.wal_group_max,
+            commit_window_s=storage.wal_commit_window_ms / 1000.0 if self.wal is not None else 0.0,
         )
         for runtime in self.models.values():
             self._start_weight_stream(runtime, self.connection)
@@ -213,6 +219,7 @@ class LearnerRuntime:
             frontier=(lambda trained: wal.frontier(name, trained)) if wal is not None else None,
             notes=self._notes(runtime),
             on_drift=lambda detections: self._drift(name, detections),
+            serving_busy=lambda: runtime.served is not None and runtime.served.busy(),
         )
         runtime.trainer.on_checkpoint(self._truncate_log)
         runtime.trainer.warm_up()

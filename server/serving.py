@@ -135,6 +135,11 @@ class ServedModel:
         """True once the batcher runs and a snapshot exists to serve."""
         return self.batcher is not None and self.serving.source() is not None
 
+    def busy(self) -> bool:
+        """True while prediction requests wait in the batcher's queue (any thread may ask)."""
+        batcher = self.batcher
+        return batcher is not None and batcher.queued_rows > 0
+
     def start_batching(self, metrics: Metrics) -> None:
         """Create and start the request batcher on the running event loop."""
         serve = self.settings.serve

@@ -11,6 +11,7 @@ checkpoint. A step whose loss, gradients or new weights are not finite is rolled
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from livefit.server.update_policy import Learned, UpdatePolicy
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
+_GIVE_WAY_POLL_S = 0.0002
+TRAINER_NICENESS = 5  # added to the trainer thread's OS niceness when it gives way to serving
 VERSION_BLOCK = 1000  # versions claimed on disk at a time (see _reserve_versions)
 
 
@@ -48,8 +51,10 @@ class Trainer:
         frontier: Callable[[int], int] | None = None,
         notes: Callable[[], dict[str, str]] | None = None,
         on_drift: Callable[[int], None] | None = None,
+        serving_busy: Callable[[], bool] | None = None,
     ) -> None:
         self.name = name
+        self.serving_busy = serving_busy  # True while prediction requests wait for the model
         self.settings = settings
         self.queue = queue
         self.slot = slot
@@ -150,17 +155,35 @@ class Trainer:
     def _run(self) -> None:
         train = self.settings.train
         max_wait_s = train.max_wait_ms / 1000.0
+        yield_s = train.yield_to_serving_ms / 1000.0
+        if yield_s > 0:
+            _lower_thread_priority()
         while True:
             try:
                 batch = self.queue.next_batch(train.max_batch_size, max_wait_s, timeout=_POLL_S)
             except QueueClosed:
                 break
             if batch is not None:
+                if yield_s > 0 and self.serving_busy is not None:
+                    self._give_way(yield_s)
                 self._train_safely(batch)
             self._snapshot()
             self._maybe_checkpoint()
         self._snapshot(force=True)
         self._maybe_checkpoint(final=True)
+
+    def _give_way(self, limit_s: float) -> None:
+        """Wait (at most ``limit_s``) while prediction requests are queued: on a small machine
+        the trainer's Python work and TensorFlow's kernels otherwise hold the GIL and the cores
+        the event loop needs, and predictions wait behind training steps."""
+        assert self.serving_busy is not None
+        if not self.serving_busy():
+            return
+        started = time.perf_counter()
+        deadline = started + limit_s
+        while self.serving_busy() and time.perf_counter() < deadline:
+            time.sleep(_GIVE_WAY_POLL_S)
+        self.metrics.train_yield_seconds.labels(model=self.name).inc(time.perf_counter() - started)
 
     def _train_safely(self, batch: Batch) -> None:
         try:
@@ -323,3 +346,15 @@ class CheckpointWriter:
                 callback(checkpoint)
             except Exception:
                 log.exception("after-checkpoint callback failed for %s", self.name)
+
+
+def _lower_thread_priority() -> None:
+    """Raise this thread's niceness (Linux sets it per thread), so that on a busy machine the
+    event loop and the serving thread get the cores first. Best effort: skipped where the
+    platform does not allow it."""
+    try:
+        tid = threading.get_native_id()
+        niceness = os.getpriority(os.PRIO_PROCESS, tid) + TRAINER_NICENESS
+        os.setpriority(os.PRIO_PROCESS, tid, niceness)
+    except (AttributeError, OSError):
+        log.debug("could not lower the trainer thread's priority", exc_info=True)
