@@ -25,8 +25,11 @@ from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import LSTM, MLP, ModelSpec
 from bench.procs import HttpServer, free_port, running, start_all, wait_all
+from livefit.server.config import ServeSettings
 
-MAX_BATCH, TIMEOUT_MS = 64, 2.0  # livefit's serve defaults, given to LitServe too
+_SERVE_DEFAULTS = ServeSettings()
+# livefit's serve defaults, given to LitServe too
+MAX_BATCH, TIMEOUT_MS = _SERVE_DEFAULTS.max_batch_size, _SERVE_DEFAULTS.batch_timeout_ms
 TARGETS = {"predict_on_batch": 2.0, "predict": 10.0, "litserve": 1.2, "constant": 0.7}
 TARGET_CLIENTS, TARGET_MODEL = 64, "mlp"
 
