@@ -37,6 +37,7 @@ BENCHMARKS = {
     "freshness": "publish of a sample -> a replica serving weights trained on it",
     "interference": "prediction p99 with the trainer saturated vs idle",
     "memory": "learner RSS growth over a long run of training and predicting",
+    "learning": "prequential accuracy through the server vs river's per-sample learners",
 }
 SCHEMA = 1
 
@@ -163,7 +164,7 @@ def _run_one(
         "load_client": describe_client(client),
     }
     try:
-        result = module.run(ctx)
+        result = getattr(module, "suite_run", module.run)(ctx)
     except Exception as exc:
         console.print_exception(max_frames=8)
         return {

@@ -14,7 +14,7 @@ from typing import Any
 from bench.analysis import ANALYSIS
 
 DASH = "\u2013"  # en dash, for ranges
-ORDER = ("trainer", "ingestion", "serving", "freshness", "interference", "memory")
+ORDER = ("trainer", "ingestion", "serving", "freshness", "interference", "memory", "learning")
 
 
 def render(doc: dict[str, Any], source: str = "bench/results/latest.json") -> str:
@@ -87,6 +87,10 @@ def render_benchmark(bench: dict[str, Any]) -> str:
                 "",
             ]
         )
+    if "learning" in bench.get("extra", {}):  # its own, richer section (bench/learning.py)
+        from bench.learning import markdown
+
+        return markdown(bench["extra"]["learning"])
     lines = [f"## {bench['title']}", "", bench["what"], ""]
     lines += ["**Sides**", ""]
     lines += [f"- **{side}**: {how}" for side, how in bench["sides"].items()]

@@ -68,7 +68,7 @@ class QueueClosed(Exception):
     """The queue was closed: no more samples will come."""
 
 
-BLOCK_ROWS = 1024  # rows a block holds at most
+BLOCK_ROWS = 8192  # rows a block holds at most: several batches, so few batches span two
 BLOCK_BYTES = 4 << 20  # ... and at most this many bytes of x (big samples, fewer rows)
 
 

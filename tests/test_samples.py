@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from livefit.server.samples import QueueClosed, SampleChunk, SampleQueue
+from livefit.server.samples import BLOCK_ROWS, QueueClosed, SampleChunk, SampleQueue
 
 
 def chunk(n: int, start: int = 0, ts: float | None = None) -> SampleChunk:
@@ -106,7 +106,7 @@ def test_random_puts_and_takes_keep_order_positions_and_counts() -> None:
     taken: list[np.ndarray] = []
     for step in range(600):
         if rng.random() < 0.6:
-            n = int(rng.choice([0, 1, 1, 2, 7, 100, 1023, 1024, 3000]))
+            n = int(rng.choice([0, 1, 1, 2, 7, 100, BLOCK_ROWS - 1, BLOCK_ROWS, 3 * BLOCK_ROWS // 2]))
             ts = float(step) if rng.random() < 0.7 else None
             piece = chunk(n, start=total, ts=ts)
             queue.put(SampleChunk(piece.x, piece.y, piece.w, ts, position=step))
@@ -117,7 +117,7 @@ def test_random_puts_and_takes_keep_order_positions_and_counts() -> None:
             total += n
         elif len(queue):
             before = sum(len(t) for t in taken)
-            batch = queue.next_batch(int(rng.integers(1, 2000)))
+            batch = queue.next_batch(int(rng.integers(1, 2 * BLOCK_ROWS)))
             assert batch is not None
             taken.append(batch.x[:, 0].copy())
             after = before + len(batch)
@@ -129,25 +129,26 @@ def test_random_puts_and_takes_keep_order_positions_and_counts() -> None:
             expected = (float(window.min()), float(window.max())) if window.size else (None, None)
             assert (batch.oldest_published_at, batch.newest_published_at) == expected
     while len(queue):
-        batch = queue.next_batch(4096)
+        batch = queue.next_batch(4 * BLOCK_ROWS)
         assert batch is not None
         taken.append(batch.x[:, 0].copy())
     np.testing.assert_array_equal(np.concatenate(taken), np.arange(total, dtype=np.float32))
 
 
 def test_single_sample_messages_form_one_batch_across_blocks() -> None:
-    queue = SampleQueue(capacity=10_000)
-    for i in range(3000):
+    queue = SampleQueue(capacity=10 * BLOCK_ROWS)
+    n = BLOCK_ROWS + 100  # spans two blocks
+    for i in range(n + 10):
         queue.put(chunk(1, start=i, ts=float(i)))
-    batch = queue.next_batch(2500)
-    assert batch is not None and len(batch) == 2500 and batch.chunks == 2500
-    np.testing.assert_array_equal(batch.x[:, 0], np.arange(2500))
-    assert (batch.oldest_published_at, batch.newest_published_at) == (0.0, 2499.0)
+    batch = queue.next_batch(n)
+    assert batch is not None and len(batch) == n and batch.chunks == n
+    np.testing.assert_array_equal(batch.x[:, 0], np.arange(n))
+    assert (batch.oldest_published_at, batch.newest_published_at) == (0.0, float(n - 1))
 
 
 def test_a_big_message_is_queued_without_a_copy() -> None:
-    queue = SampleQueue(capacity=100_000)
-    big = chunk(5000)
+    queue = SampleQueue(capacity=10 * BLOCK_ROWS)
+    big = chunk(BLOCK_ROWS + 5)
     queue.put(big)
-    batch = queue.next_batch(5000)
+    batch = queue.next_batch(BLOCK_ROWS + 5)
     assert batch is not None and np.shares_memory(batch.x, big.x)
