@@ -27,12 +27,16 @@ class ModelSpec:
     loss: str = "mse"
     optimizer: str = "adam"
     learning_rate: float = 0.001
+    # livefit's default: every side of a comparison runs the same network, the Standardize layer
+    # in front included (it is the identity until a learner has seen data)
+    scaling: str = "standardize"
 
     def describe(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
         shape = "x".join(str(d) for d in self.input_shape)
         return (
             f"{self.builder} ({opts or 'defaults'}), input {shape}, output {self.output_shape[0]}"
+            + (", Standardize layer in front" if self.scaling == "standardize" else "")
         )
 
     def build(self, compiled: bool = False):
@@ -42,7 +46,12 @@ class ModelSpec:
         from livefit.models import build_model
 
         model = build_model(
-            self.builder, self.input_shape, self.output_shape, self.options, seed=self.seed
+            self.builder,
+            self.input_shape,
+            self.output_shape,
+            self.options,
+            seed=self.seed,
+            scaling=self.scaling,
         )
         if compiled:
             optimizer = keras.optimizers.get(
@@ -66,6 +75,7 @@ class ModelSpec:
             "loss": self.loss,
             "optimizer": self.optimizer,
             "learning_rate": self.learning_rate,
+            "scaling": self.scaling,
         }
 
     @classmethod
@@ -80,6 +90,7 @@ class ModelSpec:
             loss=data["loss"],
             optimizer=data["optimizer"],
             learning_rate=data["learning_rate"],
+            scaling=data.get("scaling", "standardize"),
         )
 
     def toml(self, extra: str = "") -> str:
@@ -95,6 +106,7 @@ class ModelSpec:
             f'optimizer = "{self.optimizer}"\n'
             f"learning_rate = {self.learning_rate}\n"
             f"seed = {self.seed}\n"
+            f'scaling = "{self.scaling}"\n'
             f"{extra}"
         )
 

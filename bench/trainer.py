@@ -200,6 +200,7 @@ def _livefit(
             "optimizer": spec.optimizer,
             "learning_rate": spec.learning_rate,
             "seed": spec.seed,
+            "scaling": spec.scaling,
             "train": {"max_batch_size": bs, "queue_capacity": n + 1},
         }
     )
