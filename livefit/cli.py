@@ -67,6 +67,9 @@ def _settings(args: argparse.Namespace):
     if args.port is not None:
         settings.http.port = args.port
     configure_logging(settings.logging.level, settings.logging.json_format)
+    from livefit.server.modeling import configure_tensorflow
+
+    configure_tensorflow(settings.tensorflow)
     return settings
 
 

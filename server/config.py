@@ -275,6 +275,15 @@ class ModelSettings(_Section):
         return list(self.output_shape)
 
 
+class TensorFlowSettings(_Section):
+    """TensorFlow's thread pools, for the whole process (0: TensorFlow's default, one thread
+    per core). Fewer intra-op threads leave cores to the event loop when one process both
+    trains and serves on a small machine."""
+
+    intra_op_threads: int = Field(0, ge=0, le=1024)
+    inter_op_threads: int = Field(0, ge=0, le=1024)
+
+
 class Settings(_Section):
     """The whole livefit configuration."""
 
@@ -282,6 +291,7 @@ class Settings(_Section):
     http: HttpSettings = HttpSettings()
     storage: StorageSettings = StorageSettings()
     logging: LoggingSettings = LoggingSettings()
+    tensorflow: TensorFlowSettings = TensorFlowSettings()
     models: dict[str, ModelSettings]
 
     @field_validator("models")

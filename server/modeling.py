@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from livefit.models import build_model
-from livefit.server.config import ModelSettings
+from livefit.server.config import ModelSettings, TensorFlowSettings
 
 log = logging.getLogger(__name__)
 
@@ -66,3 +66,15 @@ def build_uncompiled(settings: ModelSettings, device: str) -> keras.Model:
             seed=settings.seed,
             scaling=settings.scaling,
         )
+
+
+def configure_tensorflow(settings: TensorFlowSettings) -> None:
+    """Size TensorFlow's thread pools; call before the process runs its first TensorFlow op
+    (TensorFlow refuses later changes: then this logs a warning and changes nothing)."""
+    try:
+        if settings.intra_op_threads:
+            tf.config.threading.set_intra_op_parallelism_threads(settings.intra_op_threads)
+        if settings.inter_op_threads:
+            tf.config.threading.set_inter_op_parallelism_threads(settings.inter_op_threads)
+    except RuntimeError as exc:
+        log.warning("TensorFlow thread pools already set up; [tensorflow] ignored: %s", exc)

@@ -111,3 +111,28 @@ def test_sparse_categorical_targets_are_scalars(tmp_path: Path) -> None:
 
 def test_builder_names_agree_with_models_package() -> None:
     assert config.BUILTIN_BUILDERS == BUILTIN_BUILDERS
+
+
+def test_tensorflow_thread_pools_are_applied_before_the_first_op(tmp_path) -> None:
+    """``livefit serve`` sizes TensorFlow's pools from ``[tensorflow]`` (a fresh process:
+    TensorFlow only accepts this before its first op)."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "livefit.toml"
+    config.write_text(
+        "[tensorflow]\nintra_op_threads = 1\ninter_op_threads = 2\n"
+        '[models.m]\nbuilder = "linear"\ninput_shape = [2]\noutput_shape = [1]\n'
+    )
+    code = (
+        "import tensorflow as tf\n"
+        "from livefit.server.config import load_settings\n"
+        "from livefit.server.modeling import configure_tensorflow\n"
+        f"configure_tensorflow(load_settings({str(config)!r}, environ={{}}).tensorflow)\n"
+        "tf.constant(1.0) + 1.0\n"
+        "print(tf.config.threading.get_intra_op_parallelism_threads(),"
+        " tf.config.threading.get_inter_op_parallelism_threads())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["1", "2"]

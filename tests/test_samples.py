@@ -106,7 +106,9 @@ def test_random_puts_and_takes_keep_order_positions_and_counts() -> None:
     taken: list[np.ndarray] = []
     for step in range(600):
         if rng.random() < 0.6:
-            n = int(rng.choice([0, 1, 1, 2, 7, 100, BLOCK_ROWS - 1, BLOCK_ROWS, 3 * BLOCK_ROWS // 2]))
+            n = int(
+                rng.choice([0, 1, 1, 2, 7, 100, BLOCK_ROWS - 1, BLOCK_ROWS, 3 * BLOCK_ROWS // 2])
+            )
             ts = float(step) if rng.random() < 0.7 else None
             piece = chunk(n, start=total, ts=ts)
             queue.put(SampleChunk(piece.x, piece.y, piece.w, ts, position=step))
