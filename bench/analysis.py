@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (Markdown tables: one row per line)
 """Why livefit misses a target, from profiles: shown in BENCHMARKS.md under the benchmark.
 
 Written by hand from py-spy (``py-spy record -r 100..200 -f raw --threads``, aggregated per
@@ -9,55 +10,39 @@ change belongs. The report shows a text when any target of its benchmark is miss
 from __future__ import annotations
 
 TRAINER = """
-**Profiled**: py-spy of an in-process `Trainer` at batch 256 fed 1-sample chunks (trainer
-thread only); line_profiler on `SampleQueue.next_batch/_take`, `_concatenate`,
-`Trainer.train_batch/_record` and `TrainStep.__call__` with the trainer loop run on the
-profiled thread; and a micro-benchmark that adds livefit's differences to the raw step one at a
-time (median of 7 x 200 steps, same model and data).
+**Two rounds of profile and fix.** The first profile (py-spy of an in-process `Trainer` at
+batch 256, 1-sample chunks; line_profiler on the queue, the step call and the metrics) found,
+and these changes removed:
 
-**Where a batch's time goes at batch 256** (one run of the same data, same process):
+| cost found | fix | where |
+|---|---|---|
+| `tf.function.__call__` binding and casting the inputs on every call: ~20 % of the trainer thread | call the traced graph through TensorFlow's flat entry point (`ConcreteFunction._call_flat`; public call as fallback, a test checks both agree): 0.79 -> 0.69 ms a step at 256, 0.97 -> 0.88 at 1024 | `server/train_step.py` |
+| the queue walking 256-1,024 chunks per batch in Python and `np.concatenate` of as many tiny arrays: 22 % | queued samples live in blocks of preallocated rows; a batch is one slice per block: 0.03-0.05 ms a batch | `server/samples.py` |
 
-| what runs | ms per batch of 256 |
-|---|---|
-| raw step (tensors, fixed shape) | 0.60-0.72 |
-| `TrainStep.__call__` alone, numpy in and out | 1.08-1.17 |
-| `Trainer._run`, 100-sample chunks | 1.35-1.65 |
-| `Trainer._run`, 1-sample chunks | 2.01-2.43 |
+Trainer ÷ raw step went from 0.16-0.32x (first run) to 0.22-0.43x (in-graph scaling) to about
+0.5-0.6x now.
 
-1. `tf.function` dispatch, every call: `Function.__call__` binds and canonicalises the three
-   numpy inputs against the signature and looks the function up in its cache
-   (`bind_function_inputs`, `trace_function`, `_maybe_define_function`): about 20% of the
-   trainer thread's samples. Calling the concrete function directly took 0.61-0.71 ms instead
-   of 0.86-1.27 ms.
-2. numpy inputs: converting `x`, `y`, `w` costs 0.1-0.25 ms a step (raw step fed numpy: 0.70
-   vs 0.60 ms on tensors); fetching `losses` and `pred` back with `.numpy()` and `float(loss)`
-   another 0.1-0.4 ms.
-3. The non-finite rollback (`train_step.py`, `apply`): before every update it copies every
-   weight and Adam slot into backup variables and checks every gradient and every updated
-   variable for finiteness: about 40 extra ops a step. At batch 1024: 1.33 ms a step without
-   it, 1.74 ms with it (raw: 0.81 ms).
-4. The queue, with 1-sample chunks (single-sample messages): `SampleQueue._take` walks 256
-   chunks per batch in Python, calling `SampleChunk.__len__` (`int(x.shape[0])`) three times
-   each, and `_concatenate` builds three lists and three `np.concatenate` of 256 tiny arrays:
-   22.6% of the trainer thread's samples, about 0.5 ms per batch.
-5. Per-step metrics (10 Prometheus calls): about 4% of `train_batch`; minor.
+**What the rest costs** (`TrainStep` alone against the raw step on the same network, 5 x 300
+steps; and each part of `Trainer.train_batch` timed in a run at batch 1,024, 1-sample chunks):
 
-**What should change**
+| part | ms per batch of 1,024 | why it is there |
+|---|---|---|
+| raw step (same network, numpy in, loss out) | 0.97 | the hardware limit |
+| `TrainStep` extra: rollback of non-finite steps | 0.3-0.4 | copies every weight and optimizer slot before the update and checks the new weights, so a step that overflows is undone exactly (`tests/test_nonfinite.py`); Keras 3's `stateless_apply`, which would avoid the copy, is refused on the TensorFlow backend |
+| `TrainStep` extra: per-sample losses and predictions back to numpy, sample weights, scaling statistics in and assigned in-graph | 0.3-0.4 | prequential scoring needs each sample's pre-update loss and prediction |
+| online scaling statistics (Chan's merge, float64) | 0.19 | `scaling = "standardize"`, the default |
+| drift detection (Page-Hinkley over each sample's loss) | 0.17 | on by default |
+| metrics (10 Prometheus updates) | 0.09 | |
+| prequential windows | 0.07 | |
+| queue | 0.05 | |
 
-- `server/train_step.py`: keep `self._concrete = self._step.get_concrete_function()` from
-  `warm_up()` and call it; return the predictions only when accuracy is tracked; replace the
-  per-step backup copy with the checks that are cheap (loss and gradients finite, already
-  computed) and, for the rare finite-gradient overflow, restore from the last snapshot (a host
-  copy exists every `publish_interval_s`) instead of copying all state before every update.
-- `server/samples.py`: hold queued samples in preallocated ring buffers of `queue_capacity`
-  rows (`x`, `y`, `w`): `put` is one slice assignment, `next_batch` one or two slices, so a
-  batch costs O(1) Python whatever the message size; keep per-chunk metadata (`published_at`,
-  `position`) as running min/max per batch. Store `n` in `SampleChunk` instead of recomputing.
-- Documentation (README, `train.max_batch_size`): the step's cost is nearly flat in the batch
-  size for small models (raw: 0.6 ms at 256, 0.8 ms at 1024), so 1024 trains 2-3x more
-  samples/s when samples arrive faster than the trainer steps.
+So at default settings a batch carries about 1 ms of work the raw step does not do, which
+caps the ratio near 0.5x at 1,024 and lower at 256. Each item is a feature the issue asks for
+(exact rollback, test-then-train, scaling, drift); turning them off is not a fix. What could
+still gain: the scaling statistics and the drift test computed in the graph (two fewer numpy
+passes), and a rollback that backs up only when the gradients' norm is large.
 
-At batch 32 no trainer can reach 100x per-message: the raw step itself is about 55x
+At batch 32 no trainer can reach 100x per-message: the raw step itself is about 50x
 `train_on_batch` per sample there, so that row carries no target.
 """
 
@@ -65,103 +50,79 @@ INGESTION = """
 **Profiled**: py-spy `--threads` on the `livefit serve` process during a 20,000-message
 single-sample JSON run and a 300,000-sample run of 100-sample messages.
 
-**Single-sample messages** (0.75-0.85x): the bare subscriber is bound by the publisher and the
-broker (one paho publisher, QoS 1). livefit's extra work per message is split across three
-threads that share the GIL with paho's network thread: the ingest thread (decode and validate
-about 5% of its samples; the write-ahead log `WriteAheadLog._write` 18% and `commit` 16%, since
-`IngestWorker._run` commits, with an fsync, whenever the inbox is momentarily empty, which at a
-few thousand messages/s means a commit every message or two; acks sent from this thread through
-`Client.ack` 7%), and the trainer, which takes the few samples queued at a time and pays its
-full per-step cost for each tiny batch (`quick_execute` 54% of its samples).
+**Single-sample messages** (0.80-0.84x, was 0.74-0.79x): the bare subscriber is bound by the
+publisher and the broker (one paho publisher, QoS 1): about 5,600 messages/s. livefit does
+per message, on threads that share one GIL with paho's network thread: decode and validate,
+append to the write-ahead log, fsync, acknowledge, queue; and the trainer steps on the few
+samples queued at a time. Fixed here: the ingest thread committed (with an fsync) whenever the
+inbox was momentarily empty, at a few thousand messages/s once every message or two; a commit
+now waits up to `storage.wal_commit_window_ms` (1 ms) for more, as PostgreSQL's `commit_delay`
+and Kafka's `linger.ms` do. The trainer thread also runs at lower OS priority
+(`train.yield_to_serving_ms`). What remains is the per-message Python work of durable,
+acknowledged ingestion (about 40 µs of GIL time a message across the ingest and paho threads)
+against a subscriber that only parses.
 
-**100-sample messages** (about 0.2x): the trainer is the bottleneck. The ingest thread spends
-58% of its samples blocked in `SampleQueue.put` (queue full: backpressure works), while the
-trainer runs back-to-back steps of 256 (`quick_execute` 59%, `_concatenate` 22%). With the
-broker, the publisher and paho on the same two cores, 256-sample steps top out near 100k
-samples/s; the bare subscriber only parses (400-580k/s). The informative column, the same
-learner with `train.max_batch_size` 1024, roughly doubles it.
-
-**What should change**
-
-- Everything listed under the trainer benchmark: batched ingestion is bounded by the step.
-- `server/ingest.py`: group commit by time as well as by inbox state: after a commit, linger
-  up to ~1-2 ms (or N messages) for more before the next fsync, as PostgreSQL's
-  `commit_delay` and Kafka's `linger.ms` do, so one fsync covers dozens of messages at any rate.
-- Optionally (`train.max_batch_size` stays the user's bound): when the queue holds several
-  batches, the trainer could take up to `max_batch_size` from a deeper queue in one slice
-  (ring buffer) instead of many chunk pops.
+**100-sample messages** (about 0.2x; 0.28x with `max_batch_size` 1024): the trainer is the
+bottleneck, by design: the bare subscriber only parses (400-690k samples/s), while every
+livefit sample is trained, and the raw training step of this model tops out at 300-400k
+samples/s at batch 256 on an idle machine (the trainer table), less with the broker and the
+publisher on the same two cores. The ingest thread spends most of its time blocked in
+`SampleQueue.put` (queue full: backpressure works, nothing is lost). No subscriber that
+trains can reach 0.9x of one that does not; the target holds only for the single-sample
+streams, where the broker is the limit.
 """
 
 SERVING = """
-**Profiled**: py-spy `--threads` on the learner at 64 clients (MLP); line_profiler on
-`predict_api` (`predict`, `_read_body`, `_run`, `_timeout_s`), `protocols.parse_tfserving` and
-`format_tfserving`, and `RequestBatcher.submit/_run/_take_batch`, with the same app served by
-uvicorn in the profiled thread; `gc.callbacks` timing every collection during the same load.
+**Two rounds of profile and fix.** The first profile (py-spy `--threads` on the learner at 64
+clients; line_profiler on the request path; `gc.callbacks` timing every collection) found,
+and these changes removed:
 
-1. **Garbage collection pauses are the tail.** After start, TensorFlow and Keras leave about
-   340,000 objects tracked by the cyclic GC. Every generation-2 collection walks all of them: 8
-   in 5 s at 64 clients, 180-200 ms each, 1.4 s of the 5 s with the event loop and batcher
-   stopped. That is the p90/p99 (p50 22 ms, p90 136 ms, p99 210 ms in that run). With
-   `gc.freeze()` called once after warm-up, the same load gave p90 32 ms, p99 45 ms and
-   2,681 req/s instead of 2,106 (gen-2 collections then took at most 4 ms).
-2. **The event loop is the bottleneck, not the model.** The model thread was idle 81% of the
-   time (batches averaged 31 rows at 64 clients). Per request the loop runs: FastAPI's routing
-   and `solve_dependencies` for `(name, request)`; `_read_body` through `request.stream()` inside
-   a per-request `asyncio.timeout` (about 37 µs under the profiler); `parse_tfserving` (52 µs,
-   half in `_tf_rows`' validation); `RequestBatcher.submit` (34 µs, two thirds in
-   `asyncio.wait_for(asyncio.shield(future))`); `format_tfserving` and `JSONResponse`; two
-   Prometheus observations and a gauge update per request. The constant endpoint does only the
-   routing and the body read, so it answers 3-5x more.
-3. **One client waits the whole batch timeout**: at 1 client every request waits
-   `batch_timeout_ms` (2 ms) for company that never comes (p50 about 4 ms vs 0.7-1 ms for the
-   FastAPI + `predict_on_batch` peer).
+| cost found | fix |
+|---|---|
+| gen-2 garbage collections over ~340,000 TensorFlow/Keras objects: 180-200 ms pauses, 8 in 5 s | `gc.freeze()` after warm-up (`server/app.py`) |
+| every request at 1 client waited `batch_timeout_ms` (2 ms) for company | default `batch_timeout_ms` 0: a batch fires as soon as the model is free with everything queued meanwhile (A/B in one run: 265-276 -> 852-920 req/s at 1 client; 3,033-3,560 -> 3,709-3,713 at 64) |
+| FastAPI's parameter machinery per request: 45-53 µs (through the ASGI app) | predictions served by plain Starlette routes, 19-22 µs; the FastAPI routes stay for the OpenAPI document |
+| `asyncio.wait_for(asyncio.shield(future))`: a task per request | `asyncio.timeout` around the future |
+| Prometheus label lookups per request | children looked up once per model and status |
 
-**What should change**
+Against `predict_on_batch` per request livefit went from 1.56x to about 2.7x, and against the
+HTTP ceiling from 0.26x to about 0.46x.
 
-- `server/app.py` (lifespan, after `runtime.start()` and `start_batching`): `gc.freeze()`, so
-  import- and build-time objects leave the collector's reach (same for replicas).
-- `server/predict_api.py`: mount the predict routes as plain Starlette routes (no FastAPI
-  parameter machinery); read the body with `await request.body()` after the Content-Length
-  check; a fast path for the common body (`np.asarray(doc["instances"], np.float32)` and one
-  shape check, the full validator only when that fails); build the response bytes with one
-  `json.dumps` (or orjson) into a `Response` rather than `JSONResponse` of a nested dict.
-- `server/batcher.py`: one deadline handle per request (`loop.call_at` that fails the future
-  if still pending) instead of `wait_for(shield(...))`; update the queue-rows gauge and the
-  latency metrics per batch, not per request; fire a batch at once when the model thread is
-  idle and only wait `batch_timeout_ms` while a batch is running (the next batch forms during
-  the current model call), which removes the 2 ms at low load without losing batching at high
-  load.
+**What the rest costs.** In-process, per request (median of 5 x 20,000): parsing the body into
+a checked float32 array 12 µs; formatting the answer 8 µs; the batcher (future, deadline,
+share of the model-thread hop) 12 µs at 64 concurrent requests and 150 µs for a lone one;
+routing 19-22 µs. The constant endpoint answers 7,000-9,400 req/s at 64 clients, about
+110-140 µs of event-loop time a request including uvicorn's HTTP handling; livefit answers
+3,500-4,000 req/s, 250-285 µs. About 40 µs of the difference is the work above; the rest is
+the model thread: each batch runs `predict_on_batch` through TensorFlow's Python dispatch,
+which holds the GIL the event loop needs, on two cores shared with the load generator. Taking
+the model call out of the process's GIL (a model-server process fed over shared memory, as
+Triton's Python backend does) is the remaining step toward 0.7x; it is a change of
+architecture, not of this path.
 """
 
 INTERFERENCE = """
 **Profiled**: the learner served in-process by uvicorn with `gc.callbacks` timing every
-collection, 64 clients for 5 s idle, then 5 s while a publisher streams 100-sample messages;
-once as livefit runs today and once with `gc.freeze()` after warm-up:
+collection, 64 clients for 5 s idle, then 5 s while a publisher streams 100-sample messages.
 
-| | idle req/s | idle p90 / p99 ms | saturated req/s | saturated p90 / p99 ms | gen-2 pauses |
-|---|---|---|---|---|---|
-| as is | 2,038 | 145 / 210 | 1,255 | 164 / 339 | 8 idle, 4 saturated, 180-290 ms each |
-| `gc.freeze()` | 2,393 | 34 / 40 | 1,274 | 99 / 341 | at most 7 ms |
+What changed: `gc.freeze()` after warm-up removed the 180-290 ms collection pauses that had
+inflated both sides (idle p99 210 -> about 30 ms); the trainer now gives way to queued
+predictions (`train.yield_to_serving_ms`, 2 ms before a step while requests wait, and the
+trainer thread at niceness +5). The ratio stayed at 1.7-2.0x because the idle side improved as
+much as the saturated one (saturated p99 339 -> 51-68 ms).
 
-So the ratio measured here (about 1.6-1.9x) understates the interference: the idle p99 is
-itself inflated by garbage-collection pauses (see serving), and once those are gone the
-saturated p99 is 8x the idle one. What remains is contention for two cores and one GIL: the
-trainer's TensorFlow kernels (an intra-op pool of 2 threads), the trainer's, ingest's and paho's
-Python work and the broker and publisher all compete with the event loop and the model thread;
-requests/s halve and the loop waits for the GIL behind them.
+Also measured, no better: TensorFlow's intra-op pool at 1 thread (the new
+`[tensorflow] intra_op_threads`; 1.99x) and a shorter GIL switch interval (0.5 ms: 3.96x, as the
+trainer then wins the GIL more often).
 
-**What should change**
-
-- `gc.freeze()` after warm-up (`server/app.py`), as for serving: it removes the pauses but
-  makes the true interference visible, so it must come with the next points.
-- `server/trainer.py`: give way to serving: before each step, when the request batcher has rows
-  queued, wait (bounded, 1-2 ms) for it to drain; and lower the trainer thread's OS priority
-  (`os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)` at the top of
-  `Trainer._run`; Linux sets niceness per thread), so the event loop wins on a small machine.
-- `server/modeling.py` / config: a setting for TensorFlow's intra-op threads (default
-  `cores - 1` when the learner also serves), since the pool is process-wide.
-- Structurally, training and ingestion in a child process (weights already travel as
-  snapshots) would take them off the serving process's GIL entirely.
+**What the rest costs**: training and ingestion share the serving process's GIL. While 20-30k
+samples/s are trained, the paho thread, the ingest thread (decode, WAL, acks) and the
+trainer's Python work between TensorFlow calls each hold the GIL for tens of microseconds at a
+time, and the event loop waits behind them; on two cores shared with the broker, the publisher
+and the load generator it also waits for a core. The structural fix is to run ingestion and
+training in a child process (weights already travel to serving as snapshots, so the serving
+process would only receive them), which removes their Python work from the serving GIL.
+That is an architecture change left for its own issue.
 """
 
 MEMORY = """
