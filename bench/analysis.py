@@ -19,8 +19,8 @@ and these changes removed:
 | `tf.function.__call__` binding and casting the inputs on every call: ~20 % of the trainer thread | call the traced graph through TensorFlow's flat entry point (`ConcreteFunction._call_flat`; public call as fallback, a test checks both agree): 0.79 -> 0.69 ms a step at 256, 0.97 -> 0.88 at 1024 | `server/train_step.py` |
 | the queue walking 256-1,024 chunks per batch in Python and `np.concatenate` of as many tiny arrays: 22 % | queued samples live in blocks of preallocated rows; a batch is one slice per block: 0.03-0.05 ms a batch | `server/samples.py` |
 
-Trainer ÷ raw step went from 0.16-0.32x (first run) to 0.22-0.43x (in-graph scaling) to about
-0.5-0.6x now.
+Trainer ÷ raw step went from 0.16-0.32x (first run) to 0.22-0.43x (in-graph scaling) to
+0.51-0.65x (medians, latest run).
 
 **What the rest costs** (`TrainStep` alone against the raw step on the same network, 5 x 300
 steps; and each part of `Trainer.train_batch` timed in a run at batch 1,024, 1-sample chunks):
@@ -50,7 +50,8 @@ INGESTION = """
 **Profiled**: py-spy `--threads` on the `livefit serve` process during a 20,000-message
 single-sample JSON run and a 300,000-sample run of 100-sample messages.
 
-**Single-sample messages** (0.80-0.84x, was 0.74-0.79x): the bare subscriber is bound by the
+**Single-sample messages** (0.87x JSON and 0.95x msgpack in the latest run; 0.80-0.84x in the
+one before; 0.74-0.79x before the commit window): the bare subscriber is bound by the
 publisher and the broker (one paho publisher, QoS 1): about 5,600 messages/s. livefit does
 per message, on threads that share one GIL with paho's network thread: decode and validate,
 append to the write-ahead log, fsync, acknowledge, queue; and the trainer steps on the few
@@ -62,7 +63,7 @@ and Kafka's `linger.ms` do. The trainer thread also runs at lower OS priority
 acknowledged ingestion (about 40 µs of GIL time a message across the ingest and paho threads)
 against a subscriber that only parses.
 
-**100-sample messages** (about 0.2x; 0.28x with `max_batch_size` 1024): the trainer is the
+**100-sample messages** (about 0.18-0.2x; 0.3x with `max_batch_size` 1024): the trainer is the
 bottleneck, by design: the bare subscriber only parses (400-690k samples/s), while every
 livefit sample is trained, and the raw training step of this model tops out at 300-400k
 samples/s at batch 256 on an idle machine (the trainer table), less with the broker and the
@@ -85,8 +86,8 @@ and these changes removed:
 | `asyncio.wait_for(asyncio.shield(future))`: a task per request | `asyncio.timeout` around the future |
 | Prometheus label lookups per request | children looked up once per model and status |
 
-Against `predict_on_batch` per request livefit went from 1.56x to about 2.7x, and against the
-HTTP ceiling from 0.26x to about 0.46x.
+Against `predict_on_batch` per request livefit went from 1.56x to 2.7-2.9x, against LitServe
+from 1.61x to 3.3x, and against the HTTP ceiling from 0.26x to 0.45-0.46x (two runs).
 
 **What the rest costs.** In-process, per request (median of 5 x 20,000): parsing the body into
 a checked float32 array 12 µs; formatting the answer 8 µs; the batcher (future, deadline,
@@ -109,7 +110,9 @@ What changed: `gc.freeze()` after warm-up removed the 180-290 ms collection paus
 inflated both sides (idle p99 210 -> about 30 ms); the trainer now gives way to queued
 predictions (`train.yield_to_serving_ms`, 2 ms before a step while requests wait, and the
 trainer thread at niceness +5). The ratio stayed at 1.7-2.0x because the idle side improved as
-much as the saturated one (saturated p99 339 -> 51-68 ms).
+much as the saturated one (saturated p99 339 -> 50-95 ms), and it is the noisiest figure of
+the suite: medians of 1.87x, 1.99x and 2.71x in three runs of this code (per-round ratios
+1.7-3.5x), with the idle p99 steady at 27-30 ms.
 
 Also measured, no better: TensorFlow's intra-op pool at 1 thread (the new
 `[tensorflow] intra_op_threads`; 1.99x) and a shorter GIL switch interval (0.5 ms: 3.96x, as the
