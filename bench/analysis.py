@@ -111,8 +111,8 @@ inflated both sides (idle p99 210 -> about 30 ms); the trainer now gives way to 
 predictions (`train.yield_to_serving_ms`, 2 ms before a step while requests wait, and the
 trainer thread at niceness +5). The ratio stayed at 1.7-2.0x because the idle side improved as
 much as the saturated one (saturated p99 339 -> 50-95 ms), and it is the noisiest figure of
-the suite: medians of 1.87x, 1.99x and 2.71x in three runs of this code (per-round ratios
-1.7-3.5x), with the idle p99 steady at 27-30 ms.
+the suite: medians of 1.87x and 2.71x in two runs of this code (per-round ratios 1.7-3.5x),
+with the idle p99 steady at 27-30 ms.
 
 Also measured, no better: TensorFlow's intra-op pool at 1 thread (the new
 `[tensorflow] intra_op_threads`; 1.99x) and a shorter GIL switch interval (0.5 ms: 3.96x, as the
