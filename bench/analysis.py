@@ -115,8 +115,13 @@ the suite: medians of 1.87x and 2.71x in two runs of this code (per-round ratios
 with the idle p99 steady at 27-30 ms.
 
 Also measured, no better: TensorFlow's intra-op pool at 1 thread (the new
-`[tensorflow] intra_op_threads`; 1.99x) and a shorter GIL switch interval (0.5 ms: 3.96x, as the
-trainer then wins the GIL more often).
+`[tensorflow] intra_op_threads`; 1.99x); a shorter GIL switch interval (0.5 ms: 3.96x, as the
+trainer then wins the GIL more often); and the trainer giving way whenever any request is in
+flight rather than only while requests wait in the batcher (3.0x, with training still at
+21,000-22,000 samples/s: the trainer's steps are not what delays the event loop). A per-thread
+`top` of the learner during the saturated phase shows one thread, the event loop's, at 100 %
+and the others (paho, ingest, trainer, TensorFlow's two compute threads) adding 60-100 % on top,
+beside the publisher process at about 50 %.
 
 **What the rest costs**: training and ingestion share the serving process's GIL. While 20-30k
 samples/s are trained, the paho thread, the ingest thread (decode, WAL, acks) and the
