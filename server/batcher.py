@@ -2,7 +2,8 @@
 
 Like Ray Serve's ``_BatchQueue``: a queue, a future per request, one background task. The timer
 starts when the oldest queued request arrived; a batch fires when ``max_batch_size`` rows are
-queued or ``batch_timeout_ms`` has passed since then. A multi-row request counts by its rows
+queued or ``batch_timeout_ms`` has passed since then; with 0 (the default) a batch is whatever
+queued while the model was busy with the previous one. A multi-row request counts by its rows
 and is never split (it runs whole, on one version). Requests whose client went away or whose
 deadline passed are dropped before the model call; an exception from the model call reaches
 every request of its batch. The model call runs in a single-thread executor, off the loop.
