@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import REPO
+from livefit.clients.metrics import MetricsReader, SampleKey
 
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
 
@@ -154,17 +154,12 @@ class HttpServer(ChildProcess):
                 time.sleep(0.2)
         raise RuntimeError(f"{self.name} not ready within {timeout:.0f} s:\n{self.tail()}")
 
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def metrics(self) -> dict[SampleKey, float]:
         """Every sample of /metrics as {(name, sorted labels): value}."""
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
-        values = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return values
+        return MetricsReader(self.url).samples()
 
     def metric(self, name: str, **labels: str) -> float:
-        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+        return MetricsReader(self.url).value(name, **labels)
 
 
 def start_all(servers: Sequence[HttpServer], timeout: float = 180.0) -> None:

@@ -20,8 +20,8 @@ from livefit.models import weight_names
 from livefit.server.auth import TokenGuard
 from livefit.server.broker import resolve_broker
 from livefit.server.config import ModelSettings, Settings
-from livefit.server.metrics import Metrics
 from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
+from livefit.server.process_runtime import ProcessRuntime
 from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import Snapshot, SnapshotSlot
 from livefit.server.weight_format import architecture_fingerprint
@@ -43,7 +43,7 @@ class ReplicaModel:
     receiver: WeightReceiver | None = None
 
 
-class ReplicaRuntime:
+class ReplicaRuntime(ProcessRuntime):
     """Receives weights for every configured model and serves them."""
 
     role = "replica"
@@ -51,19 +51,9 @@ class ReplicaRuntime:
     def __init__(
         self, settings: Settings, registry: CollectorRegistry | None = None, instance: str = ""
     ) -> None:
-        self.settings = settings
-        self.metrics = Metrics(registry, role=self.role)
+        super().__init__(settings, registry)
         self.instance = instance or f"{socket.gethostname()}-{settings.http.port}"
         self.models: dict[str, ReplicaModel] = {}
-        self.started = False
-
-    def start(self) -> None:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        self.started = True
 
     def _start(self) -> None:
         storage = Path(self.settings.storage.dir)

@@ -25,9 +25,9 @@ from livefit.server.codec import Rejection, SampleSpec, decode_message
 from livefit.server.config import ModelSettings, Settings
 from livefit.server.dedup import SequenceTracker
 from livefit.server.ingest import IngestWorker, Route
-from livefit.server.metrics import Metrics
 from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
 from livefit.server.mqtt import MqttConnection
+from livefit.server.process_runtime import ProcessRuntime
 from livefit.server.samples import SampleQueue
 from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import SnapshotSlot
@@ -55,29 +55,18 @@ class ModelRuntime:
     dedup: SequenceTracker | None = None
 
 
-class LearnerRuntime:
+class LearnerRuntime(ProcessRuntime):
     """Owns the broker connection, the ingest worker and one trainer per model."""
 
     role = "learner"
 
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
-        self.settings = settings
-        self.metrics = Metrics(registry, role=self.role)
+        super().__init__(settings, registry)
         self.models: dict[str, ModelRuntime] = {}
         self.connection: MqttConnection | None = None
         self.ingest: IngestWorker | None = None
         self.managed_broker: ManagedBroker | None = None
         self.wal: WriteAheadLog | None = None
-        self.started = False
-
-    def start(self) -> None:
-        """Start every part; raises (after cleaning up) if a part cannot start."""
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        self.started = True
 
     def _start(self) -> None:
         storage = Path(self.settings.storage.dir)

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from livefit.clients.metrics import MetricsReader, SampleKey
 from tests.mqtt_broker import free_port
 
 
@@ -57,17 +57,12 @@ class ServerProcess:
             time.sleep(0.2)
         raise RuntimeError(f"server not ready in {timeout}s:\n{self.log.read_text()[-4000:]}")
 
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def metrics(self) -> dict[SampleKey, float]:
         """Every sample of /metrics as {(name, sorted labels): value}."""
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
-        values = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return values
+        return MetricsReader(self.url).samples()
 
     def metric(self, name: str, **labels: str) -> float:
-        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+        return MetricsReader(self.url).value(name, **labels)
 
     def wait_for_metric(
         self, name: str, value: float, timeout: float = 60.0, **labels: str
