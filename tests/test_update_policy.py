@@ -116,6 +116,28 @@ def test_drift_fires_on_abrupt_change_not_on_a_stationary_stream() -> None:
     assert drifts == [1]
 
 
+@pytest.mark.parametrize("loss", ["mse", "binary_crossentropy"])
+def test_no_drift_on_a_noiseless_stream_learned_towards_zero_loss(loss: str) -> None:
+    """Page-Hinkley measures deviations in running standard deviations; a stream without noise,
+    whose loss shrinks by orders of magnitude as the default network learns it, must not look
+    like drift (30,000 samples in minibatches of 25, livefit's default model and optimizer)."""
+    drifts: list[int] = []
+    classify = loss == "binary_crossentropy"
+    options = {"output_activation": "sigmoid"} if classify else {}
+    t = trainer(drifts=drifts, builder="mlp", builder_options=options, loss=loss)
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(3, 1))
+    x = rng.normal(size=(30_000, 3))
+    y = (x @ w > 0).astype(np.float64) if classify else x @ w
+    losses = []
+    for start in range(0, len(x), 25):
+        t.train_batch(batch(x[start : start + 25], y[start : start + 25]))
+        losses.append(t.scores.scores["loss"].value)
+    assert losses[-1] < losses[10] / 10  # the loss fell by more than an order of magnitude
+    assert drifts == []
+    assert t.policy.drift is not None and t.policy.drift.detections == 0
+
+
 @pytest.mark.parametrize("reaction", ["reset_optimizer", "boost_lr"])
 def test_drift_reactions(reaction: str) -> None:
     t = trainer(learning_rate=0.01, drift={"reaction": reaction, "boost_steps": 3})
