@@ -24,7 +24,7 @@ _DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     "linear": {"output_activation": None},
     "mlp": {
         "hidden_units": (64, 64),
-        "activation": "relu",
+        "activation": "tanh",
         "dropout": 0.0,
         "output_activation": None,
     },

@@ -123,10 +123,15 @@ class TrainSettings(_Section):
     max_batch_size: int = Field(256, ge=1, le=65536)
     max_wait_ms: float = Field(0.0, ge=0, le=60_000)
     queue_capacity: int = Field(20_000, ge=1)  # samples held between ingestion and training
-    steps_per_batch: int = Field(1, ge=1, le=100)  # gradient steps on each minibatch
-    replay_capacity: int = Field(0, ge=0)  # samples kept for replay (0: no replay)
-    replay_mode: Literal["reservoir", "window"] = "reservoir"
-    replay_share: float = Field(0.5, ge=0, lt=1)  # share of replayed samples in each step
+    # The update policy (defaults measured by the learning-quality benchmark, BENCHMARKS.md):
+    steps_per_batch: int = Field(2, ge=1, le=100)  # gradient steps on each minibatch
+    replay_capacity: int = Field(500, ge=0)  # samples kept for replay (0: no replay)
+    replay_mode: Literal["reservoir", "window"] = "window"
+    replay_share: float = Field(0.75, ge=0, lt=1)  # share of replayed samples in each step
+    # "caught_up": steps beyond the first and replayed samples only for a batch that took every
+    # queued sample (the trainer keeps up, so the extra work uses time it would spend waiting);
+    # under a backlog each batch gets one plain step. "always": every batch.
+    extras_when: Literal["caught_up", "always"] = "caught_up"
     # Before each step, wait up to this long while prediction requests are queued (0: never).
     yield_to_serving_ms: float = Field(2.0, ge=0, le=1000)
 

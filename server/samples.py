@@ -59,6 +59,7 @@ class Batch:
     oldest_published_at: float | None  # earliest "ts" among them, for freshness
     newest_published_at: float | None
     position: int | None = None  # WAL position of the last message completed by this batch
+    backlog: int = 0  # samples still queued when this batch was taken (0: it took them all)
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -229,7 +230,7 @@ class SampleQueue:
                     parts.extend(more)
                     count += sum(b - a for _, a, b in more)
             self._not_full.notify_all()
-        return _batch(parts)
+            return _batch(parts, backlog=self._size)
 
     def close(self) -> None:
         """Refuse new chunks and wake every waiter; queued chunks can still be taken."""
@@ -268,7 +269,7 @@ class SampleQueue:
         return parts
 
 
-def _batch(parts: list[tuple[_Block, int, int]]) -> Batch:
+def _batch(parts: list[tuple[_Block, int, int]], backlog: int = 0) -> Batch:
     """One batch from block slices: views when it is one slice, else one concatenation."""
     if len(parts) == 1:
         block, a, b = parts[0]
@@ -297,4 +298,5 @@ def _batch(parts: list[tuple[_Block, int, int]]) -> Batch:
         oldest_published_at=oldest,
         newest_published_at=newest,
         position=position if position >= 0 else None,
+        backlog=backlog,
     )

@@ -3,7 +3,12 @@
 Per batch, after the compiled step scored it (test-then-train):
 - ``steps_per_batch`` gradient steps, each on the new samples plus, with a replay buffer,
   ``replay_share`` of replayed ones (sampled afresh for each step; the batch joins the buffer
-  only afterwards, so it never replays itself);
+  only afterwards, so it never replays itself). With ``extras_when="caught_up"`` (the
+  default) only a batch that took every queued sample (``Batch.backlog == 0``) gets the extra
+  steps and the replay: the trainer is keeping up, and the extra work spends time it would
+  otherwise wait. A batch taken from a backlog gets one step on its own samples, so a stream
+  faster than the trainer is trained at the plain step's rate. The batch joins the buffer
+  either way;
 - the running standardizer takes in the batch and the model's ``Standardize`` layer gets the
   new statistics (scoring and training of this batch used the statistics from before it,
   as a streaming scaler must);
@@ -54,6 +59,7 @@ class UpdatePolicy:
         self.step = step
         self.steps_per_batch = train.steps_per_batch
         self.replay_share = train.replay_share
+        self.extras_always = train.extras_when == "always"
         self.replay = (
             ReplayBuffer(train.replay_capacity, train.replay_mode, seed)
             if train.replay_capacity > 0 and train.replay_share > 0
@@ -86,8 +92,9 @@ class UpdatePolicy:
         first: StepResult | None = None
         steps = replayed = 0
         statistics = self._next_statistics(batch)
-        for _ in range(self.steps_per_batch):
-            x, y, w, k = self._with_replay(batch)
+        extras = self.extras_always or batch.backlog == 0
+        for _ in range(self.steps_per_batch if extras else 1):
+            x, y, w, k = self._with_replay(batch) if extras else (batch.x, batch.y, batch.w, 0)
             result = self.step(x, y, w, statistics)
             statistics = None  # set by the first applied step
             if first is None:

@@ -32,12 +32,26 @@ def trainer(
     return instance
 
 
-def batch(x: np.ndarray, y: np.ndarray | None = None) -> Batch:
+def batch(x: np.ndarray, y: np.ndarray | None = None, backlog: int = 0) -> Batch:
     n = len(x)
     targets = y if y is not None else x.sum(axis=1, keepdims=True)
     return Batch(
-        x.astype(np.float32), targets.astype(np.float32), np.ones(n, np.float32), 1, None, None
-    )
+        x.astype(np.float32), targets.astype(np.float32), np.ones(n, np.float32), 1, None, None,
+        backlog=backlog,
+    )  # fmt: skip
+
+
+def step_sizes(t: Trainer) -> list[int]:
+    """From now on, the number of rows of every training step ``t`` takes, in order."""
+    seen: list[int] = []
+    original = t.step.__class__.__call__
+
+    def spy(self: Any, x: np.ndarray, *rest: Any) -> Any:
+        seen.append(len(x))
+        return original(self, x, *rest)
+
+    t.step.__class__ = type("Spy", (t.step.__class__,), {"__call__": spy})
+    return seen
 
 
 def test_scaling_statistics_match_a_direct_computation() -> None:
@@ -66,17 +80,7 @@ def test_replay_composition_and_bound() -> None:
     rng = np.random.default_rng(1)
     t.train_batch(batch(rng.normal(size=(20, 3))))  # nothing to replay yet
     assert t.policy.replay is not None and len(t.policy.replay) == 20
-    seen_shapes: list[int] = []
-    original = t.step.__call__
-
-    def spy(x: np.ndarray, y: np.ndarray, w: np.ndarray, *rest: Any) -> Any:
-        seen_shapes.append(len(x))
-        return original(x, y, w, *rest)
-
-    t.step.__class__ = type(
-        "Spy", (t.step.__class__,), {"__call__": lambda self, x, y, w, *rest: spy(x, y, w, *rest)}
-    )
-    t.policy.step = t.step
+    seen_shapes = step_sizes(t)
     before = t.version
     t.train_batch(batch(rng.normal(size=(10, 3))))
     assert seen_shapes == [20, 20]  # 10 new + 10 replayed (share 0.5), twice (2 steps)
@@ -85,6 +89,42 @@ def test_replay_composition_and_bound() -> None:
         t.train_batch(batch(rng.normal(size=(10, 3))))
     assert len(t.policy.replay) == 50  # bounded
     assert t.metrics.registry.get_sample_value("livefit_replayed_samples_total", {"model": "m"}) > 0
+
+
+@pytest.mark.parametrize("extras_when", ["caught_up", "always"])
+def test_extra_steps_and_replay_only_when_caught_up(extras_when: str) -> None:
+    t = trainer(
+        train={"replay_capacity": 100, "replay_share": 0.75, "steps_per_batch": 2,
+               "extras_when": extras_when}
+    )  # fmt: skip
+    rng = np.random.default_rng(4)
+    t.train_batch(batch(rng.normal(size=(40, 3))))  # fills the buffer (nothing to replay yet)
+    sizes = step_sizes(t)
+    before = t.version
+    t.train_batch(batch(rng.normal(size=(10, 3)), backlog=0))  # took every queued sample
+    assert sizes == [40, 40]  # 10 new + 30 replayed (share 0.75), two steps
+    assert t.version == before + 2
+    sizes.clear()
+    t.train_batch(batch(rng.normal(size=(10, 3)), backlog=500))  # taken from a backlog
+    if extras_when == "caught_up":
+        assert sizes == [10]  # one plain step on the batch's own samples
+        assert t.version == before + 3
+    else:
+        assert sizes == [40, 40]
+        assert t.version == before + 4
+    assert t.policy.replay is not None and len(t.policy.replay) == 60  # both batches joined
+
+
+def test_the_queue_says_how_much_a_batch_left_behind() -> None:
+    from livefit.server.samples import SampleChunk
+
+    queue = SampleQueue(1000)
+    x = np.zeros((100, 3), np.float32)
+    queue.put(SampleChunk(x, np.zeros((100, 1), np.float32), np.ones(100, np.float32)))
+    first = queue.next_batch(30)
+    assert first is not None and len(first) == 30 and first.backlog == 70
+    rest = queue.next_batch(256)
+    assert rest is not None and len(rest) == 70 and rest.backlog == 0
 
 
 def test_drift_fires_on_abrupt_change_not_on_a_stationary_stream() -> None:
