@@ -129,8 +129,8 @@ class TrainSettings(_Section):
     replay_mode: Literal["reservoir", "window"] = "window"
     replay_share: float = Field(0.75, ge=0, lt=1)  # share of replayed samples in each step
     # "caught_up": steps beyond the first and replayed samples only for a batch that took every
-    # queued sample (the trainer keeps up, so the extra work uses time it would spend waiting);
-    # under a backlog each batch gets one plain step. "always": every batch.
+    # queued sample, while no prediction request waits (the trainer keeps up, so the extra work
+    # uses time it would spend waiting); otherwise one plain step. "always": every batch.
     extras_when: Literal["caught_up", "always"] = "caught_up"
     # Before each step, wait up to this long while prediction requests are queued (0: never).
     yield_to_serving_ms: float = Field(2.0, ge=0, le=1000)

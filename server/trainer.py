@@ -196,7 +196,10 @@ class Trainer:
     def train_batch(self, batch: Batch) -> None:
         """Score ``batch`` with the current weights, then learn it (a version per step)."""
         started = time.perf_counter()
-        learned = self.policy.learn(batch)
+        # Extra steps and replay spend time the trainer would otherwise wait: not while
+        # prediction requests are queued for the model (predictions go first).
+        busy = self.serving_busy is not None and self.serving_busy()
+        learned = self.policy.learn(batch, extras_allowed=not busy)
         result = learned.first
         elapsed = time.perf_counter() - started
         if batch.position is not None:

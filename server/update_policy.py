@@ -6,9 +6,9 @@ Per batch, after the compiled step scored it (test-then-train):
   only afterwards, so it never replays itself). With ``extras_when="caught_up"`` (the
   default) only a batch that took every queued sample (``Batch.backlog == 0``) gets the extra
   steps and the replay: the trainer is keeping up, and the extra work spends time it would
-  otherwise wait. A batch taken from a backlog gets one step on its own samples, so a stream
-  faster than the trainer is trained at the plain step's rate. The batch joins the buffer
-  either way;
+  otherwise wait. A batch taken from a backlog, or while prediction requests wait for the
+  model, gets one step on its own samples, so a stream faster than the trainer is trained at
+  the plain step's rate and predictions go first. The batch joins the buffer either way;
 - the running standardizer takes in the batch and the model's ``Standardize`` layer gets the
   new statistics (scoring and training of this batch used the statistics from before it,
   as a streaming scaler must);
@@ -87,12 +87,16 @@ class UpdatePolicy:
         self._boost_left = 0
         self._saved_scaler: RunningStandardizer | None = None
 
-    def learn(self, batch: Batch) -> Learned:
-        """Score and learn ``batch``; rolled-back steps are not counted in ``steps``."""
+    def learn(self, batch: Batch, extras_allowed: bool = True) -> Learned:
+        """Score and learn ``batch``; rolled-back steps are not counted in ``steps``.
+
+        With ``extras_when="caught_up"`` the extra steps and the replay need ``extras_allowed``
+        (the trainer passes False while prediction requests wait) and a batch without backlog.
+        """
         first: StepResult | None = None
         steps = replayed = 0
         statistics = self._next_statistics(batch)
-        extras = self.extras_always or batch.backlog == 0
+        extras = self.extras_always or (extras_allowed and batch.backlog == 0)
         for _ in range(self.steps_per_batch if extras else 1):
             x, y, w, k = self._with_replay(batch) if extras else (batch.x, batch.y, batch.w, 0)
             result = self.step(x, y, w, statistics)

@@ -115,6 +115,20 @@ def test_extra_steps_and_replay_only_when_caught_up(extras_when: str) -> None:
     assert t.policy.replay is not None and len(t.policy.replay) == 60  # both batches joined
 
 
+def test_no_extra_steps_while_predictions_wait() -> None:
+    t = trainer(train={"replay_capacity": 100, "replay_share": 0.75, "steps_per_batch": 2})
+    rng = np.random.default_rng(6)
+    t.train_batch(batch(rng.normal(size=(40, 3))))
+    sizes = step_sizes(t)
+    busy = [True]
+    t.serving_busy = lambda: busy[0]
+    t.train_batch(batch(rng.normal(size=(10, 3))))
+    assert sizes == [10]  # requests queued: one plain step, predictions go first
+    busy[0] = False
+    t.train_batch(batch(rng.normal(size=(10, 3))))
+    assert sizes == [10, 40, 40]
+
+
 def test_the_queue_says_how_much_a_batch_left_behind() -> None:
     from livefit.server.samples import SampleChunk
 
