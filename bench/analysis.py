@@ -20,7 +20,9 @@ and these changes removed:
 | the queue walking 256-1,024 chunks per batch in Python and `np.concatenate` of as many tiny arrays: 22 % | queued samples live in blocks of preallocated rows; a batch is one slice per block: 0.03-0.05 ms a batch | `server/samples.py` |
 
 Trainer ÷ raw step went from 0.16-0.32x (first run) to 0.22-0.43x (in-graph scaling) to
-0.51-0.65x (medians, latest run).
+0.51-0.65x, and 0.61-0.69x in the latest run (medians; the default update policy's extra steps
+and replay apply only to batches that leave nothing queued, so a backlog like this benchmark's
+is trained with one plain step per batch).
 
 **What the rest costs** (`TrainStep` alone against the raw step on the same network, 5 x 300
 steps; and each part of `Trainer.train_batch` timed in a run at batch 1,024, 1-sample chunks):
@@ -50,8 +52,16 @@ INGESTION = """
 **Profiled**: py-spy `--threads` on the `livefit serve` process during a 20,000-message
 single-sample JSON run and a 300,000-sample run of 100-sample messages.
 
-**Single-sample messages** (0.87x JSON and 0.95x msgpack in the latest run; 0.80-0.84x in the
-one before; 0.74-0.79x before the commit window): the bare subscriber is bound by the
+**The update policy's extra steps and replay** (default since the learning-quality work) were
+checked A/B, two rounds each, the same day: JSON 0.95x and 0.93x with them, 0.81x and 0.82x
+with one plain step per batch; msgpack 0.80x and 0.79x against 0.93x and 0.81x; 100-sample
+messages 0.25x and 0.24x against 0.22x and 0.25x. No difference beyond the spread between
+rounds: while messages come faster than the trainer takes them, batches leave samples queued
+and get one plain step.
+
+**Single-sample messages** (0.91x JSON and 0.70x msgpack in the latest run, on a day when the
+bare subscriber itself ran at about half its usual rate; 0.87x and 0.95x, and 0.80-0.84x, in
+the two before; 0.74-0.79x before the commit window): the bare subscriber is bound by the
 publisher and the broker (one paho publisher, QoS 1): about 5,600 messages/s. livefit does
 per message, on threads that share one GIL with paho's network thread: decode and validate,
 append to the write-ahead log, fsync, acknowledge, queue; and the trainer steps on the few
