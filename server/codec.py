@@ -6,7 +6,10 @@ input shape; a batch's ``x`` has one more leading dimension. In msgpack any of `
 may be a raw little-endian buffer ``{"dtype": "<f4", "shape": [...], "data": <bytes>}``.
 
 Everything wrong with a message raises ``Rejection`` with a reason from ``REASONS`` (a bounded
-set, used as a metric label) and a detail for the dead-letter report. Nothing else escapes.
+set, used as a metric label) and a detail for the dead-letter report. Nothing else escapes:
+numbers, ranks, dimensions and sizes are checked before numpy or ``float`` sees them, booleans
+are not numbers, and an exception nobody foresaw (a bug) becomes ``Rejection("internal")``
+naming it, so a message can never stop or wedge the ingest worker.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import msgpack
@@ -32,11 +36,16 @@ REASONS = (
     "length_mismatch",  # x, y and w disagree on the number of samples
     "bad_weight",  # negative, non-finite or misshapen sample weights
     "too_many_samples",  # more samples in one message than max_samples_per_message
+    "internal",  # an unforeseen exception in the decoder (a bug); the detail names it
 )
 JSON_TYPES = ("application/json", "text/json")
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 RAW_DTYPES = frozenset({"<f2", "<f4", "<f8", "<i1", "<i2", "<i4", "<i8", "|u1", "<u1", "|i1"})
 _MAX_ID_LENGTH = 256
+MAX_RANK = 32  # dimensions of any array in a message (numpy's own limit is 64)
+MAX_TS = 1e11  # "ts" is epoch seconds: 0 up to the year 5138
+MAX_SEQ = 2**63 - 1  # "seq" is a non-negative 64-bit integer
+_NUMBER_TYPES = frozenset({int, float})  # exact types: bool is a subclass of int, not a number
 
 
 class Rejection(Exception):
@@ -71,7 +80,19 @@ class DecodedMessage:
 def decode_message(
     payload: bytes, spec: SampleSpec, content_type: str | None = None
 ) -> DecodedMessage:
-    """Decode ``payload`` (JSON or msgpack) and check it against ``spec``; raise Rejection."""
+    """Decode ``payload`` (JSON or msgpack) and check it against ``spec``; raise Rejection.
+
+    Raises nothing but Rejection: an unforeseen exception is ``Rejection("internal")``.
+    """
+    try:
+        return _decode(payload, spec, content_type)
+    except Rejection:
+        raise
+    except Exception as exc:  # a bug; the message is still counted, reported and acknowledged
+        raise Rejection("internal", f"{type(exc).__name__}: {_short(exc)}") from exc
+
+
+def _decode(payload: bytes, spec: SampleSpec, content_type: str | None) -> DecodedMessage:
     if len(payload) > spec.max_message_bytes:
         raise Rejection(
             "too_large", f"{len(payload)} bytes exceeds max_message_bytes={spec.max_message_bytes}"
@@ -82,14 +103,14 @@ def decode_message(
     for key in ("x", "y"):
         if key not in document:
             raise Rejection("bad_schema", f'missing "{key}"')
-    x = _to_array(document["x"], "x")
-    y = _to_array(document["y"], "y")
+    x = _to_array(document["x"], "x", spec.max_message_bytes)
+    y = _to_array(document["y"], "y", spec.max_message_bytes)
     x, batched = _shape_inputs(x, spec)
     n = x.shape[0]
     if n > spec.max_samples:
         raise Rejection("too_many_samples", f"{n} samples exceeds max_samples_per_message")
     y = _shape_targets(y, spec.target_shape, n, batched)
-    w = _weights(document.get("w"), n, batched)
+    w = _weights(document.get("w"), n, batched, spec.max_message_bytes)
     if not (np.isfinite(x).all() and np.isfinite(y).all()):
         raise Rejection("non_finite", "x and y must be finite (no NaN or infinity)")
     published_at = _optional_number(document, "ts")
@@ -131,22 +152,49 @@ def _format_of(payload: bytes, content_type: str | None) -> str:
     raise Rejection("undecodable", "payload is neither a JSON object nor a msgpack map")
 
 
-def _to_array(value: Any, name: str) -> np.ndarray:
+def _to_array(value: Any, name: str, max_bytes: int) -> np.ndarray:
     """A float32 array from nested lists/numbers or a raw msgpack buffer."""
     if isinstance(value, dict):
-        return _from_raw(value, name)
+        return _from_raw(value, name, max_bytes)
     if isinstance(value, bool) or value is None or isinstance(value, str | bytes):
         raise Rejection("non_numeric", f"{name} must be numbers, got {type(value).__name__}")
+    _check_numbers(value, name)
     try:
         array = np.asarray(value)
+        if array.dtype.kind == "O":  # rectangular, all numbers: integers beyond 64 bits
+            array = np.asarray(value, dtype=np.float64)
+    except OverflowError:
+        raise Rejection("non_finite", f"{name} holds integers too large for float32") from None
     except (ValueError, TypeError):
-        raise Rejection("bad_shape", f"{name} is ragged or not an array") from None
-    except RecursionError:
-        raise Rejection("bad_shape", f"{name} is nested too deeply") from None
-    if array.dtype.kind not in "iuf":
-        kind = "ragged" if array.dtype.kind == "O" else "non-numeric"
-        reason = "bad_shape" if kind == "ragged" else "non_numeric"
-        raise Rejection(reason, f"{name} holds {kind} values")
+        raise Rejection("bad_shape", f"{name} is ragged: its rows differ in length") from None
+    return _as_float32(array, name)
+
+
+def _check_numbers(value: Any, name: str) -> None:
+    """Nested lists of numbers, at most MAX_RANK deep; booleans are not numbers.
+
+    One depth at a time, without recursion: a few C-level passes over the values whatever
+    their nesting (about 3 ms for 80,000 values, next to some 25 ms to parse them)."""
+    level, types, depth = [value], {type(value)}, 0
+    while types == {list}:
+        if depth == MAX_RANK:
+            raise Rejection("bad_shape", f"{name} is nested more than {MAX_RANK} lists deep")
+        types = set(map(type, chain.from_iterable(level)))
+        depth += 1
+        if types == {list}:
+            level = list(chain.from_iterable(level))
+    if types <= _NUMBER_TYPES:
+        return
+    others = types - _NUMBER_TYPES - {list}
+    if bool in others:
+        raise Rejection("non_numeric", f"{name} holds true/false; booleans are not numbers")
+    if others:
+        shown = ", ".join(sorted(t.__name__ for t in others))
+        raise Rejection("non_numeric", f"{name} holds {shown} where numbers belong")
+    raise Rejection("bad_shape", f"{name} is ragged: lists and numbers at the same depth")
+
+
+def _as_float32(array: np.ndarray, name: str) -> np.ndarray:
     try:
         with np.errstate(over="raise", invalid="raise"):
             return array.astype(np.float32)
@@ -154,24 +202,34 @@ def _to_array(value: Any, name: str) -> np.ndarray:
         raise Rejection("non_finite", f"{name} holds numbers too large for float32") from None
 
 
-def _from_raw(value: dict[str, Any], name: str) -> np.ndarray:
+def _from_raw(value: dict[str, Any], name: str, max_bytes: int) -> np.ndarray:
     dtype, shape, data = value.get("dtype"), value.get("shape"), value.get("data")
-    if dtype not in RAW_DTYPES:
+    if not isinstance(dtype, str) or dtype not in RAW_DTYPES:
         raise Rejection("bad_schema", f"{name}.dtype must be one of {sorted(RAW_DTYPES)}")
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise Rejection("bad_schema", f"{name}.shape must be a list of non-negative ints")
+    if len(shape) > MAX_RANK:
+        raise Rejection(
+            "bad_shape", f"{name}.shape has {len(shape)} dimensions; at most {MAX_RANK}"
+        )
     if not isinstance(data, bytes):
         raise Rejection("bad_schema", f"{name}.data must be msgpack bin bytes")
     itemsize = np.dtype(dtype).itemsize
+    # Every dimension, even beside a 0, must fit in a message: numpy refuses shapes whose
+    # product (zeros aside) overflows, and no message holds a larger array anyway.
+    if math.prod(max(d, 1) for d in shape) * itemsize > max_bytes:
+        raise Rejection(
+            "bad_shape", _short(f"{name}.shape {shape} is larger than a message can hold")
+        )
     expected = math.prod(shape) * itemsize
     if len(data) != expected:
         raise Rejection(
             "bad_shape", f"{name}.data has {len(data)} bytes, shape {shape} needs {expected}"
         )
     array = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
-    return array.astype(np.float32)
+    return _as_float32(array, name)
 
 
 def _shape_inputs(x: np.ndarray, spec: SampleSpec) -> tuple[np.ndarray, bool]:
@@ -213,13 +271,13 @@ def _squeezable(shape: tuple[int, ...], wanted: tuple[int, ...], batched: bool) 
     return core == (*target, 1) or (*core, 1) == target
 
 
-def _weights(value: Any, n: int, batched: bool) -> np.ndarray:
+def _weights(value: Any, n: int, batched: bool, max_bytes: int) -> np.ndarray:
     if value is None:
         return np.ones(n, dtype=np.float32)
     if isinstance(value, bool | str | bytes):
         raise Rejection("bad_weight", "w must be a number or a list of numbers")
     try:
-        w = _to_array(value, "w")
+        w = _to_array(value, "w", max_bytes)
     except Rejection as exc:
         raise Rejection("bad_weight", exc.detail) from None
     if w.ndim == 0 and not batched:
@@ -235,8 +293,9 @@ def _optional_number(document: dict[str, Any], key: str) -> float | None:
     value = document.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise Rejection("bad_schema", f"{key} must be a finite number (epoch seconds)")
+    # Compared as Python numbers: a 400-digit integer is out of range, not an OverflowError.
+    if type(value) not in _NUMBER_TYPES or not 0 <= value <= MAX_TS:
+        raise Rejection("bad_schema", f"{key} must be a number of epoch seconds, 0 to {MAX_TS:g}")
     return float(value)
 
 
@@ -244,8 +303,8 @@ def _optional_int(document: dict[str, Any], key: str) -> int | None:
     value = document.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise Rejection("bad_schema", f"{key} must be an integer")
+    if type(value) is not int or not 0 <= value <= MAX_SEQ:
+        raise Rejection("bad_schema", f"{key} must be an integer from 0 to 2**63-1")
     return value
 
 
@@ -258,6 +317,6 @@ def _optional_str(document: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def _short(exc: BaseException, limit: int = 200) -> str:
+def _short(exc: BaseException | str, limit: int = 200) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) <= limit else text[:limit] + "..."

@@ -59,7 +59,17 @@ OIP_REQUEST = {
     "required": ["inputs"],
     "properties": {
         "id": {"type": "string"},
-        "parameters": {"type": "object"},
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "timeout": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 2**63 - 1,
+                    "description": "shortens the deadline (microseconds, as Triton)",
+                }
+            },
+        },
         "inputs": {"type": "array", "items": _TENSOR},
         "outputs": {
             "type": "array",
@@ -82,8 +92,32 @@ OIP_RESPONSE = {
 }
 
 
-def predict_openapi(request: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-    """``openapi_extra`` for a predict route: its JSON body and every answer it can give."""
+# Numbers in headers, in ASCII digits only (Python's int() and float() read other scripts' digits).
+BYTE_COUNT_PATTERN = "[0-9]{1,18}"  # 18 digits fit any int64
+# A plain decimal as clients write it ("250", "0.5", "2.5e3", what repr(float) gives).
+DECIMAL_PATTERN = r"(?:[0-9]{1,30}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})(?:[eE][+-]?[0-9]{1,3})?"
+DEADLINE_HEADER_PARAM = {
+    "name": "X-Deadline-Ms",
+    "in": "header",
+    "required": False,
+    "description": "shortens the deadline (milliseconds, a positive decimal in ASCII digits)",
+    "schema": {"type": "string", "pattern": f"^{DECIMAL_PATTERN}$"},
+}
+BINARY_HEADER_PARAM = {
+    "name": "Inference-Header-Content-Length",
+    "in": "header",
+    "required": False,
+    "description": "binary tensor extension: bytes of JSON before the binary tensor data "
+    "(ASCII digits)",
+    "schema": {"type": "string", "pattern": f"^{BYTE_COUNT_PATTERN}$"},
+}
+
+
+def predict_openapi(
+    request: dict[str, Any], response: dict[str, Any], headers: tuple[dict[str, Any], ...] = ()
+) -> dict[str, Any]:
+    """``openapi_extra`` for a predict route: its JSON body, optional headers and every answer
+    it can give."""
     responses: dict[str, Any] = {
         "200": {"description": "predictions", "content": {"application/json": {"schema": response}}}
     }
@@ -93,6 +127,7 @@ def predict_openapi(request: dict[str, Any], response: dict[str, Any]) -> dict[s
             "content": {"application/json": {"schema": ERROR}},
         }
     return {
+        "parameters": list(headers),
         "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
         "responses": responses,
     }

@@ -1,22 +1,31 @@
 """Prediction endpoints: TensorFlow Serving REST (v1) and the Open Inference Protocol (v2).
 
 Every error is JSON ``{"error": "..."}`` telling the user what to fix: 400 bad input, 404
-unknown model, 413 too many rows or bytes, 429 (with Retry-After) when the model's queue is
-full, 503 before the model has weights, 504 when the request's deadline passed first. Every
-answer carries the version of the weights that computed it (``model_version`` and the
-``X-Model-Version`` header).
+unknown model, 405 a method other than POST, 408 a body too slow, 413 too many rows or bytes,
+429 (with Retry-After) when the model's queue is full, 503 before the model has weights, 504
+when the request's deadline passed first. Every answer carries the version of the weights that
+computed it (``model_version`` and the ``X-Model-Version`` header).
+
+Numbers from headers and parameters are read by ASCII rules and range-checked (Python's
+``int``, ``float`` and ``str.isdigit`` take other scripts' digits and unbounded sizes). An
+exception nobody foresaw still answers JSON: a 500, counted under ``code="500"`` and logged
+in one line. A client that goes away before its body arrived is counted under ``code="499"``
+(nothing is sent) and logged at DEBUG.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from livefit import __version__
@@ -24,6 +33,10 @@ from livefit.server import protocols
 from livefit.server.batcher import DeadlineExceeded, QueueFull
 from livefit.server.metrics import Metrics
 from livefit.server.openapi_docs import (
+    BINARY_HEADER_PARAM,
+    BYTE_COUNT_PATTERN,
+    DEADLINE_HEADER_PARAM,
+    DECIMAL_PATTERN,
     OIP_REQUEST,
     OIP_RESPONSE,
     TFSERVING_REQUEST,
@@ -38,6 +51,10 @@ DEADLINE_HEADER = "x-deadline-ms"
 OIP_HEADER_LENGTH = "inference-header-content-length"  # the binary-data extension
 MAX_DEADLINE_S = 600.0
 UNKNOWN_MODEL = "unknown"  # the model label of requests naming no model this server has
+CLIENT_GONE = 499  # counted (as nginx logs it), never sent: the client disconnected mid-body
+_BYTE_COUNT = re.compile(BYTE_COUNT_PATTERN)  # used with fullmatch
+_DECIMAL = re.compile(DECIMAL_PATTERN)
+_MAX_TIMEOUT_US = 2**63 - 1  # the OIP timeout is an int64 (Triton: uint64) of microseconds
 
 Served = Callable[[], Mapping[str, ServedModel]]
 Parser = Callable[[bytes, ServedModel, Request], ParsedRequest]
@@ -58,7 +75,9 @@ class ApiError(Exception):
 def error_response(
     status: int, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    # A message quoting the client's text may hold lone surrogates, which UTF-8 cannot encode.
+    safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return JSONResponse({"error": safe}, status_code=status, headers=headers)
 
 
 def build_predict_router(
@@ -97,27 +116,38 @@ def build_predict_router(
         return model
 
     async def predict(request: Request, name: str, parse: Parser, fmt: Formatter) -> JSONResponse:
+        """Answer one request and count it under its status, whatever happens: an exception
+        nobody foresaw is a JSON 500, counted and logged in one line, never a bare
+        uvicorn 500 that no metric sees."""
         started = time.perf_counter()
+        try:
+            response = await answer(request, name, parse, fmt)
+        except Exception as exc:
+            log.error(
+                "prediction request for model %r failed unexpectedly: %s: %s",
+                name[:100], type(exc).__name__, " ".join(str(exc).split())[:300],
+            )  # fmt: skip
+            response = error_response(
+                500, f"internal error ({type(exc).__name__}); the server log has the details"
+            )
+        observe(name, response.status_code, time.perf_counter() - started)
+        return response
+
+    async def answer(request: Request, name: str, parse: Parser, fmt: Formatter) -> JSONResponse:
         try:
             admit(request)
             model = lookup(name)
-        except ApiError as exc:
-            response = error_response(exc.status, exc.message, exc.headers)
-            observe(name, response.status_code, time.perf_counter() - started)
-            return response
-        try:
             _shed_early(model)
             limit = model.settings.serve.max_request_bytes
             body = await _read_body(request, limit, body_timeout_s)
             parsed = parse(body, model, request)
-            answer, version = await _run(model, parsed, _timeout_s(request, parsed, model))
-            response = JSONResponse(fmt(parsed, model, answer, version))
+            outputs, version = await _run(model, parsed, _timeout_s(request, parsed, model))
+            response = JSONResponse(fmt(parsed, model, outputs, version))
             response.headers["X-Model-Version"] = str(version)
         except ApiError as exc:
             response = error_response(exc.status, exc.message, exc.headers)
         except RequestError as exc:
             response = error_response(exc.status, exc.message)
-        observe(name, response.status_code, time.perf_counter() - started)
         return response
 
     def parse_tf(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
@@ -132,8 +162,12 @@ def build_predict_router(
     def parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
         s = model.settings
         header = request.headers.get(OIP_HEADER_LENGTH)
-        if header is not None and not header.isdigit():
-            raise ApiError(400, f"{OIP_HEADER_LENGTH} must be a byte count, got {header!r}")
+        if header is not None and not _BYTE_COUNT.fullmatch(header):
+            raise ApiError(
+                400,
+                f"{OIP_HEADER_LENGTH} must be a byte count in ASCII digits (the length of the "
+                f"JSON part of the body), got {_shown(header)}",
+            )
         return protocols.parse_oip(
             body,
             s.input_shape,
@@ -148,7 +182,9 @@ def build_predict_router(
 
     @router.post(
         "/v1/models/{name}:predict",
-        openapi_extra=predict_openapi(TFSERVING_REQUEST, TFSERVING_RESPONSE),
+        openapi_extra=predict_openapi(
+            TFSERVING_REQUEST, TFSERVING_RESPONSE, (DEADLINE_HEADER_PARAM,)
+        ),
     )
     async def tfserving_predict(name: str, request: Request) -> JSONResponse:
         """TensorFlow Serving REST predict (row ``instances`` or column ``inputs`` format)."""
@@ -171,7 +207,10 @@ def build_predict_router(
         return about(name, request, _tfserving_status)
 
     @router.post(
-        "/v2/models/{name}/infer", openapi_extra=predict_openapi(OIP_REQUEST, OIP_RESPONSE)
+        "/v2/models/{name}/infer",
+        openapi_extra=predict_openapi(
+            OIP_REQUEST, OIP_RESPONSE, (DEADLINE_HEADER_PARAM, BINARY_HEADER_PARAM)
+        ),
     )
     async def oip_infer(name: str, request: Request) -> JSONResponse:
         """Open Inference Protocol v2 inference (KServe v2, Triton)."""
@@ -201,8 +240,16 @@ def build_predict_router(
     async def serve_v2(request: Request) -> Response:
         return await predict(request, request.path_params["name"], parse_v2, fmt_v2)
 
+    async def post_only(request: Request) -> Response:
+        """Any other method on ``:predict``: without this, ``GET /v1/models/m:predict`` matches
+        the status route ``/v1/models/{name}`` and answers "unknown model 'm:predict'"."""
+        return error_response(
+            405, f"method {request.method} not allowed; predictions are POST", {"Allow": "POST"}
+        )
+
     router.routes[:0] = [
         Route("/v1/models/{name}:predict", serve_tf, methods=["POST"], include_in_schema=False),
+        Route("/v1/models/{name}:predict", post_only, include_in_schema=False),
         Route("/v2/models/{name}/infer", serve_v2, methods=["POST"], include_in_schema=False),
     ]
     return router
@@ -242,7 +289,7 @@ def _shed_early(model: ServedModel) -> None:
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The body, refused with 413 past ``limit`` bytes and 408 when it trickles in too slowly."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and _BYTE_COUNT.fullmatch(declared) and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds max_request_bytes={limit}")
     chunks, size = [], 0
     try:
@@ -254,6 +301,9 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
                 chunks.append(chunk)
     except TimeoutError:
         raise ApiError(408, f"request body not received within {timeout_s:g} s") from None
+    except ClientDisconnect:
+        log.debug("client disconnected after %d bytes of the body of %s", size, request.url.path)
+        raise ApiError(CLIENT_GONE, "client disconnected before the body arrived") from None
     return b"".join(chunks)
 
 
@@ -269,18 +319,33 @@ def _timeout_s(request: Request, parsed: ParsedRequest, model: ServedModel) -> f
         requested = _positive(header, f"{DEADLINE_HEADER} header (milliseconds)") / 1000.0
     timeout_us = (parsed.parameters or {}).get("timeout")
     if timeout_us is not None:
-        requested = _positive(timeout_us, "parameters.timeout (microseconds)") / 1e6
+        requested = (
+            _positive(timeout_us, "parameters.timeout (microseconds)", _MAX_TIMEOUT_US) / 1e6
+        )
     return min(default, requested) if requested is not None else default
 
 
-def _positive(value: Any, what: str) -> float:
-    try:
+def _positive(value: Any, what: str, maximum: float = math.inf) -> float:
+    """A positive number up to ``maximum`` (finite) from a JSON number (not a boolean) or a
+    decimal string in ASCII digits; anything else is a 400. Never ``float()`` of a huge int
+    (OverflowError) or of other scripts' digits (which ``float`` reads)."""
+    number: float | None = None
+    if type(value) is int:  # compared as an int first: no OverflowError, no rounding
+        number = float(value) if 0 < value <= maximum else None
+    elif type(value) is float:
+        number = value
+    elif isinstance(value, str) and _DECIMAL.fullmatch(value):
         number = float(value)
-    except (TypeError, ValueError):
-        number = -1.0
-    if not 0 < number < float("inf"):
-        raise ApiError(400, f"{what} must be a positive number, got {value!r}")
+    if number is None or not 0 < number < math.inf or (type(value) is not int and number > maximum):
+        bound = "" if maximum == math.inf else f" of at most {maximum}"
+        raise ApiError(400, f"{what} must be a positive number{bound}, got {_shown(value)}")
     return number
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """``value`` for an error message: its repr (ASCII escapes), cut at ``limit`` characters."""
+    text = ascii(value) if not isinstance(value, int) or abs(value) < 10**limit else "a huge int"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _tfserving_status(model: ServedModel) -> JSONResponse:

@@ -14,6 +14,9 @@ the batch first, with two conveniences:
 
 Non-finite predictions come back as JSON ``null``: JSON has no NaN, and strict encoders (such as
 Starlette's) refuse it. tritonclient reads ``null`` in FP32 data as NaN.
+
+Booleans are not numbers: ``true`` among numbers is refused like ``[true, false]`` is (numpy would
+read it as 1). Only the OIP datatype BOOL takes them, and it takes nothing else, as the spec says.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
@@ -45,6 +49,7 @@ OIP_DATATYPES: dict[str, np.dtype] = {
     "FP64": np.dtype("<f8"),
 }
 PLATFORM = "livefit-keras"
+MAX_RANK = 32  # dimensions of a request's array at most (numpy's own limit is 64)
 # Tensor parameters that ask for something these codecs do not do; silently ignoring them would
 # hand the client an answer of the wrong kind.
 _UNSUPPORTED_PARAMETERS = ("shared_memory_region", "classification")
@@ -177,7 +182,7 @@ def _tf_columns(inputs: Any, max_rows: int) -> tuple[str | None, Any]:
 
 
 def _tf_rows(values: Any, input_shape: tuple[int, ...], where: str) -> np.ndarray:
-    array = _json_array(values, where)
+    array = _json_array(values, where, f"{where} holds true/false; send numbers")
     if array.dtype.kind == "b":
         raise _bad(f"{where} holds true/false; send numbers")
     array = _to_float32(array, where)
@@ -303,6 +308,8 @@ def _request_id(document: dict[str, Any]) -> str | None:
     value = document.get("id")
     if value is not None and not isinstance(value, str):
         raise _bad('"id" must be a string')
+    if value is not None and not _encodable(value):  # echoed in the response
+        raise _bad('"id" must be valid Unicode text (it holds a lone surrogate)')
     return value
 
 
@@ -356,7 +363,7 @@ def _requested_outputs(outputs: Any, output_name: str) -> list[str] | None:
 def _check_output_names(names: list[str], output_name: str) -> None:
     unknown = sorted(set(names) - {output_name})
     if unknown:
-        shown = ", ".join(f'"{name}"' for name in unknown)
+        shown = ", ".join(_quoted(name) for name in unknown)
         raise _bad(f'unknown output {shown}; the model has one output, "{output_name}"')
 
 
@@ -387,6 +394,8 @@ def _shape(tensor: dict[str, Any]) -> tuple[int, ...]:
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise _bad("inputs[0].shape must be a list of non-negative integers, e.g. [N, ...]")
+    if len(shape) > MAX_RANK:
+        raise _bad(f"inputs[0].shape has {len(shape)} dimensions; at most {MAX_RANK}")
     return tuple(shape)
 
 
@@ -441,7 +450,7 @@ def _binary_values(binary: memoryview, size: Any, datatype: str, count: int) -> 
 
 def _typed_values(data: Any, datatype: str, shape: tuple[int, ...], count: int) -> np.ndarray:
     """JSON data as the declared datatype, refusing values that datatype cannot hold."""
-    array = _json_array(data, "inputs[0].data")
+    array = _json_array(data, "inputs[0].data", _kind_message(datatype))
     if array.size != count:
         raise _bad(f"inputs[0].data has {array.size} values, but shape {list(shape)} needs {count}")
     dtype = OIP_DATATYPES[datatype]
@@ -453,11 +462,18 @@ def _typed_values(data: Any, datatype: str, shape: tuple[int, ...], count: int) 
         raise _bad(f"inputs[0].data holds values out of range for {datatype}") from None
 
 
+_WANTED = {"b": "true or false", "u": "integers", "i": "integers", "f": "numbers"}
+_KIND_MESSAGE = "inputs[0].data must hold {wanted} for datatype {datatype}"
+
+
+def _kind_message(datatype: str) -> str:
+    return _KIND_MESSAGE.format(wanted=_WANTED[OIP_DATATYPES[datatype].kind], datatype=datatype)
+
+
 def _check_kind(array: np.ndarray, dtype: np.dtype, datatype: str) -> None:
     allowed = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}[dtype.kind]
     if array.dtype.kind not in allowed:
-        wanted = {"b": "true or false", "u": "integers", "i": "integers", "f": "numbers"}
-        raise _bad(f"inputs[0].data must hold {wanted[dtype.kind]} for datatype {datatype}")
+        raise _bad(_kind_message(datatype))
     if dtype.kind in "iu" and array.size:
         info = np.iinfo(dtype)
         if array.min() < info.min or array.max() > info.max:
@@ -487,13 +503,22 @@ def _load_object(body: bytes, binary_hint: bool = False) -> dict[str, Any]:
         extra = isinstance(exc, UnicodeDecodeError) or exc.msg == "Extra data"
         hint = _BINARY_HINT if binary_hint and extra else ""
         raise _bad(f"the body is not valid JSON ({exc}){hint}") from None
+    except ValueError as exc:  # Python's limit on the digits of an integer read from text
+        reason = str(exc).split(";")[0]
+        raise _bad(f"the body holds a number too long to read ({reason}); send numbers") from None
     if not isinstance(document, dict):
         raise _bad(f"the body must be a JSON object, not {_json_type(document)}")
     return document
 
 
-def _json_array(value: Any, where: str) -> np.ndarray:
-    """An array of the JSON values in ``value`` (any numeric or bool dtype); 400 otherwise."""
+def _json_array(value: Any, where: str, mixed_bools: str) -> np.ndarray:
+    """An array of the JSON values in ``value`` (any numeric or bool dtype); 400 otherwise.
+
+    Booleans among numbers (which numpy reads as 0 and 1) are refused with ``mixed_bools``;
+    an array of booleans only comes back as such, for the caller to take or refuse."""
+    leaves = _leaf_types(value, where)
+    if bool in leaves and leaves & {int, float}:
+        raise _bad(mixed_bools)
     try:
         array = np.asarray(value)
     except ValueError:
@@ -505,6 +530,19 @@ def _json_array(value: Any, where: str) -> np.ndarray:
     if array.dtype.kind not in "biuf":
         raise _bad(f"{where} holds null, objects or integers too large; send numbers")
     return array
+
+
+def _leaf_types(value: Any, where: str) -> set[type]:
+    """The types of the values under the lists of ``value``, at most MAX_RANK deep. One depth
+    at a time, without recursion: a few C-level passes whatever the nesting."""
+    level, types, depth = [value], {type(value)}, 0
+    while list in types:
+        if depth == MAX_RANK:
+            raise _bad(f"{where} is nested more than {MAX_RANK} lists deep")
+        level = list(chain.from_iterable(v for v in level if type(v) is list))
+        types = (types - {list}) | set(map(type, level))
+        depth += 1
+    return types
 
 
 def _to_float32(array: np.ndarray, where: str) -> np.ndarray:
@@ -551,6 +589,21 @@ def _json_values(data: np.ndarray) -> list[Any]:
     values = data.astype(object)
     values[~np.isfinite(data)] = None
     return values.tolist()
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` can go into a UTF-8 response (JSON escapes may make lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _quoted(text: str, limit: int = 80) -> str:
+    """``text`` for an error message: JSON-quoted, ASCII only, cut at ``limit`` characters."""
+    shown = json.dumps(text[:limit])
+    return shown if len(text) <= limit else shown[:-1] + '..."'
 
 
 def _json_type(value: Any) -> str:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import msgpack
 import numpy as np
 import pytest
 
+from livefit.server import codec
 from livefit.server.codec import REASONS, Rejection, SampleSpec, decode_message
 
 SPEC = SampleSpec(input_shape=(3,), target_shape=(1,), max_message_bytes=4096, max_samples=50)
@@ -102,7 +104,11 @@ BAD_MESSAGES = {
 }
 
 
-@pytest.mark.parametrize("reason", REASONS)
+def test_every_reason_has_an_example() -> None:
+    assert set(BAD_MESSAGES) | {"internal"} == set(REASONS)  # internal: see the guard test
+
+
+@pytest.mark.parametrize("reason", sorted(BAD_MESSAGES))
 def test_every_rejection_reason(reason: str) -> None:
     with pytest.raises(Rejection) as caught:
         decode_message(BAD_MESSAGES[reason], SPEC)
@@ -137,3 +143,79 @@ def test_more_rejections(payload: bytes | str, reason: str) -> None:
     with pytest.raises(Rejection) as caught:
         decode_message(data, spec)
     assert caught.value.reason == reason, caught.value.detail
+
+
+def raw_dict(dtype: object, shape: object, data: object) -> dict[str, object]:
+    return {"dtype": dtype, "shape": shape, "data": data}
+
+
+# Each of these raised something other than Rejection (OverflowError, ValueError, TypeError),
+# was accepted although it is not a number, or named the wrong reason.
+HOSTILE = {
+    "ts_401_digits": (js({"x": [1, 2, 3], "y": [1], "ts": 10**400}), "bad_schema"),
+    "ts_minus_401_digits": (js({"x": [1, 2, 3], "y": [1], "ts": -(10**400)}), "bad_schema"),
+    "ts_1e308": (b'{"x": [1, 2, 3], "y": [1], "ts": 1e308}', "bad_schema"),
+    "ts_negative": (b'{"x": [1, 2, 3], "y": [1], "ts": -1}', "bad_schema"),
+    "ts_nan": (b'{"x": [1, 2, 3], "y": [1], "ts": NaN}', "bad_schema"),
+    "seq_401_digits": (js({"x": [1, 2, 3], "y": [1], "seq": 10**400}), "bad_schema"),
+    "seq_uint64_max": (mp({"x": [1, 2, 3], "y": [1], "seq": 2**64 - 1}), "bad_schema"),
+    "seq_negative": (mp({"x": [1, 2, 3], "y": [1], "seq": -1}), "bad_schema"),
+    "raw_shape_0_2e62_2e62": (mp({"x": raw_dict("<f4", [0, 2**62, 2**62], b""), "y": [1]}), "bad_shape"),
+    "raw_shape_int64_max": (mp({"x": raw_dict("<f4", [2**63 - 1, 2**63 - 1], b""), "y": [1]}), "bad_shape"),
+    "raw_rank_100": (mp({"x": raw_dict("<f4", [1] * 100, b"\0" * 4), "y": [1]}), "bad_shape"),
+    "raw_rank_100_empty": (mp({"x": raw_dict("<f4", [0] * 100, b""), "y": [1]}), "bad_shape"),
+    "raw_y_rank_65": (mp({"x": [1, 2, 3], "y": raw_dict("<f4", [1] * 65, b"\0" * 4)}), "bad_shape"),
+    "raw_w_rank_70": (mp({"x": [1, 2, 3], "y": [1], "w": raw_dict("<f4", [1] * 70, b"\0" * 4)}), "bad_weight"),
+    "raw_dtype_list": (mp({"x": raw_dict(["<f4"], [3], b"\0" * 12), "y": [1]}), "bad_schema"),
+    "raw_dtype_map": (mp({"x": raw_dict({"a": 1}, [3], b"\0" * 12), "y": [1]}), "bad_schema"),
+    "raw_f8_too_large_for_f32": (mp({"x": raw_dict("<f8", [3], np.full(3, 1e300).tobytes()), "y": [1]}), "non_finite"),
+    "bool_in_x": (js({"x": [True, 1.0, 1.0], "y": [1]}), "non_numeric"),
+    "bool_in_x_batch": (js({"x": [[1.0, 2.0, 3.0], [1.0, False, 3.0]], "y": [[1], [2]]}), "non_numeric"),
+    "bool_y": (mp({"x": [1.0, 2.0, 3.0], "y": [True]}), "non_numeric"),
+    "bool_in_w": (js({"x": [[1, 2, 3], [4, 5, 6]], "y": [[1], [2]], "w": [True, 1]}), "bad_weight"),
+    "x_401_digits": (js({"x": [10**400, 1, 2], "y": [1]}), "non_finite"),
+    "y_too_large_int": (js({"x": [1, 2, 3], "y": [-(10**39)]}), "non_finite"),
+    "w_401_digits": (js({"x": [1, 2, 3], "y": [1], "w": 10**400}), "bad_weight"),
+    "w_1e308": (b'{"x": [1, 2, 3], "y": [1], "w": 1e308}', "bad_weight"),
+    "w_nan": (b'{"x": [1, 2, 3], "y": [1], "w": NaN}', "bad_weight"),
+    "map_in_x": (js({"x": [1, 2, {"a": 3}], "y": [1]}), "non_numeric"),
+    "raw_in_list": (mp({"x": [1, 2, raw_dict("<f4", [], b"\0" * 4)], "y": [1]}), "non_numeric"),
+    "bin_in_x": (mp({"x": [1, 2, b"3"], "y": [1]}), "non_numeric"),
+    "non_ascii_digit_string": (js({"x": [1, 2, "\u0663"], "y": [1]}), "non_numeric"),
+    "non_ascii_digit_token": ('{"x": [1, 2, \u0663], "y": [1]}'.encode(), "undecodable"),
+    "x_5000_digits": (b'{"x": [1, 2, ' + b"7" * 5000 + b'], "y": [1]}', "undecodable"),
+    "msgpack_nested_40": (mp({"x": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]], "y": [1]}), "bad_shape"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_values_are_rejections(case: str) -> None:
+    payload, reason = HOSTILE[case]
+    spec = SampleSpec(input_shape=(3,), target_shape=(1,), max_message_bytes=1 << 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy overflow warnings either
+        with pytest.raises(Rejection) as caught:
+            decode_message(payload, spec)
+    assert caught.value.reason == reason, caught.value.detail
+    assert 0 < len(caught.value.detail) <= 300
+
+
+def test_numbers_a_float32_holds_are_accepted_whatever_their_spelling() -> None:
+    decoded = decode_message(js({"x": [2**64, -(2**70), 0], "y": [1], "seq": 2**63 - 1}), SPEC)
+    np.testing.assert_array_equal(decoded.chunk.x, np.float32([[2**64, -(2**70), 0]]))
+    assert decoded.seq == 2**63 - 1
+    assert decode_message(mp({"x": [1, 2, 3], "y": [1], "ts": 0}), SPEC).chunk.published_at == 0
+
+
+def test_an_unforeseen_exception_becomes_an_internal_rejection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*args: object) -> None:
+        raise ZeroDivisionError("division by zero " + "x" * 1000)
+
+    monkeypatch.setattr(codec, "_shape_inputs", broken)
+    with pytest.raises(Rejection) as caught:
+        decode_message(js({"x": [1, 2, 3], "y": [1]}), SPEC)
+    assert caught.value.reason == "internal"
+    assert caught.value.detail.startswith("ZeroDivisionError: division by zero")
+    assert len(caught.value.detail) < 300

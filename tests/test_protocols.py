@@ -32,6 +32,12 @@ def _body(document: Any) -> bytes:
     return json.dumps(document).encode()
 
 
+def _nested(value: Any, depth: int) -> Any:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def _refused(call: Any, *args: Any, **kwargs: Any) -> RequestError:
     with pytest.raises(RequestError) as info:
         call(*args, **kwargs)
@@ -256,6 +262,18 @@ TF_REFUSALS = [
     ),
     (b'{"signature_name": 1, "instances": [[1, 2]]}', [2], '"signature_name" must be a string'),
     (b"[" * 100_000 + b"]" * 100_000, [2], "the JSON body is nested too deeply"),
+    # Python's int-from-string digit limit raised a bare ValueError out of the JSON parser.
+    (b'{"instances": [[' + b"7" * 5000 + b", 1]]}", [2], "a number too long to read"),
+    (b'{"instances": [[1, 2]], "x": -' + b"9" * 4301 + b"}", [2], "a number too long to read"),
+    # Booleans are not numbers, alone or mixed with numbers (true was read as 1).
+    (b'{"instances": [[true, 1]]}', [2], '"instances" holds true/false; send numbers'),
+    (b'{"instances": [[1.5, 2], [3, false]]}', [2], '"instances" holds true/false'),
+    (b'{"inputs": [[1, false]]}', [2], '"inputs" holds true/false; send numbers'),
+    (b'{"inputs": {"x": [[true, 2.5]]}}', [2], '"inputs" holds true/false'),
+    (b'{"instances": [{"x": [true, 2.5]}]}', [2], '"instances" holds true/false'),
+    ('{"instances": [[1, "\u0663"]]}'.encode(), [2], '"instances" holds strings; send numbers'),
+    (_body({"instances": [[1, 2]] * 2 + [[[1]]]}), [2], '"instances" is ragged'),
+    (_body({"instances": _nested(1.0, 80)}), [2], '"instances" is nested more than 32 lists'),
 ]
 
 
@@ -566,6 +584,25 @@ OIP_REFUSALS = [
         'unknown output "probs"; the model has one output, "output"',
     ),
     ({"id": 42, "inputs": [_tensor()]}, '"id" must be a string'),
+    ({"id": "\ud800", "inputs": [_tensor()]}, '"id" must be valid Unicode text'),
+    ({"inputs": [_tensor(data=[True, 2])]}, "inputs[0].data must hold numbers for datatype FP32"),
+    (
+        {"inputs": [_tensor(datatype="INT32", data=[[1, True]])]},
+        "inputs[0].data must hold integers for datatype INT32",
+    ),
+    (
+        {"inputs": [_tensor(datatype="BOOL", data=[True, 1])]},
+        "inputs[0].data must hold true or false for datatype BOOL",
+    ),
+    (
+        {"inputs": [_tensor(shape=[1, 2**62, 0, 2**62], data=[])]},
+        "inputs[0].shape [1, 4611686018427387904, 0, 4611686018427387904] does not match",
+    ),
+    ({"inputs": [_tensor(shape=[1] * 100 + [2])]}, "inputs[0].shape has 101 dimensions"),
+    (
+        {"inputs": [_tensor(data=None, parameters={"binary_data_size": 10**400})]},
+        "inputs[0].parameters.binary_data_size is 1000000000",
+    ),
     ({"parameters": [1], "inputs": [_tensor()]}, "parameters must be an object"),
 ]
 
