@@ -90,9 +90,14 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
-        """200 once every model is warmed up and the broker is connected, else 503."""
+        """200 once every model is warmed up, connected and learning and storage works; else
+        503 with the reasons (``problems``)."""
         is_ready = runtime.ready()
-        return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+        body: dict[str, object] = {"ready": is_ready}
+        problems = getattr(runtime, "problems", None)
+        if not is_ready and problems is not None:
+            body["problems"] = problems()
+        return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -12,6 +12,11 @@ are given up on and counted as gaps (messages never received).
 Only messages that are durable (committed to the write-ahead log) advance the state, so a
 message lost in a crash is never mistaken for a duplicate when the broker redelivers it. The
 state is bounded (least recently seen sources are forgotten) and saved in checkpoints.
+
+The same tracker makes loss visible when dedup is off (the ingest worker then ignores its
+duplicate verdicts): ``missing`` is how many numbers below the newest one received per source
+have not arrived (yet), and ``commit`` returns the gaps given up on. A broker that drops
+messages (Debian's mosquitto keeps at most 1,000 queued per client by default) shows up there.
 """
 
 from __future__ import annotations
@@ -26,6 +31,14 @@ from dataclasses import dataclass, field
 class _Source:
     low: int | None = None  # every seq <= low is held (None: not known yet)
     above: set[int] = field(default_factory=set)  # seqs held above low
+    newest: int | None = None  # highest seq held
+
+    @property
+    def missing(self) -> int:
+        """Numbers between ``low`` and the newest seq held that are not held."""
+        if not self.above or self.low is None or self.newest is None:
+            return 0
+        return self.newest - self.low - len(self.above)
 
     def holds(self, seq: int) -> bool:
         return (self.low is not None and seq <= self.low) or seq in self.above
@@ -33,6 +46,7 @@ class _Source:
     def add(self, seq: int, max_out_of_order: int) -> int:
         """Hold ``seq``; returns how many missing seqs were given up on as gaps."""
         self.above.add(seq)
+        self.newest = seq if self.newest is None else max(self.newest, seq)
         if self.low is None and len(self.above) == 1:
             self.low = seq - 1
         gaps = 0
@@ -57,6 +71,7 @@ class SequenceTracker:
         self._held: OrderedDict[str, _Source] = OrderedDict()
         self._pending: dict[str, set[int]] = {}
         self._lock = threading.Lock()
+        self.missing = 0  # sum of every remembered source's missing numbers
 
     def check(self, source: str, seq: int) -> bool:
         """True if (source, seq) is already held or pending: a duplicate. Else mark it pending."""
@@ -74,12 +89,15 @@ class SequenceTracker:
         with self._lock:
             for source, seqs in self._pending.items():
                 state = self._held.setdefault(source, _Source())
+                before = state.missing
                 for seq in sorted(seqs):
                     gaps += state.add(seq, self.max_out_of_order)
+                self.missing += state.missing - before
                 self._held.move_to_end(source)
             self._pending.clear()
             while len(self._held) > self.max_sources:
-                self._held.popitem(last=False)
+                _, forgotten = self._held.popitem(last=False)
+                self.missing -= forgotten.missing
         return gaps
 
     def discard_pending(self) -> None:
@@ -96,4 +114,5 @@ class SequenceTracker:
         with self._lock:
             self._held.clear()
             for source, (low, above) in json.loads(text).items():
-                self._held[str(source)] = _Source(low, set(above))
+                self._held[str(source)] = _Source(low, set(above), max(above, default=low))
+            self.missing = sum(state.missing for state in self._held.values())

@@ -1,13 +1,21 @@
-"""The ingest worker: raw MQTT messages -> decoded, validated samples in each model's queue.
+"""The ingest worker: one model's raw MQTT messages -> decoded, validated samples in its queue.
 
-It runs off paho's network thread. For each message, in arrival order: find the model by topic,
-decode and validate, then either accept it or reject it (counted, reported on the model's
-dead-letter topic). Accepted messages are appended to the write-ahead log; a group of messages
-is committed with one fsync, and only then are they acknowledged to the broker, in arrival
-order, and their samples put on the model's queue (waiting while it is full, which stops the
-acks and so makes the broker hold the rest). A message is never acknowledged before livefit
-holds its samples durably; without a WAL (``storage.wal = false``) they are acknowledged once
-they are in the queue, and a crash can lose what was queued but not yet trained.
+Each model has its own MQTT session and its own worker (``runtime.py``), so a model whose
+trainer cannot keep up holds back only its own stream. The worker runs off paho's network
+thread. For each message, in arrival order: decode and validate, then accept it or reject it.
+
+Every message ends acknowledged, whatever it contains: accepted, or rejected with a reason
+(counted, reported on the model's dead-letter topic, logged with back-off). An exception
+nobody foresaw is a rejection with reason ``internal``, never a message left unacknowledged in
+the receive window (which the broker would redeliver after every restart).
+
+Accepted messages are written to the write-ahead log as one group with one fsync; only then are
+their sequence numbers held, the messages acknowledged in arrival order and their samples put
+on the queue (waiting while it is full, which stops the acks and so makes the broker hold the
+rest). A group the log cannot store (full or failing disk) stays in hand, unacknowledged, and
+is retried with back-off while readiness reports the failure. Without a WAL
+(``storage.wal = false``) messages are acknowledged once queued, and a crash can lose what was
+queued but not yet trained.
 """
 
 from __future__ import annotations
@@ -27,23 +35,30 @@ from livefit.server.dedup import SequenceTracker
 from livefit.server.metrics import Metrics
 from livefit.server.mqtt import MqttConnection, RawMessage
 from livefit.server.samples import QueueClosed, SampleQueue
-from livefit.server.wal import WriteAheadLog
+from livefit.server.storage_health import LogLimiter, StorageHealth
+from livefit.server.wal import StorageError, WriteAheadLog
 
 log = logging.getLogger(__name__)
 DEAD_LETTER_PAYLOAD_LIMIT = 4096  # bytes of the original payload echoed in the report
+LOGGED_PAYLOAD_BYTES = 64  # bytes of a rejected payload shown in the log line
 _POLL_S = 0.1
+_RETRY_MIN_S, _RETRY_MAX_S = 0.05, 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """Where one model's samples go: its subscription, shapes, queue and dead-letter topic."""
+    """Where one model's samples go: its subscription, shapes, queue and dead-letter topic.
+
+    ``sequences`` follows (source, seq) numbers: it drops duplicates when ``drop_duplicates``
+    (the model's ``dedup`` setting) and otherwise only counts what is missing."""
 
     model: str
     subscription: str
     spec: SampleSpec
     queue: SampleQueue
     dead_letter_topic: str
-    dedup: SequenceTracker | None = None
+    sequences: SequenceTracker | None = None
+    drop_duplicates: bool = False
 
 
 @dataclass(slots=True)
@@ -51,35 +66,43 @@ class _Held:
     """A handled message waiting for the group commit: ack it, then queue its samples."""
 
     message: RawMessage
-    route: Route | None = None
-    decoded: DecodedMessage | None = None
+    decoded: DecodedMessage | None = None  # None: rejected, duplicate or unrouted (ack only)
 
 
 class IngestWorker:
-    """Drains the MQTT inbox into model queues; counts and reports what it rejects."""
+    """Drains one MQTT connection's inbox into its model's queue."""
 
     def __init__(
         self,
         connection: MqttConnection,
-        routes: list[Route],
+        route: Route,
         metrics: Metrics,
         wal: WriteAheadLog | None = None,
         group_max: int = 1000,
         commit_window_s: float = 0.0,
+        storage: StorageHealth | None = None,
+        stall_after_s: float = 30.0,
     ) -> None:
         self.connection = connection
-        self.routes = routes
+        self.route = route
         self.metrics = metrics
         self.wal = wal
         self.group_max = group_max
         self.commit_window_s = commit_window_s
+        self.storage = storage or StorageHealth(metrics)
+        self.stall_after_s = stall_after_s
         self._held: list[_Held] = []
+        self._in_hand: RawMessage | None = None
         self._group_started = 0.0  # when the first message of the held group was taken
+        self._last_finished_at = time.time()  # when a message was last acknowledged
+        self._log_limiter = LogLimiter()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"ingest-{self.route.model}", daemon=True
+        )
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -89,6 +112,29 @@ class IngestWorker:
             self._thread.join(timeout)
             self._thread = None
 
+    # health ------------------------------------------------------------------------------------
+    def stalled(self) -> bool:
+        """True when a message has waited more than ``stall_after_s`` and none was finished
+        (accepted or rejected) in that time: the model is not learning from its stream."""
+        oldest = self._oldest_waiting()
+        if oldest is None:
+            return False
+        now = time.time()
+        limit = self.stall_after_s
+        return now - oldest > limit and now - self._last_finished_at > limit
+
+    def _oldest_waiting(self) -> float | None:
+        held, in_hand = self._held, self._in_hand
+        if held:
+            return held[0].message.received_at
+        if in_hand is not None:
+            return in_hand.received_at
+        try:
+            return self.connection.inbox.queue[0].received_at  # peek; racy reads are fine
+        except IndexError:
+            return None
+
+    # the loop ----------------------------------------------------------------------------------
     def _run(self) -> None:
         """Group messages: commit when ``group_max`` are held, or when the inbox has stayed
         empty until ``commit_window_s`` after the group's first message (at once with 0)."""
@@ -103,29 +149,38 @@ class IngestWorker:
                 if self._held:
                     self._flush_safely()
                 continue
+            if not self._held:
+                self._group_started = time.monotonic()
+            self._take(message)
+            if len(self._held) >= self.group_max:
+                self._flush_safely()
+        self._flush_safely()
+
+    def _take(self, message: RawMessage) -> None:
+        """Handle one message; whatever goes wrong, it ends held (so it will be acknowledged)."""
+        self._in_hand = message
+        try:
+            self.handle(message)
+        except Exception as exc:  # a bug or a case nobody foresaw: reject, never get stuck
+            self._held.append(_Held(message))
+            self.metrics.internal_errors.labels(component="ingest").inc()
             try:
-                if not self._held:
-                    self._group_started = time.monotonic()
-                self.handle(message)
-                if len(self._held) >= self.group_max:
-                    self.flush()
+                self._reject(message, Rejection("internal", f"{type(exc).__name__}: {exc}"[:300]))
             except Exception:
-                self.metrics.internal_errors.labels(component="ingest").inc()
-                log.exception("ingest failed on a message from %s; continuing", message.topic)
-        self.flush()
+                log.exception("could not report a rejected message on %s", message.topic)
+        finally:
+            self._in_hand = None
 
     def _flush_safely(self) -> None:
         try:
             self.flush()
         except Exception:
             self.metrics.internal_errors.labels(component="ingest").inc()
-            log.exception("ingest failed to commit a group of %d messages", len(self._held))
+            log.exception("ingest failed to finish a group of %d messages", len(self._held))
 
     def route_for(self, topic: str) -> Route | None:
-        for route in self.routes:
-            if topic_matches_sub(route.subscription, topic):
-                return route
-        return None
+        route = self.route
+        return route if topic_matches_sub(route.subscription, topic) else None
 
     def handle(self, message: RawMessage) -> None:
         """Decode and validate one message; hold it for the next ``flush``."""
@@ -137,62 +192,101 @@ class IngestWorker:
         try:
             decoded = decode_message(message.payload, route.spec, message.content_type)
         except Rejection as rejection:
-            self._reject(route, message, rejection)
+            self._reject(message, rejection)
             self._held.append(_Held(message))
             return
-        if self._is_duplicate(route, decoded):
+        if self._is_duplicate(decoded):
             self._held.append(_Held(message))
             return
-        if self.wal is not None:
-            position = self.wal.append(route.model, message.payload, message.content_type)
-            decoded = replace(decoded, chunk=replace(decoded.chunk, position=position))
-        self._held.append(_Held(message, route, decoded))
+        self._held.append(_Held(message, decoded))
 
-    def _is_duplicate(self, route: Route, decoded: DecodedMessage) -> bool:
-        if route.dedup is None or decoded.source is None or decoded.seq is None:
+    def _is_duplicate(self, decoded: DecodedMessage) -> bool:
+        route = self.route
+        if route.sequences is None or decoded.source is None or decoded.seq is None:
             return False
-        duplicate = route.dedup.check(decoded.source, decoded.seq)
-        if duplicate:
+        duplicate = route.sequences.check(decoded.source, decoded.seq)
+        if duplicate and route.drop_duplicates:
             self.metrics.ingest_duplicates.labels(model=route.model).inc()
-        return duplicate
+            return True
+        return False
 
+    # committing --------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Commit the held group to the log, then ack each message and queue its samples."""
+        """Log the held group durably, then ack each message and queue its samples."""
         if not self._held:
             return
-        if self.wal is not None:
-            started = time.perf_counter()
-            self.wal.commit()
-            self.metrics.wal_commit_seconds.observe(time.perf_counter() - started)
-        held, self._held = self._held, []
-        trackers = {id(r.dedup): r.dedup for r in (i.route for i in held) if r and r.dedup}
+        held = self._held
+        if self.wal is not None and not self._log(held):
+            self._held = []
+            self._forget_pending()  # stopping with the group not durable: the broker has it
+            return
+        self._held = []
         if self.wal is not None:  # durable now: remember sequence numbers, ack in order
-            for route_tracker in trackers.values():
-                self._commit(route_tracker, held)
+            self._commit_sequences()
             for item in held:
-                self.connection.ack(item.message)
+                self._ack(item.message)
         for index, item in enumerate(held):
-            if item.route is not None and item.decoded is not None:
-                queued = self._enqueue(item.route, item.decoded)
-                if not queued:  # stopping: the rest are in the log (replayed) or with the broker
-                    log.info("ingest stopped with %d messages not queued", len(held) - index)
-                    for tracker in trackers.values():
-                        tracker.discard_pending()
-                    return
+            if item.decoded is not None and not self._enqueue(item.decoded):
+                # Stopping: the rest are in the log (replayed at start) or with the broker.
+                log.info("ingest stopped with %d messages not queued", len(held) - index)
+                self._forget_pending()
+                return
             if self.wal is None:
-                self.connection.ack(item.message)
+                self._ack(item.message)
         if self.wal is None:
-            for tracker in trackers.values():
-                self._commit(tracker, held)
+            self._commit_sequences()
 
-    def _commit(self, tracker: SequenceTracker, held: list[_Held]) -> None:
+    def _log(self, held: list[_Held]) -> bool:
+        """Write the accepted messages of ``held`` to the log, retrying with back-off while
+        storage fails; set their positions. False if stopped before they were durable."""
+        accepted = [item for item in held if item.decoded is not None]
+        if not accepted:
+            return True
+        assert self.wal is not None
+        records = [(self.route.model, i.message.payload, i.message.content_type) for i in accepted]
+        delay = _RETRY_MIN_S
+        while True:
+            started = time.perf_counter()
+            try:
+                positions = self.wal.write_group(records)
+            except StorageError as exc:
+                self.storage.failed(exc.op, exc.cause)
+            else:
+                self.metrics.wal_commit_seconds.observe(time.perf_counter() - started)
+                self.storage.recovered("wal_open")
+                self.storage.recovered("wal_write")
+                self.storage.recovered("wal_fsync")
+                break
+            if self._stopping.wait(delay):
+                return False
+            delay = min(delay * 2, _RETRY_MAX_S)
+        for item, position in zip(accepted, positions, strict=True):
+            assert item.decoded is not None
+            chunk = replace(item.decoded.chunk, position=position)
+            item.decoded = replace(item.decoded, chunk=chunk)
+        return True
+
+    def _ack(self, message: RawMessage) -> None:
+        self.connection.ack(message)
+        self._last_finished_at = time.time()
+
+    def _commit_sequences(self) -> None:
+        tracker = self.route.sequences
+        if tracker is None:
+            return
         gaps = tracker.commit()
+        model = self.route.model
         if gaps:
-            model = next(i.route.model for i in held if i.route and i.route.dedup is tracker)
             self.metrics.ingest_seq_gaps.labels(model=model).inc(gaps)
+        self.metrics.ingest_seq_missing.labels(model=model).set(tracker.missing)
 
-    def _enqueue(self, route: Route, decoded: DecodedMessage) -> bool:
+    def _forget_pending(self) -> None:
+        if self.route.sequences is not None:
+            self.route.sequences.discard_pending()
+
+    def _enqueue(self, decoded: DecodedMessage) -> bool:
         """Put the samples on the model's queue, waiting while it is full (backpressure)."""
+        route = self.route
         while not self._stopping.is_set():
             try:
                 if route.queue.put(decoded.chunk, timeout=_POLL_S):
@@ -208,20 +302,32 @@ class IngestWorker:
         m.queue_depth.labels(model=route.model).set(len(route.queue))
         return True
 
-    def _reject(self, route: Route, message: RawMessage, rejection: Rejection) -> None:
+    # rejecting ---------------------------------------------------------------------------------
+    def _reject(self, message: RawMessage, rejection: Rejection) -> None:
+        route = self.route
         self.metrics.ingest_messages.labels(
             model=route.model, outcome="rejected", reason=rejection.reason
         ).inc()
-        log.info("rejected a message on %s for %s: %s", message.topic, route.model, rejection)
+        held_back = self._log_limiter.allow(rejection.reason)
+        if held_back is not None:
+            log.log(
+                logging.WARNING if rejection.reason == "internal" else logging.INFO,
+                "rejected a message on %s for %s: %s; payload starts %r%s",
+                message.topic, route.model, rejection,
+                message.payload[:LOGGED_PAYLOAD_BYTES],
+                f" ({held_back} more like it not logged)" if held_back else "",
+            )  # fmt: skip
         report = dead_letter_report(route.model, message, rejection)
         try:
             self.connection.publish(
                 route.dead_letter_topic, report, qos=1, content_type="application/json"
             )
             self.metrics.dead_letters.labels(model=route.model, outcome="sent").inc()
-        except Exception:
+        except Exception as exc:
             self.metrics.dead_letters.labels(model=route.model, outcome="failed").inc()
-            log.exception("could not publish to dead-letter topic %s", route.dead_letter_topic)
+            if self._log_limiter.allow("dead-letter-failed") is not None:
+                log.error("could not publish to dead-letter topic %s: %s",
+                          route.dead_letter_topic, exc)  # fmt: skip
 
 
 def dead_letter_report(model: str, message: RawMessage, rejection: Rejection) -> bytes:

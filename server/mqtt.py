@@ -25,6 +25,9 @@ from livefit.server.config import BrokerSettings, TlsSettings
 from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
+SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: a client with the same id connected
+QUICK_DROP_S = 5.0  # a connection lost sooner than this after CONNACK counts as a quick drop
+UNREACHABLE_LOG_MAX_S = 60.0  # failed attempts are logged at 0, 1, 2, 4 ... 60, 60 ... s apart
 
 
 def apply_credentials(client: paho.Client, address: BrokerAddress, tls: TlsSettings) -> None:
@@ -67,7 +70,13 @@ class MqttConnection:
         self.connected = threading.Event()
         self._stopping = threading.Event()
         self._subscriptions: list[tuple[str, int]] = []
-        self._client = self._make_client(client_id or settings.client_id)
+        self.client_id = client_id or settings.client_id
+        self._connected_at = 0.0
+        self._quick_drops = 0  # disconnects within QUICK_DROP_S of connecting, in a row
+        self.connect_failures = 0  # connection attempts failed since the last connection
+        self._failure_logged_at = 0.0
+        self._failure_log_gap = 0.0
+        self._client = self._make_client(self.client_id)
 
     def add_subscription(self, topic: str, qos: int = 1) -> None:
         """Subscribe to ``topic`` on every (re)connect. Call before ``start``."""
@@ -87,6 +96,17 @@ class MqttConnection:
 
     def wait_connected(self, timeout: float) -> bool:
         return self.connected.wait(timeout)
+
+    def not_connected_reason(self) -> str:
+        """Why there is no connection, for readiness: unreachable after failed attempts."""
+        failures = self.connect_failures
+        if failures:
+            attempts = "attempt" if failures == 1 else "attempts"
+            return (
+                f"MQTT broker at {self.address} unreachable "
+                f"({failures} connection {attempts} failed)"
+            )
+        return f"not connected to the MQTT broker at {self.address}"
 
     def stop(self) -> None:
         """Disconnect cleanly (the session, and what we did not ack, stays on the broker)."""
@@ -150,20 +170,48 @@ class MqttConnection:
         )
         apply_credentials(client, self.address, s.tls)
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         return client
+
+    def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
+        """A (re)connection attempt failed (nothing answered, refused, timed out): logged at
+        the first failure, then with back-off (1, 2, 4 ... up to 60 s between lines)."""
+        self.connect_failures += 1
+        now = time.monotonic()
+        if self.connect_failures > 1 and now - self._failure_logged_at < self._failure_log_gap:
+            return
+        self._failure_log_gap = (
+            min(self._failure_log_gap * 2, UNREACHABLE_LOG_MAX_S) if self._failure_log_gap else 1.0
+        )
+        self._failure_logged_at = now
+        attempts = "attempt" if self.connect_failures == 1 else "attempts"
+        log.warning(
+            "MQTT broker at %s unreachable for client id %r (%d connection %s failed); "
+            "retrying every %d s at most",
+            self.address, self.client_id, self.connect_failures, attempts,
+            max(1, round(self.settings.reconnect_max_s)),
+        )  # fmt: skip
 
     def _on_connect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
     ) -> None:
         if reason.is_failure:
-            log.error("MQTT connection to %s refused: %s", self.address, reason)
+            log.error(
+                "MQTT connection to %s refused for client id %r: %s",
+                self.address, self.client_id, reason,
+            )  # fmt: skip
             return
+        self._connected_at = time.monotonic()
         for topic, qos in self._subscriptions:
             client.subscribe(topic, qos=qos)
         resumed = bool(getattr(flags, "session_present", False))
-        log.info("MQTT connected to %s (session %s)", self.address, "resumed" if resumed else "new")
+        failed, self.connect_failures, self._failure_log_gap = self.connect_failures, 0, 0.0
+        log.info(
+            "MQTT connected to %s (session %s)%s", self.address,
+            "resumed" if resumed else "new", f" after {failed} failed attempts" if failed else "",
+        )  # fmt: skip
         self.metrics.broker_connects.inc()
         self.metrics.broker_connected.set(1)
         self.connected.set()
@@ -171,11 +219,30 @@ class MqttConnection:
     def _on_disconnect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
     ) -> None:
+        was_connected = self.connected.is_set()
         self.connected.clear()
         self.metrics.broker_connected.set(0)
-        if getattr(reason, "value", reason) != 0:  # 0: the disconnect we asked for
-            self.metrics.broker_disconnects.inc()
-            log.warning("MQTT disconnected from %s: %s; reconnecting", self.address, reason)
+        code = getattr(reason, "value", reason)
+        if code == 0 or self._stopping.is_set():  # 0: the disconnect we asked for
+            return
+        self.metrics.broker_disconnects.inc()
+        if code == SESSION_TAKEN_OVER:
+            log.error(
+                "MQTT session taken over: another client connected to %s with client id %r. "
+                "Two processes must not share a client id (set broker.client_id); reconnecting",
+                self.address, self.client_id,
+            )  # fmt: skip
+            return
+        quick = was_connected and time.monotonic() - self._connected_at < QUICK_DROP_S
+        self._quick_drops = self._quick_drops + 1 if quick else 0
+        if self._quick_drops >= 3:
+            log.error(
+                "MQTT connection to %s dropped %d times within %.0f s of connecting (%s): "
+                "another client probably uses client id %r; set broker.client_id",
+                self.address, self._quick_drops, QUICK_DROP_S, reason, self.client_id,
+            )  # fmt: skip
+            return
+        log.warning("MQTT disconnected from %s: %s; reconnecting", self.address, reason)
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         try:

@@ -1,11 +1,17 @@
 """The learner process's background parts, started and stopped together in a fixed order.
 
-Start: broker (resolve, maybe launch) -> models built, restored from their newest checkpoint
-and warmed -> weight publishers -> trainers -> replay of the write-ahead log past each
-checkpoint -> ingest worker -> MQTT connection. Stop: ingest (nothing new is accepted; what was
-not acknowledged stays with the broker) -> trainers (train what was accepted, final snapshot,
-final checkpoint) -> weight publishers (the final snapshot goes out) -> MQTT -> the log -> the
-broker livefit launched.
+Preflight (before anything touches storage or the broker): lock the storage directory, remove
+temporary files a crash left. Start: broker (resolve, maybe launch) -> models built, restored
+from their newest checkpoint and warmed -> weight publishers -> trainers -> replay of the
+write-ahead log past each checkpoint -> one ingest worker and one MQTT session per model ->
+connect. Stop: ingest (nothing new is accepted; what was not acknowledged stays with the
+broker) -> trainers (train what was accepted, final snapshot, final checkpoint) -> weight
+publishers (the final snapshot goes out) -> MQTT -> the log -> the broker livefit launched ->
+the storage lock.
+
+Each model has its own MQTT session (client id ``<broker.client_id>-<model>``), receive window
+and ingest worker: a model whose trainer cannot keep up holds back only its own stream, and the
+others keep their latency. All models share one write-ahead log.
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ from livefit.server.process_runtime import ProcessRuntime
 from livefit.server.samples import SampleQueue
 from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import SnapshotSlot
+from livefit.server.storage_health import StorageHealth
+from livefit.server.storage_lock import StorageLock
 from livefit.server.trainer import Trainer
 from livefit.server.wal import WriteAheadLog
 from livefit.server.weight_format import architecture_fingerprint
+from livefit.server.weight_keys import learner_signing_key
 from livefit.server.weight_publisher import WeightPublisher, WeightStore
 
 log = logging.getLogger(__name__)
@@ -52,7 +61,9 @@ class ModelRuntime:
     served: ServedModel | None = None
     store: WeightStore | None = None
     publisher: WeightPublisher | None = None
-    dedup: SequenceTracker | None = None
+    dedup: SequenceTracker | None = None  # (source, seq) numbers: dedup, or only counting gaps
+    connection: MqttConnection | None = None
+    ingest: IngestWorker | None = None
 
 
 class LearnerRuntime(ProcessRuntime):
@@ -63,14 +74,20 @@ class LearnerRuntime(ProcessRuntime):
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
         super().__init__(settings, registry)
         self.models: dict[str, ModelRuntime] = {}
-        self.connection: MqttConnection | None = None
-        self.ingest: IngestWorker | None = None
         self.managed_broker: ManagedBroker | None = None
         self.wal: WriteAheadLog | None = None
+        self.storage_lock = StorageLock(Path(settings.storage.dir))
+        self.storage_health = StorageHealth(self.metrics)
+
+    def preflight(self) -> None:
+        """The cheap checks that must pass before anything else starts: raises
+        ``StorageLocked`` naming the other process when the storage dir is in use."""
+        self.storage_lock.acquire(self.settings.http.port)
+        _remove_temporary_files(Path(self.settings.storage.dir))
 
     def _start(self) -> None:
         storage = Path(self.settings.storage.dir)
-        storage.mkdir(parents=True, exist_ok=True)
+        self.preflight()
         address, self.managed_broker = resolve_broker(self.settings.broker.url, storage)
         enable_gpu_memory_growth()
         self.metrics.watch_gpus()
@@ -86,31 +103,51 @@ class LearnerRuntime(ProcessRuntime):
             restored = [m.trainer.trained_position for m in self.models.values() if m.trainer]
             self.wal.open(start_after=max(restored, default=0))
         protocol = self.managed_broker.protocol if self.managed_broker else None
-        self.connection = MqttConnection(address, self.settings.broker, self.metrics, protocol)
         routes = []
         for name, runtime in self.models.items():
+            runtime.connection = MqttConnection(
+                address, self.settings.broker, self.metrics, protocol,
+                client_id=f"{self.settings.broker.client_id}-{name}",
+            )  # fmt: skip
             subscription = self.settings.samples_topic(name)
-            self.connection.add_subscription(subscription, qos=1)
-            routes.append(self._route(runtime, subscription))
-        storage = self.settings.storage
-        self.ingest = IngestWorker(
-            self.connection,
-            routes,
-            self.metrics,
-            self.wal,
-            storage.wal_group_max,
-            commit_window_s=storage.wal_commit_window_ms / 1000.0 if self.wal is not None else 0.0,
-        )
+            runtime.connection.add_subscription(subscription, qos=1)
+            route = self._route(runtime, subscription)
+            routes.append(route)
+            runtime.ingest = self._ingest_worker(runtime, route)
         for runtime in self.models.values():
-            self._start_weight_stream(runtime, self.connection)
+            assert runtime.connection is not None
+            self._start_weight_stream(runtime, runtime.connection)
         for runtime in self.models.values():
             assert runtime.trainer is not None
             runtime.trainer.start()
         self._replay(routes)
-        self.ingest.start()
-        self.connection.start()
-        if not self.connection.wait_connected(self.settings.broker.connect_timeout_s):
-            log.warning("not connected to %s yet; paho keeps retrying", address)
+        for runtime in self.models.values():
+            assert runtime.ingest is not None and runtime.connection is not None
+            runtime.ingest.start()
+            runtime.connection.start()
+        deadline = time.monotonic() + self.settings.broker.connect_timeout_s
+        for runtime in self.models.values():
+            assert runtime.connection is not None
+            if not runtime.connection.wait_connected(max(0.0, deadline - time.monotonic())):
+                log.warning("not connected to %s yet; paho keeps retrying", address)
+                break
+
+    def _ingest_worker(self, runtime: ModelRuntime, route: Route) -> IngestWorker:
+        assert runtime.connection is not None
+        storage = self.settings.storage
+        worker = IngestWorker(
+            runtime.connection,
+            route,
+            self.metrics,
+            self.wal,
+            storage.wal_group_max,
+            commit_window_s=storage.wal_commit_window_ms / 1000.0 if self.wal is not None else 0.0,
+            storage=self.storage_health,
+            stall_after_s=runtime.settings.stall_after_s,
+        )
+        stalled = self.metrics.ingest_stalled.labels(model=runtime.name)
+        stalled.set_function(lambda: float(worker.stalled()))
+        return worker
 
     def _replay(self, routes: list[Route]) -> None:
         """Queue what was accepted (and acknowledged) before a crash but not yet checkpointed."""
@@ -132,11 +169,12 @@ class LearnerRuntime(ProcessRuntime):
                     "log record %d no longer fits %s: %s", record.position, record.model, exc
                 )
                 continue
-            if route.dedup is not None and decoded.source is not None and decoded.seq is not None:
+            tracker = route.sequences
+            if tracker is not None and decoded.source is not None and decoded.seq is not None:
                 # Logged records were de-duplicated before they were logged: replay them all.
                 # (The checkpoint's dedup state already holds them; skipping would lose them.)
-                route.dedup.check(decoded.source, decoded.seq)
-                route.dedup.commit()
+                tracker.check(decoded.source, decoded.seq)
+                tracker.commit()
             chunk = decoded.chunk
             route.queue.put(replace(chunk, position=record.position))
             replayed[record.model] = replayed.get(record.model, 0) + len(chunk)
@@ -147,7 +185,8 @@ class LearnerRuntime(ProcessRuntime):
     def _drift(self, name: str, detections: int) -> None:
         """Count a detected drift and report it on the model's events topic."""
         self.metrics.drift_detected.labels(model=name).inc()
-        runtime, connection = self.models.get(name), self.connection
+        runtime = self.models.get(name)
+        connection = runtime.connection if runtime is not None else None
         if connection is None or runtime is None or runtime.trainer is None:
             return
         event = {
@@ -168,7 +207,7 @@ class LearnerRuntime(ProcessRuntime):
     def _notes(runtime: ModelRuntime):
         """Text state saved with each checkpoint of this model (the dedup sequence numbers)."""
         tracker = runtime.dedup
-        if tracker is None:
+        if tracker is None or not runtime.settings.dedup:
             return None
         return lambda: {"dedup": tracker.dumps()}
 
@@ -184,6 +223,9 @@ class LearnerRuntime(ProcessRuntime):
             log.info("write-ahead log: %d old segments removed", removed)
 
     def _build_model(self, name: str, settings: ModelSettings, storage: Path) -> ModelRuntime:
+        # The weight-signing key first (made on first start): a replica started beside this
+        # learner on the same storage dir waits for its public key.
+        learner_signing_key(settings.weights, storage, name)
         device = resolve_device(settings.device)
         runtime = ModelRuntime(
             name=name,
@@ -191,7 +233,7 @@ class LearnerRuntime(ProcessRuntime):
             device=device,
             queue=SampleQueue(settings.train.queue_capacity),
             slot=SnapshotSlot(),
-            dedup=SequenceTracker() if settings.dedup else None,
+            dedup=SequenceTracker(),
         )
         self.metrics.init_model(name)
         wal = self.wal
@@ -209,11 +251,12 @@ class LearnerRuntime(ProcessRuntime):
             notes=self._notes(runtime),
             on_drift=lambda detections: self._drift(name, detections),
             serving_busy=lambda: runtime.served is not None and runtime.served.busy(),
+            storage=self.storage_health,
         )
         runtime.trainer.on_checkpoint(self._truncate_log)
         runtime.trainer.warm_up()
         restored = runtime.trainer.restored_from
-        if runtime.dedup is not None and restored is not None and "dedup" in restored.notes:
+        if runtime.dedup and settings.dedup and restored and "dedup" in restored.notes:
             runtime.dedup.loads(restored.notes["dedup"])
         runtime.served = self._build_served(name, settings, device, runtime.slot)
         self.metrics.model_ready.labels(model=name).set(1)
@@ -251,9 +294,10 @@ class LearnerRuntime(ProcessRuntime):
             connection=connection,
             metrics=self.metrics,
             store=runtime.store,
-            hmac_key=weights.key_bytes(),
+            signer=learner_signing_key(weights, self.settings.storage.dir, runtime.name),
             max_inline_bytes=weights.max_inline_bytes,
-            pull_url=self.settings.http.base_url(),
+            hmac_key=weights.key_bytes(),
+            refresh_interval_s=weights.refresh_interval_s,
         )
         runtime.slot.subscribe(runtime.publisher.offer)
         runtime.slot.subscribe(runtime.served.snapshot_arrived)
@@ -282,23 +326,39 @@ class LearnerRuntime(ProcessRuntime):
             ),
             queue=runtime.queue,
             dead_letter_topic=self.settings.dead_letter_topic(runtime.name),
-            dedup=runtime.dedup,
+            sequences=runtime.dedup,
+            drop_duplicates=s.dedup,
         )
 
     def ready(self) -> bool:
-        """True when every model is warmed up and the broker connection is up."""
-        return (
-            self.started
-            and self.connection is not None
-            and self.connection.connected.is_set()
-            and all(m.trainer is not None and m.trainer.running for m in self.models.values())
-        )
+        """True when every model is warmed up, connected, learning, and storage works."""
+        return self.started and not self.problems()
+
+    def problems(self) -> list[str]:
+        """Why the learner is not ready, one line per problem (empty when ready)."""
+        if not self.started:
+            return ["starting"]
+        found = list(self.storage_health.problems())
+        for name, m in self.models.items():
+            if m.connection is None:
+                found.append(f"model {name}: not connected to the MQTT broker")
+            elif not m.connection.connected.is_set():
+                found.append(f"model {name}: {m.connection.not_connected_reason()}")
+            if m.trainer is None or not m.trainer.running:
+                found.append(f"model {name}: trainer not running")
+            if m.ingest is not None and m.ingest.stalled():
+                found.append(
+                    f"model {name}: messages waiting over {m.settings.stall_after_s:g} s "
+                    "and none accepted or rejected"
+                )
+        return found
 
     def stop(self) -> None:
         """Stop every part that started, in reverse order; safe to call more than once."""
-        if self.ingest is not None:
-            self.ingest.stop()
-            self.ingest = None
+        for runtime in self.models.values():
+            if runtime.ingest is not None:
+                runtime.ingest.stop()
+                runtime.ingest = None
         for runtime in self.models.values():
             if runtime.trainer is not None:
                 runtime.trainer.stop()
@@ -306,13 +366,26 @@ class LearnerRuntime(ProcessRuntime):
             if runtime.publisher is not None:
                 runtime.publisher.stop()
                 runtime.publisher = None
-        if self.connection is not None:
-            self.connection.stop()
-            self.connection = None
+        for runtime in self.models.values():
+            if runtime.connection is not None:
+                runtime.connection.stop()
+                runtime.connection = None
         if self.wal is not None:
             self.wal.close()
             self.wal = None
         if self.managed_broker is not None:
             self.managed_broker.stop()
             self.managed_broker = None
+        self.storage_lock.release()
         self.started = False
+
+
+def _remove_temporary_files(storage: Path) -> None:
+    """Delete what an interrupted atomic write left (``*.tmp`` beside checkpoints and marks):
+    only whole files are ever renamed into place, so nothing else reads them."""
+    removed = 0
+    for leftover in (storage / "checkpoints").glob("*/*.tmp"):
+        leftover.unlink(missing_ok=True)
+        removed += 1
+    if removed:
+        log.info("removed %d temporary files left by an interrupted write", removed)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from livefit.server.checkpoint import Checkpoint, CheckpointStore
+from livefit.server.checkpoint import Checkpoint, CheckpointStore, new_lineage_id
 from livefit.server.config import ModelSettings
 from livefit.server.latest_worker import LatestWorker
 from livefit.server.metrics import Metrics
@@ -26,6 +26,7 @@ from livefit.server.modeling import build_compiled, make_loss
 from livefit.server.prequential import PrequentialScores
 from livefit.server.samples import Batch, QueueClosed, SampleQueue
 from livefit.server.snapshot import Snapshot, SnapshotSlot
+from livefit.server.storage_health import StorageHealth
 from livefit.server.train_step import TrainStep
 from livefit.server.update_policy import Learned, UpdatePolicy
 
@@ -52,6 +53,7 @@ class Trainer:
         notes: Callable[[], dict[str, str]] | None = None,
         on_drift: Callable[[int], None] | None = None,
         serving_busy: Callable[[], bool] | None = None,
+        storage: StorageHealth | None = None,
     ) -> None:
         self.name = name
         self.serving_busy = serving_busy  # True while prediction requests wait for the model
@@ -64,15 +66,21 @@ class Trainer:
         self.frontier = frontier  # WAL position needed by nobody, given trained_position
         self.notes = notes  # small text state to save with each checkpoint
         self.version = 0
+        self.lineage = new_lineage_id()  # replaced by the checkpoint dir's own in _restore
         self.samples_seen = 0
         self.trained_position = 0  # WAL position of the last message fully trained
         self.restored_from: Checkpoint | None = None
         self.checkpointed_position = 0  # WAL position the newest written checkpoint is past
-        self._writer = CheckpointWriter(name, checkpoints, metrics) if checkpoints else None
+        self.storage = storage or StorageHealth(metrics)
+        self._writer = (
+            CheckpointWriter(name, checkpoints, metrics, self.storage) if checkpoints else None
+        )
         if self._writer is not None:
             self._writer.on_written.append(self._written)
         self._last_checkpoint_at = time.monotonic()
         self._checkpoint_version = -1
+        self._durable_version = -1  # newest version whose checkpoint is known to be on disk
+        self._durable_lock = threading.Lock()
         self._reserved_version = 0
         self.scores = PrequentialScores(
             settings.prequential_window,
@@ -110,6 +118,15 @@ class Trainer:
             return
         checkpoint = self.checkpoints.load_latest()
         mark = self.checkpoints.high_water_mark()
+        if checkpoint is None and mark == 0:
+            # Nothing to continue: versions restart at 0, so they count a new history.
+            self.lineage = self.checkpoints.new_lineage()
+        else:
+            self.lineage = self.checkpoints.lineage()
+            if checkpoint is not None and checkpoint.lineage not in ("", self.lineage):
+                log.warning("%s: checkpoint v%d names lineage %s, its directory %s; using the "
+                            "directory's", self.name, checkpoint.version, checkpoint.lineage,
+                            self.lineage)  # fmt: skip
         if checkpoint is not None:
             self.step.restore(checkpoint.weights, checkpoint.optimizer)
             self.policy.restore(checkpoint.extra)
@@ -120,6 +137,8 @@ class Trainer:
         # Versions handed out after the checkpoint are never reused: continue above them.
         self.version = max(checkpoint.version if checkpoint else 0, mark)
         self._checkpoint_version = self.version
+        if checkpoint is not None and checkpoint.version == self.version:
+            self._durable_version = self.version  # a clean stop here needs no new checkpoint
         self._reserved_version = self.version
         self.metrics.model_samples.labels(model=self.name).set(self.samples_seen)
         self.metrics.model_version.labels(model=self.name).set(self.version)
@@ -140,13 +159,22 @@ class Trainer:
         """Stop taking samples, train what is queued, publish a final snapshot, join."""
         self._stopping.set()
         self.queue.close()
+        stopped = True
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.error("trainer %s did not stop within %.0fs", self.name, timeout)
+                stopped = False
             self._thread = None
         if self._writer is not None:
-            self._writer.stop()
+            self._writer.stop()  # writes a checkpoint still pending
+        if stopped and self.checkpoints is not None and self._durable_version == self.version:
+            # A clean stop: the checkpoint at this exact version is on disk, so a restart may
+            # continue right here instead of above the reserved block (no version jump).
+            try:
+                self.checkpoints.write_high_water_mark(self.version)
+            except OSError as exc:  # the reserved mark stays: a restart jumps, never reuses
+                self.storage.failed("version_mark", exc)
 
     @property
     def running(self) -> bool:
@@ -260,6 +288,7 @@ class Trainer:
             created_at=time.time(),
             samples_seen=self.samples_seen,
             newest_published_at=self._newest_published_at,
+            lineage=self.lineage,
         )
         self._last_snapshot_at = now
         self._snapshot_version = self.version
@@ -271,12 +300,22 @@ class Trainer:
         A restart continues above the claimed mark, so no version is ever handed out twice,
         even by a learner killed long after its last checkpoint (versions may jump instead).
         """
+        if self.checkpoints is None:
+            self._reserved_version = self.version + VERSION_BLOCK
+            return
+        try:
+            self.checkpoints.write_high_water_mark(self.version + VERSION_BLOCK)
+        except OSError as exc:  # retried at the next step; until then a crash may reuse versions
+            self.storage.failed("version_mark", exc)
+            return
         self._reserved_version = self.version + VERSION_BLOCK
-        if self.checkpoints is not None:
-            self.checkpoints.write_high_water_mark(self._reserved_version)
+        self.storage.recovered("version_mark")
 
     def _maybe_checkpoint(self, final: bool = False) -> None:
-        """Copy the training state for the background writer (or write it now, when final)."""
+        """Copy the training state for the background writer (or write it now, when final).
+
+        Nothing to do when a checkpoint at this version was already handed to the writer (on
+        a final call, ``stop`` lets the writer finish it before recording the version)."""
         if self._writer is None or self.version == self._checkpoint_version:
             return
         interval = self.settings.checkpoint.interval_s
@@ -292,6 +331,7 @@ class Trainer:
             optimizer=self.step.optimizer_state(),
             extra=self.policy.state(),
             notes=self.notes() if self.notes else {},
+            lineage=self.lineage,
         )
         self.metrics.checkpoint_stall_seconds.labels(model=self.name).observe(
             time.perf_counter() - started
@@ -299,23 +339,26 @@ class Trainer:
         self._last_checkpoint_at = time.monotonic()
         self._checkpoint_version = self.version
         if final:
-            self._writer.write(checkpoint)
-            if self.checkpoints is not None:  # a clean stop: continue exactly here, no jump
-                self.checkpoints.write_high_water_mark(self.version)
+            self._writer.write(checkpoint)  # the high-water mark follows in stop()
         else:
             self._writer.offer(checkpoint)
 
     def _written(self, checkpoint: Checkpoint) -> None:
         self.checkpointed_position = max(self.checkpointed_position, checkpoint.position)
+        with self._durable_lock:
+            self._durable_version = max(self._durable_version, checkpoint.version)
 
 
 class CheckpointWriter:
     """Writes checkpoints on its own thread; the newest offered wins, older pending ones drop."""
 
-    def __init__(self, name: str, store: CheckpointStore, metrics: Metrics) -> None:
+    def __init__(
+        self, name: str, store: CheckpointStore, metrics: Metrics, storage: StorageHealth
+    ) -> None:
         self.name = name
         self.store = store
         self.metrics = metrics
+        self.storage = storage
         self.on_written: list[Callable[[Checkpoint], None]] = []
         self._worker: LatestWorker[Checkpoint] = LatestWorker(f"checkpoint-{name}", self.write)
 
@@ -333,10 +376,15 @@ class CheckpointWriter:
         started = time.perf_counter()
         try:
             path = self.store.write(checkpoint)
+        except OSError as exc:  # full or read-only disk: counted, logged with back-off
+            self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
+            self.storage.failed("checkpoint", exc)
+            return
         except Exception:
             self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
             log.exception("checkpoint of %s v%d failed", self.name, checkpoint.version)
             return
+        self.storage.recovered("checkpoint")
         self.metrics.checkpoints.labels(model=self.name, outcome="ok").inc()
         self.metrics.checkpoint_seconds.labels(model=self.name).observe(
             time.perf_counter() - started

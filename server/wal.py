@@ -9,17 +9,26 @@ records past a model's checkpoint are replayed into its queue.
 Record layout (little-endian): u32 body length, u32 CRC-32 of the body, then the body:
 u64 position, u16 model length, model, u16 content-type length, content type, payload.
 A torn record at the end of the newest segment (a crash mid-write) is cut off on open.
+
+Storage faults: a group is written, flushed and fsynced under one lock (``write_group``). If any
+of that fails, the group is not durable: ``StorageError`` is raised, the segment is abandoned
+(cut back, best effort, to what its last good fsync covered, and never written again: a retried
+fsync can report success for pages the kernel already dropped) and the next group starts a new
+segment. Positions handed to the failed group are never reused, so a record that did reach the
+disk anyway cannot be confused with a later one. The caller keeps the group unacknowledged and
+retries it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +37,17 @@ _HEAD = struct.Struct("<II")
 _POSITION = struct.Struct("<QH")
 _LENGTH = struct.Struct("<H")
 SUFFIX = ".wal"
+
+
+class StorageError(OSError):
+    """A write or fsync of the log failed: nothing of the group it was writing is durable.
+
+    ``op`` is a bounded metric label: ``wal_write``, ``wal_fsync`` or ``wal_open``."""
+
+    def __init__(self, op: str, cause: OSError) -> None:
+        super().__init__(cause.errno, f"{op}: {cause.strerror or cause}")
+        self.op = op
+        self.cause = cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +71,7 @@ class WriteAheadLog:
         self._file: object | None = None
         self._segment_first = 0
         self._segment_size = 0
+        self._durable_size = 0  # bytes of the current segment covered by a successful fsync
         self.next_position = 1
         self.bytes_written = 0
         self._last_of: dict[str, int] = {}  # newest position appended per model
@@ -78,27 +99,36 @@ class WriteAheadLog:
 
     # writing -------------------------------------------------------------------------------
     def append(self, model: str, payload: bytes, content_type: str | None) -> int:
-        """Buffer one record; durable only after ``commit``. Returns its position."""
-        position = self.next_position
-        model_bytes = model.encode()
-        ct = (content_type or "").encode()
-        body = b"".join(
-            (
-                _POSITION.pack(position, len(model_bytes)),
-                model_bytes,
-                _LENGTH.pack(len(ct)),
-                ct,
-                payload,
-            )
-        )
-        record = _HEAD.pack(len(body), zlib.crc32(body)) + body
+        """Buffer one record; durable only after ``commit``. Returns its position.
+        (Single-writer convenience; the ingest path uses ``write_group``.)"""
         with self._lock:
-            if self._segment_size >= self.segment_bytes:
+            return self._append_locked(model, payload, content_type)
+
+    def write_group(self, records: Sequence[tuple[str, bytes, str | None]]) -> list[int]:
+        """Append ``records`` (model, payload, content type), flush and fsync them as one group;
+        returns their positions. Raises ``StorageError`` when the group is not durable."""
+        with self._lock:
+            positions = [self._append_locked(m, p, ct) for m, p, ct in records]
+            self._commit_locked()
+        return positions
+
+    def _append_locked(self, model: str, payload: bytes, content_type: str | None) -> int:
+        position = self.next_position
+        self.next_position += 1  # never reused, even when the write below fails
+        record = _encode(position, model, payload, content_type)
+        op = "wal_open"
+        try:
+            if self._file is None:
+                self._start_segment()
+            elif self._segment_size >= self.segment_bytes:
                 self._roll()
+            op = "wal_write"
             self._write(record)
-            self._segment_size += len(record)
-            self.next_position += 1
-            self._last_of[model] = position
+        except OSError as exc:
+            self._abandon_segment()
+            raise StorageError(op, exc) from exc
+        self._segment_size += len(record)
+        self._last_of[model] = position
         self.bytes_written += len(record)
         return position
 
@@ -112,20 +142,31 @@ class WriteAheadLog:
             return trained
 
     def commit(self) -> None:
-        """Flush and fsync everything appended so far (one fsync per group of appends)."""
+        """Flush and fsync everything appended so far; ``StorageError`` if that fails."""
         with self._lock:
-            handle = self._file
-            if handle is None:
-                return
+            self._commit_locked()
+
+    def _commit_locked(self) -> None:
+        handle = self._file
+        if handle is None:
+            return
+        try:
             handle.flush()  # type: ignore[attr-defined]
             if self.fsync:
                 os.fsync(handle.fileno())  # type: ignore[attr-defined]
+        except OSError as exc:
+            self._abandon_segment()
+            raise StorageError("wal_fsync", exc) from exc
+        self._durable_size = self._segment_size
 
     def truncate(self, upto: int) -> int:
         """Delete segments holding only positions <= ``upto``; returns how many were deleted."""
         with self._lock:
-            if self._segment_first <= upto and self._segment_size > 0:
-                self._roll()
+            if self._file is not None and self._segment_first <= upto and self._segment_size > 0:
+                try:
+                    self._roll()
+                except OSError:  # the next append starts a fresh segment
+                    self._abandon_segment()
             removed = 0
             segments = self._segments()
             for current, following in itertools.pairwise(segments):
@@ -135,10 +176,17 @@ class WriteAheadLog:
             return removed
 
     def close(self) -> None:
-        self.commit()
+        """Commit what is buffered (best effort: a failure is logged, not raised) and close."""
+        try:
+            self.commit()
+        except StorageError as exc:
+            log.error("write-ahead log: final commit failed (%s)", exc)
         with self._lock:
             if self._file is not None:
-                self._file.close()  # type: ignore[attr-defined]
+                try:
+                    self._file.close()  # type: ignore[attr-defined]
+                except OSError as exc:
+                    log.error("write-ahead log: close failed (%s)", exc)
                 self._file = None
 
     # internals -----------------------------------------------------------------------------
@@ -149,7 +197,7 @@ class WriteAheadLog:
         self._segment_first = self.next_position
         path = self.directory / f"{self._segment_first:020d}{SUFFIX}"
         self._file = path.open("ab")
-        self._segment_size = path.stat().st_size
+        self._segment_size = self._durable_size = path.stat().st_size
 
     def _roll(self) -> None:
         if self._file is not None:
@@ -157,7 +205,21 @@ class WriteAheadLog:
             if self.fsync:
                 os.fsync(self._file.fileno())  # type: ignore[attr-defined]
             self._file.close()  # type: ignore[attr-defined]
+            self._file = None
         self._start_segment()
+
+    def _abandon_segment(self) -> None:
+        """After a failed write or fsync: cut the segment back to its last good fsync (best
+        effort) and stop writing to it; the next append opens a new segment."""
+        handle, self._file = self._file, None
+        if handle is None:
+            return
+        # Records past the cut that stay anyway are whole or torn; replay handles both.
+        with contextlib.suppress(OSError, ValueError):
+            os.ftruncate(handle.fileno(), self._durable_size)  # type: ignore[attr-defined]
+        # close flushes the failed buffer again; what it holds is not durable either way.
+        with contextlib.suppress(OSError):
+            handle.close()  # type: ignore[attr-defined]
 
     def _write(self, record: bytes) -> None:
         assert self._file is not None, "open() the log before appending"
@@ -190,6 +252,16 @@ class WriteAheadLog:
                 path.name,
                 offset,
             )
+
+
+def _encode(position: int, model: str, payload: bytes, content_type: str | None) -> bytes:
+    model_bytes = model.encode()
+    ct = (content_type or "").encode()
+    body = b"".join(
+        (_POSITION.pack(position, len(model_bytes)), model_bytes, _LENGTH.pack(len(ct)), ct,
+         payload)
+    )  # fmt: skip
+    return _HEAD.pack(len(body), zlib.crc32(body)) + body
 
 
 def _parse(data: bytes, offset: int) -> tuple[WalRecord | None, int]:

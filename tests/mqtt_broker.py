@@ -20,12 +20,19 @@ def free_port() -> int:
 class MosquittoBroker:
     """One mosquitto child process with persistence in ``workdir``; restartable on the same port."""
 
-    def __init__(self, workdir: Path, port: int | None = None, extra_config: str = "") -> None:
+    def __init__(
+        self, workdir: Path, port: int | None = None, extra_config: str = "", *,
+        debian_defaults: bool = False,
+    ) -> None:  # fmt: skip
+        """``debian_defaults``: only what Debian's stock mosquitto.conf sets (persistence), so
+        mosquitto's own limits apply (1,000 queued messages per client); put drop-in settings
+        in ``extra_config``. Otherwise the test broker is set up not to drop anything."""
         if shutil.which("mosquitto") is None:
             raise RuntimeError("mosquitto is not on PATH (apt-get install mosquitto)")
         self.workdir = workdir
         self.port = port or free_port()
         self.extra_config = extra_config
+        self.debian_defaults = debian_defaults
         self.process: subprocess.Popen[bytes] | None = None
         workdir.mkdir(parents=True, exist_ok=True)
         self.conf = workdir / "mosquitto.conf"
@@ -43,11 +50,15 @@ class MosquittoBroker:
             f"{user}"
             "persistence true\n"
             f"persistence_location {self.workdir}/\n"
-            "autosave_interval 1\n"
-            "max_queued_messages 1000000\n"
-            "max_inflight_messages 1000\n"
-            "persistent_client_expiration 1d\n"
-            f"log_dest file {self.log}\n"
+            + (
+                ""
+                if self.debian_defaults
+                else "autosave_interval 1\n"
+                "max_queued_messages 1000000\n"
+                "max_inflight_messages 1000\n"
+                "persistent_client_expiration 1d\n"
+            )
+            + f"log_dest file {self.log}\n"
             f"{self.extra_config}"
         )
         self.process = subprocess.Popen(

@@ -66,3 +66,32 @@ def test_state_round_trip() -> None:
     restored = SequenceTracker()
     restored.loads(tracker.dumps())
     assert feed(restored, [1, 2, 3, 4, 5]) == [3, 5]
+
+
+def test_missing_counts_numbers_not_received_yet_and_late_ones_fill_in() -> None:
+    tracker = SequenceTracker()
+    feed(tracker, [1, 2, 3, 7, 8])
+    assert tracker.missing == 3  # 4, 5, 6
+    feed(tracker, [5])
+    assert tracker.missing == 2
+    feed(tracker, [4, 6])
+    assert tracker.missing == 0
+    feed(tracker, [20], "other")
+    feed(tracker, [25], "other")
+    assert tracker.missing == 4
+
+
+def test_missing_survives_a_checkpoint_and_drops_with_forgotten_sources() -> None:
+    tracker = SequenceTracker(max_sources=1)
+    feed(tracker, [1, 4])
+    restored = SequenceTracker(max_sources=1)
+    restored.loads(tracker.dumps())
+    assert restored.missing == 2
+    feed(restored, [1], "b")  # "s" is forgotten, with its missing numbers
+    assert restored.missing == 0
+
+
+def test_gaps_given_up_on_leave_nothing_missing() -> None:
+    tracker = SequenceTracker(max_out_of_order=2)
+    feed(tracker, [1, 5, 6, 7])
+    assert tracker.missing == 0  # 2, 3, 4 were given up on (counted as gaps)

@@ -99,6 +99,8 @@ def test_sigkill_ten_times_loses_nothing(own_broker: MosquittoBroker, tmp_path: 
     finally:
         publisher.join(120)
         server.stop()
+    print(f"ten SIGKILLs: 12,000 published, {trained:.0f} in the lineage; versions "
+          f"(before kill, after restart): {versions}")  # fmt: skip
     assert all(after >= before for before, after in versions), versions
     # Every sample is in the lineage; a message split across a checkpoint may be trained twice.
     assert 12_000 <= trained <= 12_000 + 10 * MESSAGE_SAMPLES, trained
@@ -122,6 +124,8 @@ def test_broker_restarted_twice_loses_nothing(own_broker: MosquittoBroker, tmp_p
     finally:
         publisher.join(120)
         assert server.stop() == 0
+    print(f"two broker restarts: 20,000 published, {trained:.0f} trained, "
+          f"{duplicates:.0f} duplicates dropped")  # fmt: skip
     assert trained == 20_000, (trained, duplicates)
 
 

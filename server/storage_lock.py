@@ -1,0 +1,85 @@
+"""One learner per storage directory: an OS file lock held for the life of the process.
+
+``storage.dir/livefit.lock`` is locked with ``fcntl.flock``; the kernel releases the lock when
+the process exits in any way, SIGKILL included, so a stale lock file never blocks a restart.
+The file also says who holds it (pid, host, HTTP port, start time), so that a second learner on
+the same directory can name the first one in its error message and exit before it touches the
+log, the checkpoints or the broker.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+LOCK_NAME = "livefit.lock"
+
+
+class StorageLocked(Exception):
+    """Another process holds the storage directory; the message names it."""
+
+
+class StorageLock:
+    """Exclusive, non-blocking lock on a storage directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / LOCK_NAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, http_port: int | None = None) -> StorageLock:
+        """Lock, or raise ``StorageLocked`` at once (never waits)."""
+        if self._fd is not None:
+            return self
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise StorageLocked(
+                f"storage dir {self.directory} is in use by another livefit learner "
+                f"({holder}); stop that process or give this one another storage.dir"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "http_port": http_port,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner).encode() + b"\n", 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Unlock (the file stays: removing it would race with a process locking it now)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        owner = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return "holder unknown"
+    if not isinstance(owner, dict) or "pid" not in owner:
+        return "holder unknown"
+    port = f", HTTP port {owner['http_port']}" if owner.get("http_port") else ""
+    return (
+        f"pid {owner['pid']} on {owner.get('host', '?')}{port}, "
+        f"started {owner.get('started_at', '?')}"
+    )
