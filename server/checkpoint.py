@@ -12,6 +12,11 @@ unreadable, and says so.
 The version high-water mark is a separate tiny file: the trainer claims versions in blocks
 there before using them, so that a restarted learner continues above every version it ever
 handed out, even when it crashed long after its last checkpoint.
+
+The lineage is another tiny file, ``lineage``: a random id made when the directory is first
+created, naming the history the versions count (a learner with a new storage dir starts a new
+lineage at version 0; receivers compare versions only within a lineage). Every checkpoint
+records it in its metadata too.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +53,7 @@ class Checkpoint:
     created_at: float = field(default_factory=time.time)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # small text state (e.g. dedup JSON)
+    lineage: str = ""  # the history ``version`` counts in (see module docstring)
 
 
 class CheckpointError(Exception):
@@ -60,7 +67,10 @@ class CheckpointStore:
         self.directory = directory
         self.model = model
         self.keep = keep
+        new = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
+        if new:
+            self.new_lineage()
 
     def write(self, checkpoint: Checkpoint) -> Path:
         """Write atomically, then delete all but the newest ``keep``; returns the path."""
@@ -75,6 +85,7 @@ class CheckpointStore:
             "samples_seen": str(checkpoint.samples_seen),
             "position": str(checkpoint.position),
             "created_at": repr(checkpoint.created_at),
+            "lineage": checkpoint.lineage,
             "sha256": _digest(tensors),
             **{f"note:{k}": v for k, v in checkpoint.notes.items()},
         }
@@ -116,6 +127,7 @@ class CheckpointStore:
                 created_at=float(meta["created_at"]),
                 extra={k[2:]: v for k, v in tensors.items() if k.startswith("x:")},
                 notes={k[5:]: v for k, v in meta.items() if k.startswith("note:")},
+                lineage=str(meta.get("lineage", "")),
             )
         except (OSError, SafetensorError, ValueError, KeyError) as exc:
             raise CheckpointError(str(exc)) from None
@@ -130,16 +142,42 @@ class CheckpointStore:
         return self.directory / "version-high-water-mark"
 
     def write_high_water_mark(self, version: int) -> None:
-        """Record that versions up to ``version`` may have been used (survives a process crash)."""
-        tmp = self._mark.with_suffix(".tmp")
-        tmp.write_text(str(version))
-        tmp.replace(self._mark)
+        """Record that versions up to ``version`` may have been used (atomic and fsynced: it
+        survives a process crash and a power loss)."""
+        _atomic_write(self._mark, str(version).encode())
 
     def high_water_mark(self) -> int:
         try:
             return int(self._mark.read_text().strip())
         except (OSError, ValueError):
             return 0
+
+    # lineage --------------------------------------------------------------------------------
+    @property
+    def _lineage_file(self) -> Path:
+        return self.directory / "lineage"
+
+    def lineage(self) -> str:
+        """This directory's lineage id; made (and stored) if it has none yet."""
+        try:
+            value = self._lineage_file.read_text().strip()
+        except OSError:
+            value = ""
+        return value if _is_lineage(value) else self.new_lineage()
+
+    def new_lineage(self) -> str:
+        """Start a new lineage: a fresh random id, stored atomically; returns it."""
+        value = new_lineage_id()
+        _atomic_write(self._lineage_file, value.encode())
+        return value
+
+
+def new_lineage_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _is_lineage(value: str) -> bool:
+    return 0 < len(value) <= 64 and value.isalnum()
 
 
 def _ordered(tensors: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
@@ -156,11 +194,15 @@ def _digest(tensors: dict[str, np.ndarray]) -> str:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+    try:
+        with tmp.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not also keep a half-written file
+        raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)

@@ -2,8 +2,10 @@
 
 Same config file, same prediction API, batcher and limits as the learner; no training. Each
 model's weights arrive on its weight topic (retained, so a replica started late gets the
-newest at once), are verified by a ``WeightReceiver`` and swapped in between batches. A replica
-is ready only once every model holds a version.
+newest at once), are verified by a ``WeightReceiver`` (the learner's Ed25519 signature, see
+``weight_keys``) and swapped in between batches. A replica is ready only once every model holds
+a version. Without a key to verify weights with (and without ``weights.allow_unsigned``) a
+replica does not start: it says which setting is missing before it connects anywhere.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ from prometheus_client import CollectorRegistry
 
 from livefit.models import weight_names
 from livefit.server.auth import TokenGuard
-from livefit.server.broker import resolve_broker
-from livefit.server.config import ModelSettings, Settings
+from livefit.server.broker import BrokerAddress, resolve_broker
+from livefit.server.config import ConfigError, ModelSettings, Settings
 from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
 from livefit.server.process_runtime import ProcessRuntime
 from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.weight_format import architecture_fingerprint
-from livefit.server.weight_publisher import EncodedWeights, WeightStore
+from livefit.server.weight_format import architecture_fingerprint, sha256_hex
+from livefit.server.weight_keys import Authenticator, receiver_authenticator
+from livefit.server.weight_publisher import EncodedWeights, VersionLog, WeightStore
 from livefit.server.weight_receiver import OUTCOMES, ReceivedWeights, WeightReceiver
 
 log = logging.getLogger(__name__)
@@ -54,16 +57,20 @@ class ReplicaRuntime(ProcessRuntime):
         super().__init__(settings, registry)
         self.instance = instance or f"{socket.gethostname()}-{settings.http.port}"
         self.models: dict[str, ReplicaModel] = {}
+        self._version_logs: dict[str, VersionLog] = {}
 
     def _start(self) -> None:
-        storage = Path(self.settings.storage.dir)
-        address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
         enable_gpu_memory_growth()
         self.metrics.watch_gpus()
         for name, model_settings in self.settings.models.items():
             self.models[name] = self._build(name, model_settings)
+        auth = self._authenticators()  # a missing key fails here, before any connection
+        storage = Path(self.settings.storage.dir)
+        address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
         for replica_model in self.models.values():
-            replica_model.receiver = self._receiver(replica_model, address)
+            replica_model.receiver = self._receiver(
+                replica_model, address, auth[replica_model.name]
+            )
             replica_model.receiver.start()
         deadline = time.monotonic() + self.settings.broker.connect_timeout_s
         for replica_model in self.models.values():
@@ -99,30 +106,57 @@ class ReplicaRuntime(ProcessRuntime):
             name, settings, slot, served, WeightStore(settings.weights.keep_versions)
         )
 
-    def _receiver(self, replica_model: ReplicaModel, address: object) -> WeightReceiver:
+    def _authenticators(self) -> dict[str, Authenticator]:
+        """Each model's verification policy; ConfigError (logged) names what to set."""
+        found = {}
+        for name in self.settings.models:
+            wait_s = self.settings.broker.connect_timeout_s  # for a learner starting beside us
+            try:
+                found[name] = receiver_authenticator(self.settings, name, wait_s)
+            except ConfigError as exc:
+                log.error("replica cannot start: %s", exc)
+                raise
+            log.info("weights of %s are verified with %s", name, found[name].describe)
+        return found
+
+    def _receiver(
+        self, replica_model: ReplicaModel, address: BrokerAddress, auth: Authenticator
+    ) -> WeightReceiver:
         name = replica_model.name
         model = replica_model.served.serving.model
         names = weight_names(model)
         counter = self.metrics.weights_received
         broker = self.settings.broker
+        weights = replica_model.settings.weights
         return WeightReceiver(
             address=address,
             model=name,
             topic=self.settings.weights_topic(name),
             fingerprint=architecture_fingerprint(names, model.get_weights()),
             on_weights=lambda received: self._received(replica_model, received),
+            auth=auth,
             on_outcome=lambda outcome: counter.labels(model=name, outcome=outcome).inc(),
-            hmac_key=replica_model.settings.weights.key_bytes(),
+            broker=broker,
             client_id=f"{broker.client_id}-replica-{self.instance}-{name}",
-            tls=broker.tls.model_dump(),
-            pull_timeout_s=replica_model.settings.weights.pull_timeout_s,
+            # Pulls go to the learner this replica is configured for, never to a URL a message
+            # names; the bearer token goes only there.
+            pull_url=weights.pull_url or self.settings.http.public_url,
+            pull_timeout_s=weights.pull_timeout_s,
             pull_headers=TokenGuard(self.settings.http.token_bytes()).headers(),
+            max_pull_bytes=weights.max_pull_bytes,
+            max_age_s=weights.max_age_s,
         )
 
     def _received(self, replica_model: ReplicaModel, received: ReceivedWeights) -> None:
         meta = received.meta
         replica_model.store.add(
-            EncodedWeights(meta.version, received.payload, _sha(received.payload), meta.created_at)
+            EncodedWeights(
+                meta.version,
+                received.payload,
+                sha256_hex(received.payload),
+                meta.created_at,
+                meta.lineage,
+            )
         )
         replica_model.slot.publish(
             Snapshot(
@@ -132,6 +166,7 @@ class ReplicaRuntime(ProcessRuntime):
                 created_at=meta.created_at,
                 samples_seen=meta.samples_seen,
                 newest_published_at=meta.newest_published_at,
+                lineage=meta.lineage,
             )
         )
 
@@ -140,7 +175,10 @@ class ReplicaRuntime(ProcessRuntime):
         if snapshot.newest_published_at is not None:
             freshness = max(0.0, time.time() - snapshot.newest_published_at)
             self.metrics.freshness.labels(model=name).observe(freshness)
-        log.info("%s now serves version %d", name, snapshot.version)
+        versions = self._version_logs.get(name)
+        if versions is None:
+            versions = self._version_logs.setdefault(name, VersionLog(log, name, "served"))
+        versions.record(snapshot.version, f"{name} now serves version {snapshot.version}")
 
     def ready(self) -> bool:
         """Connected to the weight stream and holding a version of every model."""
@@ -161,10 +199,6 @@ class ReplicaRuntime(ProcessRuntime):
             if replica_model.receiver is not None:
                 replica_model.receiver.stop()
                 replica_model.receiver = None
+        for versions in self._version_logs.values():
+            versions.flush()
         self.started = False
-
-
-def _sha(payload: bytes) -> str:
-    from livefit.server.weight_format import sha256_hex
-
-    return sha256_hex(payload)

@@ -2,6 +2,9 @@
 
 The trainer is the only writer. ``SnapshotSlot.latest`` is replaced by one reference assignment,
 so a reader always sees a whole snapshot, never a half-written one.
+
+A snapshot's ``version`` counts training steps within its ``lineage`` (a random id made with the
+learner's checkpoint directory): versions are comparable only within one lineage.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ class Snapshot:
     samples_seen: int  # samples trained into this lineage of weights
     newest_published_at: float | None = None  # newest sample "ts" trained into these weights
     metadata: dict[str, str] = field(default_factory=dict)
+    lineage: str = ""  # the history ``version`` counts in
+
+    def newer_than(self, other: Snapshot | None) -> bool:
+        """True when this snapshot should replace ``other``: a later version of the same
+        lineage, or any snapshot of another lineage (receivers decide which lineage wins)."""
+        if other is None:
+            return True
+        return self.lineage != other.lineage or self.version > other.version
 
 
 Listener = Callable[[Snapshot], None]
@@ -49,9 +60,14 @@ class SnapshotSlot:
         self._listeners.append(listener)
 
     def publish(self, snapshot: Snapshot) -> None:
-        """Make ``snapshot`` the newest (versions only move forward) and notify listeners."""
+        """Make ``snapshot`` the newest (versions only move forward within a lineage) and
+        notify listeners."""
         current = self._latest
-        if current is not None and snapshot.version < current.version:
+        if (
+            current is not None
+            and snapshot.lineage == current.lineage
+            and snapshot.version < current.version
+        ):
             raise ValueError(f"version went backwards: {snapshot.version} < {current.version}")
         with self._changed:
             self._latest = snapshot

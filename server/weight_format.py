@@ -1,15 +1,35 @@
-"""The weight-stream format: safetensors with metadata, sha256, optional HMAC, and manifests.
+"""The weight-stream format: a signed envelope around a safetensors snapshot (or a manifest).
 
-A snapshot travels as one safetensors file (never pickle). Tensor keys are
+A snapshot is one safetensors file (never pickle). Tensor keys are
 ``"{index:04d}:{variable path}"`` so the order of ``model.weights`` survives; the safetensors
-metadata (strings only) carries the model name, version, samples seen, creation time, the
-newest sample time and the architecture fingerprint. Integrity travels beside the payload: its
-sha256, and with a shared key an HMAC-SHA256 over ``topic + NUL + payload``.
+metadata (strings only) carries the model name, lineage, version, samples seen, creation
+time, the newest sample time and the architecture fingerprint. This is also what
+``GET /v1/models/{name}/weights`` serves.
 
-A payload over the inline limit is replaced on MQTT by a small JSON manifest (version, size,
-sha256, URL); receivers pull the payload over HTTP and check it against the manifest.
+On MQTT every message is an *envelope*, so that verification needs nothing from the
+transport (it works over MQTT 3.1.1 and brokers without MQTT 5 properties)::
 
-This module is pure (numpy, safetensors, hashlib): the learner, replicas and the client
+    offset  size  field
+    0       4     magic b"LFW1"
+    4       4     H: header length, unsigned big-endian (at most 65536)
+    8       H     header: a UTF-8 JSON object (below)
+    8+H     2     S: signature length, unsigned big-endian (0, or 64 for Ed25519)
+    10+H    S     Ed25519 signature of  b"livefit-weights-v1\\x00" + header bytes
+    10+H+S  2     M: MAC length, unsigned big-endian (0, or 32)
+    12+H+S  M     HMAC-SHA256(hmac_key, b"livefit-weights-v1\\x00" + header bytes)
+    12+H+S+M      body: the safetensors payload ("weights"), or nothing ("manifest")
+
+Header keys: ``format`` (1), ``kind`` ("weights" or "manifest"), ``topic`` (the MQTT topic it
+was published on), ``model``, ``lineage``, ``version``, ``created_at`` (epoch seconds, the
+learner's clock, when the snapshot was taken), ``signed_at`` (when this envelope was signed;
+re-signed snapshots keep ``created_at``), ``size`` and ``sha256`` (length and hex sha256 of
+the safetensors payload), ``fingerprint`` (architecture) and ``key_id`` (hex sha256 of the
+raw 32-byte Ed25519 public key, first 16 characters; "" when unsigned). The signature covers
+the header bytes exactly as sent, and the header binds the body by its sha256, so a verifier
+in any language needs: split, verify Ed25519 over context + header, parse the JSON, compare
+``topic`` and ``model`` with what it subscribed to, hash the body (or the pulled payload).
+
+This module is pure (numpy, safetensors, hashlib, json): the learner, replicas and the client
 library's ``WeightSubscriber`` all use it, so all of them verify the same way.
 """
 
@@ -18,8 +38,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from safetensors import SafetensorError
@@ -27,8 +48,14 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 WEIGHTS_CONTENT_TYPE = "application/vnd.livefit.weights+safetensors"
-MANIFEST_CONTENT_TYPE = "application/vnd.livefit.weights-manifest+json"
+ENVELOPE_CONTENT_TYPE = "application/vnd.livefit.weights-envelope"
 FORMAT_VERSION = "1"
+MAGIC = b"LFW1"
+SIGNING_CONTEXT = b"livefit-weights-v1\x00"
+MAX_HEADER_BYTES = 65536
+ED25519_SIGNATURE_BYTES = 64
+HMAC_BYTES = 32
+KINDS = ("weights", "manifest")
 
 
 class WeightsRejected(Exception):
@@ -50,18 +77,38 @@ class WeightsMeta:
     created_at: float
     newest_published_at: float | None
     fingerprint: str
+    lineage: str = ""
 
 
 @dataclass(frozen=True, slots=True)
-class Manifest:
-    """Points to a payload too large to publish inline."""
+class EnvelopeHeader:
+    """The signed part of a weights message (see the module docstring for the layout)."""
 
+    kind: str
+    topic: str
     model: str
+    lineage: str
     version: int
+    created_at: float
+    signed_at: float
     size: int
     sha256: str
-    url: str
-    created_at: float
+    fingerprint: str
+    key_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A parsed (not yet verified) weights message."""
+
+    header: EnvelopeHeader
+    header_bytes: bytes
+    signature: bytes
+    mac: bytes
+    body: bytes
+
+    def signed_bytes(self) -> bytes:
+        return signed_message(self.header_bytes)
 
 
 def architecture_fingerprint(names: Sequence[str], arrays: Sequence[np.ndarray]) -> str:
@@ -79,6 +126,7 @@ def encode_weights(names: Sequence[str], arrays: Sequence[np.ndarray], meta: Wei
     metadata = {
         "format": FORMAT_VERSION,
         "model": meta.model,
+        "lineage": meta.lineage,
         "version": str(meta.version),
         "samples_seen": str(meta.samples_seen),
         "created_at": repr(meta.created_at),
@@ -106,6 +154,7 @@ def decode_weights(payload: bytes) -> tuple[list[str], list[np.ndarray], Weights
             if raw_meta.get("newest_published_at")
             else None,
             fingerprint=raw_meta["fingerprint"],
+            lineage=str(raw_meta.get("lineage", "")),
         )
     except (SafetensorError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
         raise WeightsRejected("bad_payload", f"not a livefit safetensors payload: {exc}") from None
@@ -118,27 +167,119 @@ def sha256_hex(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()
 
 
-def sign(key: bytes, topic: str, payload: bytes) -> str:
-    """HMAC-SHA256 over topic, a NUL byte and the payload, as hex."""
-    return hmac.new(key, topic.encode() + b"\0" + payload, hashlib.sha256).hexdigest()
+def signed_message(header_bytes: bytes) -> bytes:
+    """What the Ed25519 signature and the HMAC are computed over."""
+    return SIGNING_CONTEXT + header_bytes
 
 
-def verify(
-    topic: str,
-    payload: bytes,
-    sha256: str | None,
-    signature: str | None,
-    key: bytes | None,
-) -> None:
-    """Raise WeightsRejected unless the payload matches its sha256 and (with a key) its HMAC."""
-    if sha256 is not None and not hmac.compare_digest(sha256, sha256_hex(payload)):
-        raise WeightsRejected("bad_sha256", "payload does not match its sha256")
-    if key is None:
-        return
-    if not signature:
-        raise WeightsRejected("unsigned", "an HMAC key is configured but the message is unsigned")
-    if not hmac.compare_digest(signature, sign(key, topic, payload)):
-        raise WeightsRejected("bad_hmac", "HMAC does not match: forged or signed with another key")
+def hmac_tag(key: bytes, header_bytes: bytes) -> bytes:
+    return hmac.new(key, signed_message(header_bytes), hashlib.sha256).digest()
+
+
+def encode_header(header: EnvelopeHeader) -> bytes:
+    doc = {"format": int(FORMAT_VERSION), **asdict(header)}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def seal(header_bytes: bytes, signature: bytes, mac: bytes, body: bytes) -> bytes:
+    """Assemble an envelope from its parts (signatures computed by the caller)."""
+    if len(header_bytes) > MAX_HEADER_BYTES:
+        raise ValueError(f"envelope header of {len(header_bytes)} bytes is too long")
+    return b"".join(
+        (
+            MAGIC,
+            struct.pack(">I", len(header_bytes)),
+            header_bytes,
+            struct.pack(">H", len(signature)),
+            signature,
+            struct.pack(">H", len(mac)),
+            mac,
+            body,
+        )
+    )
+
+
+def open_envelope(data: bytes) -> Envelope:
+    """Split and parse an envelope (no verification); WeightsRejected when malformed.
+
+    A message that is not an envelope at all (no magic: e.g. a bare safetensors payload, or an
+    old-style JSON manifest) carries no signature: outcome ``unsigned``.
+    """
+    if not data.startswith(MAGIC):
+        raise WeightsRejected("unsigned", "not a livefit weights envelope (no signature)")
+    view = memoryview(data)
+    try:
+        (header_len,) = struct.unpack_from(">I", view, 4)
+        if header_len > MAX_HEADER_BYTES:
+            raise ValueError(f"header length {header_len} over {MAX_HEADER_BYTES}")
+        offset = 8 + header_len
+        header_bytes = bytes(view[8:offset])
+        if len(header_bytes) != header_len:
+            raise ValueError("truncated header")
+        (sig_len,) = struct.unpack_from(">H", view, offset)
+        signature = bytes(view[offset + 2 : offset + 2 + sig_len])
+        offset += 2 + sig_len
+        (mac_len,) = struct.unpack_from(">H", view, offset)
+        mac = bytes(view[offset + 2 : offset + 2 + mac_len])
+        offset += 2 + mac_len
+        if len(signature) != sig_len or len(mac) != mac_len or offset > len(data):
+            raise ValueError("truncated signature or MAC")
+        header = _parse_header(header_bytes)
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        raise WeightsRejected("bad_payload", f"malformed weights envelope: {exc}") from None
+    return Envelope(header, header_bytes, signature, mac, bytes(view[offset:]))
+
+
+def _parse_header(header_bytes: bytes) -> EnvelopeHeader:
+    doc = json.loads(header_bytes)
+    if not isinstance(doc, dict):
+        raise ValueError("header is not a JSON object")
+    if doc.get("format") != int(FORMAT_VERSION):
+        raise ValueError(f"unsupported envelope format {doc.get('format')!r}")
+    kind = doc["kind"]
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}")
+    strings = ("topic", "model", "lineage", "sha256", "fingerprint", "key_id")
+    for key in strings:
+        if not isinstance(doc.get(key, ""), str):
+            raise ValueError(f"{key} must be a string")
+    for key in ("version", "size"):
+        if not isinstance(doc[key], int) or isinstance(doc[key], bool) or doc[key] < 0:
+            raise ValueError(f"{key} must be a non-negative integer")
+    for key in ("created_at", "signed_at"):
+        if not isinstance(doc[key], int | float) or isinstance(doc[key], bool):
+            raise ValueError(f"{key} must be a number")
+    return EnvelopeHeader(
+        kind=kind,
+        topic=doc["topic"],
+        model=doc["model"],
+        lineage=doc["lineage"],
+        version=doc["version"],
+        created_at=float(doc["created_at"]),
+        signed_at=float(doc["signed_at"]),
+        size=doc["size"],
+        sha256=doc["sha256"],
+        fingerprint=doc["fingerprint"],
+        key_id=doc.get("key_id", ""),
+    )
+
+
+def check_body(body: bytes, header: EnvelopeHeader) -> None:
+    """Raise WeightsRejected unless ``body`` is exactly the payload the header names."""
+    if len(body) != header.size or not hmac.compare_digest(sha256_hex(body), header.sha256):
+        raise WeightsRejected(
+            "bad_sha256", f"payload ({len(body)} bytes) does not match its signed sha256 and size"
+        )
+
+
+def check_matches(meta: WeightsMeta, header: EnvelopeHeader) -> None:
+    """The payload's own metadata must say what its signed envelope says."""
+    if (meta.model, meta.lineage, meta.version) != (header.model, header.lineage, header.version):
+        raise WeightsRejected(
+            "bad_payload",
+            f"payload says {meta.model} {meta.lineage[:8]} v{meta.version}, its envelope "
+            f"{header.model} {header.lineage[:8]} v{header.version}",
+        )
 
 
 def check_arrays(arrays: Sequence[np.ndarray], expected_fingerprint: str, names: Sequence[str],
@@ -156,34 +297,3 @@ def check_arrays(arrays: Sequence[np.ndarray], expected_fingerprint: str, names:
     for name, array in zip(names, arrays, strict=True):
         if array.dtype.kind == "f" and not np.isfinite(array).all():
             raise WeightsRejected("non_finite", f"weight {name} holds NaN or infinity")
-
-
-def encode_manifest(manifest: Manifest) -> bytes:
-    return json.dumps(
-        {
-            "kind": "livefit-weights-manifest",
-            "model": manifest.model,
-            "version": manifest.version,
-            "size": manifest.size,
-            "sha256": manifest.sha256,
-            "url": manifest.url,
-            "created_at": manifest.created_at,
-        }
-    ).encode()
-
-
-def decode_manifest(payload: bytes) -> Manifest:
-    try:
-        doc = json.loads(payload)
-        if doc.get("kind") != "livefit-weights-manifest":
-            raise ValueError("not a manifest")
-        return Manifest(
-            model=str(doc["model"]),
-            version=int(doc["version"]),
-            size=int(doc["size"]),
-            sha256=str(doc["sha256"]),
-            url=str(doc["url"]),
-            created_at=float(doc["created_at"]),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise WeightsRejected("bad_payload", f"invalid weights manifest: {exc}") from None

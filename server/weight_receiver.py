@@ -1,22 +1,43 @@
 """Receiving side of the weight stream, shared by replicas and the client ``WeightSubscriber``.
 
-A ``WeightReceiver`` subscribes to one model's weight topic with its own paho client. The
-network thread only enqueues; a worker thread verifies each message (sha256, HMAC when a key is
-set, safetensors structure, model name, architecture fingerprint, finite values), pulls the
-payload over HTTP when the message is a manifest, skips versions not newer than the last one
-accepted, and hands accepted weights to ``on_weights``. Refusals are counted by outcome via
-``on_outcome`` and never stop the receiver.
+A ``WeightReceiver`` subscribes to one model's weight topic with its own paho client, speaking
+the protocol, keepalive, reconnect back-off, TLS and credentials of the ``[broker]`` settings.
+The network thread only enqueues; a worker thread checks each message in this order, and
+refuses it (counted by outcome via ``on_outcome``, never stopping) at the first failure:
+
+1. a well-formed envelope (``weight_format``): else ``unsigned`` (no envelope at all) or
+   ``bad_payload``;
+2. its signature with the learner's public key (``bad_signature``), and its HMAC when a
+   shared key is set (``bad_hmac``); a missing one is ``unsigned``;
+3. the topic and model it was signed for (``wrong_topic``, ``wrong_model``) and the
+   architecture (``wrong_architecture``);
+4. freshness (below): ``expired``, ``stale``, ``rollback``, or ``refreshed`` (the snapshot
+   already served, re-signed by an idle learner: nothing to do);
+5. the payload: inline, or pulled over HTTP from the configured learner origin only
+   (``pull_url``; never a URL from a message) with a hard size limit, aborted as soon as it is
+   exceeded (``too_large``, ``pull_failed``); its size and sha256 (``bad_sha256``); its
+   safetensors structure and metadata (``bad_payload``, ``wrong_model``); finite values
+   (``non_finite``).
+
+Freshness. Versions are compared only within a lineage. A snapshot of the current lineage must
+have a newer version. A snapshot of another lineage (the learner restarted with new storage)
+is taken, and counted ``new_lineage``, only when it was created after the newest snapshot
+accepted so far: an old lineage's snapshot replayed later is a ``rollback``. Whatever the
+lineage, a message signed more than ``max_age_s`` ago (receiver's clock) is ``expired``: this
+bounds what a receiver with no state (just started) can be handed; the learner re-signs its
+newest snapshot every ``weights.refresh_interval_s`` so an idle learner's weights stay valid.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -24,24 +45,30 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.server.broker import BrokerAddress
-from livefit.server.config import TlsSettings
+from livefit.server.config import BrokerSettings
 from livefit.server.mqtt import apply_credentials
 from livefit.server.weight_format import (
-    MANIFEST_CONTENT_TYPE,
+    EnvelopeHeader,
     WeightsMeta,
     WeightsRejected,
     check_arrays,
-    decode_manifest,
+    check_body,
+    check_matches,
     decode_weights,
-    verify,
+    open_envelope,
 )
+from livefit.server.weight_keys import Authenticator
 
 log = logging.getLogger(__name__)
 OUTCOMES = (
-    "accepted", "stale", "bad_sha256", "bad_hmac", "unsigned", "bad_payload", "wrong_model",
-    "wrong_architecture", "non_finite", "pull_failed",
+    "accepted", "new_lineage", "refreshed", "stale", "rollback", "expired", "unsigned",
+    "bad_signature", "bad_hmac", "bad_sha256", "bad_payload", "wrong_topic", "wrong_model",
+    "wrong_architecture", "non_finite", "too_large", "pull_failed",
 )  # fmt: skip
+QUIET_OUTCOMES = ("stale", "refreshed")  # logged at DEBUG: normal on a busy stream
+DEFAULT_MAX_PULL_BYTES = 256 * 1024 * 1024
 _POLL_S = 0.1
+_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +79,8 @@ class ReceivedWeights:
     meta: WeightsMeta
     payload: bytes
     received_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Incoming:
-    payload: bytes
-    content_type: str | None
-    user_properties: dict[str, str]
+    signed_at: float = 0.0
+    new_lineage: bool = False  # this snapshot switches the receiver to another lineage
 
 
 class WeightReceiver:
@@ -71,35 +93,49 @@ class WeightReceiver:
         topic: str,
         fingerprint: str,
         on_weights: Callable[[ReceivedWeights], None],
+        auth: Authenticator,
+        *,
         on_outcome: Callable[[str], None] | None = None,
-        hmac_key: bytes | None = None,
+        broker: BrokerSettings | None = None,
         client_id: str = "",
-        tls: dict[str, Any] | None = None,
+        pull_url: str | None = None,
         pull_timeout_s: float = 30.0,
         pull_headers: dict[str, str] | None = None,
+        max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES,
+        max_age_s: float = 86400.0,
     ) -> None:
         self.address = address
         self.model = model
         self.topic = topic
         self.fingerprint = fingerprint
         self.on_weights = on_weights
+        self.auth = auth
         self.on_outcome = on_outcome
-        self.hmac_key = hmac_key
+        self.broker = broker or BrokerSettings()
+        self.pull_url = pull_url.rstrip("/") if pull_url else None
         self.pull_timeout_s = pull_timeout_s
         self.pull_headers = pull_headers or {}
+        self.max_pull_bytes = max_pull_bytes
+        self.max_age_s = max_age_s
+        # What was accepted last: the lineage, version, creation and signing times.
+        self.lineage: str | None = None
         self.version: int | None = None
+        self.created_at = 0.0
+        self.signed_at = 0.0
         self.connected = threading.Event()
-        self._inbox: queue.Queue[_Incoming] = queue.Queue(maxsize=64)
+        self._inbox: queue.Queue[bytes] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._worker: threading.Thread | None = None
-        self._client = self._make_client(client_id, tls or {})
+        self._client = self._make_client(client_id)
 
     def start(self) -> None:
         self._worker = threading.Thread(
             target=self._run, name=f"weights-in-{self.model}", daemon=True
         )
         self._worker.start()
-        self._client.connect_async(self.address.host, self.address.port, keepalive=30)
+        self._client.connect_async(
+            self.address.host, self.address.port, keepalive=self.broker.keepalive_s
+        )
         self._client.loop_start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -113,64 +149,129 @@ class WeightReceiver:
             self._worker.join(timeout)
             self._worker = None
 
-    def handle(self, incoming: _Incoming) -> ReceivedWeights:
+    # verification ---------------------------------------------------------------------------
+    def handle(self, data: bytes) -> ReceivedWeights:
         """Verify one message and return its weights; raise WeightsRejected otherwise."""
-        payload = incoming.payload
-        props = incoming.user_properties
-        verify(self.topic, payload, props.get("sha256"), props.get("hmac"), self.hmac_key)
-        if incoming.content_type == MANIFEST_CONTENT_TYPE or payload.startswith(b'{"kind"'):
-            payload = self._pull(payload)
+        envelope = open_envelope(data)
+        self.auth.authenticate(envelope)
+        header = envelope.header
+        if header.topic != self.topic:
+            raise WeightsRejected(
+                "wrong_topic", f"signed for topic {header.topic!r}, received on {self.topic!r}"
+            )
+        if header.model != self.model:
+            raise WeightsRejected("wrong_model", f"weights are for model {header.model!r}")
+        if header.fingerprint != self.fingerprint:
+            raise WeightsRejected(
+                "wrong_architecture",
+                f"weights for a different architecture (fingerprint {header.fingerprint[:12]}, "
+                f"this model {self.fingerprint[:12]}); check that both sides use the same config",
+            )
+        new_lineage = self._check_fresh(header)
+        payload = envelope.body if header.kind == "weights" else self._pull(header)
+        check_body(payload, header)
         names, arrays, meta = decode_weights(payload)
-        if meta.model != self.model:
-            raise WeightsRejected("wrong_model", f"weights are for model {meta.model!r}")
-        if self.version is not None and meta.version <= self.version:
-            raise WeightsRejected(
-                "stale", f"version {meta.version} is not newer than {self.version}"
-            )
+        check_matches(meta, header)
         check_arrays(arrays, self.fingerprint, names, meta)
-        return ReceivedWeights(arrays, meta, payload, time.time())
+        return ReceivedWeights(
+            arrays, meta, payload, time.time(), header.signed_at, new_lineage=new_lineage
+        )
 
-    def _pull(self, manifest_payload: bytes) -> bytes:
-        """Fetch a manifest's payload over HTTP and check it against the manifest's sha256."""
-        manifest = decode_manifest(manifest_payload)
-        if self.version is not None and manifest.version <= self.version:
-            raise WeightsRejected("stale", f"version {manifest.version} is not newer")
-        try:
-            response = httpx.get(
-                manifest.url, timeout=self.pull_timeout_s, headers=self.pull_headers
-            )
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise WeightsRejected("pull_failed", f"GET {manifest.url}: {exc}") from None
-        payload = response.content
-        if len(payload) != manifest.size:
+    def _check_fresh(self, header: EnvelopeHeader) -> bool:
+        """Raise WeightsRejected unless ``header`` is newer than what was accepted; True when
+        it starts another lineage."""
+        age = time.time() - header.signed_at
+        if self.max_age_s > 0 and age > self.max_age_s:
             raise WeightsRejected(
-                "pull_failed", f"got {len(payload)} bytes, manifest says {manifest.size}"
+                "expired",
+                f"v{header.version} was signed {age:.0f} s ago, over weights.max_age_s "
+                f"({self.max_age_s:g} s); is the learner running and its clock right?",
             )
-        verify(self.topic, payload, manifest.sha256, None, None)
-        return payload
+        if self.lineage is None or self.version is None:
+            return False
+        if header.lineage == self.lineage:
+            if header.version > self.version:
+                return False
+            if header.version == self.version and header.signed_at > self.signed_at:
+                self.signed_at = header.signed_at
+                raise WeightsRejected("refreshed", f"v{header.version} re-signed by the learner")
+            raise WeightsRejected(
+                "stale", f"version {header.version} is not newer than {self.version}"
+            )
+        if header.created_at <= self.created_at:
+            raise WeightsRejected(
+                "rollback",
+                f"lineage {header.lineage[:12]} v{header.version} was created at "
+                f"{header.created_at:.3f}, before the served {self.lineage[:12]} v{self.version} "
+                f"({self.created_at:.3f}): an old snapshot replayed",
+            )
+        return True
 
+    def _pull(self, header: EnvelopeHeader) -> bytes:
+        """Fetch a manifest's payload from the configured origin, at most its signed size."""
+        if self.pull_url is None:
+            raise WeightsRejected(
+                "pull_failed",
+                f"v{header.version} ({header.size} bytes) is announced by a manifest, and no "
+                "origin is configured to pull it from: set weights.pull_url (or http.public_url) "
+                "to the learner's URL",
+            )
+        if header.size > self.max_pull_bytes:
+            raise WeightsRejected(
+                "too_large",
+                f"v{header.version} is {header.size} bytes, over weights.max_pull_bytes "
+                f"({self.max_pull_bytes})",
+            )
+        url = f"{self.pull_url}/v1/models/{quote(self.model, safe='')}/weights"
+        headers = {**self.pull_headers, "Accept-Encoding": "identity"}
+        deadline = time.monotonic() + self.pull_timeout_s
+        body = bytearray()
+        try:
+            with httpx.stream(
+                "GET", url, params={"version": str(header.version)}, headers=headers,
+                timeout=self.pull_timeout_s, follow_redirects=False,
+            ) as response:  # fmt: skip
+                if response.status_code != 200:
+                    raise WeightsRejected("pull_failed", f"GET {url}: HTTP {response.status_code}")
+                declared = response.headers.get("content-length", "")
+                # ASCII digits only ("²".isdigit() is True), and no 5,000-digit numbers.
+                if re.fullmatch(r"[0-9]{1,18}", declared) and int(declared) > header.size:
+                    raise WeightsRejected(
+                        "too_large", f"GET {url}: {declared} bytes, the manifest says {header.size}"
+                    )
+                for chunk in response.iter_raw(_CHUNK):
+                    body += chunk
+                    if len(body) > header.size:
+                        raise WeightsRejected(
+                            "too_large",
+                            f"GET {url}: more than the {header.size} bytes the manifest says; "
+                            "aborted",
+                        )
+                    if time.monotonic() > deadline:
+                        raise WeightsRejected(
+                            "pull_failed", f"GET {url}: not done in {self.pull_timeout_s:g} s"
+                        )
+        except httpx.HTTPError as exc:
+            raise WeightsRejected("pull_failed", f"GET {url}: {exc}") from None
+        return bytes(body)
+
+    # threads --------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                incoming = self._inbox.get(timeout=_POLL_S)
+                data = self._inbox.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
-            self._process(incoming)
+            self._process(data)
 
-    def _process(self, incoming: _Incoming) -> None:
+    def _process(self, data: bytes) -> None:
         try:
-            received = self.handle(incoming)
+            received = self.handle(data)
         except WeightsRejected as exc:
             self._count(exc.outcome)
-            level = logging.DEBUG if exc.outcome == "stale" else logging.WARNING
-            log.log(
-                level,
-                "weights for %s refused (%s); keeping version %s",
-                self.model,
-                exc,
-                self.version,
-            )
+            level = logging.DEBUG if exc.outcome in QUIET_OUTCOMES else logging.WARNING
+            log.log(level, "weights for %s refused (%s); keeping version %s", self.model, exc,
+                    self.version)  # fmt: skip
             return
         except Exception:
             self._count("bad_payload")
@@ -182,47 +283,64 @@ class WeightReceiver:
             self._count("bad_payload")
             log.exception("applying weights v%d of %s failed", received.meta.version, self.model)
             return
-        self.version = received.meta.version
-        self._count("accepted")
+        self._accept(received)
+
+    def _accept(self, received: ReceivedWeights) -> None:
+        meta = received.meta
+        if received.new_lineage:
+            log.warning(
+                "weights for %s: the learner started a new lineage %s (v%d) after %s (v%s); "
+                "following it", self.model, meta.lineage, meta.version, self.lineage, self.version,
+            )  # fmt: skip
+        self.lineage, self.version = meta.lineage, meta.version
+        self.created_at, self.signed_at = meta.created_at, received.signed_at
+        self._count("new_lineage" if received.new_lineage else "accepted")
 
     def _count(self, outcome: str) -> None:
         if self.on_outcome is not None:
             self.on_outcome(outcome)
 
-    def _make_client(self, client_id: str, tls: dict[str, Any]) -> paho.Client:
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+    def _make_client(self, client_id: str) -> paho.Client:
+        v5 = self.broker.protocol == "5"
+        client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
+            clean_session=None if v5 else True,
+            reconnect_on_failure=True,
+        )
         client.suppress_exceptions = True
-        client.reconnect_delay_set(1, 5)
-        apply_credentials(client, self.address, TlsSettings.model_validate(tls))
+        client.reconnect_delay_set(
+            min_delay=max(1, round(self.broker.reconnect_min_s)),
+            max_delay=max(1, round(self.broker.reconnect_max_s)),
+        )
+        apply_credentials(client, self.address, self.broker.tls)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         return client
 
     def _on_connect(
-        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
+        self, client: paho.Client, userdata: object, flags: object, reason: object, props: object
     ) -> None:
-        if reason.is_failure:
+        if getattr(reason, "is_failure", False):
             log.error("weight stream: connection to %s refused: %s", self.address, reason)
             return
         client.subscribe(self.topic, qos=1)
         self.connected.set()
 
     def _on_disconnect(
-        self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
+        self, client: paho.Client, userdata: object, flags: object, reason: object, props: object
     ) -> None:
         self.connected.clear()
 
-    def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
+    def _on_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
         try:
-            props = message.properties
-            user = dict(getattr(props, "UserProperty", []) or []) if props else {}
-            content_type = getattr(props, "ContentType", None) if props else None
-            incoming = _Incoming(bytes(message.payload), content_type, user)
+            data = bytes(message.payload)
             try:
-                self._inbox.put_nowait(incoming)
+                self._inbox.put_nowait(data)
             except queue.Full:  # only the newest matters: drop the oldest waiting message
                 self._inbox.get_nowait()
-                self._inbox.put_nowait(incoming)
+                self._inbox.put_nowait(data)
         except Exception:
             log.exception("could not enqueue a weights message")

@@ -1,8 +1,8 @@
 """``GET /v1/models/{name}/weights``: the current snapshot (or a recent version) as safetensors.
 
 Replicas pull from here when a snapshot is too large to publish inline (the manifest on MQTT
-names the version); people and tools can fetch weights the same way. Headers carry the
-version and sha256 (also as the ETag).
+names the version, and binds it by size and sha256 in its signed header); people and tools can
+fetch weights the same way. Headers carry the version, lineage and sha256 (also as the ETag).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def build_weights_router(
             media_type=WEIGHTS_CONTENT_TYPE,
             headers={
                 "X-Model-Version": str(item.version),
+                "X-Weights-Lineage": item.lineage,
                 "X-Weights-Sha256": item.sha256,
                 "ETag": f'"{item.sha256}"',
                 "Cache-Control": "no-cache",

@@ -1,0 +1,147 @@
+"""Lineage and version continuity of a real Trainer on a real checkpoint directory.
+
+A lineage id is made with a model's checkpoint directory, kept across restarts and recorded in
+every checkpoint; a learner with no storage gets a fresh one per process. After a clean stop
+a restarted learner continues at exactly the version it stopped at (it used to jump to the
+reserved block: 4,782 -> 5,009).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from livefit.server.checkpoint import Checkpoint, CheckpointStore
+from livefit.server.config import ModelSettings
+from livefit.server.metrics import Metrics
+from livefit.server.samples import SampleChunk, SampleQueue
+from livefit.server.snapshot import SnapshotSlot
+from livefit.server.trainer import VERSION_BLOCK, Trainer
+
+SETTINGS = ModelSettings.model_validate(
+    {"builder": "linear", "input_shape": [2], "output_shape": [1], "seed": 0,
+     "train": {"max_batch_size": 4, "yield_to_serving_ms": 0},
+     "checkpoint": {"interval_s": 0.01}, "weights": {"publish_interval_s": 0.01}}
+)  # fmt: skip
+
+
+def trainer(directory: Path | None) -> tuple[Trainer, SampleQueue, SnapshotSlot]:
+    queue, slot = SampleQueue(1000), SnapshotSlot()
+    store = CheckpointStore(directory, "m") if directory is not None else None
+    t = Trainer("m", SETTINGS, queue, slot, Metrics(), "/CPU:0", checkpoints=store)
+    t.warm_up()
+    return t, queue, slot
+
+
+def feed(queue: SampleQueue, messages: int) -> None:
+    rng = np.random.default_rng(messages)
+    for _ in range(messages):
+        x = rng.normal(size=(4, 2)).astype(np.float32)
+        queue.put(SampleChunk(x, x[:, :1] * 2, np.ones(4, np.float32)))
+
+
+def wait_checkpointed(store: CheckpointStore, version: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        newest = store.load_latest()
+        if newest is not None and newest.version == version:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no checkpoint at v{version} within {timeout}s")
+
+
+def test_clean_stop_after_a_periodic_checkpoint_continues_exactly(tmp_path: Path) -> None:
+    """The last periodic checkpoint already holds the final version: the final one is skipped,
+    and the stop must still record the exact version (it recorded nothing: a jump of ~1000)."""
+    first, queue, _ = trainer(tmp_path)
+    first.start()
+    feed(queue, 30)
+    deadline = time.monotonic() + 30
+    while first.samples_seen < 120 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert first.samples_seen == 120
+    stopped_at = first.version
+    assert stopped_at > 0
+    wait_checkpointed(first.checkpoints, stopped_at)  # type: ignore[arg-type]
+    first.stop()
+    assert first.version == stopped_at
+    assert first.checkpoints is not None
+    assert first.checkpoints.high_water_mark() == stopped_at
+
+    second, _, slot = trainer(tmp_path)
+    assert second.version == stopped_at, f"restarted at {second.version}, stopped at {stopped_at}"
+    assert second.lineage == first.lineage
+    assert slot.latest is not None and slot.latest.version == stopped_at
+    assert slot.latest.lineage == first.lineage
+    second.stop()
+
+
+def test_clean_stop_with_a_final_checkpoint_continues_exactly(tmp_path: Path) -> None:
+    slow = SETTINGS.model_copy(update={"checkpoint": SETTINGS.checkpoint.model_copy(
+        update={"interval_s": 3600})})  # fmt: skip
+    queue, slot = SampleQueue(1000), SnapshotSlot()
+    first = Trainer("m", slow, queue, slot, Metrics(), "/CPU:0",
+                    checkpoints=CheckpointStore(tmp_path, "m"))  # fmt: skip
+    first.warm_up()
+    first.start()
+    feed(queue, 10)
+    first.stop()
+    assert first.samples_seen == 40
+    second, _, _ = trainer(tmp_path)
+    assert second.version == first.version
+    second.stop()
+
+
+def test_a_crash_still_continues_above_every_version_handed_out(tmp_path: Path) -> None:
+    """Without a clean stop the reserved block stands (versions jump, never repeat)."""
+    first, queue, _ = trainer(tmp_path)
+    first.start()
+    feed(queue, 5)
+    deadline = time.monotonic() + 30
+    while first.samples_seen < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    used = first.version
+    # A crash: nothing of stop() runs. The mark on disk is what a restart sees.
+    mark = CheckpointStore(tmp_path, "m").high_water_mark()
+    assert used < mark <= used + VERSION_BLOCK
+    second, _, _ = trainer(tmp_path)
+    assert second.version == mark
+    second.stop()
+    first.stop()
+
+
+def test_lineage_is_made_with_the_directory_kept_and_recorded(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints" / "m"
+    store = CheckpointStore(directory, "m")
+    lineage = (directory / "lineage").read_text()
+    assert len(lineage) == 32 and store.lineage() == lineage
+    assert CheckpointStore(directory, "m").lineage() == lineage  # reopened: the same
+    weights = [np.zeros((2, 1), np.float32)]
+    store.write(Checkpoint("m", 3, 0, 0, weights, [], lineage=lineage))
+    loaded = store.load_latest()
+    assert loaded is not None and loaded.lineage == lineage
+
+    assert CheckpointStore(tmp_path / "elsewhere", "m").lineage() != lineage
+    # A trainer restored from this directory takes its lineage (a trained one is restarted in
+    # test_clean_stop_after_a_periodic_checkpoint_continues_exactly).
+
+
+def test_no_storage_means_a_new_lineage_per_process() -> None:
+    a, _, slot_a = trainer(None)
+    b, _, _ = trainer(None)
+    assert a.lineage and b.lineage and a.lineage != b.lineage
+    assert slot_a.latest is not None and slot_a.latest.lineage == a.lineage
+    a.stop()
+    b.stop()
+
+
+def test_a_directory_with_no_version_history_starts_a_new_lineage(tmp_path: Path) -> None:
+    """A learner that never trained restarts at v0 with new random weights: another history."""
+    first, _, _ = trainer(tmp_path)
+    first.stop()
+    assert first.version == 0
+    second, _, _ = trainer(tmp_path)
+    assert second.version == 0 and second.lineage != first.lineage
+    second.stop()

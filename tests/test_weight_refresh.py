@@ -1,0 +1,90 @@
+"""The learner's publisher on a real mosquitto: signed envelopes, retained, re-signed while idle.
+
+A ``WeightPublisher`` in this process publishes one snapshot and, with nothing new to send,
+publishes it again every ``refresh_interval_s`` with a new ``signed_at`` (same version, same
+``created_at``): a receiver that limits the age of what it accepts keeps an idle learner's
+weights. A receiver counts the re-signed copies as ``refreshed``, never as new weights.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from livefit.server.broker import parse_broker_url
+from livefit.server.config import BrokerSettings
+from livefit.server.metrics import Metrics
+from livefit.server.mqtt import MqttConnection
+from livefit.server.snapshot import Snapshot
+from livefit.server.weight_format import open_envelope
+from livefit.server.weight_keys import Authenticator, SigningKey
+from livefit.server.weight_publisher import WeightPublisher, WeightStore
+from livefit.server.weight_receiver import WeightReceiver
+from tests.mqtt_broker import MosquittoBroker
+from tests.weight_envelopes import Weights
+
+TOPIC = "refresh/weights"
+
+
+def test_idle_learner_re_signs_its_newest_snapshot(broker: MosquittoBroker) -> None:
+    weights, key, metrics = Weights.of("linear"), SigningKey.generate(), Metrics()
+    received: list[bytes] = []
+    arrived = threading.Condition()
+
+    def on_message(_c: object, _u: object, message: paho.MQTTMessage) -> None:
+        with arrived:
+            received.append(bytes(message.payload))
+            arrived.notify_all()
+
+    listener = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+    listener.on_message = on_message
+    listener.connect("127.0.0.1", broker.port)
+    listener.subscribe(TOPIC, qos=1)
+    listener.loop_start()
+    settings = BrokerSettings.model_validate({"client_id": f"refresh-{time.time_ns()}"})
+    connection = MqttConnection(parse_broker_url(broker.url), settings, metrics)
+    publisher = WeightPublisher(
+        "demo", TOPIC, weights.names, weights.fingerprint, connection, metrics, WeightStore(2),
+        key, max_inline_bytes=1 << 20, refresh_interval_s=0.3,
+    )  # fmt: skip
+    try:
+        connection.start()
+        assert connection.wait_connected(10)
+        publisher.start()
+        created = time.time() - 5
+        arrays = tuple(np.asarray(a) for a in weights.arrays)
+        publisher.offer(Snapshot("demo", 7, arrays, created, 70, lineage="d" * 32))
+        with arrived:
+            assert arrived.wait_for(lambda: len(received) >= 3, timeout=15), len(received)
+    finally:
+        publisher.stop()
+        connection.stop()
+        listener.disconnect()
+        listener.loop_stop()
+    headers = [open_envelope(message).header for message in received[:3]]
+    assert {(h.version, h.lineage, h.created_at) for h in headers} == {(7, "d" * 32, created)}
+    signed = [h.signed_at for h in headers]
+    assert signed == sorted(signed) and len(set(signed)) == 3
+    assert metrics.weights_published.labels(model="demo", kind="refresh")._value.get() >= 2
+    assert metrics.weights_published.labels(model="demo", kind="inline")._value.get() == 1
+
+    outcomes: list[str] = []
+    receiver = WeightReceiver(
+        parse_broker_url(broker.url), "demo", TOPIC, weights.fingerprint, lambda _: None,
+        Authenticator(key.public), on_outcome=outcomes.append, max_age_s=60,
+    )  # fmt: skip
+    for message in received[:3]:
+        receiver._process(message)
+    assert outcomes == ["accepted", "refreshed", "refreshed"]
+    # Without the refreshes, the only copy a new receiver could get would be the first one:
+    late = WeightReceiver(
+        parse_broker_url(broker.url), "demo", TOPIC, weights.fingerprint, lambda _: None,
+        Authenticator(key.public), on_outcome=outcomes.append, max_age_s=1,
+    )  # fmt: skip
+    time.sleep(max(0.0, headers[0].signed_at + 1.05 - time.time()))
+    late._process(received[0])
+    assert outcomes[-1] == "expired"
