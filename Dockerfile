@@ -7,8 +7,8 @@
 # TF_PACKAGE is installed in the same pip resolve as livefit, so pyproject.toml's TensorFlow
 # version range still applies; "tensorflow[and-cuda]" adds the CUDA and cuDNN wheels, so the host
 # needs only the NVIDIA driver and the NVIDIA Container Toolkit (see deploy/README.md).
-# BASE_IMAGE: any Debian-based image with Python >= 3.11 (e.g. python:3.11-slim pinned by digest).
-ARG BASE_IMAGE=python:3.11-slim
+# BASE_IMAGE: any Debian-based image with Python >= 3.11; pinned to a patch release (compose too).
+ARG BASE_IMAGE=python:3.11.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
 ARG TF_PACKAGE=tensorflow

@@ -9,6 +9,8 @@ and ``run`` are the CLI subcommand that livefit/cli.py mounts.
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import os
 import socket
 import sys
@@ -418,6 +420,128 @@ def _messages(chunks: Chunks, batch: int) -> Iterator[tuple[np.ndarray, np.ndarr
             yield x[start : start + batch], y[start : start + batch]
 
 
+class RejectionWatcher:
+    """Listens, on a publisher's connection, for what the learner says about its messages.
+
+    It subscribes to the model's dead-letter topic, where a learner reports every message it
+    rejects (JSON with ``topic``, ``reason``, ``detail`` and the start of the payload), and
+    counts the reports of this publisher's messages: those on its topic whose echoed payload
+    holds its ``source`` (or was cut before it). It also subscribes to the weights topic until
+    the first message: a learner publishes its weights there (retained) from its first start,
+    so a retained message means some learner has served this model on this broker.
+
+    ``nothing_listens`` is the heuristic ``livefit publish`` warns on: the broker granted both
+    subscriptions, no weights message came and no rejection was reported.
+    """
+
+    def __init__(
+        self,
+        client: mqtt.Client,
+        topic: str,
+        dead_letter_topic: str,
+        weights_topic: str,
+        source: str | None,
+    ) -> None:
+        self.client = client
+        self.topic = topic
+        self.dead_letter_topic = dead_letter_topic
+        self.weights_topic = weights_topic
+        self.source = source.encode() if source else None
+        self.rejected = 0
+        self.first: tuple[str, str] | None = None  # (reason, detail) of the first report
+        self.weights_seen = False
+        self.granted: dict[str, bool] = {}
+        self._pending: dict[int, str] = {}
+        self._changed = threading.Condition()
+        self._last_report = 0.0
+
+    def start(self, timeout_s: float = 5.0) -> None:
+        """Subscribe to both topics and wait (up to ``timeout_s``) for the broker's answers."""
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
+        with self._changed:
+            for topic in (self.dead_letter_topic, self.weights_topic):
+                result, mid = self.client.subscribe(topic, qos=1)
+                if result == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+                    self._pending[mid] = topic
+            self._changed.wait_for(lambda: not self._pending, timeout_s)
+
+    def settle(self, quiet_s: float, max_s: float = 10.0) -> None:
+        """Wait for late reports: until none came for ``quiet_s`` (at most ``max_s``). When no
+        learner seems to be there, only a moment for a retained weights message in flight."""
+        start = time.monotonic()
+        with self._changed:
+            if self.nothing_listens:
+                self._changed.wait_for(lambda: not self.nothing_listens, min(quiet_s, 0.25))
+                if self.nothing_listens:
+                    return
+            while True:
+                wake = min(max(start, self._last_report) + quiet_s, start + max_s)
+                remaining = wake - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._changed.wait(remaining)
+
+    @property
+    def watching(self) -> bool:
+        """Whether the broker let us read the dead-letter topic (an ACL may not)."""
+        return self.granted.get(self.dead_letter_topic, False)
+
+    @property
+    def nothing_listens(self) -> bool:
+        return (
+            self.watching
+            and self.granted.get(self.weights_topic, False)
+            and not self.weights_seen
+            and self.rejected == 0
+        )
+
+    def _on_subscribe(
+        self, client: mqtt.Client, _userdata: Any, mid: int, reason_codes: list[Any], _props: Any
+    ) -> None:
+        with self._changed:
+            topic = self._pending.pop(mid, None)
+            if topic is not None:
+                self.granted[topic] = bool(reason_codes) and not reason_codes[0].is_failure
+            self._changed.notify_all()
+
+    def _on_message(self, client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if message.topic == self.weights_topic:
+            with self._changed:
+                first = not self.weights_seen
+                self.weights_seen = True
+                self._changed.notify_all()
+            if first:
+                client.unsubscribe(self.weights_topic)  # one is enough; they are large
+            return
+        report = _rejection_report(bytes(message.payload))
+        if report is None or report.get("topic") != self.topic or not self._ours(report):
+            return
+        with self._changed:
+            self.rejected += 1
+            if self.first is None:
+                self.first = (str(report.get("reason")), str(report.get("detail")))
+            self._last_report = time.monotonic()
+            self._changed.notify_all()
+
+    def _ours(self, report: dict[str, Any]) -> bool:
+        if self.source is None or report.get("payload_truncated"):
+            return True
+        try:
+            echoed = base64.b64decode(str(report.get("payload_base64", "")), validate=True)
+        except ValueError:
+            return True
+        return self.source in echoed
+
+
+def _rejection_report(payload: bytes) -> dict[str, Any] | None:
+    try:
+        report = json.loads(payload)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
 # ---------------------------------------------------------------------------------------------
 # The `livefit publish` subcommand.
 
@@ -519,11 +643,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--ca-file", metavar="PATH", help="CA certificates for mqtts:// (default: the system's)")
     add("--no-progress", action="store_true", help="no progress bar")
+    add(
+        "--rejected-topic",
+        metavar="TOPIC",
+        help="the learner's dead-letter topic, where it reports rejected messages "
+        "(default livefit/<model>/rejected; the model's dead_letter_topic)",
+    )
+    add(
+        "--weights-topic",
+        metavar="TOPIC",
+        help="the model's weight topic, read once to see whether a learner serves it "
+        "(default livefit/<model>/weights)",
+    )
+    add(
+        "--rejection-wait",
+        type=_non_negative_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="after the last acknowledgement, wait until no rejection was reported for this "
+        "long (at most 10 s) (default %(default)s)",
+    )
+    add(
+        "--no-check",
+        action="store_true",
+        help="do not listen for rejections nor warn when no learner seems to take the samples",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `livefit publish`: 0 when every sample was acknowledged, 1 on a broker or publish
-    failure, 2 on invalid options or an unreadable source, 130 when interrupted."""
+    failure or when the learner rejected every message, 2 on invalid options or an unreadable
+    source, 130 when interrupted.
+
+    Unless ``--no-check``, it listens on the model's dead-letter topic while it publishes and
+    reports the rejections of its messages at the end, and warns when nothing seems to take
+    the samples (``RejectionWatcher.nothing_listens``)."""
     try:
         chunks, count = _open_source(args)
         publisher = _make_publisher(args)
@@ -533,7 +687,17 @@ def run(args: argparse.Namespace) -> int:
         publisher.connect()
     except BrokerConnectionError as exc:
         return _fail(str(exc), 1)
+    watcher = None
     try:
+        if not getattr(args, "no_check", False):
+            watcher = RejectionWatcher(
+                publisher.client,
+                publisher.topic,
+                args.rejected_topic or f"livefit/{args.model}/rejected",
+                args.weights_topic or f"livefit/{args.model}/weights",
+                publisher.source,
+            )
+            watcher.start()
         with _progress_bar(count, enabled=not args.no_progress) as advance:
             stats = publisher.publish_stream(
                 chunks,
@@ -542,6 +706,8 @@ def run(args: argparse.Namespace) -> int:
                 on_progress=advance,
                 stop=getattr(args, "stop_event", None),
             )
+        if watcher is not None:
+            watcher.settle(args.rejection_wait)
     except PublishError as exc:
         return _fail(str(exc), 1)
     except KeyboardInterrupt:
@@ -551,7 +717,39 @@ def run(args: argparse.Namespace) -> int:
     print(f"{stats.summary()} to {publisher.topic} at {publisher.address}", flush=True)
     if stats.rejected or stats.dropped:
         return _fail(f"{stats.rejected + stats.dropped} messages were not delivered", 1)
+    if watcher is not None:
+        return _check_report(watcher, stats, args.model, str(publisher.address))
     return 0
+
+
+def _check_report(watcher: RejectionWatcher, stats: PublishStats, model: str, broker: str) -> int:
+    """What the learner said about the messages: 1 when it rejected every one of them."""
+    if watcher.rejected:
+        reason, detail = watcher.first or ("?", "?")
+        first = " ".join(f"{reason}: {detail}".split())[:300]
+        if watcher.rejected >= stats.messages:
+            return _fail(
+                f"the learner rejected every message ({watcher.rejected} of {stats.messages}), "
+                f"the first for {first} (reports on {watcher.dead_letter_topic})",
+                1,
+            )
+        _warn(
+            f"the learner rejected {watcher.rejected} of {stats.messages} messages, the first "
+            f"for {first} (reports on {watcher.dead_letter_topic})"
+        )
+    elif watcher.nothing_listens:
+        _warn(
+            f"no learner seems to serve model {model!r} on {broker}: no weights on "
+            f"{watcher.weights_topic} and no rejection reports on {watcher.dead_letter_topic}. "
+            f"Check that `livefit serve` runs against this broker with a model named {model!r} "
+            f"(--model) whose topic is {watcher.topic} (--topic); until one subscribes, the "
+            "broker keeps these samples only for a learner session it already knows"
+        )
+    return 0
+
+
+def _warn(message: str) -> None:
+    print(f"livefit publish: warning: {message}", file=sys.stderr, flush=True)
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

@@ -33,7 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     replica = commands.add_parser(
         "replica", help="serve predictions with weights from a learner's weight stream"
     )
-    replica.add_argument("--config", help="the learner's TOML config file (same file)")
+    replica.add_argument(
+        "--config",
+        help="the learner's TOML config file, the same file (default: the bundled demo model, "
+        "as `livefit serve` without --config)",
+    )
     replica.add_argument("--host", help="override http.host")
     replica.add_argument("--port", type=int, help="override http.port")
     replica.set_defaults(handler=_replica)

@@ -1,10 +1,22 @@
 """``livefit demo``: broker, learner, replica, publisher and prediction traffic in one command.
 
-It finds or starts a broker (``broker.url = "auto"``), starts ``livefit serve`` and
-``livefit replica`` as child processes on free ports, streams a learnable noisy linear
-function to the learner, sends prediction requests from a few concurrent clients, shows live
-progress (the replica's version following the learner's), and stops everything after
-``--duration`` seconds with a short summary.
+It uses the broker on 127.0.0.1:1883 when one listens there (or the one ``--broker`` names),
+else starts mosquitto on a free loopback port (or, without mosquitto, an embedded amqtt
+broker); starts ``livefit serve`` and ``livefit replica`` as child processes on free ports,
+streams a learnable noisy linear function to the learner, sends prediction requests from a
+few concurrent clients, shows live progress (the replica's version following the learner's),
+and stops everything after ``--duration`` seconds with a short summary.
+
+The demo keeps to itself on a broker it shares: its model has a name of its own
+(``demo-<random>``, so its topics ``livefit/demo-<random>/...`` meet no other learner's), its
+learner's MQTT session ends with the connection (session expiry 0) and its temporary
+directory is deleted on exit. Ctrl-C or SIGTERM stop it within seconds with the summary so
+far; its child processes (learner, replica, a mosquitto it started) are killed by the kernel
+when the demo dies in any way, SIGKILL included (Linux: ``PR_SET_PDEATHSIG``).
+
+The weight stream is signed as everywhere else: the demo makes the learner's Ed25519 key in
+its storage dir before starting anything, and its config names the private key (for the
+learner) and the public key (for the replica), so both can start at once.
 """
 
 from __future__ import annotations
@@ -12,7 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import json
 import os
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,8 +37,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import httpx
 import numpy as np
@@ -30,86 +50,234 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-MODEL = "demo"
 INPUT_DIM = 8
+STOP_GRACE_S = 3.0  # children get SIGTERM, then SIGKILL after this long
+_PR_SET_PDEATHSIG = 1
+_OWN_GROUP = 0 if os.name == "posix" else None  # children out of the terminal's Ctrl-C
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds to run (default 30)")
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds to run")
     parser.add_argument("--rate", type=float, default=5000.0, help="samples/s to publish")
     parser.add_argument("--batch", type=int, default=10, help="samples per MQTT message")
     parser.add_argument("--clients", type=int, default=8, help="concurrent prediction clients")
-    parser.add_argument("--broker", default="auto", help='broker URL or "auto" (default)')
-    parser.add_argument("--port", type=int, default=0, help="HTTP port (default: a free one)")
-    parser.add_argument("--workdir", help="where state and logs go (default: a temp dir)")
+    parser.add_argument(
+        "--broker",
+        default="auto",
+        help='broker URL, or "auto": 127.0.0.1:1883 if a broker listens there, else one '
+        "started for the demo",
+    )
+    parser.add_argument("--port", type=int, default=0, help="learner HTTP port (0: a free one)")
+    parser.add_argument(
+        "--workdir", help="where state and logs go, kept (default: a temp dir, deleted on exit)"
+    )
     parser.add_argument("--no-live", action="store_true", help="print lines instead of a live view")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the demo; 0 when the model learned (prequential loss fell), else 1."""
-    console = Console()
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="livefit-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    from livefit.server.broker import resolve_broker
+class _Stop:
+    """Set by SIGINT/SIGTERM instead of raising KeyboardInterrupt; a second signal kills the
+    children at once."""
 
-    address, managed = resolve_broker(args.broker, workdir)
-    console.print(f"[bold]broker[/bold] {address} ({managed.kind if managed else 'existing'})")
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal: int | None = None
+        self.children: list[subprocess.Popen[bytes]] = []
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.event.is_set():  # asked twice: no more waiting
+            for child in self.children:
+                with contextlib.suppress(OSError):
+                    child.kill()
+            return
+        self.signal = signum
+        self.event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self.event.wait(seconds)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo: 0 when the model learned (prequential loss fell), 1 when not or when
+    something failed, 128 + signal number when interrupted (130 for Ctrl-C)."""
+    console = Console(highlight=False)
+    stop = _Stop()
+    stop.install()
+    temporary = args.workdir is None
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="livefit-demo-"))
+    keep_workdir = not temporary
+    model = f"demo-{secrets.token_hex(3)}"  # its own topics on a shared broker
+    managed: Any = None
+    broker = None
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        broker = _broker(args.broker, workdir, stop, console)
+        if broker is None:
+            return 1
+        url, protocol, managed = broker
+        code, failed = _run_children(args, console, stop, workdir, model, url, protocol)
+        keep_workdir = keep_workdir or failed
+        return code
+    finally:
+        apps = [child for child in stop.children if getattr(managed, "process", None) is not child]
+        _stop_children(apps, grace=STOP_GRACE_S)  # learner and replica, then the broker
+        if broker is not None and managed is None:
+            _clear_retained(broker[0], f"livefit/{model}/weights")
+        if managed is not None:
+            with contextlib.suppress(Exception):
+                managed.stop()
+        stop.restore()
+        if not keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif temporary:
+            console.print(f"logs kept in {workdir}")
+
+
+def _broker(url: str, workdir: Path, stop: _Stop, console: Console) -> tuple[str, str, Any] | None:
+    """(URL, MQTT protocol, what to stop or None) of the broker to use; None if none."""
+    from livefit.server.broker import (
+        DEFAULT_HOST,
+        DEFAULT_PORT,
+        BrokerAddress,
+        is_listening,
+        parse_broker_url,
+        resolve_broker,
+    )
+
+    if url != "auto":
+        try:
+            address = parse_broker_url(url)
+        except ValueError as exc:
+            console.print(f"[red]--broker: {exc}[/red]")
+            return None
+        if not is_listening(address.host, address.port, timeout=2.0):
+            console.print(
+                f"[red]nothing listens at {address.host}:{address.port} ({address}): start "
+                "the broker, or use --broker auto to let the demo start one[/red]"
+            )
+            return None
+        console.print(f"[bold]broker[/bold] {address} (given)")  # no password shown
+        return url, "5", None
+    if is_listening(DEFAULT_HOST, DEFAULT_PORT):
+        address = BrokerAddress(DEFAULT_HOST, DEFAULT_PORT)
+        console.print(f"[bold]broker[/bold] {address} (already running; the demo uses its own "
+                      "topics)")  # fmt: skip
+        return str(address), "5", None
+    if shutil.which("mosquitto"):
+        child = _Mosquitto(workdir / "mosquitto", stop)
+        console.print(f"[bold]broker[/bold] {child.address} (mosquitto started for the demo)")
+        return child.address, "5", child
+    _, embedded = resolve_broker("auto", workdir, allow=("amqtt",))
+    assert embedded is not None
+    address = BrokerAddress(DEFAULT_HOST, DEFAULT_PORT)
+    console.print(f"[bold]broker[/bold] {address} (embedded amqtt: MQTT 3.1.1, may lose samples)")
+    return str(address), embedded.protocol, embedded
+
+
+def _run_children(
+    args: argparse.Namespace, console: Console, stop: _Stop, workdir: Path, model: str,
+    broker: str, protocol: str,
+) -> tuple[int, bool]:  # fmt: skip
+    """Start learner and replica, run the traffic; (exit status, whether something failed)."""
+    from livefit.server.weight_keys import default_key_path, default_public_path, ensure_signing_key
+
+    storage = workdir / "data"
+    key_file, public_file = default_key_path(storage), default_public_path(storage)
+    key, _ = ensure_signing_key(key_file, public_file)
+    console.print(f"[bold]model[/bold] {model} (topics livefit/{model}/...)")
+    console.print(f"[bold]weights[/bold] signed with Ed25519 key {key.key_id}")
     port = args.port or _free_port()
-    config = _write_config(workdir, str(address), port, managed.protocol if managed else "5")
+    config = _write_config(workdir, model, broker, port, protocol, key_file, public_file)
     server = _start(config, "serve", port, workdir / "server.log")
+    stop.children.append(server)
     replica_port = _free_port()
     replica = _start(config, "replica", replica_port, workdir / "replica.log")
-    try:
-        url = f"http://127.0.0.1:{port}"
-        replica_url = f"http://127.0.0.1:{replica_port}"
-        if not _wait_ready(url, server, timeout=120):
-            console.print(f"[red]learner did not become ready; log: {workdir / 'server.log'}")
-            return 1
-        console.print(f"[bold]learner[/bold] {url} (log {workdir / 'server.log'})")
-        if not _wait_ready(replica_url, replica, timeout=120):
-            console.print(f"[red]replica did not become ready; log: {workdir / 'replica.log'}")
-            return 1
-        console.print(f"[bold]replica[/bold] {replica_url} (log {workdir / 'replica.log'})")
-        return _run_traffic(args, console, url, replica_url, str(address))
-    finally:
-        _stop(replica)
-        _stop(server)
-        if managed is not None:
-            managed.stop()
+    stop.children.append(replica)
+    url, replica_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{replica_port}"
+    for what, where, process, log in (
+        ("learner", url, server, workdir / "server.log"),
+        ("replica", replica_url, replica, workdir / "replica.log"),
+    ):
+        if not _wait_ready(where, process, stop, timeout=120):
+            if stop.requested:
+                console.print(f"interrupted while the {what} started; nothing to summarise")
+                return _interrupted(stop), False
+            console.print(f"[red]the {what} did not become ready; the end of its log:[/red]")
+            console.print(_tail(log), markup=False)
+            return 1, True
+        console.print(f"[bold]{what}[/bold] {where}")
+    return _run_traffic(args, console, stop, model, url, replica_url, broker), False
+
+
+def _interrupted(stop: _Stop) -> int:
+    return 128 + (stop.signal or signal.SIGINT)
 
 
 def _run_traffic(
-    args: argparse.Namespace, console: Console, url: str, replica_url: str, broker: str
-) -> int:
-    stop = threading.Event()
-    publisher = threading.Thread(
-        target=_publish, args=(broker, args, stop), name="demo-publisher", daemon=True
-    )
-    predictor = _Predictor(url, args.clients)
+    args: argparse.Namespace, console: Console, stop: _Stop, model: str, url: str,
+    replica_url: str, broker: str,
+) -> int:  # fmt: skip
+    done = threading.Event()
+    publisher = _Publisher(broker, model, args, done)
+    predictor = _Predictor(url, model, args.clients)
     predictor.start()
     publisher.start()
-    progress = _Progress(url, replica_url)
+    progress = _Progress(url, replica_url, model)
+    started = time.monotonic()
     try:
-        _show(console, progress, predictor, args.duration, live=not args.no_live)
+        _show(console, progress, predictor, args.duration, stop, live=not args.no_live)
     finally:
-        stop.set()
+        done.set()
         predictor.stop()
-        publisher.join(timeout=30)
-    return _summary(console, progress, predictor)
+        publisher.join(timeout=5)
+    learned = _summary(console, progress, predictor, time.monotonic() - started, publisher)
+    if stop.requested:
+        return _interrupted(stop)
+    return 0 if learned else 1
 
 
-def _publish(broker: str, args: argparse.Namespace, stop: threading.Event) -> None:
-    from livefit.clients import publish
+class _Publisher(threading.Thread):
+    """Streams the synthetic function to the model's topic until ``done`` or the count."""
 
-    parser = argparse.ArgumentParser()
-    publish.add_arguments(parser)
-    count = int(args.rate * args.duration) if args.rate > 0 else 10_000_000
-    options = parser.parse_args(
-        ["--broker", broker, "--model", MODEL, "--count", str(count), "--rate", str(args.rate),
-         "--batch", str(args.batch), "--no-progress", "--input-shape", str(INPUT_DIM)]
-    )  # fmt: skip
-    options.stop_event = stop
-    publish.run(options)
+    def __init__(
+        self, broker: str, model: str, args: argparse.Namespace, done: threading.Event
+    ) -> None:
+        super().__init__(name="demo-publisher", daemon=True)
+        self.broker, self.model, self.args, self.done = broker, model, args, done
+        self.error: str | None = None
+
+    def run(self) -> None:
+        from livefit.clients.publish import PublishError, SamplePublisher
+        from livefit.clients.synthetic import stream_chunks, stream_for_shape
+
+        args = self.args
+        count = int(args.rate * args.duration) if args.rate > 0 else 10_000_000
+        chunk = args.batch * max(1, 4096 // args.batch)
+        chunks = stream_chunks(stream_for_shape((INPUT_DIM,), 1, 0.01, 0), count, chunk)
+        publisher = SamplePublisher(
+            self.broker, f"livefit/{self.model}/samples", source=f"{self.model}-publisher",
+            ack_timeout_s=5.0,
+        )  # fmt: skip
+        try:
+            publisher.connect()
+            publisher.publish_stream(chunks, batch=args.batch, rate=args.rate, stop=self.done)
+        except (PublishError, ConnectionError) as exc:
+            self.error = str(exc)
+        finally:
+            publisher.close()
 
 
 @dataclass
@@ -117,6 +285,7 @@ class _Predictor:
     """A few asyncio clients sending TF-Serving predict requests in a loop, on a thread."""
 
     url: str
+    model: str
     clients: int
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
@@ -132,7 +301,7 @@ class _Predictor:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=5)
 
     async def _main(self) -> None:
         async with httpx.AsyncClient(base_url=self.url, timeout=5) as client:
@@ -144,7 +313,7 @@ class _Predictor:
             body = {"instances": rng.normal(size=(1, INPUT_DIM)).round(4).tolist()}
             started = time.perf_counter()
             try:
-                response = await client.post(f"/v1/models/{MODEL}:predict", json=body)
+                response = await client.post(f"/v1/models/{self.model}:predict", json=body)
             except httpx.HTTPError:
                 self.errors += 1
                 await asyncio.sleep(0.1)
@@ -160,9 +329,10 @@ class _Predictor:
 class _Progress:
     """Reads the learner's /metrics and keeps the first and latest readings."""
 
-    def __init__(self, url: str, replica_url: str) -> None:
+    def __init__(self, url: str, replica_url: str, model: str) -> None:
         self.url = url
         self.replica_url = replica_url
+        self.model = model
         self.replica_version = 0.0
         self.first_loss: float | None = None
         self.latest: dict[str, float] = {}
@@ -172,14 +342,16 @@ class _Progress:
     def poll(self) -> None:
         try:
             text = httpx.get(f"{self.url}/metrics", timeout=2).text
-            replica = httpx.get(f"{self.replica_url}/v1/models/{MODEL}", timeout=2).json()
+            replica = httpx.get(f"{self.replica_url}/v1/models/{self.model}", timeout=2).json()
             self.replica_version = float(replica["model_version_status"][0]["version"])
-        except (httpx.HTTPError, KeyError, ValueError):
+        except (httpx.HTTPError, KeyError, ValueError, IndexError, TypeError):
             return
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.labels.get("model", MODEL) == MODEL and not sample.labels.get("le"):
+                if sample.labels.get("model", self.model) == self.model and not sample.labels.get(
+                    "le"
+                ):
                     key = sample.name
                     if sample.name == "livefit_predict_requests_total":
                         key = f"{sample.name}:{sample.labels.get('code')}"
@@ -192,19 +364,31 @@ class _Progress:
                 self.rates[key] = (values.get(key, 0) - before.get(key, 0)) / max(now - then, 1e-6)
         self.previous = (now, values)
         self.latest = values
-        loss = values.get("livefit_prequential_loss")
-        if self.first_loss is None and loss is not None and loss == loss and loss > 0:
+        loss = self.loss
+        if self.first_loss is None and loss is not None and loss > 0:
             self.first_loss = loss
 
     def get(self, key: str) -> float:
         return self.latest.get(key, 0.0)
 
+    @property
+    def loss(self) -> float | None:
+        """The prequential loss, or None before anything was trained (the gauge reads 0)."""
+        value = self.latest.get("livefit_prequential_loss")
+        if value is None or value != value or self.get("livefit_train_samples_total") <= 0:
+            return None
+        return value
+
     def ratio(self, numerator: str, denominator: str) -> float:
         return self.get(numerator) / max(self.get(denominator), 1.0)
 
 
-def _table(progress: _Progress, predictor: _Predictor, elapsed: float, duration: float) -> Table:
-    table = Table(title=f"livefit demo  {elapsed:4.0f}/{duration:.0f} s", show_header=False)
+def _loss_text(loss: float | None, digits: int = 5) -> str:
+    return "-" if loss is None else f"{loss:.{digits}f}"
+
+
+def _table(progress: _Progress, predictor: _Predictor, title: str) -> Table:
+    table = Table(title=title, show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     p = progress
@@ -214,7 +398,7 @@ def _table(progress: _Progress, predictor: _Predictor, elapsed: float, duration:
         "mean train batch",
         f"{p.ratio('livefit_train_batch_size_sum', 'livefit_train_batch_size_count'):.1f}",
     )
-    table.add_row("prequential loss", f"{p.get('livefit_prequential_loss'):.5f}")
+    table.add_row("prequential loss", _loss_text(p.loss))
     table.add_row("model version", f"{p.get('livefit_model_version'):,.0f}")
     table.add_row("serving version (learner)", f"{p.get('livefit_serving_version'):,.0f}")
     table.add_row("replica version", f"{p.replica_version:,.0f}")
@@ -231,81 +415,200 @@ def _table(progress: _Progress, predictor: _Predictor, elapsed: float, duration:
 
 
 def _show(console: Console, progress: _Progress, predictor: _Predictor, duration: float,
-          live: bool) -> None:  # fmt: skip
+          stop: _Stop, live: bool) -> None:  # fmt: skip
     started = time.monotonic()
     if live and console.is_terminal:
         with Live(console=console, refresh_per_second=4) as view:
-            while (elapsed := time.monotonic() - started) < duration:
+            while (elapsed := time.monotonic() - started) < duration and not stop.requested:
                 progress.poll()
-                view.update(_table(progress, predictor, elapsed, duration))
-                time.sleep(0.5)
+                title = f"livefit demo  {elapsed:4.0f}/{duration:.0f} s"
+                view.update(_table(progress, predictor, title))
+                stop.wait(0.5)
         return
     next_line = 0.0
-    while (elapsed := time.monotonic() - started) < duration:
+    while (elapsed := time.monotonic() - started) < duration and not stop.requested:
         progress.poll()
         if elapsed >= next_line:
             console.print(
                 f"{elapsed:5.1f}s trained={progress.get('livefit_train_samples_total'):.0f} "
-                f"loss={progress.get('livefit_prequential_loss'):.5f} "
+                f"loss={_loss_text(progress.loss)} "
                 f"version={progress.get('livefit_model_version'):.0f} "
                 f"replica={progress.replica_version:.0f}"
             )
             next_line += 5.0
-        time.sleep(0.5)
+        stop.wait(0.5)
 
 
-def _summary(console: Console, progress: _Progress, predictor: _Predictor) -> int:
+def _summary(
+    console: Console, progress: _Progress, predictor: _Predictor, elapsed: float,
+    publisher: _Publisher,
+) -> bool:  # fmt: skip
+    """Print the final table and a few lines (each under 80 columns); True if it learned."""
     progress.poll()
-    console.print(_table(progress, predictor, 0, 0))
-    first, last = progress.first_loss, progress.get("livefit_prequential_loss")
-    learned = first is not None and last < first
+    console.print(_table(progress, predictor, f"livefit demo: summary after {elapsed:.0f} s"))
+    first, last = progress.first_loss, progress.loss
+    learned = first is not None and last is not None and last < first
     console.print(
-        f"prequential loss {first if first is not None else float('nan'):.4f} -> {last:.5f}; "
-        f"{len(predictor.latencies):,} predictions served, {predictor.errors} errors; "
+        f"prequential loss {_loss_text(first, 4)} -> {_loss_text(last, 5)}; "
         + ("[green]the model learned[/green]" if learned else "[red]no learning seen[/red]")
     )
-    return 0 if learned else 1
+    console.print(f"{len(predictor.latencies):,} predictions served, {predictor.errors} errors")
+    if publisher.error:
+        console.print(f"[red]publisher: {publisher.error[:60]}[/red]")
+    return learned
 
 
-def _write_config(workdir: Path, broker: str, port: int, protocol: str) -> Path:
+def _toml(value: object) -> str:
+    return json.dumps(str(value))  # a TOML basic string
+
+
+def _write_config(
+    workdir: Path, model: str, broker: str, port: int, protocol: str, key_file: Path,
+    public_file: Path,
+) -> Path:  # fmt: skip
     config = workdir / "demo.toml"
     config.write_text(
-        f'[broker]\nurl = "{broker}"\nclient_id = "livefit-demo-{port}"\nprotocol = "{protocol}"\n'
-        f'[http]\nport = {port}\n[storage]\ndir = "{workdir / "data"}"\n'
-        f'[models.{MODEL}]\nbuilder = "mlp"\ninput_shape = [{INPUT_DIM}]\noutput_shape = [1]\n'
-        f"learning_rate = 0.003\n[models.{MODEL}.train]\nmax_batch_size = 256\n"
+        f"[broker]\nurl = {_toml(broker)}\nclient_id = {_toml('livefit-' + model)}\n"
+        f'protocol = "{protocol}"\n'
+        "session_expiry_s = 0  # nothing left on a shared broker once the demo ends\n"
+        f"[http]\nport = {port}\n[storage]\ndir = {_toml(workdir / 'data')}\n"
+        f'[models.{model}]\nbuilder = "mlp"\ninput_shape = [{INPUT_DIM}]\noutput_shape = [1]\n'
+        f"learning_rate = 0.003\n[models.{model}.train]\nmax_batch_size = 256\n"
+        f"[models.{model}.weights]\nsigning_key_file = {_toml(key_file)}\n"
+        f"verify_key_file = {_toml(public_file)}\n"
     )
     return config
 
 
+def _clear_retained(broker: str, topic: str) -> None:
+    """Delete the retained weights the demo's learner left on a broker the demo did not start
+    (an empty retained message deletes it), so the user's broker keeps nothing of the demo."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from livefit.server.broker import parse_broker_url
+
+    address = parse_broker_url(broker)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2)
+    if address.username is not None:
+        client.username_pw_set(address.username, address.password)
+    if address.tls:
+        client.tls_set()
+    try:
+        client.connect(address.host, address.port, keepalive=10)
+        client.loop_start()
+        client.publish(topic, b"", qos=1, retain=True).wait_for_publish(3)
+    except (OSError, ValueError, RuntimeError):
+        pass  # best effort: the broker may be gone
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` making the kernel SIGKILL the child when this process dies (Linux's
+    PR_SET_PDEATHSIG); None where that is not available (the children then outlive a killed
+    demo, as any child process would)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the demo died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def _child_env() -> dict[str, str]:
+    """The demo's config is complete: the user's LIVEFIT_* overrides must not change it."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("LIVEFIT_")}
+    return dict(env, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+
+
 def _start(config: Path, command: str, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    """``livefit <command>`` in its own process group (the terminal's Ctrl-C reaches only the
+    demo, which stops the children itself) that dies with the demo."""
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "livefit", command, "--config", str(config),
              "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env(),
+            preexec_fn=_die_with_parent(), process_group=_OWN_GROUP,
         )  # fmt: skip
 
 
-def _wait_ready(url: str, server: subprocess.Popen[bytes], timeout: float) -> bool:
+class _Mosquitto:
+    """mosquitto on a free loopback port for the demo alone: no persistence, dies with it."""
+
+    protocol = "5"
+
+    def __init__(self, workdir: Path, stop: _Stop) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        conf = workdir / "mosquitto.conf"
+        user = "user root\n" if os.geteuid() == 0 else ""
+        conf.write_text(
+            f"listener {port} 127.0.0.1\nallow_anonymous true\n{user}persistence false\n"
+            "max_queued_messages 1000000\nmax_inflight_messages 1000\n"
+            f"log_dest file {workdir}/mosquitto.log\n"
+        )
+        self.address = f"mqtt://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent(), process_group=_OWN_GROUP,
+        )  # fmt: skip
+        stop.children.append(self.process)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self.process.poll() is None:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"mosquitto did not listen on 127.0.0.1:{port}; see {workdir}")
+
+    def stop(self) -> None:
+        _stop_children([self.process], grace=STOP_GRACE_S)
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], stop: _Stop, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and server.poll() is None:
+    while time.monotonic() < deadline and process.poll() is None and not stop.requested:
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
                 return True
-        time.sleep(0.25)
+        stop.wait(0.25)
     return False
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+def _stop_children(children: list[subprocess.Popen[bytes]], grace: float) -> None:
+    """SIGTERM to every child still running, SIGKILL to those left after ``grace`` seconds."""
+    running = [child for child in children if child.poll() is None]
+    for child in running:
+        with contextlib.suppress(OSError):
+            child.terminate()
+    deadline = time.monotonic() + max(grace, 0.0)
+    for child in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(max(0.0, deadline - time.monotonic()))
+        if child.poll() is None:
+            with contextlib.suppress(OSError):
+                child.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(5)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def _free_port() -> int:

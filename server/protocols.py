@@ -219,17 +219,22 @@ def parse_oip(
 ) -> ParsedRequest:
     """Parse an OIP ``/v2/models/{name}/infer`` body holding the model's one input tensor.
 
-    The tensor may carry any name (the spec's examples say "input0"); more than one tensor is
-    refused rather than some ignored. ``output_name`` lets unknown requested outputs fail before
-    inference. ``header_length`` is the Inference-Header-Content-Length header: with it, the
-    bytes after the JSON are the binary-data extension's tensor data (what tritonclient sends by
-    default); without it the whole body is JSON.
+    The tensor must carry the model's input name (``input_name``, as the model metadata and
+    config say), as Triton requires; more than one tensor is refused rather than some ignored.
+    ``output_name`` lets unknown requested outputs fail before inference. ``header_length`` is
+    the Inference-Header-Content-Length header: with it, the bytes after the JSON are the
+    binary-data extension's tensor data (what tritonclient sends by default); without it the
+    whole body is JSON.
     """
     header, binary = _split_body(body, header_length)
     document = _load_object(header, binary_hint=header_length is None)
     tensor = _single_input(document.get("inputs"), input_name)
     output_names = _requested_outputs(document.get("outputs"), output_name)
     rows = _oip_rows(tensor, tuple(input_shape), max_rows, binary)
+    if tensor["name"] != input_name:
+        raise _bad(
+            f'unknown input {_quoted(tensor["name"])}; the model has one input, "{input_name}"'
+        )
     return ParsedRequest(
         rows=rows,
         protocol="oip",
@@ -286,6 +291,36 @@ def oip_model_metadata(
         "platform": PLATFORM,
         "inputs": [_tensor_metadata(input_name, input_shape)],
         "outputs": [_tensor_metadata(output_name, output_shape)],
+    }
+
+
+def triton_model_config(
+    model_name: str,
+    input_shape: Sequence[int],
+    output_shape: Sequence[int],
+    max_batch_size: int,
+    input_name: str = "input",
+    output_name: str = "output",
+) -> dict[str, Any]:
+    """``GET /v2/models/{name}/config`` as Triton answers it (tritonclient's
+    ``get_model_config``): dims without the batch dimension, which ``max_batch_size`` (> 0)
+    implies, up to the rows one request may hold."""
+    return {
+        "name": model_name,
+        "platform": PLATFORM,
+        "backend": "livefit",
+        "max_batch_size": int(max_batch_size),
+        "input": [
+            {
+                "name": input_name,
+                "data_type": "TYPE_FP32",
+                "format": "FORMAT_NONE",
+                "dims": [int(d) for d in input_shape],
+            }
+        ],
+        "output": [
+            {"name": output_name, "data_type": "TYPE_FP32", "dims": [int(d) for d in output_shape]}
+        ],
     }
 
 

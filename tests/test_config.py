@@ -84,14 +84,100 @@ def test_default_serving_batch_sizes_are_powers_of_two() -> None:
 def test_errors_name_the_bad_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(write(tmp_path, text), environ={})
-    assert f"  {key}:" in str(caught.value)
+    assert f"{key}: " in str(caught.value)
+    assert str(caught.value).startswith(f"invalid configuration ({tmp_path / 'livefit.toml'})")
 
 
-def test_env_override_errors_name_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"models\.demo\.learning_rate"):
+def test_env_override_errors_name_the_variable_not_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
         load_settings(
             write(tmp_path, MINIMAL), environ={"LIVEFIT_MODELS__DEMO__LEARNING_RATE": "-1"}
         )
+    assert str(caught.value) == (
+        "invalid configuration: LIVEFIT_MODELS__DEMO__LEARNING_RATE=-1: "
+        "models.demo.learning_rate: Input should be greater than 0"
+    )
+    with pytest.raises(ConfigError) as caught:  # the bundled file, as `livefit serve` reads it
+        load_settings(None, environ={"LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE": "0"})
+    assert str(caught.value).startswith(
+        "invalid configuration: LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE=0: "
+        "models.demo.train.max_batch_size: "
+    )
+    assert "demo.toml" not in str(caught.value)
+
+
+def test_env_errors_hide_secrets(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(
+            write(tmp_path, MINIMAL),
+            environ={
+                "LIVEFIT_BROKER__URL": "http://user:hunter2@host",
+                "LIVEFIT_HTTP__TOKEN": "[1]",
+            },
+        )
+    message = str(caught.value)
+    assert "LIVEFIT_BROKER__URL=http://***@host: broker.url" in message
+    assert "LIVEFIT_HTTP__TOKEN=***: http.token" in message
+    assert "hunter2" not in message
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "suggestion"),
+    [
+        ('loss = "mse_typo"', "models.demo.loss", "did you mean 'mse'"),
+        ('loss = "binary_crossentropie"', "models.demo.loss", "'binary_crossentropy'"),
+        ('optimizer = "adma"', "models.demo.optimizer", "'adam'"),
+        ('optimizer = "nadamm"', "models.demo.optimizer", "'nadam'"),
+        ('builder_options = {activation = "rleu"}', "models.demo.builder_options", "'relu'"),
+        (
+            'builder_options = {output_activation = "sigmod"}',
+            "models.demo.builder_options",
+            "'sigmoid'",
+        ),
+        ("builder_options = {hidden_unit = [8]}", "models.demo.builder_options", "'hidden_units'"),
+    ],
+)
+def test_names_keras_resolves_are_checked_at_load(
+    tmp_path: Path, line: str, key: str, suggestion: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + line + "\n"), environ={})
+    message = str(caught.value)
+    assert f"{key}: unknown " in message and suggestion in message
+    assert "\n" not in message and "Value error" not in message
+
+
+def test_valid_keras_names_pass(tmp_path: Path) -> None:
+    text = MINIMAL + (
+        'loss = "MeanSquaredError"\noptimizer = "SGD"\n'
+        'builder_options = {activation = "relu", output_activation = "sigmoid"}\n'
+    )
+    settings = load_settings(write(tmp_path, text), environ={}).models["demo"]
+    assert (settings.loss, settings.optimizer) == ("MeanSquaredError", "SGD")
+    custom = MINIMAL + 'builder = "tests.custom_builder:build"\nbuilder_options = {anything = 1}\n'
+    assert load_settings(write(tmp_path, custom), environ={}).models["demo"].builder_options
+
+
+def test_config_mistakes_stop_livefit_serve_in_one_line(tmp_path: Path) -> None:
+    """What a user sees: exit 2, one line naming the key and a suggestion, no traceback,
+    before TensorFlow is imported (well under TensorFlow's import time)."""
+    import subprocess
+    import sys
+    import time
+
+    path = write(tmp_path, MINIMAL + 'loss = "mse_typo"\n')
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "livefit", "serve", "--config", str(path)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"livefit: invalid configuration ({path}): models.demo.loss: unknown loss 'mse_typo'; "
+        "did you mean 'mse' or 'MSE'?"
+    ]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert time.monotonic() - started < 20
 
 
 def test_missing_and_invalid_files(tmp_path: Path) -> None:
@@ -136,3 +222,26 @@ def test_tensorflow_thread_pools_are_applied_before_the_first_op(tmp_path) -> No
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == ["1", "2"]
+
+
+def test_bundled_example_shows_the_real_defaults() -> None:
+    """Every value the example writes out is the default it would get anyway (nadam at 0.01,
+    not the adam at 0.001 it once showed), so editing it starts from what livefit does."""
+    import tomllib
+
+    example = tomllib.loads(config.bundled_example_path().read_text())
+    model = example["models"]["demo"]
+    defaults = config.ModelSettings(input_shape=[8], output_shape=[1])
+    for key, value in model.items():
+        if key in ("input_shape", "output_shape", "train"):
+            continue
+        if key == "topic":
+            assert value == "livefit/demo/samples"
+            continue
+        assert getattr(defaults, key) == value, key
+    for key, value in model["train"].items():
+        assert getattr(defaults.train, key) == value, key
+    for section in ("broker", "http", "storage"):
+        section_defaults = config.Settings.model_fields[section].default.model_dump()
+        for key, value in example[section].items():
+            assert section_defaults[key] == value, f"{section}.{key}"

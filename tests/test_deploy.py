@@ -147,7 +147,7 @@ def port_pairs(service: dict[str, Any]) -> list[tuple[int | None, int]]:
             published = entry.get("published")
             pairs.append((int(published) if published else None, int(entry["target"])))
             continue
-        parts = str(entry).split("/")[0].split(":")
+        parts = interpolate(str(entry)).split("/")[0].split(":")
         pairs.append((int(parts[-2]) if len(parts) > 1 else None, int(parts[-1])))
     return pairs
 
@@ -272,6 +272,66 @@ def test_build_contexts_hold_a_dockerfile_with_the_build_args() -> None:
         assert set(build.get("args", {})) <= declared, f"{name}: build args not in {dockerfile}"
 
 
+def interpolated(node: Any) -> Any:
+    """The compose tree as compose validates it: every variable replaced by its default."""
+    if isinstance(node, dict):
+        return {key: interpolated(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [interpolated(value) for value in node]
+    return interpolate(node) if isinstance(node, str) else node
+
+
+def test_compose_file_follows_the_compose_specification() -> None:
+    """Against the Compose Specification's JSON schema (vendored in tests/compose-spec.json, with
+    its source and version in its ``$comment``; there is no network at test time)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((ROOT / "tests" / "compose-spec.json").read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [
+        f"{'/'.join(str(p) for p in error.absolute_path)}: {error.message}"
+        for error in validator.iter_errors(interpolated(compose()))
+    ]
+    assert not errors, errors
+    broken = interpolated(compose()) | {"services": {"x": {"image": "a", "ports": [{"x": 1}]}}}
+    assert not validator.is_valid(broken)  # the schema does reject what compose rejects
+
+
+def test_compose_needs_v2_and_says_so() -> None:
+    """The top-level ``name`` is Compose v2 only (Debian's docker-compose 1.29 refuses it):
+    both READMEs tell users to run ``docker compose``."""
+    assert compose()["name"] == "livefit"
+    for readme in (ROOT / "README.md", ROOT / "deploy" / "README.md"):
+        text = " ".join(readme.read_text().split())
+        assert "Compose v2" in text and "docker-compose 1.29" in text, readme
+
+
+_PINNED = re.compile(r"^[\w./-]+(:[\w.-]*\d+\.\d+\.\d+[\w.-]*)?(@sha256:[0-9a-f]{64})?$")
+
+
+def test_every_image_is_pinned_to_a_release() -> None:
+    """No ``latest`` and no bare major tags (eclipse-mosquitto:2): an `up` next month must pull
+    what was tested. Images built here are pinned through their base image."""
+    for name, service in services().items():
+        if "build" in service:
+            args = service["build"].get("args", {})
+            assert _PINNED.match(args.get("BASE_IMAGE", "")) and ":" in args["BASE_IMAGE"], name
+            continue
+        image = service["image"]
+        assert ":" in image and _PINNED.match(image), f"{name}: {image} is not pinned"
+    default = re.search(r"^ARG BASE_IMAGE=(\S+)", DOCKERFILE.read_text(), re.MULTILINE)
+    assert default is not None
+    bases = {s["build"]["args"]["BASE_IMAGE"] for s in services().values() if "build" in s}
+    assert bases == {default[1]}, "compose and the Dockerfile build on different images"
+
+
+def test_the_broker_is_published_on_loopback_only_by_default() -> None:
+    (entry,) = services()["mosquitto"]["ports"]
+    assert interpolate(entry) == "127.0.0.1:1883:1883"
+    for match in variables(entry):
+        assert match["braced"] in ("LIVEFIT_MQTT_BIND", "LIVEFIT_MQTT_PORT")
+    assert "LIVEFIT_MQTT_BIND=0.0.0.0" in (ROOT / "deploy" / "README.md").read_text()
+
+
 def test_host_ports_do_not_collide() -> None:
     for stack_name, stack in stacks().items():
         seen: dict[int, str] = {}
@@ -345,12 +405,29 @@ def test_livefit_services_reach_the_broker_as_a_known_user(name: str) -> None:
     assert broker_passwords()[address.username] == address.password
 
 
-def test_replicas_share_the_learners_weight_key() -> None:
-    keys = {
-        name: load_settings(CONFIG, environ=environment(s)).models["demo"].weights.key_bytes()
-        for name, s in livefit_services().items()
-    }
-    assert None not in keys.values() and len(set(keys.values())) == 1, keys
+def test_replicas_verify_the_learners_weight_key_and_cannot_sign() -> None:
+    """weights-key-init writes the private key into the volume the learners mount where
+    signing_key_file points, and the public key into the one the replicas mount where
+    verify_key_file points; no replica mounts the private key."""
+    script = "\n".join(services()["weights-key-init"]["command"])
+    found = re.search(r"python -m livefit\.server\.weight_keys (\S+) (\S+)", script)
+    assert found is not None, script
+    private, public = found.groups()
+    init = {m.target: m.source for m in mounts(services()["weights-key-init"])}
+    private_volume, public_volume = init[os.path.dirname(private)], init[os.path.dirname(public)]
+    assert private_volume != public_volume
+    for name, service in livefit_services().items():
+        weights = load_settings(CONFIG, environ=environment(service)).models["demo"].weights
+        volumes = {m.target: m.source for m in mounts(service) if m.kind == "volume"}
+        learner = livefit_command(service) == "serve"
+        key_file = weights.signing_key_file if learner else weights.verify_key_file
+        assert key_file is not None, name
+        assert volumes.get(os.path.dirname(key_file)) == (
+            private_volume if learner else public_volume
+        ), name
+        assert os.path.basename(key_file) == os.path.basename(private if learner else public)
+        assert learner or private_volume not in volumes.values(), f"{name} could sign"
+        assert "weights-key-init" in depends_on(service), name
 
 
 def test_public_url_points_at_the_learner() -> None:

@@ -25,6 +25,7 @@ from livefit.server.protocols import (
     parse_oip,
     parse_tfserving,
     tfserving_model_status,
+    triton_model_config,
 )
 
 
@@ -346,7 +347,7 @@ def test_oip_spec_example_adapted_to_one_input_of_shape_2() -> None:
     document = json.loads(OIP_SPEC_REQUEST)
     del document["inputs"][1]
 
-    parsed = parse_oip(_body(document), [2], 10, output_name="output0")
+    parsed = parse_oip(_body(document), [2], 10, input_name="input0", output_name="output0")
 
     np.testing.assert_array_equal(parsed.rows, [[1, 2], [3, 4]])
     assert parsed.rows.dtype == np.float32
@@ -605,6 +606,30 @@ OIP_REFUSALS = [
     ),
     ({"parameters": [1], "inputs": [_tensor()]}, "parameters must be an object"),
 ]
+
+
+def test_oip_input_with_another_name_is_refused_naming_the_input() -> None:
+    """Triton refuses an input the model does not have; so does livefit (it took any name)."""
+    for name in ("input0", "x", "INPUT", ""):
+        error = _refused(parse_oip, _body({"inputs": [_tensor(name=name)]}), [2], 10)
+        assert (error.status, error.message) == (
+            400,
+            f'unknown input "{name}"; the model has one input, "input"',
+        )
+    assert parse_oip(_body({"inputs": [_tensor(name="x")]}), [2], 10, "x").input_name == "x"
+
+
+def test_triton_model_config() -> None:
+    assert triton_model_config("m", [4, 3], [2], 16) == {
+        "name": "m",
+        "platform": "livefit-keras",
+        "backend": "livefit",
+        "max_batch_size": 16,
+        "input": [
+            {"name": "input", "data_type": "TYPE_FP32", "format": "FORMAT_NONE", "dims": [4, 3]}
+        ],
+        "output": [{"name": "output", "data_type": "TYPE_FP32", "dims": [2]}],
+    }
 
 
 @pytest.mark.parametrize(("document", "message"), OIP_REFUSALS)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -28,6 +30,7 @@ from livefit.clients.synthetic import LinearStream, SequenceStream, cycle_chunks
 from livefit.server.broker import BrokerAddress, parse_broker_url
 from livefit.server.codec import SampleSpec, decode_message
 from tests.mqtt_broker import MosquittoBroker, free_port
+from tests.server_process import ServerProcess
 
 # ---------------------------------------------------------------------------------------------
 # A plain paho subscriber that records what arrives.
@@ -542,3 +545,60 @@ def test_run_rejects_bad_options_with_code_2(
 ) -> None:
     assert publish.run(_args(*argv)) == 2
     assert "livefit publish: error:" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# What the learner says: `livefit publish` as a user runs it, against a real `livefit serve`.
+
+CHECKED_LEARNER = """
+[broker]
+url = "{url}"
+client_id = "publish-check-{model}"
+session_expiry_s = 0
+[storage]
+dir = "{storage}"
+wal = false
+[models.{model}]
+builder = "linear"
+input_shape = [8]
+output_shape = [1]
+"""
+
+
+def livefit_publish(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "livefit", "publish", "--no-progress", *argv],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_publish_reports_rejections_and_warns_when_no_learner_listens(
+    broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    model = f"checked-{uuid.uuid4().hex[:8]}"
+    config = CHECKED_LEARNER.format(url=broker.url, model=model, storage=tmp_path / "data")
+    server = ServerProcess(config, tmp_path).start()
+    try:
+        common = ("--broker", broker.url, "--model", model, "--count", "20", "--batch", "5")
+        wrong = livefit_publish(*common, "--input-shape", "3")
+        assert wrong.returncode == 1, wrong.stderr
+        assert "published 20 samples in 4 messages" in wrong.stdout
+        assert "the learner rejected every message (4 of 4), the first for " in wrong.stderr
+        assert f"(reports on livefit/{model}/rejected)" in wrong.stderr
+        assert "[8]" in wrong.stderr, wrong.stderr  # the learner's detail: the expected shape
+
+        right = livefit_publish(*common, "--input-shape", "8")
+        assert right.returncode == 0, right.stderr
+        assert "warning" not in right.stderr and "error" not in right.stderr
+    finally:
+        server.stop()
+
+    nobody = livefit_publish("--broker", broker.url, "--model", f"{model}-nobody", "--count", "5")
+    assert nobody.returncode == 0, nobody.stderr
+    assert f"warning: no learner seems to serve model '{model}-nobody'" in nobody.stderr
+    assert f"livefit/{model}-nobody/weights" in nobody.stderr
+
+    unchecked = livefit_publish(
+        "--broker", broker.url, "--model", f"{model}-nobody", "--count", "5", "--no-check"
+    )
+    assert unchecked.returncode == 0 and "warning" not in unchecked.stderr

@@ -1,0 +1,212 @@
+"""``livefit demo`` as a user runs it: a child process, stopped with real signals.
+
+Ctrl-C (SIGINT) stops it within seconds with the summary so far and no traceback, leaving no
+child process and no temporary directory; SIGKILL of the demo takes its children with it; a
+broker URL where nothing listens fails at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from tests.mqtt_broker import MosquittoBroker, free_port
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's"
+)
+
+
+class Demo:
+    """``livefit demo --no-live ...`` with its output collected line by line."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        env = dict(os.environ, TMPDIR=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="2")
+        env.pop("COLUMNS", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "livefit", "demo", "--no-live", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, cwd=tmp_path, env=env,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.spawned: set[int] = set()  # killed at teardown even once re-parented
+        self._reader = threading.Thread(target=self._read, name="demo-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            assert self.process.poll() is None, f"demo exited early:\n{self.output}"
+            assert time.monotonic() < deadline, f"no {text!r} in {timeout} s:\n{self.output}"
+            time.sleep(0.1)
+
+    def finish(self, timeout: float) -> int:
+        code = self.process.wait(timeout)
+        self._reader.join(5)
+        return code
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self._reader.join(5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@pytest.fixture
+def demos() -> Iterator[list[Demo]]:
+    started: list[Demo] = []
+    yield started
+    for demo in started:
+        for pid in demo.spawned | descendants(demo.process.pid):
+            kill_quietly(pid)
+        demo.close()
+
+
+def children(pid: int) -> set[int]:
+    """Live (not zombie) processes whose parent is ``pid``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> set[int]:
+    found = children(pid)
+    for child in list(found):
+        found |= descendants(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+def kill_quietly(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def wait_gone(pids: set[int], timeout: float) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while (left := {pid for pid in pids if alive(pid)}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_ctrl_c_stops_everything_at_once_with_the_summary(
+    broker: MosquittoBroker, tmp_path: Path, demos: list[Demo]
+) -> None:
+    demo = Demo(tmp_path, "--broker", broker.url, "--duration", "300", "--clients", "2")
+    demos.append(demo)
+    demo.wait_for("trained=", timeout=150)  # learner and replica ready, traffic flowing
+    spawned = demo.spawned = descendants(demo.process.pid)
+    assert len(spawned) >= 2, demo.output  # learner and replica
+    interrupted = time.monotonic()
+    demo.process.send_signal(signal.SIGINT)
+    code = demo.finish(timeout=20)
+    took = time.monotonic() - interrupted
+
+    assert code == 130, demo.output
+    assert took < 10, f"took {took:.1f} s to stop"
+    assert "Traceback" not in demo.output and "KeyboardInterrupt" not in demo.output
+    assert "livefit demo: summary after" in demo.output
+    assert "predictions served" in demo.output
+    assert "0/0 s" not in demo.output
+    assert all(len(line) <= 80 for line in demo.lines), demo.output
+    assert not wait_gone(spawned, timeout=1), "children outlived the demo"
+    assert not list(tmp_path.glob("livefit-demo-*")), "the temporary directory was left behind"
+    model = re.search(r"^model (demo-[0-9a-f]{6}) ", demo.output, re.MULTILINE)
+    assert model is not None, demo.output  # a namespace of its own, not the default "demo"
+    assert retained(broker, f"livefit/{model[1]}/weights") is None, "retained weights left"
+
+
+def retained(broker: MosquittoBroker, topic: str) -> bytes | None:
+    """The retained message on ``topic``, or None when there is none (none within 1 s)."""
+    got: list[bytes] = []
+    client = mqtt.Client(CallbackAPIVersion.VERSION2)
+    client.on_message = lambda _c, _u, message: got.append(bytes(message.payload))
+    client.connect("127.0.0.1", broker.port)
+    client.loop_start()
+    try:
+        client.subscribe(topic, qos=1)
+        deadline = time.monotonic() + 1.0
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return got[0] if got else None
+
+
+def test_children_die_with_a_killed_demo(tmp_path: Path, demos: list[Demo]) -> None:
+    demo = Demo(tmp_path, "--duration", "300")
+    demos.append(demo)
+    deadline = time.monotonic() + 30
+    while len(descendants(demo.process.pid)) < 2:  # learner and replica started
+        assert demo.process.poll() is None, demo.output
+        assert time.monotonic() < deadline, demo.output
+        time.sleep(0.1)
+    time.sleep(0.5)  # past their interpreter start
+    spawned = demo.spawned = descendants(demo.process.pid)
+    demo.process.kill()
+    demo.finish(timeout=10)
+    assert not wait_gone(spawned, timeout=5), "children outlived a SIGKILLed demo"
+
+
+def test_a_broker_url_where_nothing_listens_fails_at_once(
+    tmp_path: Path, demos: list[Demo]
+) -> None:
+    port = free_port()
+    demo = Demo(tmp_path, "--broker", f"mqtt://127.0.0.1:{port}")
+    demos.append(demo)
+    started = time.monotonic()
+    assert demo.finish(timeout=30) == 1
+    assert time.monotonic() - started < 15
+    assert f"nothing listens at 127.0.0.1:{port}" in demo.output
+    assert "existing" not in demo.output and "Traceback" not in demo.output
+    assert not list(tmp_path.glob("livefit-demo-*"))
+
+
+def test_demo_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    from livefit.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 5000.0)", "(default: 10)", "(default: 8)", "(default: 30.0)"):
+        assert default in text, text
