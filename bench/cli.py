@@ -37,6 +37,7 @@ BENCHMARKS = {
     "freshness": "publish of a sample -> a replica serving weights trained on it",
     "interference": "prediction p99 with the trainer saturated vs idle",
     "memory": "learner RSS growth over a long run of training and predicting",
+    "overload": "goodput, 429 latency and recovery at 1x-3x capacity, open loop",
     "learning": "prequential accuracy through the server vs river's per-sample learners",
 }
 SCHEMA = 1

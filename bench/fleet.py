@@ -26,8 +26,9 @@ MODELS: dict[str, tuple[ModelSpec, str]] = {
     "fresh": (MLP, ""),  # freshness
     "busy": (MLP, ""),  # interference
     "soak": (MLP, ""),  # memory
+    "over": (MLP, ""),  # overload
 }
-SHARED = ("ingest", "ingest1k", "mlp", "fresh", "busy", "soak")
+SHARED = ("ingest", "ingest1k", "mlp", "fresh", "busy", "soak", "over")
 
 
 def section(name: str) -> str:

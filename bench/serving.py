@@ -110,11 +110,23 @@ def run(ctx: Context) -> BenchResult:
             for side in sides:
                 result.rows.append(_row(spec, n, side, runs))
     result.extra["runs"] = {k: [r.to_json() for r in v] for k, v in runs.items()}
-    mine = [r for key, v in runs.items() if key.endswith("/livefit") for r in v]
-    errors = sum(r.errors for r in mine)
+    # Up to a full batch of concurrent clients, admission never refuses (serve.max_queue_wait_ms
+    # applies to requests that cannot join the next batch); beyond, 429s are its design.
+    within = [
+        r
+        for key, v in runs.items()
+        if key.endswith("/livefit") and int(key.split("/")[1]) <= MAX_BATCH
+        for r in v
+    ]
+    errors = sum(r.errors for r in within)
     result.check(
-        "livefit answered every request 200, with no socket error", errors == 0, f"{errors} errors"
+        f"livefit answered every request 200, with no socket error, at up to {MAX_BATCH} clients",
+        errors == 0,
+        f"{errors} errors",
     )
+    mine = [r for key, v in runs.items() if key.endswith("/livefit") for r in v]
+    broken = sum(r.socket_errors for r in mine)
+    result.check("livefit: no socket error at any client count", broken == 0, f"{broken} errors")
     return result
 
 
@@ -270,19 +282,26 @@ def _check_same_outputs(
 def _row(spec: ModelSpec, n: int, side: Side, runs: dict[str, list[LoadResult]]) -> Row:
     mine = runs[_key(spec.name, n, side.key)]
     row = Row(case={"model": spec.name, "clients": n, "server": side.label})
-    row.figures["req/s"] = Spread.of([r.rps for r in mine], "req/s")
+    # successful answers only: a 429 (livefit's admission, past a full batch of clients) is
+    # not throughput
+    row.figures["req/s"] = Spread.of([_ok_rps(r) for r in mine], "req/s")
     row.figures["p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
     row.figures["p99 ms"] = Spread.of([r.p99_ms for r in mine], "ms")
     row.figures["errors"] = Spread.of([float(r.errors) for r in mine], "")
     if side.key != "livefit":
         livefit = runs[_key(spec.name, n, "livefit")]
         row.ratios["livefit ÷ this (req/s)"] = paired_ratios(
-            [r.rps for r in livefit], [r.rps for r in mine]
+            [_ok_rps(r) for r in livefit], [_ok_rps(r) for r in mine]
         )
         if n == TARGET_CLIENTS and spec.name == TARGET_MODEL:
             goal = TARGETS[side.key]
             row.target("livefit ÷ this (req/s)", ">=", goal, f"livefit ≥ {goal:g}x")
     return row
+
+
+def _ok_rps(load: LoadResult) -> float:
+    """200s per second (``errors`` counts the rest)."""
+    return (load.requests - load.non_200) / load.seconds if load.seconds > 0 else 0.0
 
 
 def _key(model: str, clients: int, side: str) -> str:

@@ -79,10 +79,35 @@ class Metrics:
         )
         self.ingest_seq_gaps = Counter(
             "livefit_ingest_seq_gaps_total",
-            "Sequence numbers skipped by publishers (messages never received), dedup on",
+            "Numbered messages given up on as never received (a gap older than the out-of-order "
+            "window), with or without dedup",
             ["model"],
             registry=r,
         )
+        self.ingest_seq_missing = Gauge(
+            "livefit_ingest_seq_missing",
+            "Numbered messages missing now: below the newest (source, seq) received and not "
+            "received (yet); a late message fills its place",
+            ["model"],
+            registry=r,
+        )
+        self.ingest_stalled = Gauge(
+            "livefit_ingest_stalled",
+            "1 while messages wait longer than ingest_stall_after_s with no message finished",
+            ["model"],
+            registry=r,
+        )
+        self.storage_errors = Counter(
+            "livefit_storage_errors_total",
+            "Failed storage operations (wal_open, wal_write, wal_fsync, checkpoint, "
+            "version_mark); nothing that depended on them was acknowledged",
+            ["op"],
+            registry=r,
+        )
+        self.storage_healthy = Gauge(
+            "livefit_storage_healthy", "0 while a storage operation keeps failing", registry=r
+        )
+        self.storage_healthy.set(1)
         self.queue_depth = Gauge(
             "livefit_queue_depth", "Samples waiting for the trainer", ["model"], registry=r
         )
@@ -179,6 +204,42 @@ class Metrics:
         self.serving_version = Gauge(
             "livefit_serving_version", "Version of the weights that answers predictions",
             ["model"], registry=r,
+        )  # fmt: skip
+        self.predict_refused = Counter(
+            "livefit_predict_refused_total",
+            "Prediction requests refused at admission (429), by reason: wait (expected wait "
+            "over serve.max_queue_wait_ms), deadline (would finish after its deadline), rows "
+            "(serve.max_queue_rows)",
+            ["model", "reason"], registry=r,
+        )  # fmt: skip
+        self.predict_batch_cost = Gauge(
+            "livefit_predict_batch_cost_seconds",
+            "The fitted batch cost (one batch takes per_row * rows + per_batch seconds)",
+            ["model", "term"], registry=r,
+        )  # fmt: skip
+        self.predict_wait_bound = Gauge(
+            "livefit_predict_max_queue_wait_seconds",
+            "The expected wait over which requests are refused now (serve.max_queue_wait_ms; "
+            "auto: from the model's batch time)",
+            ["model"], registry=r,
+        )  # fmt: skip
+        self.predict_expected_wait = Gauge(
+            "livefit_predict_expected_wait_seconds",
+            "Expected wait of a one-row request arriving now, before its batch starts "
+            "(event-loop lag, running batch, queued batches)",
+            ["model"], registry=r,
+        )  # fmt: skip
+        self.http_connections = Gauge(
+            "livefit_http_connections", "Open HTTP connections", registry=r
+        )
+        self.http_connections_closed = Counter(
+            "livefit_http_connections_closed_total",
+            "HTTP connections the server closed on its own, by reason: header_timeout (request "
+            "head not received in http.header_timeout_s), idle (http.keep_alive_timeout_s), "
+            "evicted (to make room under http.max_connections), refused (503: every connection "
+            "busy at the cap), header_too_large (http.max_header_bytes), body_timeout (the "
+            "body of a request refused from its head did not follow in http.body_timeout_s)",
+            ["reason"], registry=r,
         )  # fmt: skip
 
         # Weight stream

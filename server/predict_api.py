@@ -16,21 +16,30 @@ in one line. A client that goes away before its body arrived is counted under ``
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
 import logging
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from livefit import __version__
 from livefit.server import protocols
-from livefit.server.batcher import DeadlineExceeded, QueueFull
+from livefit.server.batcher import (
+    RESERVATION_KEY,
+    DeadlineExceeded,
+    QueueFull,
+    Reservation,
+    retry_after,
+)
 from livefit.server.metrics import Metrics
 from livefit.server.openapi_docs import (
     BINARY_HEADER_PARAM,
@@ -134,20 +143,28 @@ def build_predict_router(
         return response
 
     async def answer(request: Request, name: str, parse: Parser, fmt: Formatter) -> JSONResponse:
+        reservation: Reservation | None = request.scope.get(RESERVATION_KEY)
+        if reservation is not None:
+            reservation.start()  # admitted from its head; the event loop has reached it
         try:
             admit(request)
             model = lookup(name)
-            _shed_early(model)
+            if reservation is None:  # not admitted from its head (server/connections.py)
+                reservation = _shed_early(model, request)
             limit = model.settings.serve.max_request_bytes
             body = await _read_body(request, limit, body_timeout_s)
             parsed = parse(body, model, request)
-            outputs, version = await _run(model, parsed, _timeout_s(request, parsed, model))
+            timeout_s = _timeout_s(request, parsed, model)
+            outputs, version = await _run(model, parsed, timeout_s, reservation)
             response = JSONResponse(fmt(parsed, model, outputs, version))
             response.headers["X-Model-Version"] = str(version)
         except ApiError as exc:
             response = error_response(exc.status, exc.message, exc.headers)
         except RequestError as exc:
             response = error_response(exc.status, exc.message)
+        finally:
+            if reservation is not None:
+                reservation.release()
         return response
 
     def parse_tf(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
@@ -226,6 +243,11 @@ def build_predict_router(
         """OIP model readiness: 200 once it holds weights, else 503."""
         return about(name, request, _readiness)
 
+    @router.get("/v2/models/{name}/config")
+    async def triton_config(name: str, request: Request) -> JSONResponse:
+        """Triton's model configuration (tritonclient ``get_model_config``)."""
+        return about(name, request, _config)
+
     @router.get("/v2")
     async def oip_server_metadata() -> dict[str, Any]:
         return {"name": "livefit", "version": __version__, "extensions": []}
@@ -252,15 +274,18 @@ def build_predict_router(
         Route("/v1/models/{name}:predict", post_only, include_in_schema=False),
         Route("/v2/models/{name}/infer", serve_v2, methods=["POST"], include_in_schema=False),
     ]
+    router.direct_endpoints = (serve_tf, serve_v2)  # type: ignore[attr-defined]  # EarlyAdmission
     return router
 
 
-async def _run(model: ServedModel, parsed: ParsedRequest, timeout_s: float) -> tuple[Any, int]:
+async def _run(
+    model: ServedModel, parsed: ParsedRequest, timeout_s: float, reservation: Reservation | None
+) -> tuple[Any, int]:
     if not model.ready() or model.batcher is None:
         raise ApiError(503, f"model {model.name} is not ready yet (no weights); retry shortly",
                        {"Retry-After": "1"})  # fmt: skip
     try:
-        prediction = await model.batcher.submit(parsed.rows, timeout_s)
+        prediction = await model.batcher.submit(parsed.rows, timeout_s, reservation)
     except QueueFull as exc:
         raise ApiError(429, str(exc), {"Retry-After": str(exc.retry_after_s)}) from None
     except DeadlineExceeded as exc:
@@ -273,17 +298,143 @@ async def _run(model: ServedModel, parsed: ParsedRequest, timeout_s: float) -> t
     return prediction.outputs, prediction.version
 
 
-def _shed_early(model: ServedModel) -> None:
-    """429 before reading or parsing the body when the queue is already full: under overload,
-    refusing must cost far less than serving, or the refused starve the accepted."""
+class EarlyAdmission:
+    """Refuses a prediction request from its head alone, at the HTTP protocol level
+    (``server/connections.py`` calls it once a request head has arrived), before any ASGI,
+    routing or body work.
+
+    Under overload most requests are refused; through the ASGI stack a refusal cost about as
+    much event-loop time as serving (middleware, routing, a task per request), so at three
+    times the capacity the loop could not even keep up with refusing. Here it costs a
+    dictionary lookup, the batcher's admission check and one write. Only the plain case is
+    taken: a POST to a known model's ``:predict`` or ``/infer`` path, with the bearer token
+    when ``http.protect_predictions`` asks for one (else the app answers 401); anything else
+    goes to the app, which checks admission again (``_shed_early``) before reading the body.
+    The answer and its count (``livefit_predict_requests_total``) are those the app would give;
+    these refusals (microseconds each) are not timed in ``livefit_predict_latency_seconds``.
+    An admitted request goes straight to its endpoint, without the app's middleware and
+    routing (which cost about half of an answered request's event-loop time).
+    """
+
+    def __init__(
+        self, served: Served, metrics: Metrics, token: bytes | None = None,
+        guard: Guard | None = None, body_timeout_s: float = 10.0,
+    ) -> None:  # fmt: skip
+        self.served = served
+        self.metrics = metrics
+        self.token = token
+        # The same endpoints the app routes to (its own instance), called without the app's
+        # middleware and routing: an admitted prediction's ASGI work drops by about half.
+        router = build_predict_router(served, metrics, guard, body_timeout_s)
+        tf_endpoint, v2_endpoint = router.direct_endpoints  # type: ignore[attr-defined]
+        self._direct = (_endpoint_app(tf_endpoint), _endpoint_app(v2_endpoint))
+        self._counted: dict[str, Any] = {}
+        self._answers: dict[tuple[str, str, int], bytes] = {}
+        self._models: dict[bytes, ServedModel] = {}
+
+    def __call__(
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], scope: dict[str, Any]
+    ) -> bytes | ASGIApp | None:
+        """The whole 429 response to send; or the ASGI app that serves this admitted
+        request, its place held (a ``Reservation`` in ``scope``) until it reaches the queue or
+        ends; or None to let the whole app handle the request."""
+        if method != b"POST":
+            return None
+        path = url.partition(b"?")[0]
+        if path.startswith(b"/v1/models/") and path.endswith(b":predict"):
+            name, direct = path[11:-8], self._direct[0]
+        elif path.startswith(b"/v2/models/") and path.endswith(b"/infer"):
+            name, direct = path[11:-6], self._direct[1]
+        else:
+            return None
+        model = self._models.get(name)
+        if model is None:  # first request for it, or no such model
+            model = self.served().get(name.decode("latin-1"))
+            if model is not None:
+                self._models[name] = model
+        batcher = model.batcher if model is not None else None
+        if model is None or batcher is None or not model.ready():
+            return None
+        timeout_s = model.settings.serve.default_deadline_ms / 1000.0
+        authorized = self.token is None
+        for field, value in headers:
+            if field == b"x-deadline-ms":
+                text = value.decode("latin-1")
+                if not _DECIMAL.fullmatch(text) or not float(text) > 0:
+                    return None  # the app answers 400
+                timeout_s = min(timeout_s, float(text) / 1000.0)
+            elif field == b"authorization" and self.token is not None:
+                scheme, _, given = value.partition(b" ")
+                authorized = scheme.lower() == b"bearer" and hmac.compare_digest(
+                    given.strip(), self.token
+                )
+        if not authorized:
+            return None
+        refused = batcher.refusal(1, timeout_s)
+        if refused is None:
+            scope[RESERVATION_KEY] = batcher.reserve(1)
+            scope["path_params"] = {"name": model.name}
+            return direct
+        reason, wait, _ = refused
+        key = (model.name, reason, retry_after(wait))
+        answer = self._answers.get(key)
+        if answer is None:  # a few per model: made once
+            answer = self._answers[key] = _refusal_response(*key)
+        counted = self._counted.get(model.name)
+        if counted is None:
+            counted = self._counted[model.name] = self.metrics.predict_requests.labels(
+                model=model.name, code="429"
+            )
+        counted.inc()  # not timed: livefit_predict_latency_seconds times what the app answers
+        return answer
+
+
+def _endpoint_app(endpoint: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
+    """``endpoint`` as a bare ASGI app (it answers every error itself, as JSON)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        response = await endpoint(request)
+        await response(scope, receive, send)
+
+    return app
+
+
+_REFUSAL_TEXT = {
+    "wait": "the expected wait is over serve.max_queue_wait_ms",
+    "deadline": "it would be answered after its deadline",
+    "rows": "its queue holds serve.max_queue_rows rows",
+}
+
+
+def _refusal_response(name: str, reason: str, retry_after_s: int) -> bytes:
+    message = f"model {name} is overloaded: {_REFUSAL_TEXT[reason]}; retry later"
+    body = json.dumps({"error": message}).encode()
+    return (
+        f"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: {retry_after_s}\r\n\r\n"
+    ).encode() + body
+
+
+def _shed_early(model: ServedModel, request: Request) -> Reservation | None:
+    """429 before reading or parsing the body when even a one-row request could not be
+    admitted now (expected wait, deadline from the model default or ``X-Deadline-Ms``, queued
+    rows): under overload, refusing must cost far less than serving, or the refused starve the
+    accepted. An admitted request holds its place until it is queued, where the batcher checks
+    again with the real row count and deadline. (``EarlyAdmission`` does this from the head,
+    before this app runs at all, for requests a livefit server takes whole.)"""
     batcher = model.batcher
-    if batcher is not None and batcher.queued_rows >= batcher.max_queue_rows:
-        raise ApiError(
-            429,
-            f"model {model.name} has {batcher.queued_rows} rows queued "
-            f"(max_queue_rows={batcher.max_queue_rows}); retry later",
-            {"Retry-After": str(batcher.retry_after_s())},
-        )
+    if batcher is None:
+        return None
+    timeout_s = model.settings.serve.default_deadline_ms / 1000.0
+    header = request.headers.get(DEADLINE_HEADER)
+    if header is not None and _DECIMAL.fullmatch(header) and float(header) > 0:
+        timeout_s = min(timeout_s, float(header) / 1000.0)  # invalid ones get their 400 later
+    try:
+        batcher.admit(1, timeout_s)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), {"Retry-After": str(exc.retry_after_s)}) from None
+    return batcher.reserve(1, started=True)
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -363,6 +514,15 @@ def _metadata(model: ServedModel) -> JSONResponse:
     versions = [] if version is None else [str(version)]
     return JSONResponse(
         protocols.oip_model_metadata(model.name, versions, s.input_shape, s.output_shape)
+    )
+
+
+def _config(model: ServedModel) -> JSONResponse:
+    s = model.settings
+    return JSONResponse(
+        protocols.triton_model_config(
+            model.name, s.input_shape, s.output_shape, s.serve.max_request_rows
+        )
     )
 
 

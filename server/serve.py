@@ -1,10 +1,19 @@
-"""Run a learner or replica runtime behind uvicorn until SIGINT or SIGTERM."""
+"""Run a learner or replica runtime behind uvicorn until SIGINT or SIGTERM.
+
+What can fail cheaply fails first, before any model is built or any broker connection made
+(a second learner must not kick the first off the broker, restore its checkpoints or publish
+weights before it finds the port taken): the runtime's preflight (the learner locks its
+storage directory), then the listening socket is bound, and only then does uvicorn start the
+app, whose lifespan starts the runtime.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import socket
+import sys
 from collections.abc import Iterator
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -27,8 +36,43 @@ class _Server(uvicorn.Server):
             self._captured_signals.clear()
 
 
+class StartupError(Exception):
+    """A check before start failed; the message says what and what to do (no traceback)."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now; ``StartupError`` naming the address if it is taken."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        hint = " (another livefit or another program listens there; set http.port)"
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def run_server(settings: Settings, runtime: Runtime) -> int:
-    """Serve ``runtime`` until SIGINT or SIGTERM; then stop everything in order; 0 if clean."""
+    """Serve ``runtime`` until SIGINT or SIGTERM; then stop everything in order; 0 if clean,
+    1 if the app failed to start, 2 if a check before start failed (message on stderr)."""
+    from livefit.server.storage_lock import StorageLocked
+
+    try:
+        preflight = getattr(runtime, "preflight", None)
+        if preflight is not None:
+            preflight()
+        sock = bind_socket(settings.http.host, settings.http.port)
+    except (StartupError, StorageLocked) as exc:
+        runtime.stop()
+        print(f"livefit: {exc}", file=sys.stderr)
+        return 2
     app = create_app(runtime)
     config = uvicorn.Config(
         app,
@@ -37,7 +81,16 @@ def run_server(settings: Settings, runtime: Runtime) -> int:
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=10,
+        # uvicorn has no request-head timeout, and its limit_concurrency accepts every connection
+        # (a descriptor each) to answer 503: livefit's protocol times heads, closes idle
+        # connections and caps them (http.header_timeout_s, keep_alive_timeout_s,
+        # max_connections, max_header_bytes; see server/connections.py)
+        http=settings.http.connection_protocol(runtime),
     )
     server = _Server(config)
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+        runtime.stop()  # idempotent; releases the storage lock if the app never started
     return 0 if server.started else 1

@@ -14,13 +14,14 @@ import bisect
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from livefit.server.batcher import BatchStats, RequestBatcher
+from livefit.server.batcher import REFUSAL_REASONS, BatchCost, BatchStats, RequestBatcher
 from livefit.server.config import ModelSettings
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import Snapshot
@@ -55,6 +56,7 @@ class ServingModel:
         self.device = device
         self.on_swap = on_swap
         self.snapshot: Snapshot | None = None
+        self.warm_timings: dict[int, float] = {}  # batch size -> seconds of one call, warm
         self._owner: int | None = None
         signature = [tf.TensorSpec([None, *input_shape], tf.float32, name="x")]
         self._infer = tf.function(lambda x: model(x, training=False), input_signature=signature)
@@ -68,15 +70,25 @@ class ServingModel:
         return self.batch_sizes[-1]
 
     def warm_up(self) -> None:
-        """Compile and run once per allowed batch size, so no request pays for tracing."""
+        """Compile and run once per allowed batch size, so no request pays for tracing; then
+        time the smallest and largest sizes (the batch cost's starting point)."""
         with tf.device(self.device):
             for size in self.batch_sizes:
                 self._infer(np.zeros((size, *self.input_shape), dtype=np.float32))
+            for size in {self.batch_sizes[0], self.batch_sizes[-1]}:
+                rows = np.zeros((size, *self.input_shape), dtype=np.float32)
+                times = []
+                for _ in range(3):
+                    started = time.perf_counter()
+                    np.asarray(self._infer(rows))
+                    times.append(time.perf_counter() - started)
+                self.warm_timings[size] = sorted(times)[1]
 
     def refresh(self) -> Snapshot | None:
-        """Swap to the source's newest snapshot if it is newer than ours; return ours."""
+        """Swap to the source's newest snapshot if it is newer than ours (a later version, or
+        another lineage); return ours."""
         latest = self.source()
-        if latest is not None and (self.snapshot is None or latest.version > self.snapshot.version):
+        if latest is not None and latest is not self.snapshot and latest.newer_than(self.snapshot):
             self.model.set_weights(list(latest.weights))
             self.snapshot = latest
             if self.on_swap is not None:
@@ -147,6 +159,16 @@ class ServedModel:
         batch_size = metrics.predict_batch_size.labels(model=name)
         queue_seconds = metrics.predict_queue_seconds.labels(model=name)
         queue_rows = metrics.predict_queue_rows.labels(model=name)
+        refused = {r: metrics.predict_refused.labels(model=name, reason=r) for r in REFUSAL_REASONS}
+        timings = getattr(self.serving, "warm_timings", None)
+        cost = (
+            BatchCost.from_timings(timings)
+            if timings
+            else BatchCost(prior_rows=serve.max_batch_size)
+        )
+        cost_terms = {"per_row": lambda: cost.per_row_s, "per_batch": lambda: cost.per_batch_s}
+        for term, read in cost_terms.items():  # read when scraped: nothing per request
+            metrics.predict_batch_cost.labels(model=name, term=term).set_function(read)
 
         def on_batch(stats: BatchStats) -> None:
             batch_size.observe(stats.rows)
@@ -161,8 +183,16 @@ class ServedModel:
             max_queue_rows=serve.max_queue_rows,
             on_batch=on_batch,
             on_queue_change=queue_rows.set,
+            max_queue_wait_ms=serve.max_queue_wait_ms,
+            cost=cost,
+            on_refuse=lambda reason: refused[reason].inc(),
         )
         self.batcher.start()
+        batcher = self.batcher
+        metrics.predict_wait_bound.labels(model=name).set_function(batcher.max_wait_s)
+        metrics.predict_expected_wait.labels(model=name).set_function(
+            lambda: batcher.expected_wait(1)[0]
+        )
         self._loop = asyncio.get_running_loop()
         self.snapshot_arrived()  # serve the newest weights from the first request on
 

@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
 
 from livefit.server.app import create_app
 from livefit.server.config import load_settings
@@ -110,7 +111,7 @@ def test_oip_json_and_spec_example(server: InProcessServer) -> None:
         "id": "42",
         "inputs": [
             {
-                "name": "input0",
+                "name": "input",  # the model's input name (metadata and config say so)
                 "shape": [2, 4],
                 "datatype": "UINT32",
                 "data": [1, 2, 3, 4, 5, 6, 7, 8],
@@ -129,6 +130,38 @@ def test_oip_json_and_spec_example(server: InProcessServer) -> None:
     np.testing.assert_allclose(
         np.reshape(out["data"], (2, 2)), expected(server, "demo", rows), rtol=1e-5
     )
+
+
+def test_tritonclient_reads_the_model_config_and_wrong_input_names_fail(
+    server: InProcessServer,
+) -> None:
+    """``get_model_config`` (404 before) answers as Triton does; an input with another name
+    than the config's is refused (400, naming the expected one) instead of served."""
+    client = triton.InferenceServerClient(url=f"127.0.0.1:{server.port}")
+    try:
+        config = client.get_model_config("demo")
+        assert config == {
+            "name": "demo",
+            "platform": "livefit-keras",
+            "backend": "livefit",
+            "max_batch_size": 16,
+            "input": [
+                {"name": "input", "data_type": "TYPE_FP32", "format": "FORMAT_NONE", "dims": [4]}
+            ],
+            "output": [{"name": "output", "data_type": "TYPE_FP32", "dims": [2]}],
+        }
+        (spec,) = config["input"]
+        rows = np.ones((2, 4), dtype=np.float32)
+        tensor = triton.InferInput("input0", [2, *spec["dims"]], "FP32")
+        tensor.set_data_from_numpy(rows)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("demo", [tensor])
+        assert caught.value.status() == "400"
+        assert 'unknown input "input0"; the model has one input, "input"' in str(caught.value)
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            client.get_model_config("nope")
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("binary", [False, True])

@@ -1,0 +1,370 @@
+"""Benchmark 8, overload: goodput, refusals and recovery at 1x, 2x and 3x capacity, open loop.
+
+One ``livefit serve`` (default settings) on a mosquitto started here. Each round first measures
+the **capacity**: successful requests/s of a closed loop of 64 keep-alive connections (the
+serving benchmark's client), with its p99. Then, for each multiple of that rate, an
+**open-loop** generator (``bench/openloop.py``, its own process) sends one-row requests at a
+fixed rate whatever the server answers, so a slow server faces a growing backlog as it would in
+production (a closed loop slows down with the server and hides collapse). Latency counts from
+when a request was due. **Goodput** is 200s within the request deadline (5 s, the default) per
+second of the run. After the load stops, one probe request every 10 ms measures the
+**recovery**: the time until five probes in a row are answered 200 within twice the p99 at
+capacity. Then a closed loop of 64 connections checks the server is back at full speed. The
+learner's RSS is sampled every 0.25 s throughout. Last in each round, the capacity run is
+repeated while thousands of slow clients (the slowloris pattern) hold connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness import REPO, BenchResult, Context, Row, Spread, paired_ratios
+from bench.load import LoadResult, run_load
+from bench.models import MLP
+from bench.procs import QUIET_ENV, HttpServer
+from livefit.server.config import ServeSettings
+
+MODEL = "over"
+CAPACITY_CLIENTS = 64
+DEADLINE_MS = ServeSettings().default_deadline_ms
+TARGET_MULTIPLIER = 3
+TARGETS = {
+    "goodput ÷ capacity": (">=", 0.8, "goodput ≥ 0.8x capacity"),
+    "429 p99 ms": ("<=", 50.0, "429 p99 ≤ 50 ms"),
+    "200 p99 ÷ capacity p99": ("<=", 2.0, "200 p99 ≤ 2x p99 at capacity"),
+    "recovery s": ("<=", 1.0, "back to full speed within 1 s"),
+    "RSS growth MiB": ("<=", 100.0, "memory bounded: RSS growth ≤ 100 MiB"),
+}
+RECOVERY_RUN = 5  # probes in a row that must be good
+MAX_CONNECTIONS = 1000  # the open-loop client's, as http.max_connections
+SLOW_CLIENTS = 2000  # connections sending their request head one line every 5 s
+SLOW_LINE_S = 5.0
+PARTIAL_HEAD = b"POST /v1/models/over:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+
+
+def run(ctx: Context) -> BenchResult:
+    rounds = ctx.pick(1, 2)
+    seconds = ctx.pick(2.0, 20.0)
+    capacity_seconds = ctx.pick(1.0, 5.0)
+    probe_s = ctx.pick(1.0, 3.0)
+    multipliers = ctx.pick((TARGET_MULTIPLIER,), (1, 2, 3))
+    slow_clients = ctx.pick(200, SLOW_CLIENTS)
+    connections = ctx.pick(256, 512)
+    spec = MLP
+    result = BenchResult(
+        name="overload",
+        title="Overload: goodput past capacity",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides={
+            "capacity": f"closed loop, {CAPACITY_CLIENTS} keep-alive connections, "
+            f"{capacity_seconds:g} s ({ctx.load_client} client): successful requests/s and p99",
+            "open loop": f"`bench.openloop`: the capacity times 1, 2, 3, fixed rate, {seconds:g} s "
+            f"each; {connections} keep-alive connections opened before the clock starts, more "
+            f"as needed (at most {MAX_CONNECTIONS:,}); deadline {DEADLINE_MS:g} ms",
+            "slow clients": f"{slow_clients:,} connections that each send a request line, then "
+            f"one header line every {SLOW_LINE_S:g} s, never finishing, opened first; then the "
+            "capacity run again (the server's descriptors counted with psutil)",
+        },
+        settings={
+            "server": "`livefit serve`, default settings (admission by expected wait, "
+            "`serve.max_queue_wait_ms` auto, `max_queue_rows` 4096, deadline 5 s)",
+            "model": spec.describe(),
+            "request": "one row, TF Serving `instances` JSON",
+            "rounds": rounds,
+        },
+    )
+    body = spec.request_body()
+    path = f"/v1/models/{MODEL}:predict"
+    runs: dict[int, list[dict[str, Any]]] = {m: [] for m in multipliers}
+    slow: list[dict[str, Any]] = []
+    capacities: list[LoadResult] = []
+    with ctx.fleet(MODEL) as fleet:
+        learner = fleet.learner
+        url = learner.url + path
+        load_dir = ctx.workdir / "load"
+        if not ctx.quick:  # first calls and connection setup are not measured
+            run_load(ctx.load_client, url, body, 16, 1.0, load_dir)
+        for r in range(rounds):
+            capacity = run_load(
+                ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
+            )
+            capacities.append(capacity)
+            cap_rps, cap_p99 = _ok_rate(capacity), capacity.p99_ms
+            ctx.step(f"round {r + 1}/{rounds} capacity: {cap_rps:,.0f} req/s, p99 {cap_p99:.1f} ms")
+            for m in multipliers:
+                with _RssSampler(learner) as rss:
+                    over = _open_loop(
+                        url, body, m * cap_rps, seconds, probe_s, load_dir, connections
+                    )
+                after = run_load(
+                    ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
+                )
+                over.update(
+                    multiplier=m,
+                    capacity_rps=cap_rps,
+                    capacity_p99_ms=cap_p99,
+                    recovery_s=_recovery(over["probes"], 2 * cap_p99, probe_s),
+                    after_rps=_ok_rate(after),
+                    rss_mib=rss.summary(),
+                )
+                runs[m].append(over)
+                ctx.step(_line(r, rounds, over))
+                _settle(learner)
+            slow.append(_with_slow_clients(ctx, learner, url, body, slow_clients, capacity))
+            ctx.step(
+                f"round {r + 1}/{rounds} {slow_clients:,} slow clients: "
+                f"{slow[-1]['rps']:,.0f} req/s ({slow[-1]['rps'] / cap_rps:.2f}x), p99 "
+                f"{slow[-1]['p99_ms']:.1f} ms, {slow[-1]['descriptors']} more descriptors, "
+                f"{slow[-1]['still_connected']} slow ones still connected"
+            )
+    for m in multipliers:
+        result.rows.append(_row(m, runs[m]))
+    result.rows.append(_slow_row(slow_clients, slow))
+    shed = [o for v in runs.values() for o in v]
+    missing = sum(o["shed_without_retry_after"] for o in shed)
+    result.check("every 429 carried Retry-After", missing == 0, f"{missing} without")
+    others = sum(
+        n for o in shed for s, n in o["counts"].items() if s not in ("200", "429", "504", "0", "-1")
+    )
+    result.check("no answer other than 200, 429 or 504 (no 5xx)", others == 0, f"{others} others")
+    result.extra["capacity"] = [c.to_json() for c in capacities]
+    result.extra["slow_clients"] = slow
+    result.extra["runs"] = {str(m): v for m, v in runs.items()}
+    return result
+
+
+def _ok_rate(load: LoadResult) -> float:
+    """Successful requests/s of a closed-loop run."""
+    return (load.requests - load.non_200) / load.seconds if load.seconds > 0 else 0.0
+
+
+def _count(run: dict[str, Any], status: str) -> int:
+    return int(run["counts"].get(status, 0))
+
+
+def _open_loop(
+    url: str, body: bytes, rate: float, seconds: float, probe_s: float, workdir: Path,
+    connections: int,
+) -> dict[str, Any]:  # fmt: skip
+    workdir.mkdir(parents=True, exist_ok=True)
+    body_file = workdir / "body.json"
+    body_file.write_bytes(body)
+    argv = [
+        sys.executable, "-m", "bench.openloop", "--url", url, "--body-file", str(body_file),
+        "--rate", f"{rate:.1f}", "--duration", str(seconds), "--deadline-ms", str(DEADLINE_MS),
+        "--probe-s", str(probe_s), "--connections", str(connections),
+        "--max-conns", str(MAX_CONNECTIONS),
+    ]  # fmt: skip
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=seconds + probe_s + DEADLINE_MS / 1000 + 60,
+        cwd=REPO, env={**_environ(), **QUIET_ENV},
+    )  # fmt: skip
+    line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"open-loop client failed ({done.returncode}): {done.stderr[-3000:]}")
+    data: dict[str, Any] = json.loads(line)
+    return data
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)
+
+
+def _recovery(probes: list[list[float]], ok_ms: float, probe_s: float) -> float:
+    """Seconds from the end of the load until the first of ``RECOVERY_RUN`` probes in a row
+    answered 200 within ``ok_ms`` came back; ``probe_s`` when that never happened."""
+    good = [p[2] == 200 and p[1] <= ok_ms for p in probes]
+    for i in range(len(probes) - RECOVERY_RUN + 1):
+        if all(good[i : i + RECOVERY_RUN]):
+            return max(0.0, probes[i][0] + probes[i][1] / 1000.0)
+    return probe_s
+
+
+class _RssSampler:
+    """The server's RSS every 0.25 s while the block runs: start, peak and end (MiB)."""
+
+    def __init__(self, server: HttpServer) -> None:
+        import psutil
+
+        self.process = psutil.Process(server.pid)
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(self.process.memory_info().rss / 2**20)
+            if self._stop.wait(0.25):
+                self.samples.append(self.process.memory_info().rss / 2**20)
+                return
+
+    def __enter__(self) -> _RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def summary(self) -> dict[str, float]:
+        return {"start": self.samples[0], "peak": max(self.samples), "end": self.samples[-1]}
+
+
+def _settle(server: HttpServer, timeout: float = 30.0) -> None:
+    """Wait until nothing is queued for the model (the next run starts from empty)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.metric("livefit_predict_queue_rows", model=MODEL) == 0:
+            return
+        time.sleep(0.1)
+
+
+def _line(r: int, rounds: int, o: dict[str, Any]) -> str:
+    shed = f"{o['shed_p99_ms']:.1f}" if o["shed_p99_ms"] is not None else "-"
+    ok = f"{o['ok_p99_ms']:.1f}" if o["ok_p99_ms"] is not None else "-"
+    return (
+        f"round {r + 1}/{rounds} {o['multiplier']}x ({o['offered'] / o['seconds']:,.0f} req/s): "
+        f"goodput {o['goodput']:,.0f} req/s ({o['goodput'] / o['capacity_rps']:.2f}x), "
+        f"200 p99 {ok} ms, 429 p99 {shed} ms, counts {o['counts']}, "
+        f"recovery {o['recovery_s']:.2f} s, after {o['after_rps']:,.0f} req/s, "
+        f"RSS +{o['rss_mib']['peak'] - o['rss_mib']['start']:.0f} MiB"
+    )
+
+
+def _row(m: int, runs: list[dict[str, Any]]) -> Row:
+    row = Row(case={"load": f"{m}x capacity"})
+    f = row.figures
+    f["capacity req/s"] = Spread.of([o["capacity_rps"] for o in runs], "req/s")
+    f["offered req/s"] = Spread.of([o["offered"] / o["seconds"] for o in runs], "req/s")
+    f["goodput req/s"] = Spread.of([o["goodput"] for o in runs], "req/s")
+    f["200 p99 ms"] = Spread.of([o["ok_p99_ms"] or float("nan") for o in runs], "ms")
+    shed_p50 = [o["shed_p50_ms"] for o in runs if o["shed_p50_ms"] is not None]
+    shed_p99 = [o["shed_p99_ms"] for o in runs if o["shed_p99_ms"] is not None]
+    if shed_p99:
+        f["429 p50 ms"] = Spread.of(shed_p50, "ms")
+        f["429 p99 ms"] = Spread.of(shed_p99, "ms")
+    f["429 share"] = Spread.of([_count(o, "429") / max(1, o["offered"]) for o in runs], "")
+    f["504 or lost"] = Spread.of(
+        [float(_count(o, "504") + _count(o, "0") + _count(o, "-1")) for o in runs], ""
+    )
+    f["RSS growth MiB"] = Spread.of(
+        [o["rss_mib"]["peak"] - o["rss_mib"]["start"] for o in runs], "MiB"
+    )
+    f["recovery s"] = Spread.of([o["recovery_s"] for o in runs], "s")
+    row.ratios["goodput ÷ capacity"] = paired_ratios(
+        [o["goodput"] for o in runs], [o["capacity_rps"] for o in runs]
+    )
+    row.ratios["200 p99 ÷ capacity p99"] = paired_ratios(
+        [o["ok_p99_ms"] or float("inf") for o in runs], [o["capacity_p99_ms"] for o in runs]
+    )
+    row.ratios["after ÷ capacity"] = paired_ratios(
+        [o["after_rps"] for o in runs], [o["capacity_rps"] for o in runs]
+    )
+    if m == TARGET_MULTIPLIER:
+        for subject, (op, value, label) in TARGETS.items():
+            if subject in row.figures or subject in row.ratios:
+                row.target(subject, op, value, label)  # type: ignore[arg-type]
+    return row
+
+
+def _with_slow_clients(
+    ctx: Context, server: HttpServer, url: str, body: bytes, count: int, capacity: LoadResult
+) -> dict[str, Any]:
+    """The capacity run again while ``count`` slow clients are connected (each sends its
+    request head one line every ``SLOW_LINE_S``, never finishing it), opened first."""
+    import psutil
+
+    process = psutil.Process(server.pid)
+    before = process.num_fds()
+    with _SlowClients(server.port, count) as clients:
+        time.sleep(1.0)  # the server has taken them all in (or turned them away)
+        held = process.num_fds()
+        load = run_load(
+            ctx.load_client, url, body, CAPACITY_CLIENTS, capacity.seconds, ctx.workdir / "load"
+        )
+        held = max(held, process.num_fds())
+        still = clients.still_connected()
+    return {
+        "clients": count,
+        "rps": _ok_rate(load),
+        "p99_ms": load.p99_ms,
+        "errors": load.errors,
+        "capacity_rps": _ok_rate(capacity),
+        "descriptors": held - before,
+        "still_connected": still,
+    }
+
+
+class _SlowClients:
+    """``count`` connections that each send a request line, then one header line every
+    ``SLOW_LINE_S`` (the slowloris pattern), from a thread; opened a hundred at a time."""
+
+    def __init__(self, port: int, count: int) -> None:
+        self.port = port
+        self.count = count
+        self.socks: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._trickle, name="slow-clients", daemon=True)
+
+    def __enter__(self) -> _SlowClients:
+        for first in range(0, self.count, 100):
+            for _ in range(min(100, self.count - first)):
+                sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+                sock.sendall(PARTIAL_HEAD)
+                sock.setblocking(False)
+                self.socks.append(sock)
+            time.sleep(0.02)  # the server's accept queue is not a test subject here
+        self._thread.start()
+        return self
+
+    def _trickle(self) -> None:
+        line = 0
+        while not self._stop.wait(SLOW_LINE_S):
+            line += 1
+            for sock in self.socks:
+                with contextlib.suppress(OSError):
+                    sock.send(f"X-Slow-{line}: a\r\n".encode())
+
+    def still_connected(self) -> int:
+        """How many the server has not closed (nor answered: a 408 comes before the close)."""
+        open_ = 0
+        for sock in self.socks:
+            try:
+                sock.recv(1, socket.MSG_PEEK)  # a 408, or the end: the server is done with it
+            except BlockingIOError:
+                open_ += 1  # nothing to read: still connected
+            except OSError:
+                pass  # reset: closed
+        return open_
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for sock in self.socks:
+            sock.close()
+
+
+def _slow_row(count: int, runs: list[dict[str, Any]]) -> Row:
+    row = Row(case={"load": f"{count:,} slow clients + {CAPACITY_CLIENTS} well-behaved"})
+    f = row.figures
+    f["capacity req/s"] = Spread.of([o["capacity_rps"] for o in runs], "req/s")
+    f["req/s"] = Spread.of([o["rps"] for o in runs], "req/s")
+    f["200 p99 ms"] = Spread.of([o["p99_ms"] for o in runs], "ms")
+    f["descriptors held"] = Spread.of([float(o["descriptors"]) for o in runs], "")
+    f["slow ones still connected"] = Spread.of([float(o["still_connected"]) for o in runs], "")
+    row.ratios["req/s ÷ capacity"] = paired_ratios(
+        [o["rps"] for o in runs], [o["capacity_rps"] for o in runs]
+    )
+    row.target("req/s ÷ capacity", ">=", 0.8, "well-behaved clients served at ≥ 0.8x capacity")
+    row.target("descriptors held", "<=", MAX_CONNECTIONS, "descriptors ≤ http.max_connections")
+    return row
