@@ -1,33 +1,8 @@
-"""Learning quality: prequential accuracy through the real server, against per-sample learners.
+"""Learning quality: prequential scores through the real server, against per-sample learners.
 
 ``python -m bench.learning [--quick] [--sweep]`` writes ``bench/results/learning.json`` and
 ``bench/results/learning.md`` (``--quick``: ``learning-quick.*``, small slices that check the
 harness, not the quality).
-
-Three public streams, fixed seeds, each in its own order for every side:
-
-* **phishing**: ``river.datasets.Phishing``, a real web-phishing dataset shipped inside river
-  (1,250 samples, 9 features);
-* **SEA, abrupt drift**: the four SEA concepts (``river.datasets.synth.SEA`` variants 0-3,
-  10 % label noise), 5,000 samples each, switched abruptly;
-* **Hyperplane, gradual drift**: ``river.datasets.synth.Hyperplane`` (10 features, 5 drifting
-  by 0.001 per sample, 5 % noise), 20,000 samples.
-
-**livefit**: a real mosquitto and a real ``livefit serve`` (one model per stream and settings);
-the stream goes over MQTT in order, in QoS 1 messages of 25 samples, paced so the trainer keeps
-up (each message is one minibatch; the first is trained before the rest follow, so that a fresh
-process's slow first step does not merge the next messages into one big minibatch); the figure
-is the server's own
-``livefit_prequential_score{window="cumulative"}``: every sample scored before the model trained
-on it, read once ``livefit_train_samples_total`` equals the stream length. **Peers**: river's
-per-sample learners, test-then-train one sample at a time on the same samples. Accuracy within
-stretches of each stream comes from the same settings run in-process (below), which matches the
-server to the sample.
-
-The defaults sweep (``--sweep``) runs livefit's trainer in this process (the server's
-``Trainer``, ``SampleQueue`` and update policy fed chunks of 25 in stream order, without MQTT)
-over a staged grid of optimizer, learning rate, builder, steps per batch, replay, scaling and
-drift reaction, and checks that the in-process and through-the-server figures agree.
 """
 
 from __future__ import annotations
@@ -64,16 +39,65 @@ CHUNK = 25  # samples per MQTT message, and per minibatch when the trainer keeps
 PUBLISH_RATE = 2000.0  # samples/s: 80 messages/s, which the trainer takes one at a time
 QUICK_SAMPLES = 500
 STREAM_SEED = 42
-MODEL_SEED = 7
-TARGET = "livefit accuracy ≥ logistic regression accuracy, at livefit's default settings"
+MODEL_SEED = 7  # the reference seed: the server's figures
+MODEL_SEEDS = tuple(range(1, 12))  # the reference seed and ten more, each run in-process
+QUICK_MODEL_SEEDS = (MODEL_SEED, 1)
+TARGET = (
+    "livefit accuracy ≥ the per-sample linear classifier's (logistic regression; softmax "
+    "regression for several classes), at the configuration a user writes"
+)
 LR = "logistic regression"
+SOFTMAX = "softmax regression"
+LINREG = "linear regression"
+LINREG_TSS = "linear regression, standardized target"
 HT = "Hoeffding tree"
 DASH = "\u2013"  # en dash, for ranges
 EPS = 1e-7  # probabilities are clipped to [EPS, 1 - EPS] for log loss, as livefit does
 
+INTRO = """\
+Seven public streams, fixed seeds, each in its own order for every side:
+
+* **Phishing**: ``river.datasets.Phishing``, a real web-phishing dataset shipped inside river
+  (1,250 samples, 9 features, binary);
+* **SEA, abrupt drift**: the four SEA concepts (``river.datasets.synth.SEA`` variants 0-3,
+  10 % label noise), 5,000 samples each, switched abruptly (binary);
+* **Hyperplane, gradual drift**: ``river.datasets.synth.Hyperplane`` (10 features, 5 drifting
+  by 0.001 per sample, 5 % noise), 20,000 samples (binary);
+* **Image segments**: ``river.datasets.ImageSegments``, real (2,310 samples, 18 features,
+  7 classes);
+* **TrumpApproval** and **ChickWeights**: ``river.datasets``, real regression datasets shipped
+  inside river (1,001 samples of 6 features, approval ratings from 36 to 45; 578 samples of 3
+  features, weights from 35 to 373 grams);
+* **Friedman, recurring drift**: ``river.datasets.synth.FriedmanDrift`` (10 features, the
+  concept switches after 3,500 samples and switches back after 7,000), 10,000 samples.
+
+**livefit** is configured exactly as a user writes a model: ``input_shape``, ``output_shape``
+and ``loss`` (``binary_crossentropy``; ``sparse_categorical_crossentropy`` with one output
+per class; ``mse`` for regression), nothing else; every other setting, the output activation
+and the target scaling included, is livefit's default. The model seed is the only other key
+(the reference seed 7 through the server, eleven seeds in-process). A real mosquitto and a real
+``livefit serve`` (one model per stream and settings) take each stream over MQTT, in order, in
+QoS 1 messages of 25 samples, paced so the trainer keeps up (each message is one minibatch;
+the first is trained before the rest follow, so that a fresh process's slow first step does
+not merge the next messages into one big minibatch); the figure is the server's own
+``livefit_prequential_score{window="cumulative"}`` (accuracy; MAE for regression): every sample
+scored before the model trained on it, read once ``livefit_train_samples_total`` equals the
+stream length. **Peers**: river's per-sample learners, test-then-train one sample at a time on
+the same samples. The spread over model seeds, the figures within stretches of each stream and
+the MAE after the first message come from the same settings run in-process (the server's
+``Trainer`` fed the same chunks without MQTT), which matches the server to the sample."""
+
 
 # -- streams ---------------------------------------------------------------------------------
 Rows = Iterable[tuple[dict[str, Any], Any]]
+BINARY, MULTICLASS, REGRESSION = "binary", "multiclass", "regression"
+LOSSES = {
+    BINARY: "binary_crossentropy",
+    MULTICLASS: "sparse_categorical_crossentropy",
+    REGRESSION: "mse",
+}
+METRIC = {BINARY: "accuracy", MULTICLASS: "accuracy", REGRESSION: "mae"}
+REFERENCE = {BINARY: LR, MULTICLASS: SOFTMAX, REGRESSION: LINREG}  # the per-sample linear model
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +111,7 @@ class StreamSpec:
     samples: int
     make: Callable[[int], Rows]  # seed -> rows
     seeded: bool = True  # False: a fixed dataset, the same whatever the seed
+    task: str = BINARY
 
 
 def _phishing(seed: int) -> Rows:
@@ -115,6 +140,30 @@ def _hyperplane(seed: int) -> Rows:
         noise_percentage=0.05,
         sigma=0.1,
     ).take(20_000)
+
+
+def _image_segments(seed: int) -> Rows:
+    from river import datasets
+
+    return datasets.ImageSegments()
+
+
+def _trump_approval(seed: int) -> Rows:
+    from river import datasets
+
+    return datasets.TrumpApproval()
+
+
+def _chick_weights(seed: int) -> Rows:
+    from river import datasets
+
+    return datasets.ChickWeights()
+
+
+def _friedman(seed: int) -> Rows:
+    from river.datasets import synth
+
+    return synth.FriedmanDrift(drift_type="gra", position=(3_500, 7_000), seed=seed).take(10_000)
 
 
 STREAMS: dict[str, StreamSpec] = {
@@ -147,8 +196,48 @@ STREAMS: dict[str, StreamSpec] = {
             20_000,
             _hyperplane,
         ),
+        StreamSpec(
+            "segments",
+            "Image segments (real, 7 classes)",
+            "real dataset, multi-class",
+            "`river.datasets.ImageSegments()`",
+            2310,
+            _image_segments,
+            seeded=False,
+            task=MULTICLASS,
+        ),
+        StreamSpec(
+            "trump",
+            "TrumpApproval (real, regression)",
+            "real dataset, regression",
+            "`river.datasets.TrumpApproval()`",
+            1001,
+            _trump_approval,
+            seeded=False,
+            task=REGRESSION,
+        ),
+        StreamSpec(
+            "chick",
+            "ChickWeights (real, regression)",
+            "real dataset, regression",
+            "`river.datasets.ChickWeights()`",
+            578,
+            _chick_weights,
+            seeded=False,
+            task=REGRESSION,
+        ),
+        StreamSpec(
+            "friedman",
+            "Friedman (recurring drift, regression)",
+            "synthetic, abrupt recurring drift, regression",
+            '`synth.FriedmanDrift(drift_type="gra", position=(3500, 7000), seed=42).take(10000)`',
+            10_000,
+            _friedman,
+            task=REGRESSION,
+        ),
     )
 }
+BINARY_STREAMS = tuple(name for name, s in STREAMS.items() if s.task == BINARY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,41 +246,91 @@ class Stream:
 
     spec: StreamSpec
     seed: int
-    rows: list[tuple[dict[str, Any], bool]]
+    rows: list[tuple[dict[str, Any], Any]]  # labels: bool, a class name, or a float
     features: tuple[str, ...]
     x: np.ndarray  # (n, features) float32
-    y: np.ndarray  # (n, 1) float32, 0 or 1
+    y: np.ndarray  # (n, 1) float32: 0 or 1, or the target; (n,) class indices for multi-class
+    classes: tuple[Any, ...] = ()  # the labels of a classifier's outputs, in order
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def task(self) -> str:
+        return self.spec.task
+
+    def table(self) -> dict[str, Any]:
+        """What a user writes for this stream's model: the shapes and the loss."""
+        outputs = len(self.classes) if self.task == MULTICLASS else 1
+        return {
+            "input_shape": [int(self.x.shape[1])],
+            "output_shape": [outputs],
+            "loss": LOSSES[self.task],
+        }
+
 
 def load_stream(spec: StreamSpec, limit: int | None = None, seed: int = STREAM_SEED) -> Stream:
     """The first ``limit`` samples of ``spec`` (all of them by default), generated with ``seed``."""
-    made = spec.make(seed)
-    rows = [(x, bool(y)) for x, y in itertools.islice(made, limit or spec.samples)]
-    features = tuple(rows[0][0])
-    x = np.array([[float(r[k]) for k in features] for r, _ in rows], dtype=np.float32)
-    y = np.array([[float(label)] for _, label in rows], dtype=np.float32)
-    return Stream(spec, seed if spec.seeded else STREAM_SEED, rows, features, x, y)
+    if spec.seeded:
+        made = list(itertools.islice(spec.make(seed), limit or spec.samples))
+    else:  # river's file datasets close their file only once read to the end
+        made = list(spec.make(seed))[: limit or spec.samples]
+    features = tuple(made[0][0])
+    x = np.array([[float(r[k]) for k in features] for r, _ in made], dtype=np.float32)
+    classes: tuple[Any, ...] = ()
+    rows: list[tuple[dict[str, Any], Any]]
+    if spec.task == BINARY:
+        rows = [(r, bool(label)) for r, label in made]
+        y = np.array([[float(label)] for _, label in rows], dtype=np.float32)
+        classes = (False, True)
+    elif spec.task == MULTICLASS:
+        rows = list(made)
+        classes = tuple(sorted({label for _, label in rows}, key=str))
+        index = {label: i for i, label in enumerate(classes)}
+        y = np.array([index[label] for _, label in rows], dtype=np.float32)
+    else:
+        rows = [(r, float(label)) for r, label in made]
+        y = np.array([[label] for _, label in rows], dtype=np.float32)
+    return Stream(spec, seed if spec.seeded else STREAM_SEED, rows, features, x, y, classes)
 
 
 # -- scores ----------------------------------------------------------------------------------
 @dataclass(slots=True)
 class Score:
-    """One learner's test-then-train figures on one stream."""
+    """One learner's test-then-train figures on one stream: accuracy and log loss for a
+    classifier, MAE and RMSE for a regressor (the others NaN)."""
 
     accuracy: float
     log_loss: float
     samples: int
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)  # steps, batch sizes, drift detections
-    correct: np.ndarray | None = None  # per sample, 1.0 where right (not written to JSON)
+    per_sample: np.ndarray | None = None  # 1.0 where right, or the absolute error (not in JSON)
+    mae: float = math.nan
+    rmse: float = math.nan
+
+    def value(self, metric: str) -> float:
+        """The stream's figure: ``accuracy`` or ``mae``."""
+        return float(self.accuracy if metric == "accuracy" else self.mae)
+
+    @property
+    def mae_after_first_message(self) -> float:
+        """MAE over the samples after the first message (a minibatch learner predicts the whole
+        first message before it has seen a label); NaN without per-sample errors."""
+        if self.per_sample is None or math.isnan(self.mae) or len(self.per_sample) <= CHUNK:
+            return math.nan
+        return float(self.per_sample[CHUNK:].mean())
 
     def to_json(self) -> dict[str, Any]:
+        figures: dict[str, Any]
+        if math.isnan(self.mae):
+            figures = {"accuracy": self.accuracy, "log_loss": self.log_loss}
+        else:
+            figures = {"mae": self.mae, "rmse": self.rmse}
+            if not math.isnan(self.mae_after_first_message):
+                figures["mae_after_first_message"] = self.mae_after_first_message
         return {
-            "accuracy": self.accuracy,
-            "log_loss": self.log_loss,
+            **figures,
             "samples": self.samples,
             "seconds": round(self.seconds, 3),
             **self.extra,
@@ -199,13 +338,13 @@ class Score:
 
 
 def segment_edges(n: int) -> list[int]:
-    """Where the accuracy-over-time figures cut a stream: the first 100 samples, then quarters."""
+    """Where the figures over time cut a stream: the first 100 samples, then quarters."""
     return sorted({0, min(100, n), n // 4, n // 2, 3 * n // 4, n})
 
 
-def segments(correct: np.ndarray, edges: Sequence[int]) -> list[float]:
-    """Accuracy within each stretch between consecutive ``edges``."""
-    return [float(correct[a:b].mean()) for a, b in itertools.pairwise(edges) if b > a]
+def segments(per_sample: np.ndarray, edges: Sequence[int]) -> list[float]:
+    """Accuracy (or MAE) within each stretch between consecutive ``edges``."""
+    return [float(per_sample[a:b].mean()) for a, b in itertools.pairwise(edges) if b > a]
 
 
 # -- peers: river, one sample at a time --------------------------------------------------------
@@ -215,58 +354,116 @@ def _logistic_regression() -> Any:
     return preprocessing.StandardScaler() | linear_model.LogisticRegression()
 
 
+def _softmax_regression() -> Any:
+    from river import linear_model, preprocessing
+
+    return preprocessing.StandardScaler() | linear_model.SoftmaxRegression()
+
+
 def _hoeffding_tree() -> Any:
     from river import tree
 
     return tree.HoeffdingTreeClassifier()
 
 
-PEERS: dict[str, tuple[str, Callable[[], Any]]] = {
-    LR: ("`preprocessing.StandardScaler() | linear_model.LogisticRegression()`",
-         _logistic_regression),
-    HT: ("`tree.HoeffdingTreeClassifier()`", _hoeffding_tree),
+def _linear_regression() -> Any:
+    from river import linear_model, preprocessing
+
+    return preprocessing.StandardScaler() | linear_model.LinearRegression()
+
+
+def _linear_regression_tss() -> Any:
+    from river import preprocessing
+
+    return preprocessing.TargetStandardScaler(regressor=_linear_regression())
+
+
+def _hoeffding_tree_regressor() -> Any:
+    from river import preprocessing, tree
+
+    return preprocessing.StandardScaler() | tree.HoeffdingTreeRegressor()
+
+
+PeerTable = dict[str, tuple[str, Callable[[], Any]]]
+PEERS: dict[str, PeerTable] = {
+    BINARY: {
+        LR: ("`preprocessing.StandardScaler() | linear_model.LogisticRegression()`",
+             _logistic_regression),
+        HT: ("`tree.HoeffdingTreeClassifier()`", _hoeffding_tree),
+    },
+    MULTICLASS: {
+        SOFTMAX: ("`preprocessing.StandardScaler() | linear_model.SoftmaxRegression()`",
+                  _softmax_regression),
+        HT: ("`tree.HoeffdingTreeClassifier()`", _hoeffding_tree),
+    },
+    REGRESSION: {
+        LINREG: ("`preprocessing.StandardScaler() | linear_model.LinearRegression()`",
+                 _linear_regression),
+        LINREG_TSS: ("`preprocessing.TargetStandardScaler(regressor=StandardScaler() | "
+                     "LinearRegression())`", _linear_regression_tss),
+        HT: ("`preprocessing.StandardScaler() | tree.HoeffdingTreeRegressor()`",
+             _hoeffding_tree_regressor),
+    },
 }  # fmt: skip
 
 
 def peer_score(make_model: Callable[[], Any], stream: Stream) -> Score:
-    """Test-then-train, one sample at a time: ``predict_proba_one``, then ``learn_one``.
+    """Test-then-train, one sample at a time: predict, then ``learn_one``.
 
-    The prediction is river's ``predict_one`` (the most probable class; none before the model
-    has seen a class, which counts as wrong, as in ``evaluate.progressive_val_score``).
+    A classifier's prediction is river's most probable class (none before the model has seen
+    a class, which counts as wrong, as in ``evaluate.progressive_val_score``); a regressor's is
+    ``predict_one``.
     """
-    from river import metrics
-
+    if stream.task == REGRESSION:
+        return _peer_regression(make_model(), stream)
     model = make_model()
-    accuracy = metrics.Accuracy()
     correct = np.zeros(len(stream), dtype=np.float32)
     loss = 0.0
+    uniform = 1.0 / len(stream.classes)
     started = time.perf_counter()
     for i, (x, y) in enumerate(stream.rows):
         proba = model.predict_proba_one(x)
         predicted = max(proba, key=proba.get) if proba else None
-        accuracy.update(y, predicted)
         correct[i] = predicted == y
-        loss += _log_loss(proba.get(True, 0.0) if proba else 0.5, y)
+        loss += _log_loss(proba.get(y, 0.0) if proba else uniform)
         model.learn_one(x, y)
     seconds = time.perf_counter() - started
-    return Score(accuracy.get(), loss / len(stream), len(stream), seconds, correct=correct)
+    return Score(
+        float(correct.mean()), loss / len(stream), len(stream), seconds, per_sample=correct
+    )
 
 
-def _log_loss(p_true: float, y: bool) -> float:
-    p = min(max(p_true, EPS), 1 - EPS)
-    return -math.log(p if y else 1 - p)
+def _peer_regression(model: Any, stream: Stream) -> Score:
+    errors = np.zeros(len(stream), dtype=np.float64)
+    started = time.perf_counter()
+    for i, (x, y) in enumerate(stream.rows):
+        errors[i] = abs(float(model.predict_one(x)) - y)
+        model.learn_one(x, y)
+    seconds = time.perf_counter() - started
+    return Score(
+        math.nan, math.nan, len(stream), seconds, per_sample=errors,
+        mae=float(errors.mean()), rmse=float(np.sqrt(np.square(errors).mean())),
+    )  # fmt: skip
+
+
+def _log_loss(p_true: float) -> float:
+    return -math.log(min(max(p_true, EPS), 1 - EPS))
 
 
 def peer_scores(stream: Stream) -> dict[str, Score]:
-    return {name: peer_score(make, stream) for name, (_, make) in PEERS.items()}
+    return {name: peer_score(make, stream) for name, (_, make) in PEERS[stream.task].items()}
 
 
 # -- livefit's settings under test -----------------------------------------------------------
+BINARY_TABLE = {"input_shape": [1], "output_shape": [1], "loss": LOSSES[BINARY]}
+
+
 @dataclass(frozen=True, slots=True)
 class Knobs:
-    """The learning settings under test; ``None`` leaves livefit's default in place."""
+    """The learning settings under test; ``None`` leaves livefit's default in place (and out
+    of the model's table: what is not set here is not written)."""
 
-    builder: str = "mlp"
+    builder: str | None = None
     activation: str | None = None  # the MLP's hidden activation (builder option)
     hidden_units: tuple[int, ...] | None = None  # the MLP's hidden layers (builder option)
     optimizer: str | None = None
@@ -276,27 +473,26 @@ class Knobs:
     replay_mode: str | None = None
     replay_share: float | None = None
     scaling: str | None = None
+    target_scaling: str | None = None
     drift_reaction: str | None = None
     drift_threshold: float | None = None
     seed: int = MODEL_SEED
 
-    def model_config(self, n_features: int) -> dict[str, Any]:
-        """The ``[models.<name>]`` table (as a dict) of a binary classifier with these knobs."""
-        options: dict[str, Any] = {"output_activation": "sigmoid"}
+    def model_config(self, table: dict[str, Any]) -> dict[str, Any]:
+        """The ``[models.<name>]`` table (as a dict): the user's ``table`` (shapes and loss),
+        the model seed, and these knobs where set."""
+        config: dict[str, Any] = {**table}
+        if self.builder is not None:
+            config["builder"] = self.builder
+        options: dict[str, Any] = {}
         if self.activation is not None:
             options["activation"] = self.activation
         if self.hidden_units is not None:
             options["hidden_units"] = list(self.hidden_units)
-        config: dict[str, Any] = {
-            "builder": self.builder,
-            "builder_options": options,
-            "input_shape": [n_features],
-            "output_shape": [1],
-            "loss": "binary_crossentropy",
-            "metrics": ["accuracy"],
-            "seed": self.seed,
-        }
-        for key in ("optimizer", "learning_rate", "scaling"):
+        if options:
+            config["builder_options"] = options
+        config["seed"] = self.seed
+        for key in ("optimizer", "learning_rate", "scaling", "target_scaling"):
             if getattr(self, key) is not None:
                 config[key] = getattr(self, key)
         train = {
@@ -315,11 +511,11 @@ class Knobs:
             config["drift"] = drift
         return config
 
-    def resolved(self, n_features: int = 1) -> dict[str, Any]:
+    def resolved(self) -> dict[str, Any]:
         """The effective learning settings: these knobs over livefit's defaults."""
         from livefit.server.config import ModelSettings
 
-        s = ModelSettings.model_validate(self.model_config(n_features))
+        s = ModelSettings.model_validate(self.model_config(BINARY_TABLE))
         replay = s.train.replay_capacity > 0 and s.train.replay_share > 0
         return {
             "builder": s.builder,
@@ -331,6 +527,7 @@ class Knobs:
             "replay_mode": s.train.replay_mode if replay else None,
             "replay_share": s.train.replay_share if replay else 0.0,
             "scaling": s.scaling,
+            "target_scaling": self.target_scaling,  # None: the loss's default
             "drift_reaction": s.drift.reaction,
             "drift_threshold": s.drift.threshold,
         }
@@ -362,6 +559,8 @@ def describe(r: dict[str, Any]) -> str:
         parts.append("no replay")
     if r["scaling"] != "standardize":
         parts.append(f"scaling {r['scaling']}")
+    if r.get("target_scaling") is not None:
+        parts.append(f"target scaling {r['target_scaling']}")
     if r["drift_reaction"] != "none":  # the threshold only matters when drift changes learning
         parts.append(f"on drift (threshold {r['drift_threshold']:g}) {r['drift_reaction']}")
     return ", ".join(parts)
@@ -380,7 +579,7 @@ def _builder_facts(builder: str, options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-DEFAULTS = Knobs()  # whatever livefit's defaults are when the benchmark runs
+DEFAULTS = Knobs()  # whatever livefit's defaults are when the benchmark runs: the user's config
 V01 = Knobs(  # livefit 0.1's defaults, explicitly: the "before" of the issue
     activation="relu",
     optimizer="adam",
@@ -402,6 +601,8 @@ RECOMMENDED = replace(
     replay_mode="window",
     replay_share=0.75,
 )
+# Regression as before online target scaling: the network learns the raw targets.
+NO_TARGET_SCALING = Knobs(target_scaling="none")
 
 
 WHY_RECOMMENDED = (
@@ -447,18 +648,35 @@ def learn_inprocess(stream: Stream, knobs: Knobs, chunk: int = CHUNK) -> Score:
     seconds = time.perf_counter() - started
     scores = trainer.scores.scores
     detections = trainer.policy.drift.detections if trainer.policy.drift is not None else 0
-    score = Score(
-        scores["accuracy"].cumulative,
-        scores["log_loss"].cumulative,
-        trainer.samples_seen,
-        seconds,
-        {"steps": trainer.version, "drift_detections": detections},
-        correct=np.concatenate(recorder.correct),
-    )
+    extra = {"steps": trainer.version, "drift_detections": detections}
+    per_sample = np.concatenate(recorder.per_sample)
+    if stream.task == REGRESSION:
+        score = Score(
+            math.nan, math.nan, trainer.samples_seen, seconds, extra, per_sample,
+            mae=scores["mae"].cumulative, rmse=math.sqrt(scores["mse"].cumulative),
+        )  # fmt: skip
+    else:
+        score = Score(
+            scores["accuracy"].cumulative, scores["log_loss"].cumulative, trainer.samples_seen,
+            seconds, extra, per_sample,
+        )  # fmt: skip
     del trainer, queue
     keras.utils.clear_session(free_memory=True)
     gc.collect()
     return score
+
+
+class InProcess:
+    """``learn_inprocess``, run once per stream, stream seed and settings (model seed included)."""
+
+    def __init__(self) -> None:
+        self._scores: dict[tuple[str, int, str], Score] = {}
+
+    def score(self, stream: Stream, knobs: Knobs) -> Score:
+        key = (stream.spec.name, stream.seed, knobs.key())
+        if key not in self._scores:
+            self._scores[key] = learn_inprocess(stream, knobs)
+        return self._scores[key]
 
 
 def _trainer(knobs: Knobs, stream: Stream) -> Any:
@@ -471,7 +689,7 @@ def _trainer(knobs: Knobs, stream: Stream) -> Any:
     from livefit.server.snapshot import SnapshotSlot
     from livefit.server.trainer import Trainer
 
-    config = knobs.model_config(stream.x.shape[1])
+    config = knobs.model_config(stream.table())
     config.setdefault("train", {})["queue_capacity"] = len(stream) + 1
     settings = ModelSettings.model_validate(config)
     metrics = Metrics(CollectorRegistry())
@@ -495,17 +713,22 @@ def _quiet(logger_name: str) -> Iterator[None]:
 
 
 def _recording_scores(scores: Any) -> Any:
-    """The trainer's prequential scores, also keeping which samples were predicted right."""
+    """The trainer's prequential scores, also keeping each sample's figure: 1.0 where a
+    classifier predicted right, a regressor's absolute error."""
     from livefit.server.prequential import PrequentialScores, correct_predictions
 
     class Recording(PrequentialScores):
         def __init__(self) -> None:
             super().__init__(scores.scores["loss"].window, scores.classification, scores.sparse)
-            self.correct: list[np.ndarray] = []
+            self.per_sample: list[np.ndarray] = []
 
         def add(self, losses: np.ndarray, y_true: np.ndarray, y_pred: np.ndarray) -> None:
             super().add(losses, y_true, y_pred)
-            self.correct.append(correct_predictions(y_true, y_pred, self.sparse))
+            if self.classification:
+                self.per_sample.append(correct_predictions(y_true, y_pred, self.sparse))
+            else:
+                error = y_pred.reshape(len(y_pred), -1) - y_true.reshape(len(y_true), -1)
+                self.per_sample.append(np.abs(error).mean(axis=1))
 
     return Recording()
 
@@ -517,18 +740,20 @@ class Case:
 
     model: str
     stream: str
-    side: str  # "defaults", "v0.1 defaults", "recommended"
+    side: str  # "defaults", "v0.1 defaults", "recommended", "no target scaling"
     knobs: Knobs
 
 
 class LearningServer:
     """A mosquitto and one ``livefit serve`` holding one model per case; stopped on exit."""
 
-    def __init__(self, workdir: Path, cases: Sequence[Case], features: dict[str, int]) -> None:
+    def __init__(
+        self, workdir: Path, cases: Sequence[Case], tables: dict[str, dict[str, Any]]
+    ) -> None:
         from bench.procs import Mosquitto, livefit_server
 
         self.broker = Mosquitto(workdir / "broker")
-        config = server_config(self.broker.url, workdir / "storage", cases, features)
+        config = server_config(self.broker.url, workdir / "storage", cases, tables)
         self.server: HttpServer = livefit_server("learner", config, workdir)
 
     @contextlib.contextmanager
@@ -560,7 +785,7 @@ class LearningServer:
             rest = [(stream.x[CHUNK:], stream.y[CHUNK:])]
             publisher.publish_stream(rest, batch=CHUNK, rate=rate)
         self._wait_trained(model, len(stream), timeout=120 + len(stream) / 100)
-        return self._score(model, time.perf_counter() - started)
+        return self._score(model, stream.task, time.perf_counter() - started)
 
     def _wait_trained(self, model: str, n: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -570,7 +795,7 @@ class LearningServer:
                 raise RuntimeError(f"{model}: not all {n} samples trained within {timeout:.0f} s")
             time.sleep(0.2)
 
-    def _score(self, model: str, seconds: float) -> Score:
+    def _score(self, model: str, task: str, seconds: float) -> Score:
         m = self.server.metrics()
 
         def get(name: str, **labels: str) -> float:  # a counter never incremented is absent
@@ -587,19 +812,25 @@ class LearningServer:
             "drift_detections": int(get("livefit_drift_detected_total")),
         }
         samples = int(get("livefit_train_samples_total"))
+        if task == REGRESSION:
+            return Score(
+                math.nan, math.nan, samples, seconds, extra,
+                mae=cumulative("mae"), rmse=math.sqrt(cumulative("mse")),
+            )  # fmt: skip
         return Score(cumulative("accuracy"), cumulative("log_loss"), samples, seconds, extra)
 
 
 def server_config(
-    broker_url: str, storage: Path, cases: Sequence[Case], features: dict[str, int]
+    broker_url: str, storage: Path, cases: Sequence[Case], tables: dict[str, dict[str, Any]]
 ) -> str:
-    """A livefit config: the bench's broker and storage, one model table per case."""
-    tables = [
-        _toml_table(f"models.{c.model}", c.knobs.model_config(features[c.stream])) for c in cases
+    """A livefit config: the bench's broker and storage, one model table per case (the
+    user's table of its stream, with the case's knobs)."""
+    models = [
+        _toml_table(f"models.{c.model}", c.knobs.model_config(tables[c.stream])) for c in cases
     ]
     return (
         f'[broker]\nurl = "{broker_url}"\nclient_id = "bench-learning"\n\n'
-        f'[storage]\ndir = "{storage}"\n\n' + "\n".join(tables)
+        f'[storage]\ndir = "{storage}"\n\n' + "\n".join(models)
     )
 
 
@@ -626,44 +857,51 @@ def _toml_value(value: Any) -> str:
     return repr(value)
 
 
-def server_cases(quick: bool) -> list[Case]:
-    """Every stream at livefit's defaults; in full runs also at 0.1's and the recommended ones.
+# The settings each kind of stream runs at through the server, the user's configuration first.
+SIDES: dict[str, list[tuple[str, Knobs]]] = {
+    BINARY: [("defaults", DEFAULTS), ("v0.1 defaults", V01), ("recommended", RECOMMENDED)],
+    MULTICLASS: [("defaults", DEFAULTS)],
+    REGRESSION: [("defaults", DEFAULTS), ("no target scaling", NO_TARGET_SCALING)],
+}
+SUFFIX = {"defaults": "", "v0.1 defaults": "_v01", "recommended": "_rec",
+          "no target scaling": "_raw"}  # fmt: skip
 
-    A side whose effective settings equal an earlier side's is left out.
-    """
-    sides = [("defaults", DEFAULTS)]
-    if not quick:
-        sides += [("v0.1 defaults", V01), ("recommended", RECOMMENDED)]
-    unique: dict[str, tuple[str, Knobs]] = {}
-    for side, knobs in sides:
-        unique.setdefault(knobs.key(), (side, knobs))
-    suffix = {"defaults": "", "v0.1 defaults": "_v01", "recommended": "_rec"}
-    return [
-        Case(f"{name}{suffix[side]}", name, side, knobs)
-        for name in STREAMS
-        for side, knobs in unique.values()
-    ]
+
+def server_cases(quick: bool) -> list[Case]:
+    """Every stream at livefit's defaults (the user's configuration); in full runs also the
+    other sides of ``SIDES``. A side whose effective settings equal an earlier side's is left
+    out."""
+    cases = []
+    for name, spec in STREAMS.items():
+        sides = SIDES[spec.task][:1] if quick else SIDES[spec.task]
+        unique: dict[str, tuple[str, Knobs]] = {}
+        for side, knobs in sides:
+            unique.setdefault(knobs.key(), (side, knobs))
+        cases += [Case(f"{name}{SUFFIX[side]}", name, side, k) for side, k in unique.values()]
+    return cases
 
 
 def through_server(
     streams: dict[str, Stream], cases: Sequence[Case], workdir: Path, log: Callable[[str], None]
 ) -> dict[str, Score]:
     """Every case's score, through one broker and one ``livefit serve``, one stream at a time."""
-    features = {name: s.x.shape[1] for name, s in streams.items()}
-    server = LearningServer(workdir, cases, features)
+    tables = {name: s.table() for name, s in streams.items()}
+    server = LearningServer(workdir, cases, tables)
     scores: dict[str, Score] = {}
     with server.running():
         for case in cases:
-            scores[case.model] = score = server.feed(case.model, streams[case.stream])
+            stream = streams[case.stream]
+            scores[case.model] = score = server.feed(case.model, stream)
+            metric = METRIC[stream.task]
             log(
-                f"server {case.stream:<10} {case.side:<13} accuracy {score.accuracy:.4f} "
-                f"log loss {score.log_loss:.3f} mean batch {score.extra['mean_batch_size']:.1f} "
+                f"server {case.stream:<10} {case.side:<17} {metric} "
+                f"{score.value(metric):.4f} mean batch {score.extra['mean_batch_size']:.1f} "
                 f"({score.seconds:.0f} s)"
             )
     return scores
 
 
-# -- the defaults sweep ----------------------------------------------------------------------
+# -- the defaults sweep (binary streams) -------------------------------------------------------
 LEARNING_RATES = (0.001, 0.003, 0.01, 0.03, 0.1)
 REPLAYS: dict[str, dict[str, Any]] = {
     "off": {"replay_capacity": 0},
@@ -710,7 +948,8 @@ class SweepRow:
 
 
 class Sweep:
-    """A staged grid, in this process; each stage starts from the best settings so far.
+    """A staged grid on the binary streams, in this process; each stage starts from the best
+    settings so far.
 
     1. builder, optimizer and learning rate (1 step, no replay);
     2. steps per batch and replay, for the best two MLP settings of stage 1;
@@ -731,12 +970,15 @@ class Sweep:
         peers: dict[str, dict[str, Score]],
         log: Callable[[str], None],
         quick: bool = False,
+        cache: InProcess | None = None,
     ) -> None:
         self.log = log
         self.quick = quick
         self.limit = QUICK_SAMPLES if quick else None
+        self.cache = cache or InProcess()
+        streams = {name: streams[name] for name in BINARY_STREAMS}
         self._streams = {STREAM_SEED: streams}
-        self._lr = {STREAM_SEED: {name: p[LR].accuracy for name, p in peers.items()}}
+        self._lr = {STREAM_SEED: {name: peers[name][LR].accuracy for name in BINARY_STREAMS}}
         self.rows: list[SweepRow] = []
         self._seen: dict[tuple[str, int], SweepRow] = {}
 
@@ -749,7 +991,7 @@ class Sweep:
                 row.stage += f", {stage}"
             return row
         streams, lr = self._at(stream_seed)
-        scores = {name: learn_inprocess(s, knobs) for name, s in streams.items()}
+        scores = {name: self.cache.score(s, knobs) for name, s in streams.items()}
         margins = {name: sc.accuracy - lr[name] for name, sc in scores.items()}
         row = self._seen[key] = SweepRow(stage, knobs, stream_seed, scores, margins)
         self.rows.append(row)
@@ -764,7 +1006,7 @@ class Sweep:
         """The streams generated with ``seed`` and logistic regression's accuracy on them."""
         if seed not in self._streams:
             self._streams[seed] = {
-                name: load_stream(spec, self.limit, seed) for name, spec in STREAMS.items()
+                name: load_stream(STREAMS[name], self.limit, seed) for name in BINARY_STREAMS
             }
             self._lr[seed] = {
                 name: peer_score(_logistic_regression, s).accuracy
@@ -867,7 +1109,7 @@ class Sweep:
                     "mean_margin": statistics.fmean(r.margins[name] for r in rows),
                     "worst_margin": min(r.margins[name] for r in rows),
                 }
-                for name in STREAMS
+                for name in BINARY_STREAMS
             }
             summary.append(
                 {
@@ -894,8 +1136,8 @@ def run(
     """Measure livefit and the peers on every stream; with ``sweep``, the defaults sweep too.
 
     Returns plain JSON (see ``markdown``). ``quick``: the first 500 samples of each stream,
-    livefit at its defaults only (and two settings in the sweep): checks the harness works,
-    not the quality.
+    livefit at its defaults only, two model seeds (and two settings in the sweep): checks the
+    harness works, not the quality.
     """
     log = log or _print
     started = time.perf_counter()
@@ -908,15 +1150,23 @@ def run(
         }
         peers = {name: peer_scores(s) for name, s in streams.items()}
         for name, p in peers.items():
-            log(f"peers  {name:<10} " + "  ".join(f"{k} {v.accuracy:.4f}" for k, v in p.items()))
+            metric = METRIC[streams[name].task]
+            log(
+                f"peers  {name:<10} "
+                + "  ".join(f"{k} {v.value(metric):.4f}" for k, v in p.items())
+            )
         cases = server_cases(quick)
         served = through_server(streams, cases, workdir / "server", log)
         results = _results(quick, streams, peers, cases, served)
-        grid = Sweep(streams, peers, log, quick=quick)
-        results["agreement"] = _agreement(grid, cases, served)
-        _add_segments(results, grid, cases, peers)
+        cache = InProcess()
+        results["agreement"] = _agreement(cache, streams, cases, served)
+        _add_segments(results, cache, streams, cases, peers)
+        seeds_started = time.perf_counter()
+        _add_seeds(results, cache, streams, QUICK_MODEL_SEEDS if quick else MODEL_SEEDS, log)
+        results["seeds_seconds"] = round(time.perf_counter() - seeds_started, 1)
         if sweep:
             sweep_started = time.perf_counter()
+            grid = Sweep(streams, peers, log, quick=quick, cache=cache)
             results["sweep"] = grid.to_json(grid.run())
             results["sweep"]["seconds"] = round(time.perf_counter() - sweep_started, 1)
     finally:
@@ -927,20 +1177,23 @@ def run(
 
 
 def _agreement(
-    grid: Sweep, cases: Sequence[Case], served: dict[str, Score]
+    cache: InProcess, streams: dict[str, Stream], cases: Sequence[Case], served: dict[str, Score]
 ) -> list[dict[str, Any]]:
     """The server's figures next to in-process ones for the same settings and samples."""
     rows = []
     for case in cases:
-        inproc = grid.measure("agreement", case.knobs).scores[case.stream]
+        stream = streams[case.stream]
+        metric = METRIC[stream.task]
+        inproc = cache.score(stream, case.knobs).value(metric)
         server = served[case.model]
         rows.append(
             {
                 "stream": case.stream,
                 "side": case.side,
-                "server": server.accuracy,
-                "in_process": inproc.accuracy,
-                "difference": server.accuracy - inproc.accuracy,
+                "metric": metric,
+                "server": server.value(metric),
+                "in_process": inproc,
+                "difference": server.value(metric) - inproc,
                 "server_mean_batch_size": server.extra.get("mean_batch_size"),
             }
         )
@@ -948,20 +1201,65 @@ def _agreement(
 
 
 def _add_segments(
-    results: dict[str, Any], grid: Sweep, cases: Sequence[Case], peers: dict[str, dict[str, Score]]
+    results: dict[str, Any],
+    cache: InProcess,
+    streams: dict[str, Stream],
+    cases: Sequence[Case],
+    peers: dict[str, dict[str, Score]],
 ) -> None:
-    """Accuracy over each stream's course: where livefit gains or loses against the peers."""
+    """Figures over each stream's course (where livefit gains or loses against the peers), and
+    for regression the MAE after the first message of every side."""
     for name, stream in results["streams"].items():
         edges = segment_edges(stream["samples"])
-        sides = {}
+        sides, after_first = {}, {}
         for case in (c for c in cases if c.stream == name):
-            correct = grid.measure("agreement", case.knobs).scores[name].correct
-            assert correct is not None
-            sides[f"livefit ({case.side})"] = segments(correct, edges)
+            score = cache.score(streams[name], case.knobs)
+            assert score.per_sample is not None
+            sides[f"livefit ({case.side})"] = segments(score.per_sample, edges)
+            after_first[f"livefit ({case.side})"] = score.mae_after_first_message
         for peer, score in peers[name].items():
-            assert score.correct is not None
-            sides[peer] = segments(score.correct, edges)
+            assert score.per_sample is not None
+            sides[peer] = segments(score.per_sample, edges)
+            after_first[peer] = score.mae_after_first_message
         stream["segments"] = {"edges": edges, "sides": sides}
+        if stream["task"] == REGRESSION:
+            stream["after_first_message"] = after_first
+
+
+def _add_seeds(
+    results: dict[str, Any],
+    cache: InProcess,
+    streams: dict[str, Stream],
+    seeds: Sequence[int],
+    log: Callable[[str], None],
+) -> None:
+    """The user's configuration with every model seed in ``seeds``, in-process: mean, worst,
+    and on how many seeds livefit is at least as good as the per-sample linear model."""
+    for name, stream in streams.items():
+        metric = METRIC[stream.task]
+        higher = metric == "accuracy"
+        scores = [cache.score(stream, replace(DEFAULTS, seed=seed)) for seed in seeds]
+        values = [s.value(metric) for s in scores]
+        r = results["streams"][name]
+        reference = r["peers"][r["reference"]][metric]
+        entry: dict[str, Any] = {
+            "seeds": list(seeds),
+            "values": values,
+            "mean": statistics.fmean(values),
+            "worst": min(values) if higher else max(values),
+            "best": max(values) if higher else min(values),
+            "at_least_reference": sum(
+                (v >= reference) if higher else (v <= reference) for v in values
+            ),
+        }
+        if stream.task == REGRESSION:
+            after = [s.mae_after_first_message for s in scores]
+            entry["after_first_message"] = {"values": after, "mean": statistics.fmean(after)}
+        r["seeds"] = entry
+        log(
+            f"seeds  {name:<10} {metric} mean {entry['mean']:.4f} worst {entry['worst']:.4f} "
+            f"over {len(values)} seeds (reference {r['reference']} {reference:.4f})"
+        )
 
 
 def _results(
@@ -983,12 +1281,18 @@ def _results(
             "samples_per_message": CHUNK,
             "publish_rate_samples_per_s": PUBLISH_RATE,
             "qos": 1,
-            "model": "binary classifier: output sigmoid, loss binary_crossentropy, "
-            f"metrics accuracy, seed {MODEL_SEED}",
+            "model": "input_shape, output_shape and loss only "
+            f"({LOSSES[BINARY]}; {LOSSES[MULTICLASS]} with one output per class; "
+            f"{LOSSES[REGRESSION]} for regression), and the model seed ({MODEL_SEED} through "
+            "the server)",
+            "model_seeds": list(QUICK_MODEL_SEEDS if quick else MODEL_SEEDS),
             "defaults": DEFAULTS.resolved(),
             "v01_defaults": V01.resolved(),
             "recommended": RECOMMENDED.resolved(),
-            "peers": {name: how for name, (how, _) in PEERS.items()},
+            "peers": {
+                task: {name: how for name, (how, _) in table.items()}
+                for task, table in PEERS.items()
+            },
             "log_loss": f"-log p(true class), p clipped to [{EPS:g}, 1 - {EPS:g}] on every side",
             "target": TARGET,
         },
@@ -1003,25 +1307,43 @@ def _stream_result(
     stream: Stream, peers: dict[str, Score], cases: Sequence[Case], served: dict[str, Score]
 ) -> dict[str, Any]:
     spec = stream.spec
+    metric = METRIC[spec.task]
     mine = [c for c in cases if c.stream == spec.name]
     livefit = {c.side: _side(c, served[c.model]) for c in mine}
-    default = served[mine[0].model]
-    lr = peers[LR].accuracy
-    return {
+    value = served[mine[0].model].value(metric)
+    reference = REFERENCE[spec.task]
+    ref_value = peers[reference].value(metric)
+    out: dict[str, Any] = {
         "title": spec.title,
         "kind": spec.kind,
+        "task": spec.task,
+        "metric": metric,
         "source": spec.source,
         "samples": len(stream),
         "features": list(stream.features),
-        "positive_share": float(stream.y.mean()),
+        "table": stream.table(),
         "livefit": livefit["defaults"],
         "livefit_variants": {k: v for k, v in livefit.items() if k != "defaults"},
-        "peers": {name: score.to_json() for name, score in peers.items()},
-        "difference_to_lr": default.accuracy - lr,
-        "ratio_to_lr": default.accuracy / lr if lr else math.nan,
-        "target": ">= logistic regression accuracy",
-        "pass": default.accuracy >= lr,
+        "peers": {
+            name: {"how": PEERS[spec.task][name][0], **score.to_json()}
+            for name, score in peers.items()
+        },
+        "reference": reference,
+        "difference": value - ref_value,
+        "ratio": value / ref_value if ref_value else math.nan,
     }
+    if spec.task == REGRESSION:
+        out["target_mean"] = float(stream.y.mean())
+        out["target_std"] = float(stream.y.std())
+        out["target"], out["pass"] = None, None
+    else:
+        if spec.task == BINARY:
+            out["positive_share"] = float(stream.y.mean())
+        else:
+            out["classes"] = [str(c) for c in stream.classes]
+        out["target"] = f">= {reference} accuracy"
+        out["pass"] = value >= ref_value
+    return out
 
 
 def _side(case: Case, score: Score) -> dict[str, Any]:
@@ -1043,8 +1365,9 @@ def write(results: dict[str, Any], json_path: Path, md_path: Path) -> None:
 
 # -- Markdown ----------------------------------------------------------------------------------
 ANALYSIS = """
-**How the defaults were found, and what else was tried.** A per-sample learner makes 25
-updates where a minibatch learner fed messages of 25 makes one. With one step per batch and no
+**How the update defaults were found (on the binary streams), and what else was tried.** A
+per-sample learner makes 25 updates where a minibatch learner fed messages of 25 makes one.
+With one step per batch and no
 replay (the previous defaults) livefit trailed logistic regression by 0.02 and 0.30 points on
 SEA and Hyperplane at the reference seeds, all of it in the first few thousand samples (on
 Hyperplane 3.8, 1.8 and 1.1 points over the first three tenths; it led by 0.5 to 2.1 over the
@@ -1113,10 +1436,11 @@ with some seeds (by up to 0.48 points), as does Hyperplane with some (by up to 0
 
 def markdown(results: dict[str, Any]) -> str:
     """The "Learning quality" section of BENCHMARKS.md for ``results`` (from ``run``)."""
-    parts = [_md_intro(results), _md_summary(results)]
+    parts = [_md_intro(results), _md_summary(results), _md_user_config(results)]
     if results["mode"] != "quick":
         parts.append(ANALYSIS.strip() + "\n")
     parts += [_md_stream(stream) for stream in results["streams"].values()]
+    parts.append(_md_model_seeds(results))
     if "sweep" in results:
         parts += [_md_sweep(results["sweep"]), _md_seeds(results["sweep"])]
     if "agreement" in results:
@@ -1133,80 +1457,243 @@ def _md_intro(results: dict[str, Any]) -> str:
         if results["mode"] == "quick"
         else ""
     )
-    intro = (__doc__ or "").split("\n\n", 2)[2].split("\n\nThe defaults sweep")[0]
     return (
         "## Learning quality\n\n"
-        f"{intro.strip()}\n\n"
-        f"Target: {s['target']}. livefit's defaults in this run: "
-        f"{describe(s['defaults'])}. Every livefit model: {s['model']}. Log loss: {s['log_loss']}."
-        f" Messages of {s['samples_per_message']} samples, QoS {s['qos']}, published at "
+        f"{INTRO}\n\n"
+        f"Target: {s['target']}. Every livefit model: {s['model']}. livefit's defaults in this "
+        f"run: {describe(s['defaults'])}. Log loss: {s['log_loss']}. Messages of "
+        f"{s['samples_per_message']} samples, QoS {s['qos']}, published at "
         f"{s['publish_rate_samples_per_s']:g} samples/s.\n{quick}"
     )
 
 
+def _short(peer: str) -> str:
+    return {LR: "LR", SOFTMAX: "softmax"}.get(peer, peer)
+
+
 def _md_summary(results: dict[str, Any]) -> str:
+    streams = results["streams"].values()
+    n_seeds = len(results["settings"].get("model_seeds", []))
+    classifiers = [r for r in streams if r["metric"] == "accuracy"]
+    regressors = [r for r in streams if r["metric"] == "mae"]
     lines = [
-        "| stream | samples | livefit (defaults) | logistic regression | Hoeffding tree "
-        "| livefit - LR | target | result |",
-        "|---|---|---|---|---|---|---|---|",
+        "Prequential accuracy (cumulative, test-then-train) at the configuration a user writes: "
+        f"livefit through the server (model seed {MODEL_SEED}), and in-process over {n_seeds} "
+        "model seeds (mean, and the worst seed); the per-sample linear model is logistic "
+        "regression (softmax regression for several classes):\n",
+        "| stream | samples | livefit | livefit over seeds: mean (worst) | per-sample linear "
+        "| Hoeffding tree | livefit - linear | seeds ≥ linear | target | result |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results["streams"].values():
+    for r in classifiers:
+        ref = r["reference"]
+        seeds = r.get("seeds")
+        spread = f"{_pct(seeds['mean'])} ({_pct(seeds['worst'])})" if seeds else DASH
+        count = f"{seeds['at_least_reference']}/{len(seeds['values'])}" if seeds else DASH
         lines.append(
-            f"| {r['title']} | {r['samples']:,} | {_pct(r['livefit']['accuracy'])} | "
-            f"{_pct(r['peers'][LR]['accuracy'])} | {_pct(r['peers'][HT]['accuracy'])} | "
-            f"{_pts(r['difference_to_lr'])} | ≥ LR | {'pass' if r['pass'] else '**miss**'} |"
+            f"| {r['title']} | {r['samples']:,} | {_pct(r['livefit']['accuracy'])} | {spread} | "
+            f"{_pct(r['peers'][ref]['accuracy'])} ({_short(ref)}) | "
+            f"{_pct(r['peers'][HT]['accuracy'])} | {_pts(r['difference'])} | {count} | "
+            f"≥ {_short(ref)} | {'pass' if r['pass'] else '**miss**'} |"
         )
-    return "Prequential accuracy (cumulative, test-then-train):\n\n" + "\n".join(lines) + "\n"
+    if regressors:
+        lines += [
+            "",
+            'Prequential MAE (cumulative, lower is better), same sides; "after the first '
+            'message": the MAE over every sample but the first 25 (livefit in-process, seed '
+            f"{MODEL_SEED}), which a minibatch learner predicts before it has seen a label; "
+            '"without target scaling": livefit with `target_scaling = "none"` (the network '
+            "learns the raw targets, as before target scaling existed), through the server:\n",
+            "| stream | samples | livefit | livefit over seeds: mean (worst) | livefit after "
+            "the first message | linear regression | LR, standardized target | Hoeffding tree "
+            "| livefit without target scaling |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in regressors:
+            seeds = r.get("seeds")
+            spread = f"{_fig(seeds['mean'])} ({_fig(seeds['worst'])})" if seeds else DASH
+            after = r.get("after_first_message", {}).get("livefit (defaults)", math.nan)
+            raw = r["livefit_variants"].get("no target scaling", {}).get("mae")
+            lines.append(
+                f"| {r['title']} | {r['samples']:,} | {_fig(r['livefit']['mae'])} | {spread} | "
+                f"{_fig(after)} | {_fig(r['peers'][LINREG]['mae'])} | "
+                f"{_fig(r['peers'][LINREG_TSS]['mae'])} | {_fig(r['peers'][HT]['mae'])} | "
+                f"{_fig(raw)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _md_user_config(results: dict[str, Any]) -> str:
+    """What the user's configuration gets, in words, from this run's figures."""
+    streams = results["streams"]
+    classifiers = [r for r in streams.values() if r["metric"] == "accuracy"]
+    regressors = [r for r in streams.values() if r["metric"] == "mae"]
+    passed = [r["title"] for r in classifiers if r["pass"]]
+    missed = [r["title"] for r in classifiers if not r["pass"]]
+    text = [
+        "**At the configuration a user writes.** Built-in builders take their output from the "
+        "loss: a sigmoid for binary cross-entropy, a softmax for (sparse) categorical "
+        "cross-entropy (trained on its logits: Keras computes the cross-entropy from the "
+        "logits a sigmoid or softmax output keeps), a linear output with online target "
+        "standardization for regression losses. "
+        f"livefit meets its target on {len(passed)} of {len(classifiers)} classification streams "
+        f"at the reference seed" + (f" (misses: {', '.join(missed)})" if missed else "") + ". "
+    ]
+    trailing = []
+    for r in classifiers:
+        seeds = r.get("seeds")
+        if not seeds or seeds["at_least_reference"] == len(seeds["values"]):
+            continue
+        ref = r["peers"][r["reference"]]["accuracy"]
+        trailing.append(
+            f"{r['title']}: {_pts(seeds['mean'] - ref)} on average, worst seed "
+            f"{_pts(seeds['worst'] - ref)}, {len(seeds['values']) - seeds['at_least_reference']}"
+            f" of {len(seeds['values'])} seeds below"
+        )
+    if trailing:
+        text.append(
+            "Over the model seeds it trails its per-sample linear peer with some seeds on "
+            + "; on ".join(trailing)
+            + ". "
+        )
+    for r in regressors:
+        seeds = r.get("seeds")
+        after = r.get("after_first_message", {})
+        mine = after.get("livefit (defaults)", math.nan)
+        if not seeds or math.isnan(mine):
+            continue
+        inproc = seeds["values"][seeds["seeds"].index(MODEL_SEED)]
+        n = r["samples"]
+        first = inproc - mine * (n - CHUNK) / n
+        raw = r["livefit_variants"].get("no target scaling", {}).get("mae")
+        text.append(
+            f"On {r['title'].split(' (')[0]} (targets around {r['target_mean']:.0f}, standard "
+            f"deviation {r['target_std']:.1f}) livefit's MAE is {_fig(r['livefit']['mae'])}"
+            + (f" ({_fig(raw)} without target scaling)" if raw is not None else "")
+            + f" against {_fig(r['peers'][LINREG]['mae'])} for river's linear regression, "
+            f"{_fig(r['peers'][LINREG_TSS]['mae'])} with its target standardized and "
+            f"{_fig(r['peers'][HT]['mae'])} for the Hoeffding tree; its first message alone "
+            f"(25 samples predicted before any label, at about 0) adds {_fig(first)} to it, and "
+            f"after it livefit's MAE is {_fig(mine)} against {_fig(after[LINREG])}, "
+            f"{_fig(after[LINREG_TSS])} and {_fig(after[HT])}. "
+        )
+    return "".join(text).rstrip() + "\n"
 
 
 def _md_stream(r: dict[str, Any]) -> str:
-    lr = r["peers"][LR]["accuracy"]
+    metric, ref = r["metric"], r["reference"]
+    if r["task"] == BINARY:
+        what = f"{r['positive_share']:.0%} positive"
+    elif r["task"] == MULTICLASS:
+        what = f"{len(r['classes'])} classes"
+    else:
+        what = f"target mean {r['target_mean']:.1f}, standard deviation {r['target_std']:.1f}"
+    table = ", ".join(f"{k} = {_toml_value(v)}" for k, v in r["table"].items())
     lines = [
         f"### {r['title']}\n",
-        f"{r['source']}; {r['samples']:,} samples, {len(r['features'])} features, "
-        f"{r['positive_share']:.0%} positive.\n",
-        "| side | settings | accuracy | log loss | vs LR | updates | mean batch | drifts |",
-        "|---|---|---|---|---|---|---|---|",
+        f"{r['source']}; {r['samples']:,} samples, {len(r['features'])} features, {what}. "
+        f"livefit's table: `{table}`.\n",
     ]
     sides = {"livefit (defaults)": r["livefit"]}
     sides.update({f"livefit ({k})": v for k, v in r["livefit_variants"].items()})
-    for name, s in sides.items():
-        lines.append(
-            f"| {name} | {s['label']} | {_pct(s['accuracy'])} | {s['log_loss']:.3f} | "
-            f"{_pts(s['accuracy'] - lr)} | {s.get('steps', '')} | "
-            f"{_num(s.get('mean_batch_size'))} | {s.get('drift_detections', '')} |"
-        )
-    for name, p in r["peers"].items():
-        how = PEERS[name][0].replace("|", "\\|") if name in PEERS else ""
-        lines.append(
-            f"| river {name} | {how}, per sample | {_pct(p['accuracy'])} | "
-            f"{p['log_loss']:.3f} | {_pts(p['accuracy'] - lr)} | {p['samples']:,} | 1 | |"
-        )
-    return "\n".join(lines) + "\n" + _md_segments(r.get("segments"))
+    after = r.get("after_first_message", {})
+    if metric == "accuracy":
+        lines += [
+            f"| side | settings | accuracy | log loss | vs {_short(ref)} | updates | mean batch "
+            "| drifts |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        ref_value = r["peers"][ref]["accuracy"]
+        for name, s in sides.items():
+            lines.append(
+                f"| {name} | {s['label']} | {_pct(s['accuracy'])} | {s['log_loss']:.3f} | "
+                f"{_pts(s['accuracy'] - ref_value)} | {s.get('steps', '')} | "
+                f"{_num(s.get('mean_batch_size'))} | {s.get('drift_detections', '')} |"
+            )
+        for name, p in r["peers"].items():
+            how = p.get("how", "").replace("|", "\\|")
+            lines.append(
+                f"| river {name} | {how}, per sample | {_pct(p['accuracy'])} | "
+                f"{p['log_loss']:.3f} | {_pts(p['accuracy'] - ref_value)} | {p['samples']:,} "
+                "| 1 | |"
+            )
+    else:
+        lines += [
+            "| side | settings | MAE | RMSE | MAE after the first message | vs linear regression "
+            "| updates | mean batch | drifts |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        ref_value = r["peers"][ref]["mae"]
+        for name, s in sides.items():
+            lines.append(
+                f"| {name} | {s['label']} | {_fig(s['mae'])} | {_fig(s['rmse'])} | "
+                f"{_fig(after.get(name, math.nan))} | {_fig(s['mae'] - ref_value, sign=True)} | "
+                f"{s.get('steps', '')} | {_num(s.get('mean_batch_size'))} | "
+                f"{s.get('drift_detections', '')} |"
+            )
+        for name, p in r["peers"].items():
+            how = p.get("how", "").replace("|", "\\|")
+            lines.append(
+                f"| river {name} | {how}, per sample | {_fig(p['mae'])} | {_fig(p['rmse'])} | "
+                f"{_fig(p.get('mae_after_first_message', math.nan))} | "
+                f"{_fig(p['mae'] - ref_value, sign=True)} | {p['samples']:,} | 1 | |"
+            )
+    return "\n".join(lines) + "\n" + _md_segments(r.get("segments"), metric, ref)
 
 
-def _md_segments(seg: dict[str, Any] | None) -> str:
-    """Accuracy within stretches of the stream (livefit in-process, same settings and order)."""
+def _md_segments(seg: dict[str, Any] | None, metric: str, reference: str) -> str:
+    """Figures within stretches of the stream (livefit in-process, same settings and order)."""
     if not seg:
         return ""
+    shown = _pct if metric == "accuracy" else _fig
     edges = seg["edges"]
     spans = [f"{a:,}{DASH}{b:,}" for a, b in itertools.pairwise(edges) if b > a]
+    what = "Accuracy" if metric == "accuracy" else "MAE"
     lines = [
-        "\nAccuracy within stretches of the stream (livefit in-process):\n",
+        f"\n{what} within stretches of the stream (livefit in-process):\n",
         "| side | " + " | ".join(spans) + " |",
         "|---|" + "---|" * len(spans),
     ]
     for side, values in seg["sides"].items():
-        lines.append(f"| {side} | " + " | ".join(_pct(v) for v in values) + " |")
-    mine, lr = seg["sides"].get("livefit (defaults)"), seg["sides"].get(LR)
-    if mine and lr:
+        lines.append(f"| {side} | " + " | ".join(shown(v) for v in values) + " |")
+    mine, ref = seg["sides"].get("livefit (defaults)"), seg["sides"].get(reference)
+    if mine and ref:
         n = edges[-1]
         shares = [
             (a - b) * (hi - lo) / n
-            for a, b, (lo, hi) in zip(mine, lr, itertools.pairwise(edges), strict=False)
+            for a, b, (lo, hi) in zip(mine, ref, itertools.pairwise(edges), strict=False)
         ]
-        cells = " | ".join(_pts(v) for v in shares)
-        lines.append(f"| livefit (defaults) - LR, share of the whole | {cells} |")
+        if metric == "accuracy":
+            cells = " | ".join(_pts(v) for v in shares)
+        else:
+            cells = " | ".join(_fig(v, sign=True) for v in shares)
+        lines.append(f"| livefit (defaults) - {_short(reference)}, share of the whole | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def _md_model_seeds(results: dict[str, Any]) -> str:
+    rows = [r for r in results["streams"].values() if "seeds" in r]
+    if not rows:
+        return ""
+    seeds = rows[0]["seeds"]["seeds"]
+    lines = [
+        "### Model seeds\n",
+        f"The user's configuration with model seeds {', '.join(map(str, seeds))} "
+        f"({MODEL_SEED} is the reference), in-process on the same samples "
+        f"({results.get('seeds_seconds', 0):.0f} s): accuracy, or MAE for regression.\n",
+        "| stream | mean | worst | best | at least as good as the linear peer | per seed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        s = r["seeds"]
+        shown = _pct if r["metric"] == "accuracy" else _fig
+        lines.append(
+            f"| {r['title']} | {shown(s['mean'])} | {shown(s['worst'])} | {shown(s['best'])} | "
+            f"{s['at_least_reference']}/{len(s['values'])} ({_short(r['reference'])} "
+            f"{shown(r['peers'][r['reference']][r['metric']])}) | "
+            + " / ".join(shown(v) for v in s["values"])
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -1215,8 +1702,8 @@ def _md_sweep(sweep: dict[str, Any]) -> str:
     head = " | ".join(STREAMS[n].title if n in STREAMS else n for n in names)
     lines = [
         "### Defaults sweep\n",
-        "In-process (the server's trainer, chunks of 25, no MQTT); prequential accuracy per "
-        "stream, Δ = accuracy minus logistic regression's. "
+        "In-process (the server's trainer, chunks of 25, no MQTT) on the binary streams; "
+        "prequential accuracy per stream, Δ = accuracy minus logistic regression's. "
         f"Criterion: {sweep['criterion']}. Best: **{sweep['best']}**; "
         f"recommended: **{sweep['recommended']}**. Sweep time: {sweep['seconds']:.0f} s.\n",
         f"{sweep.get('why_recommended', '')}\n",
@@ -1258,24 +1745,36 @@ def _md_seeds(sweep: dict[str, Any]) -> str:
 
 def _md_agreement(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "Through the server vs in-process, same settings (the sweep's figures stand for the "
+        "Through the server vs in-process, same settings (the in-process figures stand for the "
         "server's when these agree):\n",
-        "| stream | settings | server | in-process | difference | server mean batch |",
-        "|---|---|---|---|---|---|",
+        "| stream | settings | metric | server | in-process | difference | server mean batch |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        metric = r.get("metric", "accuracy")
+        if metric == "accuracy":
+            figures = f"{_pct(r['server'])} | {_pct(r['in_process'])} | {_pts(r['difference'])}"
+        else:
+            difference = _fig(r["difference"], sign=True)
+            figures = f"{_fig(r['server'])} | {_fig(r['in_process'])} | {difference}"
         lines.append(
-            f"| {r['stream']} | {r['side']} | {_pct(r['server'])} | {_pct(r['in_process'])} | "
-            f"{_pts(r['difference'])} | {_num(r['server_mean_batch_size'])} |"
+            f"| {r['stream']} | {r['side']} | {metric} | {figures} | "
+            f"{_num(r['server_mean_batch_size'])} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def _md_machine(results: dict[str, Any]) -> str:
     m = results["machine"]
+    parts = []
+    if "seeds_seconds" in results:
+        parts.append(f"model seeds {results['seeds_seconds']:.0f} s")
+    if "sweep" in results:
+        parts.append(f"sweep {results['sweep']['seconds']:.0f} s")
+    split = f"; {', '.join(parts)}" if parts else ""
     return (
-        f"Run {results['generated_at']} in {results['seconds']:.0f} s ({results['mode']} mode) "
-        f"on {m.get('cores_usable')} cores, {m.get('cpu_model')}, {m.get('device')}, "
+        f"Run {results['generated_at']} in {results['seconds']:.0f} s ({results['mode']} mode"
+        f"{split}) on {m.get('cores_usable')} cores, {m.get('cpu_model')}, {m.get('device')}, "
         f"TensorFlow {m.get('tensorflow')}, livefit {m.get('livefit')} "
         f"(commit {m.get('commit')}).\n"
     )
@@ -1293,6 +1792,15 @@ def _num(value: float | None) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.1f}"
 
 
+def _fig(value: float | None, sign: bool = False) -> str:
+    """A MAE or RMSE (or, with ``sign``, a difference of two): about three significant digits."""
+    if value is None or math.isnan(value):
+        return DASH
+    magnitude = abs(value)
+    decimals = 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2 if magnitude >= 1 else 3
+    return f"{value:{'+' if sign else ''},.{decimals}f}"
+
+
 # -- the suite's interface -------------------------------------------------------------------
 def suite_run(ctx: Context) -> BenchResult:
     """This benchmark for ``python -m bench`` (``bench.cli``): the same run, as a BenchResult."""
@@ -1301,25 +1809,36 @@ def suite_run(ctx: Context) -> BenchResult:
 
 
 def to_bench_result(results: dict[str, Any]) -> BenchResult:
-    """One row per stream: accuracies of every side, livefit ÷ LR, the target on it."""
+    """One row per stream: livefit's figure (and its spread over model seeds) and the peers';
+    for classifiers livefit ÷ the per-sample linear model, with the target on it."""
     from bench.harness import BenchResult, Row, Spread
 
+    sides = {"livefit": describe(results["settings"]["defaults"])}
+    for task, table in results["settings"]["peers"].items():
+        for name, how in table.items():
+            suffix = " (regression)" if task == REGRESSION and name == HT else ""
+            sides.setdefault(f"river {name}{suffix}", how)
     result = BenchResult(
         name="learning",
         title="Learning quality",
-        what=_md_intro(results).split("\n\n", 1)[1].strip(),
-        sides={"livefit": describe(results["settings"]["defaults"]),
-               **{f"river {k}": v for k, v in results["settings"]["peers"].items()}},
+        what=INTRO,
+        sides=sides,
         settings={k: v for k, v in results["settings"].items() if k not in ("peers", "defaults")},
         extra={"learning": results},
-    )  # fmt: skip
+    )
     for r in results["streams"].values():
+        metric = r["metric"]
+        shown = "accuracy" if metric == "accuracy" else "MAE"
         row = Row(case={"stream": r["title"]})
-        row.figures["livefit accuracy"] = Spread.of([r["livefit"]["accuracy"]], "")
+        row.figures[f"livefit {shown}"] = Spread.of([r["livefit"][metric]], "")
+        if "seeds" in r:
+            row.figures[f"livefit {shown}, model seeds"] = Spread.of(r["seeds"]["values"], "")
         for name, p in r["peers"].items():
-            row.figures[f"{name} accuracy"] = Spread.of([p["accuracy"]], "")
-        row.ratios["livefit ÷ logistic regression"] = Spread.of([r["ratio_to_lr"]], "x")
-        row.target("livefit ÷ logistic regression", ">=", 1.0, "≥ logistic regression")
+            row.figures[f"{name} {shown}"] = Spread.of([p[metric]], "")
+        ratio = f"livefit ÷ {r['reference']}"
+        row.ratios[ratio] = Spread.of([r["ratio"]], "x")
+        if metric == "accuracy":
+            row.target(ratio, ">=", 1.0, f"≥ {r['reference']}")
         result.rows.append(row)
     return result
 
@@ -1343,11 +1862,13 @@ def main(argv: list[str] | None = None) -> int:
     write(results, json_path, md_path)
     _print(f"wrote {json_path} and {md_path} ({results['seconds']:.0f} s)")
     for r in results["streams"].values():
-        verdict = "pass" if r["pass"] else "MISS"
+        metric, ref = r["metric"], r["reference"]
+        shown = _pct if metric == "accuracy" else _fig
+        verdict = "" if r["pass"] is None else ("pass" if r["pass"] else "MISS")
         _print(
-            f"{r['title']:<28} livefit {_pct(r['livefit']['accuracy'])}  "
-            f"LR {_pct(r['peers'][LR]['accuracy'])}  HT {_pct(r['peers'][HT]['accuracy'])}  "
-            f"{verdict}"
+            f"{r['title']:<40} livefit {shown(r['livefit'][metric])}  "
+            f"{_short(ref)} {shown(r['peers'][ref][metric])}  "
+            f"{HT} {shown(r['peers'][HT][metric])}  {verdict}"
         )
     return 0
 

@@ -16,20 +16,18 @@ from typing import Any
 
 import keras
 
+from livefit.models import BUILTIN_BUILDERS
+from livefit.models.names import BUILDER_OPTIONS
+from livefit.models.outputs import (
+    default_output_activation,
+    default_target_scaling,
+    output_problem,
+    target_scaling_problem,
+)
 from livefit.models.standardize import with_standardization
+from livefit.models.target_scaling import TARGET_SCALING_LAYER, with_target_scaling
 
-BUILTIN_BUILDERS = ("linear", "mlp", "lstm")
-
-_DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
-    "linear": {"output_activation": None},
-    "mlp": {
-        "hidden_units": (64, 64),
-        "activation": "tanh",
-        "dropout": 0.0,
-        "output_activation": None,
-    },
-    "lstm": {"units": 32, "layers": 1, "output_activation": None},
-}
+_DEFAULT_OPTIONS = BUILDER_OPTIONS
 
 
 def build_model(
@@ -39,20 +37,38 @@ def build_model(
     options: Mapping[str, Any] | None = None,
     seed: int | None = None,
     scaling: str = "none",
+    loss: str = "mse",
+    target_scaling: str | None = None,
 ) -> keras.Model:
     """Build the network ``builder`` names; the same ``seed`` gives the same initial weights.
 
     ``scaling="standardize"`` puts a ``Standardize`` layer in front (per feature; for ``[T, F]``
-    sequence inputs, per F pooled over time): build with the same scaling as the learner to
-    use its weights.
+    sequence inputs, per F pooled over time). ``loss`` (the learner's ``loss``, default
+    ``mse`` as there) picks a built-in builder's output activation when the options leave it
+    out: sigmoid for binary cross-entropy, softmax for (sparse) categorical cross-entropy,
+    linear otherwise; an activation that cannot train under the loss is a ValueError.
+    ``target_scaling`` (default: ``standardize`` for regression losses such as ``mse``, else
+    ``none``) ends the network in a ``target_scaling`` layer that maps standardized outputs
+    back to the targets' units. Build with the learner's builder, options, shapes, seed,
+    scaling, loss and target scaling to use its weights.
     """
     in_shape = _check_shape("input_shape", input_shape)
     out_shape = _check_shape("output_shape", output_shape)
     if scaling not in ("none", "standardize"):
         raise ValueError(f'scaling must be "none" or "standardize", got {scaling!r}')
+    if target_scaling is None:
+        target_scaling = default_target_scaling(loss)
+    problem = target_scaling_problem(loss, target_scaling)
+    if problem is not None:
+        raise ValueError(problem)
     opts = dict(options or {})
     if builder in BUILTIN_BUILDERS:
         opts = _resolve_options(builder, opts)
+        if opts.get("output_activation") is None:
+            opts["output_activation"] = default_output_activation(loss)
+        problem = output_problem(loss, opts["output_activation"], out_shape)
+        if problem is not None:
+            raise ValueError(f"builder {builder!r}: {problem}")
         _seed(seed)
         model = _BUILTINS[builder](in_shape, out_shape, **opts)
     else:
@@ -62,7 +78,34 @@ def build_model(
         _check_custom_model(builder, model, in_shape, out_shape)
     if scaling == "standardize":
         model = with_standardization(model, in_shape, per_last_axis=builder == "lstm")
+    if target_scaling == "standardize":
+        model = with_target_scaling(model, out_shape)
     return model
+
+
+def output_activation_name(model: keras.Model) -> str | None:
+    """The name of the activation that produces ``model``'s output (``"sigmoid"``,
+    ``"linear"``, ...), looking through reshapes, nested models and livefit's scaling layers;
+    None when the last layer that computes something has no ``activation``."""
+    layer: Any = model
+    while True:
+        if isinstance(layer, keras.Model):
+            outputs = getattr(layer, "outputs", None)
+            history = getattr(outputs[0], "_keras_history", None) if outputs else None
+            if history is None:
+                return None
+            layer = history.operation
+            continue
+        if isinstance(layer, _PASS_THROUGH) or layer.name == TARGET_SCALING_LAYER:
+            inbound = getattr(layer, "_inbound_nodes", None)
+            if not inbound or not inbound[0].input_tensors:
+                return None
+            layer = inbound[0].input_tensors[0]._keras_history.operation
+            continue
+        activation = getattr(layer, "activation", None)
+        if activation is None:
+            return None
+        return str(getattr(activation, "__name__", activation))
 
 
 def weight_names(model: keras.Model) -> list[str]:
@@ -130,12 +173,20 @@ def _head(
     activation: str | None,
     name: str,
 ) -> keras.Model:
-    """Close the network with a float32 Dense "output" (reshaped when the output rank > 1)."""
+    """Close the network with a float32 Dense "output" (reshaped when the output rank > 1).
+
+    For outputs of rank > 1 the activation follows the reshape, so that softmax normalises
+    each row of the last axis (one distribution per output row), not the whole output.
+    """
+    rank1 = len(out_shape) == 1
     x = keras.layers.Dense(
-        math.prod(out_shape), activation=activation, dtype="float32", name="output"
-    )(features)
-    if len(out_shape) > 1:
+        math.prod(out_shape), activation=activation if rank1 else None, dtype="float32",
+        name="output",
+    )(features)  # fmt: skip
+    if not rank1:
         x = keras.layers.Reshape(out_shape, dtype="float32", name="output_reshape")(x)
+        if activation is not None:
+            x = keras.layers.Activation(activation, dtype="float32", name="output_activation")(x)
     return keras.Model(inputs, x, name=name)
 
 
@@ -192,6 +243,14 @@ def _build_lstm(
         x = keras.layers.LSTM(units, return_sequences=i < layers - 1, name=f"lstm_{i}")(x)
     return _head(inputs, x, out_shape, output_activation, "lstm")
 
+
+# Layers that pass their input's values through (for ``output_activation_name``).
+_PASS_THROUGH = (
+    keras.layers.Reshape,
+    keras.layers.Flatten,
+    keras.layers.Dropout,
+    keras.layers.InputLayer,
+)
 
 _BUILTINS: dict[str, Callable[..., keras.Model]] = {
     "linear": _build_linear,

@@ -24,8 +24,17 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
+)
+
+from livefit.models import names
+from livefit.models.outputs import (
+    default_output_activation,
+    default_target_scaling,
+    output_problem,
+    target_scaling_problem,
 )
 
 ENV_PREFIX = "LIVEFIT_"
@@ -84,6 +93,21 @@ class HttpSettings(_Section):
     token: SecretStr | None = None  # bearer token for the weight download (and predictions)
     protect_predictions: bool = False  # require the token on prediction and model endpoints
     body_timeout_s: float = Field(10.0, gt=0)  # a request body must arrive within this
+    # Connection limits (server/connections.py): a request head must arrive within
+    # header_timeout_s (of the connection opening, or of a later request's first byte), an idle
+    # connection is closed after keep_alive_timeout_s, a head over max_header_bytes gets 431,
+    # and at most max_connections are open (the oldest idle or head-sending one makes room).
+    header_timeout_s: float = Field(10.0, gt=0)
+    keep_alive_timeout_s: float = Field(5.0, gt=0)
+    max_connections: int = Field(1000, ge=16)
+    max_header_bytes: int = Field(65536, ge=1024)
+
+    def connection_protocol(self, runtime: Any = None) -> Any:
+        """The uvicorn HTTP protocol class that enforces the connection limits and, given the
+        runtime, refuses prediction requests its models cannot admit from their heads."""
+        from livefit.server.connections import protocol_class
+
+        return protocol_class(self, runtime)
 
     def token_bytes(self) -> bytes | None:
         return self.token.get_secret_value().encode() if self.token else None
@@ -157,10 +181,22 @@ class ServeSettings(_Section):
     # the same or better at 64 (BENCHMARKS.md); Triton's default is also 0.
     batch_timeout_ms: float = Field(0.0, ge=0, le=10_000)
     max_queue_rows: int = Field(4096, ge=1)
+    # Admission: a request that cannot join the next batch is refused at once (429) when the
+    # batcher expects it to wait longer than this before its batch starts (from the event
+    # loop's lag and the batch cost it fits online); any request, when it would be answered
+    # after its deadline. "auto": two full-batch model calls, at least 50 ms.
+    max_queue_wait_ms: float | Literal["auto"] = "auto"
     default_deadline_ms: float = Field(5000.0, gt=0)
     allowed_batch_sizes: list[int] | None = None
     max_request_rows: int = Field(1024, ge=1)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+
+    @field_validator("max_queue_wait_ms")
+    @classmethod
+    def _check_wait(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0 < float(value) <= 600_000:
+            raise ValueError('must be "auto" or a number of milliseconds above 0')
+        return value
 
     @model_validator(mode="after")
     def _check_sizes(self) -> ServeSettings:
@@ -184,14 +220,39 @@ class ServeSettings(_Section):
 
 
 class WeightsSettings(_Section):
-    """How often the trainer hands a snapshot of its weights to serving and to the weight topic."""
+    """The weight stream: how often snapshots go out, how they are signed and verified."""
 
     publish_interval_s: float = Field(0.5, gt=0, le=3600)
     topic: str | None = None
-    hmac_key: SecretStr | None = None  # shared secret: sign (learner) and verify (replicas)
+    # Learner: Ed25519 private key (PEM, or raw/base64/hex seed); default
+    # <storage.dir>/keys/weights-signing.key, created on first start.
+    signing_key_file: str | None = None
+    # Replicas, WeightSubscriber: the learner's public key (base64 of the raw 32 bytes, or PEM)
+    # or a file holding it; default <storage.dir>/keys/weights-signing.pub when it exists.
+    verify_key: str | None = None
+    verify_key_file: str | None = None
+    allow_unsigned: bool = False  # replicas: accept weights nobody signed (trusted networks only)
+    hmac_key: SecretStr | None = None  # shared secret (weaker: any holder can forge)
     max_inline_bytes: int = Field(16 * 1024 * 1024, ge=1024)  # larger: manifest + HTTP pull
     keep_versions: int = Field(4, ge=1, le=100)  # recent payloads kept for HTTP download
+    pull_url: str | None = None  # replicas: the learner's base URL to pull from (http.public_url)
     pull_timeout_s: float = Field(30.0, gt=0)
+    max_pull_bytes: int = Field(256 * 1024 * 1024, ge=1024)  # a pulled payload larger: refused
+    max_age_s: float = Field(86400.0, ge=0)  # refuse weights signed longer ago (0: no limit)
+    refresh_interval_s: float = Field(3600.0, gt=0)  # learner re-signs its newest snapshot
+
+    @field_validator("pull_url")
+    @classmethod
+    def _check_pull_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/?#]+(/[^?#]*)?$", value):
+            raise ValueError("must be the learner's base URL, http(s)://host:port")
+        return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _check_verify_key(self) -> WeightsSettings:
+        if self.verify_key and self.verify_key_file:
+            raise ValueError("set verify_key or verify_key_file, not both")
+        return self
 
     def key_bytes(self) -> bytes | None:
         return self.hmac_key.get_secret_value().encode() if self.hmac_key else None
@@ -219,6 +280,9 @@ class ModelSettings(_Section):
     learning_rate: float = Field(0.01, gt=0)
     metrics: list[Literal["accuracy"]] = Field(default_factory=list)
     scaling: Literal["none", "standardize"] = "standardize"  # online per-feature scaling
+    # Online target standardization; None: "standardize" for regression losses (mse, mae,
+    # huber, log_cosh), else "none" (see resolved_target_scaling).
+    target_scaling: Literal["standardize", "none"] | None = None
     device: str = "auto"  # "auto" picks /GPU:0 when TensorFlow sees one, else /CPU:0
     topic: str | None = None
     dead_letter_topic: str | None = None
@@ -226,6 +290,9 @@ class ModelSettings(_Section):
     max_samples_per_message: int = Field(10_000, ge=1)
     prequential_window: int = Field(1000, ge=1)
     dedup: bool = False  # drop messages whose (source, seq) was already accepted
+    # Readiness fails while messages have waited this long with no message finished
+    # (accepted or rejected): a learner that is not learning says so.
+    stall_after_s: float = Field(30.0, gt=0)
     seed: int | None = None
     train: TrainSettings = TrainSettings()
     serve: ServeSettings = ServeSettings()
@@ -241,6 +308,24 @@ class ModelSettings(_Section):
                 f"unknown builder {value!r}: use one of {', '.join(BUILTIN_BUILDERS)} "
                 'or "package.module:function"'
             )
+        return value
+
+    @field_validator("loss")
+    @classmethod
+    def _check_loss(cls, value: str) -> str:
+        names.check_loss(value)  # the names keras.losses.get takes, without importing Keras
+        return value
+
+    @field_validator("optimizer")
+    @classmethod
+    def _check_optimizer(cls, value: str) -> str:
+        names.check_optimizer(value)
+        return value
+
+    @field_validator("builder_options")
+    @classmethod
+    def _check_builder_options(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        names.check_builder_options(info.data.get("builder", ""), value)
         return value
 
     @field_validator("input_shape", "output_shape")
@@ -270,6 +355,31 @@ class ModelSettings(_Section):
         if value is not None and (not value or "\0" in value or value.startswith("$")):
             raise ValueError("must be a non-empty MQTT topic (wildcards + and # are allowed)")
         return value
+
+    @model_validator(mode="after")
+    def _check_output_fits_loss(self) -> ModelSettings:
+        """A built-in network's output activation, and the target scaling, must fit the loss
+        (livefit.models.outputs): a combination that cannot train is an error naming both."""
+        if self.target_scaling is not None:
+            problem = target_scaling_problem(
+                self.loss, self.target_scaling, self.resolved_target_shape(), self.output_shape
+            )
+            if problem is not None:
+                raise ValueError(problem)
+        if self.builder in BUILTIN_BUILDERS:
+            activation = self.builder_options.get("output_activation")
+            if activation is None:
+                activation = default_output_activation(self.loss)
+            problem = output_problem(self.loss, activation, self.output_shape)
+            if problem is not None:
+                raise ValueError(problem)
+        return self
+
+    def resolved_target_scaling(self) -> str:
+        """``target_scaling``, else ``standardize`` for regression losses, else ``none``."""
+        if self.target_scaling is not None:
+            return self.target_scaling
+        return default_target_scaling(self.loss, self.resolved_target_shape(), self.output_shape)
 
     def resolved_target_shape(self) -> list[int]:
         """A label's shape: ``target_shape``, else [] for sparse categorical, else output_shape."""
@@ -339,15 +449,20 @@ def load_settings(
         raise ConfigError(f"config file not found: {file}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: invalid TOML: {exc}") from exc
-    _apply_env(data, os.environ if environ is None else environ)
+    from_env = _apply_env(data, os.environ if environ is None else environ)
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, file)) from None
+        raise ConfigError(_describe(exc, file, from_env)) from None
 
 
-def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> None:
-    """Lay ``LIVEFIT_A__B__C=value`` over ``data["a"]["b"]["c"]`` (values parsed as TOML)."""
+def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[tuple[str, ...], str]:
+    """Lay ``LIVEFIT_A__B__C=value`` over ``data["a"]["b"]["c"]`` (values parsed as TOML).
+
+    Returns where each value came from, ``("a", "b", "c") -> "LIVEFIT_A__B__C=value"``, so
+    that an error names the variable rather than the file.
+    """
+    origins: dict[tuple[str, ...], str] = {}
     for key, raw in sorted(environ.items()):
         if not key.startswith(ENV_PREFIX):
             continue
@@ -363,6 +478,8 @@ def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> None:
                 raise ConfigError(f"{key}: {'.'.join(parts)} cannot be set, its parent is a value")
             node = child
         node[parts[-1]] = _parse_env_value(raw)
+        origins[tuple(parts)] = f"{key}={_shown_env_value(parts[-1], raw)}"
+    return origins
 
 
 def _match_model_name(data: dict[str, Any], lowered: str) -> str:
@@ -380,12 +497,33 @@ def _parse_env_value(raw: str) -> Any:
         return raw  # a bare string such as mqtt://host:1883
 
 
-def _describe(exc: ValidationError, file: Path) -> str:
-    lines = [f"invalid configuration ({file}):"]
+def _shown_env_value(name: str, raw: str) -> str:
+    """An environment value as an error may show it: secrets and URL credentials hidden."""
+    if name in ("token", "hmac_key", "password"):
+        return "***"
+    shown = re.sub(r"//[^/@]*@", "//***@", raw)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _describe(
+    exc: ValidationError, file: Path, from_env: Mapping[tuple[str, ...], str] | None = None
+) -> str:
+    """One line for one error; a line per error otherwise. An error in a value an environment
+    variable set names the variable (``LIVEFIT_...=value: key: message``), not the file."""
+    from_env = from_env or {}
+    problems, in_file = [], False
     for error in exc.errors():
-        key = ".".join(str(p) for p in error["loc"]) or "(root)"
+        loc = tuple(str(p) for p in error["loc"])
+        key = ".".join(loc) or "(root)"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown key (check the spelling against the README's configuration table)"
-        lines.append(f"  {key}: {message}")
-    return "\n".join(lines)
+        elif error["type"] == "value_error":
+            message = message.removeprefix("Value error, ")
+        origin = next((v for path, v in from_env.items() if loc[: len(path)] == path), None)
+        in_file = in_file or origin is None
+        problems.append(f"{origin}: {key}: {message}" if origin else f"{key}: {message}")
+    where = f"invalid configuration ({file})" if in_file else "invalid configuration"
+    if len(problems) == 1:
+        return f"{where}: {problems[0]}"
+    return "\n".join([f"{where}:", *(f"  {problem}" for problem in problems)])

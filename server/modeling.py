@@ -7,7 +7,9 @@ import logging
 import keras
 import tensorflow as tf
 
-from livefit.models import build_model
+from livefit.models import BUILTIN_BUILDERS, build_model
+from livefit.models.builders import output_activation_name
+from livefit.models.outputs import custom_output_problem
 from livefit.server.config import ModelSettings, TensorFlowSettings
 
 log = logging.getLogger(__name__)
@@ -48,8 +50,19 @@ def make_loss(settings: ModelSettings):
 
 
 def build_compiled(settings: ModelSettings, device: str) -> keras.Model:
-    """Build the configured network on ``device`` and compile it with its loss and optimizer."""
+    """Build the configured network on ``device`` and compile it with its loss and optimizer.
+
+    A custom builder's network whose output does not fit the loss (a linear output under a
+    cross-entropy, a bounded one under target scaling) is logged as a WARNING: built-in
+    builders choose their output from the loss, but a user's network is theirs.
+    """
     model = build_uncompiled(settings, device)
+    if settings.builder not in BUILTIN_BUILDERS:
+        problem = custom_output_problem(
+            settings.loss, output_activation_name(model), settings.resolved_target_scaling()
+        )
+        if problem is not None:
+            log.warning("model builder %s: %s", settings.builder, problem)
     with tf.device(device):
         model.compile(optimizer=make_optimizer(settings), loss=make_loss(settings))
     return model
@@ -65,6 +78,8 @@ def build_uncompiled(settings: ModelSettings, device: str) -> keras.Model:
             settings.builder_options,
             seed=settings.seed,
             scaling=settings.scaling,
+            loss=settings.loss,
+            target_scaling=settings.resolved_target_scaling(),
         )
 
 

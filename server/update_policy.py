@@ -11,7 +11,8 @@ Per batch, after the compiled step scored it (test-then-train):
   the plain step's rate and predictions go first. The batch joins the buffer either way;
 - the running standardizer takes in the batch and the model's ``Standardize`` layer gets the
   new statistics (scoring and training of this batch used the statistics from before it,
-  as a streaming scaler must);
+  as a streaming scaler must); with target scaling, likewise the targets' running
+  standardizer and the model's ``target_scaling`` layer (only new samples count, once);
 - the drift detector reads the batch's prequential losses; on drift it reports, and with a
   reaction configured resets the optimizer state or raises the learning rate for a while.
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from livefit.models.standardize import broadcast_statistic, standardize_layer
+from livefit.models.target_scaling import target_scaling_layer
 from livefit.server.config import ModelSettings
 from livefit.server.drift import DriftDetector
 from livefit.server.replay import ReplayBuffer, mix
@@ -71,6 +73,8 @@ class UpdatePolicy:
             if self.layer is not None
             else None
         )
+        self.target_layer = target_scaling_layer(step.model)
+        self.target_scaler = RunningStandardizer() if self.target_layer is not None else None
         drift = settings.drift
         self.drift = (
             DriftDetector(drift.method, threshold=drift.threshold)
@@ -86,6 +90,7 @@ class UpdatePolicy:
         self._base_lr = float(np.asarray(step.model.optimizer.learning_rate))
         self._boost_left = 0
         self._saved_scaler: RunningStandardizer | None = None
+        self._saved_target_scaler: RunningStandardizer | None = None
 
     def learn(self, batch: Batch, extras_allowed: bool = True) -> Learned:
         """Score and learn ``batch``; rolled-back steps are not counted in ``steps``.
@@ -96,11 +101,12 @@ class UpdatePolicy:
         first: StepResult | None = None
         steps = replayed = 0
         statistics = self._next_statistics(batch)
+        target_statistics = self._next_target_statistics(batch)
         extras = self.extras_always or (extras_allowed and batch.backlog == 0)
         for _ in range(self.steps_per_batch if extras else 1):
             x, y, w, k = self._with_replay(batch) if extras else (batch.x, batch.y, batch.w, 0)
-            result = self.step(x, y, w, statistics)
-            statistics = None  # set by the first applied step
+            result = self.step(x, y, w, statistics, target_statistics)
+            statistics = target_statistics = None  # set by the first applied step
             if first is None:
                 first = _first_rows(result, len(batch))
             if not result.applied:
@@ -111,8 +117,11 @@ class UpdatePolicy:
         assert first is not None
         if steps:
             self._absorb(batch)
-        elif self._saved_scaler is not None:  # rolled back: so are the statistics
-            self.scaler = self._saved_scaler
+        else:  # rolled back: so are the statistics
+            if self._saved_scaler is not None:
+                self.scaler = self._saved_scaler
+            if self._saved_target_scaler is not None:
+                self.target_scaler = self._saved_target_scaler
         drift = self._watch(first)
         return Learned(first, steps, replayed, drift)
 
@@ -129,6 +138,17 @@ class UpdatePolicy:
         self.scaler.update(batch.x)
         mean, std = self.scaler.mean_std()
         shape = self.layer.stats_shape
+        return broadcast_statistic(mean, shape), broadcast_statistic(std, shape)
+
+    def _next_target_statistics(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
+        """The targets' statistics including ``batch`` (its new samples only, never replayed
+        ones), for the step to set after its update."""
+        if self.target_scaler is None or self.target_layer is None:
+            return None
+        self._saved_target_scaler = RunningStandardizer.from_state(self.target_scaler.state())
+        shape = self.target_layer.stats_shape
+        self.target_scaler.update(np.reshape(batch.y, (len(batch.y), *shape)))
+        mean, std = self.target_scaler.mean_std()
         return broadcast_statistic(mean, shape), broadcast_statistic(std, shape)
 
     def _absorb(self, batch: Batch) -> None:
@@ -165,18 +185,26 @@ class UpdatePolicy:
 
     # checkpoint state --------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
-        """Arrays to save with a checkpoint (the scaler's running statistics)."""
-        if self.scaler is None:
-            return {}
-        return {f"scaler_{k}": v for k, v in self.scaler.state().items()}
+        """Arrays to save with a checkpoint (the scalers' running statistics)."""
+        state: dict[str, np.ndarray] = {}
+        for prefix, scaler in (("scaler_", self.scaler), ("target_scaler_", self.target_scaler)):
+            if scaler is not None:
+                state.update({f"{prefix}{k}": v for k, v in scaler.state().items()})
+        return state
 
     def restore(self, extra: dict[str, np.ndarray]) -> None:
-        if self.scaler is None or "scaler_count" not in extra:
-            return
-        state = {k.removeprefix("scaler_"): v for k, v in extra.items() if k.startswith("scaler_")}
-        state["count"] = np.asarray(state["count"]).reshape(())
-        state["per_last_axis"] = np.asarray(state["per_last_axis"]).reshape(())
-        self.scaler = RunningStandardizer.from_state(state)
+        if self.scaler is not None and "scaler_count" in extra:
+            self.scaler = _restored_scaler(extra, "scaler_")
+        if self.target_scaler is not None and "target_scaler_count" in extra:
+            self.target_scaler = _restored_scaler(extra, "target_scaler_")
+
+
+def _restored_scaler(extra: dict[str, np.ndarray], prefix: str) -> RunningStandardizer:
+    """The running standardizer saved under ``prefix`` in a checkpoint's extra arrays."""
+    state = {k.removeprefix(prefix): v for k, v in extra.items() if k.startswith(prefix)}
+    state["count"] = np.asarray(state["count"]).reshape(())
+    state["per_last_axis"] = np.asarray(state["per_last_axis"]).reshape(())
+    return RunningStandardizer.from_state(state)
 
 
 def _first_rows(result: StepResult, n: int) -> StepResult:
