@@ -151,3 +151,52 @@ def test_a_batch_of_another_shape_is_refused_with_both_shapes() -> None:
         scaler.update(np.zeros((2, 4)))
     with pytest.raises(ValueError, match="axes"):
         scaler.update(np.zeros(3))
+
+
+def test_few_values_are_scaled_by_an_upper_confidence_bound() -> None:
+    """Two values close together say little about the spread: divided by their own standard
+    deviation (0.005 here) the next input would come out at 200; the 95 % upper bound keeps it
+    near 1. The plain statistics stay exact."""
+    scaler = RunningStandardizer()
+    scaler.update(np.array([[0.0], [0.01]]))
+    _, std = scaler.mean_std()
+    assert std[0] == pytest.approx(np.sqrt(0.01**2 / 2 / 0.0039321), rel=1e-4)
+    assert abs(scaler.transform(np.array([[1.0]]))[0, 0]) < 10
+    assert scaler.variance[0] == pytest.approx(0.005**2)
+    x = np.random.default_rng(6).normal(3.0, 2.0, size=(8, 1))
+    scaler.update(x)  # 10 values: the plain standard deviation from here on
+    everything = np.concatenate([[[0.0], [0.01]], x])
+    np.testing.assert_allclose(scaler.mean_std()[1], everything.std(axis=0), rtol=1e-6)
+
+
+def test_a_first_batch_of_two_samples_does_not_stall_learning() -> None:
+    """A stream whose first minibatch held two samples (single-sample messages taken as they
+    come), then full ones: with the two samples' own standard deviation the next batch's inputs
+    came out tens of times too large, and their gradients held Nadam's second moments up for
+    the rest of a 5,000-sample stream (loss 8.6 at the end, 12 at sample 500)."""
+    from livefit.server.config import ModelSettings
+    from livefit.server.metrics import Metrics
+    from livefit.server.samples import Batch, SampleQueue
+    from livefit.server.snapshot import SnapshotSlot
+    from livefit.server.trainer import Trainer
+
+    settings = ModelSettings.model_validate(
+        {"builder": "linear", "input_shape": [8], "output_shape": [1], "learning_rate": 0.05,
+         "seed": 1, "train": {"max_batch_size": 128}}
+    )  # fmt: skip
+    t = Trainer("m", settings, SampleQueue(10_000), SnapshotSlot(), Metrics(), "/CPU:0")
+    t.warm_up()
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(5000, 8))
+    y = x @ np.linspace(-1.0, 1.0, 8).reshape(8, 1) + 0.5 + rng.normal(scale=0.01, size=(5000, 1))
+    start, early = 0, None
+    for size in [2] + [128] * 40:
+        n = min(size, 500 - start) if start < 500 else size
+        xb, yb = x[start : start + n], y[start : start + n]
+        t.train_batch(Batch(xb.astype(np.float32), yb.astype(np.float32),
+                            np.ones(len(xb), np.float32), 1, None, None, backlog=1))  # fmt: skip
+        start += n
+        if start == 500:
+            early = t.scores.scores["loss"].value
+    assert early is not None
+    assert t.scores.scores["loss"].value * 10 <= early

@@ -41,6 +41,8 @@ max_batch_size = 32
 [models.lin.weights]
 publish_interval_s = 0.02
 [models.lin.serve]
+# This test checks versions, not admission: no request may be refused as overloaded.
+max_queue_wait_ms = 60000
 max_batch_size = 16
 batch_timeout_ms = 2
 """
