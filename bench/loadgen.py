@@ -15,6 +15,8 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Coroutine
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -79,7 +81,8 @@ async def _client(host: str, port: int, request: bytes, stats: _Stats, until: fl
             writer.close()
 
 
-async def run(url: str, body: bytes, clients: int, duration_s: float, max_requests: int) -> dict:
+def post_request(url: str, body: bytes) -> tuple[str, int, bytes]:
+    """(host, port, the raw bytes of one keep-alive JSON POST of ``body`` to ``url``)."""
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     path = parts.path + (f"?{parts.query}" if parts.query else "")
@@ -87,6 +90,32 @@ async def run(url: str, body: bytes, clients: int, duration_s: float, max_reques
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
+    return host, port, request
+
+
+def loopback_body(parser: argparse.ArgumentParser, url: str, body_file: str) -> bytes:
+    """The request body, once ``url`` is known to be on this machine (load goes nowhere else)."""
+    if urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        parser.error("load is only ever sent to this machine (127.0.0.1)")
+    with open(body_file, "rb") as handle:
+        return handle.read()
+
+
+def run_and_print(load: Coroutine[Any, Any, dict]) -> int:
+    """Run ``load`` on uvloop (the loop uvicorn uses on the server side) when installed,
+    print its result as one JSON line for the parent process."""
+    try:
+        import uvloop
+    except ImportError:
+        result = asyncio.run(load)
+    else:
+        result = uvloop.run(load)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+async def run(url: str, body: bytes, clients: int, duration_s: float, max_requests: int) -> dict:
+    host, port, request = post_request(url, body)
     stats = _Stats(max_requests)
     started = time.monotonic()
     until = started + duration_s
@@ -120,19 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, required=True)
     parser.add_argument("--max-requests", type=int, default=0)
     args = parser.parse_args(argv)
-    if urlsplit(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
-        parser.error("load is only ever sent to this machine (127.0.0.1)")
-    with open(args.body_file, "rb") as handle:
-        body = handle.read()
-    load = run(args.url, body, args.clients, args.duration, args.max_requests)
-    try:
-        import uvloop  # the same event loop uvicorn uses on the server side
-    except ImportError:
-        result = asyncio.run(load)
-    else:
-        result = uvloop.run(load)
-    print(json.dumps(result), flush=True)
-    return 0
+    body = loopback_body(parser, args.url, args.body_file)
+    return run_and_print(run(args.url, body, args.clients, args.duration, args.max_requests))
 
 
 if __name__ == "__main__":

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from collections import deque
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
+
+from bench.loadgen import loopback_body, post_request, run_and_print
 
 PROBE_INTERVAL_S = 0.01
 
@@ -200,13 +200,7 @@ async def run(
     url: str, body: bytes, rate: float, seconds: float, deadline_s: float, max_conns: int,
     probe_s: float, connections: int = 256,
 ) -> dict[str, Any]:  # fmt: skip
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    request = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    host, port, request = post_request(url, body)
     gen = _Generator(host, port, request, max_conns)
     await gen.warm(min(connections, max_conns))
     start = time.monotonic()
@@ -279,22 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-conns", type=int, default=1000, help="opened as needed, at most")
     parser.add_argument("--probe-s", type=float, default=0.0)
     args = parser.parse_args(argv)
-    if urlsplit(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
-        parser.error("load is only ever sent to this machine (127.0.0.1)")
-    with open(args.body_file, "rb") as handle:
-        body = handle.read()
-    load = run(
-        args.url, body, args.rate, args.duration, args.deadline_ms / 1000.0, args.max_conns,
-        args.probe_s, args.connections,
+    body = loopback_body(parser, args.url, args.body_file)
+    return run_and_print(
+        run(args.url, body, args.rate, args.duration, args.deadline_ms / 1000.0, args.max_conns,
+            args.probe_s, args.connections)
     )  # fmt: skip
-    try:
-        import uvloop
-    except ImportError:
-        result = asyncio.run(load)
-    else:
-        result = uvloop.run(load)
-    print(json.dumps(result), flush=True)
-    return 0
 
 
 if __name__ == "__main__":
