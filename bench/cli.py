@@ -34,11 +34,13 @@ BENCHMARKS = {
     "trainer": "livefit's trainer vs the raw compiled step and per-message train_on_batch",
     "ingestion": "MQTT publish -> trained, vs a bare paho subscriber that only decodes",
     "serving": "HTTP predictions vs FastAPI+Keras, LitServe and the HTTP ceiling",
+    "batching": "serve.batch_timeout_ms 0, 1, 5 ms and auto, side by side at 1, 16, 64 clients",
     "freshness": "publish of a sample -> a replica serving weights trained on it",
     "interference": "prediction p99 with the trainer saturated vs idle",
     "memory": "learner RSS growth over a long run of training and predicting",
     "overload": "goodput, 429 latency and recovery at 1x-3x capacity, open loop",
     "learning": "prequential accuracy through the server vs river's per-sample learners",
+    "delayed_labels": "served score with labels delayed, through predictions and labels, vs river",
 }
 SCHEMA = 1
 

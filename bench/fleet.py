@@ -27,8 +27,23 @@ MODELS: dict[str, tuple[ModelSpec, str]] = {
     "busy": (MLP, ""),  # interference
     "soak": (MLP, ""),  # memory
     "over": (MLP, ""),  # overload
+    # batching (bench/batching.py): the same mlp under each serve.batch_timeout_ms
+    **{
+        f"mlp_t{key}": (MLP, f"[models.mlp_t{key}.serve]\nbatch_timeout_ms = {value}\n")
+        for key, value in (("0", "0"), ("1", "1"), ("5", "5"), ("auto", '"auto"'), ("0b", "0"))
+    },
 }
-SHARED = ("ingest", "ingest1k", "mlp", "fresh", "busy", "soak", "over")
+SHARED = (
+    "ingest",
+    "ingest1k",
+    "mlp",
+    "fresh",
+    "busy",
+    "soak",
+    "over",
+    "mlp_t0",
+    "mlp_tauto",
+)
 
 
 def section(name: str) -> str:

@@ -320,19 +320,27 @@ def _livefit_version() -> str:
 
 
 def _commit() -> str | None:
-    """The checked-out commit, read from .git without running git (None when not a checkout)."""
-    head = REPO / ".git" / "HEAD"
+    """The checked-out commit, read from .git without running git (None when not a checkout).
+
+    In a worktree ``.git`` is a file naming the worktree's git dir (which holds ``HEAD``), and
+    branches live in the common dir it names in ``commondir``."""
+    git = REPO / ".git"
     try:
-        ref = head.read_text().strip()
+        if git.is_file():  # "gitdir: <path>"
+            git = Path(git.read_text().strip().removeprefix("gitdir: "))
+        common = git
+        if (git / "commondir").exists():
+            common = (git / (git / "commondir").read_text().strip()).resolve()
+        ref = (git / "HEAD").read_text().strip()
         if not ref.startswith("ref: "):
             return ref[:12]
-        target = REPO / ".git" / ref[5:]
+        target = common / ref[5:]
         if target.exists():
             return target.read_text().strip()[:12]
-        packed = REPO / ".git" / "packed-refs"
-        for line in packed.read_text().splitlines():
+        for line in (common / "packed-refs").read_text().splitlines():
             if line.endswith(ref[5:]):
                 return line.split()[0][:12]
     except OSError:
         return None
+    return None
     return None

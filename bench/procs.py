@@ -24,6 +24,7 @@ import httpx
 
 from bench.harness import REPO
 from livefit.clients.metrics import MetricsReader, SampleKey
+from livefit.server.children import die_with_parent
 
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
 
@@ -63,6 +64,7 @@ class ChildProcess:
                 env=self.env,
                 cwd=REPO,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         return self
 
@@ -316,6 +318,7 @@ class ToolProcess:
             env=env,
             cwd=REPO,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
         self.reader = LineReader(self.process)
         return self

@@ -15,8 +15,8 @@ from bench.analysis import ANALYSIS
 
 DASH = "\u2013"  # en dash, for ranges
 ORDER = (
-    "trainer", "ingestion", "serving", "overload", "freshness", "interference", "memory",
-    "learning",
+    "trainer", "ingestion", "serving", "batching", "overload", "freshness", "interference",
+    "memory", "learning", "delayed_labels",
 )  # fmt: skip
 
 
@@ -122,7 +122,7 @@ def render_benchmark(bench: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-_ALWAYS_EXPLAINED: set[str] = {"overload"}  # its design and before/after, passed or not
+_ALWAYS_EXPLAINED: set[str] = {"overload", "batching"}  # its design and before/after, passed or not
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:

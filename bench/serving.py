@@ -184,7 +184,7 @@ def _measure(
             run_load(ctx.load_client, server.url + path, body, 16, 1.0, load_dir)
     for r in range(plan.rounds):
         for i, n in enumerate(plan.clients):
-            for key in _rotate(plan.sides, r * len(plan.clients) + i):
+            for key in rotate(plan.sides, r * len(plan.clients) + i):
                 load = run_load(
                     ctx.load_client, servers[key].url + path, body, n, plan.duration, load_dir
                 )
@@ -284,14 +284,14 @@ def _row(spec: ModelSpec, n: int, side: Side, runs: dict[str, list[LoadResult]])
     row = Row(case={"model": spec.name, "clients": n, "server": side.label})
     # successful answers only: a 429 (livefit's admission, past a full batch of clients) is
     # not throughput
-    row.figures["req/s"] = Spread.of([_ok_rps(r) for r in mine], "req/s")
+    row.figures["req/s"] = Spread.of([ok_rps(r) for r in mine], "req/s")
     row.figures["p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
     row.figures["p99 ms"] = Spread.of([r.p99_ms for r in mine], "ms")
     row.figures["errors"] = Spread.of([float(r.errors) for r in mine], "")
     if side.key != "livefit":
         livefit = runs[_key(spec.name, n, "livefit")]
         row.ratios["livefit ÷ this (req/s)"] = paired_ratios(
-            [_ok_rps(r) for r in livefit], [_ok_rps(r) for r in mine]
+            [ok_rps(r) for r in livefit], [ok_rps(r) for r in mine]
         )
         if n == TARGET_CLIENTS and spec.name == TARGET_MODEL:
             goal = TARGETS[side.key]
@@ -299,7 +299,7 @@ def _row(spec: ModelSpec, n: int, side: Side, runs: dict[str, list[LoadResult]])
     return row
 
 
-def _ok_rps(load: LoadResult) -> float:
+def ok_rps(load: LoadResult) -> float:
     """200s per second (``errors`` counts the rest)."""
     return (load.requests - load.non_200) / load.seconds if load.seconds > 0 else 0.0
 
@@ -308,6 +308,6 @@ def _key(model: str, clients: int, side: str) -> str:
     return f"{model}/{clients}/{side}"
 
 
-def _rotate(items: list[str], by: int) -> list[str]:
+def rotate(items: list[str], by: int) -> list[str]:
     k = by % len(items)
     return items[k:] + items[:k]

@@ -9,6 +9,10 @@ dropped before an answer), is tried again up to ``max_retries`` times, after the
 Retry-After (seconds or an HTTP-date) or else an exponential backoff with jitter from 0.05 s,
 never longer than ``max_backoff`` seconds. Every other failure, 504 included, raises
 ``PredictError`` at once with the server's message.
+
+Delayed labels (README "Delayed labels"): ``predict(model, rows, ids=[...])`` names each row
+(strings or integers, distinct), and ``label(model, id, y)`` or ``labels(model, ids, ys)``
+sends the outcome later, to any server of the model (learner or replica).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class PredictResult:
 
     outputs: np.ndarray
     version: int
+    ids: list[str | int] | None = None  # the row ids the server echoed, when sent
 
 
 class PredictError(Exception):
@@ -90,8 +95,11 @@ class HttpCall:
 # --- requests and answers (pure) ------------------------------------------------------------------
 
 
-def predict_call(protocol: Protocol, model: str, rows: ArrayLike) -> HttpCall:
-    """The request predicting ``rows`` (N, *input_shape) with ``model``.
+def predict_call(
+    protocol: Protocol, model: str, rows: ArrayLike, ids: list[str | int] | None = None
+) -> HttpCall:
+    """The request predicting ``rows`` (N, *input_shape) with ``model``; ``ids``, one per row,
+    makes the server record the predictions for delayed labels.
 
     Raises ValueError for rows that are not a non-empty array of finite float32 numbers, which the
     server would refuse anyway.
@@ -100,6 +108,8 @@ def predict_call(protocol: Protocol, model: str, rows: ArrayLike) -> HttpCall:
     name = quote(model, safe="")
     if protocol == "tfserving":
         path, document = f"/v1/models/{name}:predict", {"instances": array.tolist()}
+        if ids is not None:
+            document["ids"] = list(ids)
     else:
         tensor = {
             "name": "input",
@@ -108,6 +118,8 @@ def predict_call(protocol: Protocol, model: str, rows: ArrayLike) -> HttpCall:
             "data": array.reshape(-1).tolist(),
         }
         path, document = f"/v2/models/{name}/infer", {"inputs": [tensor]}
+        if ids is not None:
+            document["parameters"] = {"ids": list(ids)}
     body = json.dumps(document, separators=(",", ":")).encode()
     return HttpCall("POST", path, body, rows=len(array))
 
@@ -126,7 +138,27 @@ def parse_prediction(protocol: Protocol, call: HttpCall, response: httpx.Respons
     if outputs.ndim == 0 or outputs.shape[0] != call.rows:
         got = "a scalar" if outputs.ndim == 0 else f"{outputs.shape[0]} rows"
         raise PredictError(response.status_code, f"the server sent {got} for {call.rows} rows")
-    return PredictResult(outputs, version)
+    echoed = body.get("ids") if protocol == "tfserving" else body.get("parameters", {}).get("ids")
+    return PredictResult(outputs, version, echoed)
+
+
+def labels_call(
+    model: str, ids: list[str | int], y: ArrayLike, w: ArrayLike | None = None
+) -> HttpCall:
+    """The request sending labels ``y`` (N, *target_shape) for the rows predicted as ``ids``."""
+    document: dict[str, Any] = {"id": list(ids), "y": np.asarray(y, dtype=np.float64).tolist()}
+    if w is not None:
+        document["w"] = np.asarray(w, dtype=np.float64).tolist()
+    body = json.dumps(document, separators=(",", ":")).encode()
+    return HttpCall("POST", f"/v1/models/{quote(model, safe='')}/labels", body)
+
+
+def parse_labels(response: httpx.Response) -> int:
+    """How many labels the server forwarded to the learner."""
+    try:
+        return int(_json_object(response)["accepted"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _malformed(response, "a labels answer", exc) from None
 
 
 def model_version_call(protocol: Protocol, model: str) -> HttpCall:
@@ -338,13 +370,26 @@ class PredictClient(_ClientBase[httpx.BaseTransport]):
 
     _http: httpx.Client
 
-    def predict(self, model: str, rows: ArrayLike) -> PredictResult:
-        """Predict ``rows`` (N, *input_shape) with ``model``, retrying as the module says.
+    def predict(
+        self, model: str, rows: ArrayLike, ids: list[str | int] | None = None
+    ) -> PredictResult:
+        """Predict ``rows`` (N, *input_shape) with ``model``, retrying as the module says;
+        ``ids`` (one per row) for delayed labels.
 
         Raises PredictError once the server refuses or cannot answer, ValueError for bad rows.
         """
-        call = predict_call(self.protocol, model, rows)
+        call = predict_call(self.protocol, model, rows, ids)
         return parse_prediction(self.protocol, call, self._send(call))
+
+    def label(self, model: str, id: str | int, y: ArrayLike, w: float | None = None) -> None:
+        """The label ``y`` (target-shaped) of the row predicted earlier as ``id``."""
+        self.labels(model, [id], np.asarray([y]), None if w is None else [w])
+
+    def labels(
+        self, model: str, ids: list[str | int], y: ArrayLike, w: ArrayLike | None = None
+    ) -> int:
+        """Labels for several rows at once; returns how many the server took."""
+        return parse_labels(self._send(labels_call(model, ids, y, w)))
 
     def model_version(self, model: str) -> int | None:
         """The version of the weights ``model`` serves now; None before its first weights."""
@@ -396,10 +441,22 @@ class AsyncPredictClient(_ClientBase[httpx.AsyncBaseTransport]):
 
     _http: httpx.AsyncClient
 
-    async def predict(self, model: str, rows: ArrayLike) -> PredictResult:
+    async def predict(
+        self, model: str, rows: ArrayLike, ids: list[str | int] | None = None
+    ) -> PredictResult:
         """As ``PredictClient.predict``; waits between retries without blocking the loop."""
-        call = predict_call(self.protocol, model, rows)
+        call = predict_call(self.protocol, model, rows, ids)
         return parse_prediction(self.protocol, call, await self._send(call))
+
+    async def label(self, model: str, id: str | int, y: ArrayLike, w: float | None = None) -> None:
+        """As ``PredictClient.label``."""
+        await self.labels(model, [id], np.asarray([y]), None if w is None else [w])
+
+    async def labels(
+        self, model: str, ids: list[str | int], y: ArrayLike, w: ArrayLike | None = None
+    ) -> int:
+        """As ``PredictClient.labels``."""
+        return parse_labels(await self._send(labels_call(model, ids, y, w)))
 
     async def model_version(self, model: str) -> int | None:
         """As ``PredictClient.model_version``."""

@@ -52,6 +52,10 @@ class BrokerConnectionError(ConnectionError):
     """The broker could not be reached, or refused the connection; the message says which."""
 
 
+class ProtocolUnsupported(BrokerConnectionError):
+    """The broker refused the MQTT version (amqtt refuses MQTT 5)."""
+
+
 class PublishError(RuntimeError):
     """A message could not be handed to the broker."""
 
@@ -135,7 +139,10 @@ class SamplePublisher:
         connect_timeout_s: float = 10.0,
         ack_timeout_s: float = 60.0,
         ca_certs: str | None = None,
+        fall_back_to_311: bool = False,
     ) -> None:
+        """``fall_back_to_311``: with ``protocol`` 5, speak MQTT 3.1.1 to a broker that refuses
+        5 as unsupported (``protocol`` then says which was used)."""
         if fmt not in CONTENT_TYPES:
             raise ValueError(f"format must be one of {sorted(CONTENT_TYPES)}, got {fmt!r}")
         if raw and fmt != "msgpack":
@@ -148,6 +155,7 @@ class SamplePublisher:
         self.topic, self.fmt, self.raw, self.qos, self.window = topic, fmt, raw, qos, window
         self.source = source
         self.protocol = protocol
+        self.fall_back_to_311 = fall_back_to_311
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
         self.ack_timeout_s = ack_timeout_s
@@ -197,7 +205,14 @@ class SamplePublisher:
             ) from exc
         client.loop_start()
         self._client = client
-        self._await_connack()
+        try:
+            self._await_connack()
+        except ProtocolUnsupported:
+            if self.protocol != "5" or not self.fall_back_to_311:
+                raise
+            self.protocol = "3.1.1"  # as the learner does with such a broker
+            self._properties = self._publish_properties()
+            self.connect()
 
     def publish(
         self,
@@ -236,6 +251,17 @@ class SamplePublisher:
             raise
         self._check_result(info.rc)
         return seq
+
+    def publish_payload(self, payload: bytes) -> None:
+        """Send one ready-made message (delayed labels) under the same window and QoS."""
+        client = self.client
+        self._acquire_slot()
+        try:
+            info = client.publish(self.topic, payload, qos=self.qos, properties=self._properties)
+        except BaseException:
+            self._release_slot()
+            raise
+        self._check_result(info.rc)
 
     def publish_stream(
         self,
@@ -330,6 +356,11 @@ class SamplePublisher:
             raise BrokerConnectionError(
                 f"no answer (CONNACK) from the MQTT broker at {self.address} "
                 f"within {self.connect_timeout_s:g} s"
+            )
+        if getattr(reason, "value", None) == 0x84:
+            raise ProtocolUnsupported(
+                f"the MQTT broker at {self.address} refused us: {reason} (MQTT {self.protocol}; "
+                "amqtt speaks 3.1.1 only: --mqtt-version 3.1.1)"
             )
         raise BrokerConnectionError(f"the MQTT broker at {self.address} refused us: {reason}")
 
@@ -630,9 +661,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--source-id", metavar="ID", help="the payload's 'source' field (default <hostname>-<pid>)")
     add(
         "--mqtt-version",
-        choices=("5", "3.1.1"),
-        default="5",
-        help="MQTT protocol version (default %(default)s)",
+        choices=("auto", "5", "3.1.1"),
+        default="auto",
+        help="MQTT protocol version; auto: 5, or 3.1.1 with a broker that speaks only that "
+        "(default %(default)s)",
     )
     add(
         "--connect-timeout",
@@ -668,6 +700,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not listen for rejections nor warn when no learner seems to take the samples",
     )
+    add(
+        "--label-delay",
+        type=int,
+        metavar="N",
+        help="delayed labels: predict each sample with an id through --server now, publish its "
+        "label on livefit/<model>/labels N samples later (README 'Delayed labels')",
+    )
+    add(
+        "--label-delay-random",
+        action="store_true",
+        help="with --label-delay: each label waits a uniform random 0 to N samples",
+    )
+    add(
+        "--server",
+        default="http://127.0.0.1:8000",
+        metavar="URL",
+        help="with --label-delay: the livefit server (learner or replica) that predicts",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -683,6 +733,10 @@ def run(args: argparse.Namespace) -> int:
         publisher = _make_publisher(args)
     except (ValueError, OSError) as exc:
         return _fail(str(exc), 2)
+    if getattr(args, "label_delay", None) is not None:
+        from livefit.clients.delayed import run_delayed
+
+        return run_delayed(args, chunks, publisher)
     try:
         publisher.connect()
     except BrokerConnectionError as exc:
@@ -786,16 +840,21 @@ def _reshape_inputs(x: np.ndarray, shape: tuple[int, ...], path: str) -> np.ndar
     return x.reshape(len(x), *shape)
 
 
+def _stream_kind(args: argparse.Namespace) -> str:
+    return "labels" if getattr(args, "label_delay", None) is not None else "samples"
+
+
 def _make_publisher(args: argparse.Namespace) -> SamplePublisher:
     return SamplePublisher(
         args.broker,
-        args.topic or f"livefit/{args.model}/samples",
-        fmt=args.fmt,
-        raw=args.raw,
+        args.topic or f"livefit/{args.model}/{_stream_kind(args)}",
+        fmt="json" if _stream_kind(args) == "labels" else args.fmt,
+        raw=args.raw and _stream_kind(args) == "samples",
         qos=args.qos,
         window=args.window,
         source=args.source_id or f"{socket.gethostname()}-{os.getpid()}",
-        protocol=args.mqtt_version,
+        protocol="5" if args.mqtt_version == "auto" else args.mqtt_version,
+        fall_back_to_311=args.mqtt_version == "auto",
         connect_timeout_s=args.connect_timeout,
         ca_certs=args.ca_file,
     )

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import os
 import secrets
@@ -37,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -50,10 +47,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from livefit.server.children import stop_children
+
 INPUT_DIM = 8
 STOP_GRACE_S = 3.0  # children get SIGTERM, then SIGKILL after this long
-_PR_SET_PDEATHSIG = 1
-_OWN_GROUP = 0 if os.name == "posix" else None  # children out of the terminal's Ctrl-C
+READY_TIMEOUT_S = 300.0  # TensorFlow's import alone took 100 s on a busy 2-core machine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         return code
     finally:
         apps = [child for child in stop.children if getattr(managed, "process", None) is not child]
-        _stop_children(apps, grace=STOP_GRACE_S)  # learner and replica, then the broker
+        stop_children(apps, grace_s=STOP_GRACE_S)  # learner and replica, then the broker
         if broker is not None and managed is None:
             _clear_retained(broker[0], f"livefit/{model}/weights")
         if managed is not None:
@@ -147,14 +145,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _broker(url: str, workdir: Path, stop: _Stop, console: Console) -> tuple[str, str, Any] | None:
-    """(URL, MQTT protocol, what to stop or None) of the broker to use; None if none."""
+    """(URL, MQTT protocol, what to stop or None) of the broker to use; None (and why said)
+    if there is none to use."""
     from livefit.server.broker import (
         DEFAULT_HOST,
         DEFAULT_PORT,
         BrokerAddress,
+        EmbeddedAmqtt,
+        MosquittoChild,
         is_listening,
         parse_broker_url,
-        resolve_broker,
     )
 
     if url != "auto":
@@ -169,22 +169,45 @@ def _broker(url: str, workdir: Path, stop: _Stop, console: Console) -> tuple[str
                 "the broker, or use --broker auto to let the demo start one[/red]"
             )
             return None
-        console.print(f"[bold]broker[/bold] {address} (given)")  # no password shown
-        return url, "5", None
+        return _connect_once(url, address, "given", console)
     if is_listening(DEFAULT_HOST, DEFAULT_PORT):
         address = BrokerAddress(DEFAULT_HOST, DEFAULT_PORT)
-        console.print(f"[bold]broker[/bold] {address} (already running; the demo uses its own "
-                      "topics)")  # fmt: skip
-        return str(address), "5", None
+        return _connect_once(str(address), address, "already running; the demo uses its own "
+                             "topics", console)  # fmt: skip
     if shutil.which("mosquitto"):
-        child = _Mosquitto(workdir / "mosquitto", stop)
+        child = MosquittoChild(workdir / "mosquitto", port=_free_port(), persistence=False)
+        stop.children.append(child.process)
         console.print(f"[bold]broker[/bold] {child.address} (mosquitto started for the demo)")
-        return child.address, "5", child
-    _, embedded = resolve_broker("auto", workdir, allow=("amqtt",))
-    assert embedded is not None
-    address = BrokerAddress(DEFAULT_HOST, DEFAULT_PORT)
+        return str(child.address), "5", child
+    try:
+        embedded = EmbeddedAmqtt(port=_free_port())
+    except RuntimeError as exc:  # amqtt is not installed: say what to install
+        console.print(f"[red]{exc}[/red]")
+        return None
+    address = BrokerAddress(DEFAULT_HOST, embedded.port)
     console.print(f"[bold]broker[/bold] {address} (embedded amqtt: MQTT 3.1.1, may lose samples)")
     return str(address), embedded.protocol, embedded
+
+
+def _connect_once(
+    url: str, address: Any, how: str, console: Console
+) -> tuple[str, str, Any] | None:
+    """Connect to a broker the demo did not start, as its learner will: MQTT 5, or 3.1.1
+    where the broker does not speak 5; None (and the broker's reason said) if it refuses."""
+    from livefit.server.config import BrokerSettings
+    from livefit.server.mqtt import probe
+
+    settings, protocol = BrokerSettings(), "5"
+    result = probe(address, settings, protocol)
+    if getattr(result.refused, "value", None) == 0x84:  # unsupported protocol version
+        protocol = "3.1.1"
+        result = probe(address, settings, protocol)
+    if not result.connected:
+        console.print(f"[red]broker {address} ({how}): cannot connect: {result.describe()}[/red]")
+        return None
+    speaks = "" if protocol == "5" else "; MQTT 3.1.1 only"
+    console.print(f"[bold]broker[/bold] {address} ({how}{speaks})")  # no password shown
+    return url, protocol, None
 
 
 def _run_children(
@@ -211,15 +234,16 @@ def _run_children(
         ("learner", url, server, workdir / "server.log"),
         ("replica", replica_url, replica, workdir / "replica.log"),
     ):
-        if not _wait_ready(where, process, stop, timeout=120):
+        failure = _wait_ready(where, process, stop, timeout=READY_TIMEOUT_S)
+        if failure is not None:
             if stop.requested:
                 console.print(f"interrupted while the {what} started; nothing to summarise")
                 return _interrupted(stop), False
-            console.print(f"[red]the {what} did not become ready; the end of its log:[/red]")
+            console.print(f"[red]the {what} {failure}; the end of its log:[/red]")
             console.print(_tail(log), markup=False)
             return 1, True
         console.print(f"[bold]{what}[/bold] {where}")
-    return _run_traffic(args, console, stop, model, url, replica_url, broker), False
+    return _run_traffic(args, console, stop, model, url, replica_url, broker, protocol), False
 
 
 def _interrupted(stop: _Stop) -> int:
@@ -228,10 +252,10 @@ def _interrupted(stop: _Stop) -> int:
 
 def _run_traffic(
     args: argparse.Namespace, console: Console, stop: _Stop, model: str, url: str,
-    replica_url: str, broker: str,
+    replica_url: str, broker: str, protocol: str,
 ) -> int:  # fmt: skip
     done = threading.Event()
-    publisher = _Publisher(broker, model, args, done)
+    publisher = _Publisher(broker, protocol, model, args, done)
     predictor = _Predictor(url, model, args.clients)
     predictor.start()
     publisher.start()
@@ -253,10 +277,12 @@ class _Publisher(threading.Thread):
     """Streams the synthetic function to the model's topic until ``done`` or the count."""
 
     def __init__(
-        self, broker: str, model: str, args: argparse.Namespace, done: threading.Event
-    ) -> None:
+        self, broker: str, protocol: str, model: str, args: argparse.Namespace,
+        done: threading.Event,
+    ) -> None:  # fmt: skip
         super().__init__(name="demo-publisher", daemon=True)
         self.broker, self.model, self.args, self.done = broker, model, args, done
+        self.protocol: Any = protocol
         self.error: str | None = None
 
     def run(self) -> None:
@@ -269,7 +295,7 @@ class _Publisher(threading.Thread):
         chunks = stream_chunks(stream_for_shape((INPUT_DIM,), 1, 0.01, 0), count, chunk)
         publisher = SamplePublisher(
             self.broker, f"livefit/{self.model}/samples", source=f"{self.model}-publisher",
-            ack_timeout_s=5.0,
+            ack_timeout_s=5.0, protocol=self.protocol,
         )  # fmt: skip
         try:
             publisher.connect()
@@ -505,27 +531,6 @@ def _clear_retained(broker: str, topic: str) -> None:
         client.loop_stop()
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` making the kernel SIGKILL the child when this process dies (Linux's
-    PR_SET_PDEATHSIG); None where that is not available (the children then outlive a killed
-    demo, as any child process would)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the demo died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
 def _child_env() -> dict[str, str]:
     """The demo's config is complete: the user's LIVEFIT_* overrides must not change it."""
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("LIVEFIT_")}
@@ -535,73 +540,33 @@ def _child_env() -> dict[str, str]:
 def _start(config: Path, command: str, port: int, log_path: Path) -> subprocess.Popen[bytes]:
     """``livefit <command>`` in its own process group (the terminal's Ctrl-C reaches only the
     demo, which stops the children itself) that dies with the demo."""
+    from livefit.server.children import start_child
+
     with log_path.open("wb") as log:
-        return subprocess.Popen(
+        return start_child(
             [sys.executable, "-m", "livefit", command, "--config", str(config),
              "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env(),
-            preexec_fn=_die_with_parent(), process_group=_OWN_GROUP,
+            stdout=log, stderr=subprocess.STDOUT, env=_child_env(),
         )  # fmt: skip
 
 
-class _Mosquitto:
-    """mosquitto on a free loopback port for the demo alone: no persistence, dies with it."""
-
-    protocol = "5"
-
-    def __init__(self, workdir: Path, stop: _Stop) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
-        conf = workdir / "mosquitto.conf"
-        user = "user root\n" if os.geteuid() == 0 else ""
-        conf.write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\n{user}persistence false\n"
-            "max_queued_messages 1000000\nmax_inflight_messages 1000\n"
-            f"log_dest file {workdir}/mosquitto.log\n"
-        )
-        self.address = f"mqtt://127.0.0.1:{port}"
-        self.process = subprocess.Popen(
-            ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent(), process_group=_OWN_GROUP,
-        )  # fmt: skip
-        stop.children.append(self.process)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and self.process.poll() is None:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"mosquitto did not listen on 127.0.0.1:{port}; see {workdir}")
-
-    def stop(self) -> None:
-        _stop_children([self.process], grace=STOP_GRACE_S)
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], stop: _Stop, timeout: float) -> bool:
+def _wait_ready(
+    url: str, process: subprocess.Popen[bytes], stop: _Stop, timeout: float
+) -> str | None:
+    """None once ``url`` is ready; else why not (exited, or what readiness still said)."""
     deadline = time.monotonic() + timeout
+    problems: list[str] = []
     while time.monotonic() < deadline and process.poll() is None and not stop.requested:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                return True
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            response = httpx.get(f"{url}/v2/health/ready", timeout=1)
+            if response.status_code == 200:
+                return None
+            problems = list(response.json().get("problems") or [])
         stop.wait(0.25)
-    return False
-
-
-def _stop_children(children: list[subprocess.Popen[bytes]], grace: float) -> None:
-    """SIGTERM to every child still running, SIGKILL to those left after ``grace`` seconds."""
-    running = [child for child in children if child.poll() is None]
-    for child in running:
-        with contextlib.suppress(OSError):
-            child.terminate()
-    deadline = time.monotonic() + max(grace, 0.0)
-    for child in running:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(max(0.0, deadline - time.monotonic()))
-        if child.poll() is None:
-            with contextlib.suppress(OSError):
-                child.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(5)
+    if process.poll() is not None:
+        return f"exited with status {process.returncode}"
+    said = f" ({'; '.join(problems)})" if problems else ""
+    return f"was not ready after {timeout:.0f} s{said}"
 
 
 def _tail(path: Path, lines: int = 15) -> str:

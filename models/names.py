@@ -13,6 +13,8 @@ own tables and resolves every name through those functions, so the lists cannot 
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import pkgutil
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -97,6 +99,28 @@ def check_optimizer(name: str) -> None:
     """
     if name.lower() not in OPTIMIZERS and ">" not in name:
         raise ValueError(f"unknown optimizer {name!r}{suggest(name.lower(), OPTIMIZERS)}")
+
+
+def check_builder_module(path: str) -> None:
+    """ValueError unless the module of a ``package.module:function`` builder can be found (its
+    parent packages are imported, the module itself is not: its function is checked at start)."""
+    module = path.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package is missing
+        found = False
+    if found:
+        return
+    parent, _, leaf = module.rpartition(".")
+    try:
+        spec = importlib.util.find_spec(parent) if parent else None
+    except (ImportError, ValueError):
+        spec = None
+    siblings = [info.name for info in pkgutil.iter_modules(spec.submodule_search_locations)] if (
+        spec is not None and spec.submodule_search_locations
+    ) else []  # fmt: skip
+    hint = suggest(leaf, siblings) if siblings else " on the Python path"
+    raise ValueError(f"unknown builder module {module!r} (from {path!r}){hint}")
 
 
 def check_builder_options(builder: str, options: Mapping[str, Any]) -> None:

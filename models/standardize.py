@@ -43,7 +43,10 @@ class Standardize(keras.layers.Layer):
 
 def broadcast_statistic(value: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """A mean or std as a float32 array of the layer's statistics shape."""
-    return np.ascontiguousarray(np.broadcast_to(value, tuple(shape)), dtype=np.float32)
+    shape = tuple(shape)
+    if value.shape == shape and value.dtype == np.float32 and value.flags.c_contiguous:
+        return value  # the common case, once per training step: no copy
+    return np.ascontiguousarray(np.broadcast_to(value, shape), dtype=np.float32)
 
 
 def stats_shape(input_shape: Sequence[int], per_last_axis: bool) -> tuple[int, ...]:

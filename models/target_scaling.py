@@ -14,37 +14,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import keras
-import numpy as np
 
-from livefit.models.standardize import broadcast_statistic
+from livefit.models.standardize import Standardize
 
 TARGET_SCALING_LAYER = "target_scaling"
 
 
 @keras.saving.register_keras_serializable(package="livefit")
-class Unstandardize(keras.layers.Layer):
-    """``z * std + mean`` per output; ``mean`` 0 and ``std`` 1 (the identity) until set."""
-
-    def __init__(self, stats_shape: Sequence[int], **kwargs: object) -> None:
-        super().__init__(**kwargs)
-        self.stats_shape = tuple(stats_shape)
-        self.mean = self.add_weight(
-            name="mean", shape=self.stats_shape, initializer="zeros", trainable=False
-        )
-        self.std = self.add_weight(
-            name="std", shape=self.stats_shape, initializer="ones", trainable=False
-        )
+class Unstandardize(Standardize):
+    """``z * std + mean`` per output: the inverse of ``Standardize``, with the same statistics
+    (``mean`` 0 and ``std`` 1, the identity, until set)."""
 
     def call(self, inputs):
         return inputs * self.std + self.mean
-
-    def set_statistics(self, mean: np.ndarray, std: np.ndarray) -> None:
-        """Set the statistics (broadcast to the layer's shape)."""
-        self.mean.assign(broadcast_statistic(mean, self.stats_shape))
-        self.std.assign(broadcast_statistic(std, self.stats_shape))
-
-    def get_config(self) -> dict[str, object]:
-        return {**super().get_config(), "stats_shape": list(self.stats_shape)}
 
 
 def with_target_scaling(model: keras.Model, output_shape: Sequence[int]) -> keras.Model:

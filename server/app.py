@@ -23,6 +23,7 @@ from livefit import __version__
 from livefit.server.auth import TokenGuard
 from livefit.server.config import Settings
 from livefit.server.dashboard import build_dashboard_router
+from livefit.server.labels.http import build_labels_router
 from livefit.server.metrics import Metrics
 from livefit.server.predict_api import build_predict_router, error_response
 from livefit.server.serving import ServedModel
@@ -74,12 +75,16 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.include_router(
         build_predict_router(runtime.served, runtime.metrics, predict_guard, http.body_timeout_s)
     )
+    app.include_router(build_labels_router(runtime.served, predict_guard, http.body_timeout_s))
     app.include_router(
         build_weights_router(runtime.weight_store, lambda: list(runtime.served()), guard.check)
     )
     app.include_router(
         build_dashboard_router(
-            runtime.metrics, lambda: list(runtime.served()), getattr(runtime, "role", "learner")
+            runtime.metrics,
+            lambda: list(runtime.served()),
+            getattr(runtime, "role", "learner"),
+            lambda: _problems(runtime),
         )
     )
 
@@ -94,9 +99,8 @@ def create_app(runtime: Runtime) -> FastAPI:
         503 with the reasons (``problems``)."""
         is_ready = runtime.ready()
         body: dict[str, object] = {"ready": is_ready}
-        problems = getattr(runtime, "problems", None)
-        if not is_ready and problems is not None:
-            body["problems"] = problems()
+        if not is_ready:
+            body["problems"] = _problems(runtime)
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/metrics")
@@ -106,6 +110,12 @@ def create_app(runtime: Runtime) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _problems(runtime: Runtime) -> list[str]:
+    """Why ``runtime`` is not ready (empty when it is, or when it cannot say)."""
+    problems = getattr(runtime, "problems", None)
+    return list(problems()) if problems is not None and not runtime.ready() else []
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -3,10 +3,13 @@
 Like Ray Serve's ``_BatchQueue``: a queue, a future per request, one background task. The timer
 starts when the oldest queued request arrived; a batch fires when ``max_batch_size`` rows are
 queued or ``batch_timeout_ms`` has passed since then; with 0 (the default) a batch is whatever
-queued while the model was busy with the previous one. A multi-row request counts by its rows
-and is never split (it runs whole, on one version). Requests whose client went away or whose
-deadline passed are dropped before the model call; an exception from the model call reaches
-every request of its batch. The model call runs in a single-thread executor, off the loop.
+queued while the model was busy with the previous one. "auto" chooses the timeout for each
+batch from the measured arrival rate and batch cost (``AutoTimeout``), up to
+``max_batch_timeout_ms``: 0 unless waiting lowers the mean latency. A multi-row request counts
+by its rows and is never split (it runs whole, on one version). Requests whose client went
+away or whose deadline passed are dropped before the model call; an exception from the model
+call reaches every request of its batch. The model call runs in a single-thread executor, off
+the loop.
 
 **Admission.** A request is queued only if it can expect to be served in time; otherwise
 ``submit`` raises ``QueueFull`` at once, before the request waits at all (HTTP 429). The
@@ -173,6 +176,82 @@ class BatchCost:
         self.per_row_s, self.per_batch_s = max(0.0, per_row), per_batch
 
 
+class ArrivalRate:
+    """Rows per second arriving at one batcher, over about the last ``time_constant_s``.
+
+    An exponentially weighted count: each row adds ``1 / time_constant_s`` and the sum fades by
+    ``exp(-elapsed / time_constant_s)``, so a steady stream of λ rows/s reads about λ (just
+    after an arrival, ``1 / time_constant_s`` more), and a pause lets it fall toward 0.
+    Callers pass the clock (``time.monotonic()`` seconds), so tests can drive it.
+    """
+
+    __slots__ = ("_at", "_rate", "time_constant_s")
+
+    def __init__(self, time_constant_s: float = 0.1) -> None:
+        self.time_constant_s = time_constant_s
+        self._rate = 0.0
+        self._at = 0.0
+
+    def add(self, rows: int, now: float) -> None:
+        """Count ``rows`` arriving at ``now``."""
+        tau, rate = self.time_constant_s, self._rate
+        if rate and now > self._at:
+            rate *= math.exp((self._at - now) / tau)
+        self._rate = rate + rows / tau
+        self._at = now
+
+    def rate(self, now: float) -> float:
+        """The estimate at ``now`` (rows/s)."""
+        if self._rate == 0.0:
+            return 0.0
+        return self._rate * math.exp(-max(0.0, now - self._at) / self.time_constant_s)
+
+
+class AutoTimeout:
+    """``batch_timeout_ms = "auto"``: how long a batch waits for company, and for how many rows.
+
+    From the arrival rate λ (rows/s, ``ArrivalRate``) and the batch cost ``c0 + c1 * n``
+    (``BatchCost``: ``per_batch``, ``per_row``). With k rows queued on an idle model, the next
+    row comes in g = 1/λ on average. Fired now, that row waits out this batch (c0 + c1 k - g)
+    and then runs in its own (c0 + c1): the k + 1 rows' latencies sum to
+    k (c0 + c1 k) + (c0 + c1 k - g) + (c0 + c1). Waiting for it instead:
+    (k + 1)(c0 + c1 (k + 1)) + k g. Waiting is cheaper by c0 - c1 k - (k + 1) g, so it pays
+    while k < K = (λ c0 - 1) / (1 + λ c1). A batch therefore fires once K rows are queued, or
+    after the time K - 1 more rows take to arrive after the first: w = (K - 1) / λ, clamped to
+    [0, ``bound_s``]. When K <= 1 (rows come further apart than half the fixed cost they
+    could share, λ (c0 - c1) <= 2, e.g. a lone client or a CPU model whose cost is mostly per
+    row) w = 0: the batch fires at once. After a busy spell the queue already holds the rows
+    that came during the last batch, λ (c0 + c1 n) >= λ c0 > K, so the next batch starts as
+    soon as the model is free: the timeout only ever delays a batch on an idle model.
+
+    A one-step (myopic) rule for Poisson-like arrivals; the estimates adapt because both the
+    rate and the cost are refitted as requests and batches come.
+    """
+
+    def __init__(self, cost: BatchCost, bound_s: float, rate: ArrivalRate | None = None) -> None:
+        self.cost = cost
+        self.bound_s = max(0.0, bound_s)
+        self.rate = rate if rate is not None else ArrivalRate()
+        self.timeout_s = 0.0  # chosen for the latest batch (exported as a gauge)
+        self.target_rows = 1.0
+
+    def arrived(self, rows: int, now: float) -> None:
+        """Count a request of ``rows`` rows queued at ``now``."""
+        self.rate.add(rows, now)
+
+    def choose(self, now: float) -> tuple[float, float]:
+        """(seconds the oldest queued row may wait, rows at which the batch fires at once)."""
+        lam = self.rate.rate(now)
+        c0, c1 = self.cost.per_batch_s, self.cost.per_row_s
+        target = (lam * c0 - 1.0) / (1.0 + lam * c1)
+        if target <= 1.0 or lam <= 0.0:
+            self.timeout_s, self.target_rows = 0.0, 1.0
+        else:
+            self.timeout_s = min(self.bound_s, (target - 1.0) / lam)
+            self.target_rows = target
+        return self.timeout_s, self.target_rows
+
+
 class DeadlineExceeded(Exception):
     """The request's deadline passed before it was served (HTTP 504)."""
 
@@ -217,15 +296,20 @@ class RequestBatcher:
         name: str,
         predict: PredictFn,
         max_batch_size: int,
-        batch_timeout_ms: float,
+        batch_timeout_ms: float | Literal["auto"],
         max_queue_rows: int,
         on_batch: Callable[[BatchStats], None] | None = None,
         on_queue_change: Callable[[int], None] | None = None,
         max_queue_wait_ms: float | Literal["auto"] | None = None,
         cost: BatchCost | None = None,
         on_refuse: Callable[[str], None] | None = None,
+        max_batch_timeout_ms: float = 10.0,
+        auto_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``max_queue_wait_ms``: the longest expected wait a request is admitted with
+        """``batch_timeout_ms``: how long the oldest request may wait for company ("auto":
+        chosen per batch by ``AutoTimeout``, at most ``max_batch_timeout_ms``, from model calls
+        timed by ``auto_clock``: ``time.thread_time`` for a model on CPU, see below).
+        ``max_queue_wait_ms``: the longest expected wait a request is admitted with
         ("auto": ``AUTO_WAIT_BATCHES`` full-batch model calls, at least ``AUTO_WAIT_FLOOR_S``;
         None: no bound but the deadline).
         ``cost``: the batch cost model (a default prior when None). ``on_refuse(reason)`` is
@@ -233,12 +317,26 @@ class RequestBatcher:
         self.name = name
         self.predict = predict
         self.max_batch_size = max_batch_size
-        self.batch_timeout_s = batch_timeout_ms / 1000.0
         self.max_queue_rows = max_queue_rows
         self.max_queue_wait_ms = max_queue_wait_ms
         self.cost = cost if cost is not None else BatchCost(prior_rows=max_batch_size)
         # the model call alone (no hand-over, no event loop): sets the "auto" wait bound
         self.model_cost = BatchCost(self.cost.per_row_s, self.cost.per_batch_s, 32, max_batch_size)
+        # "auto" weighs what merging two batches saves: one model call's fixed cost. Not the
+        # batch cycle (self.cost): the event loop's time around a batch is the requests' HTTP
+        # work, whatever the batching. On a CPU the call's wall time also counts waiting for
+        # the GIL (held by the event loop) and for cores other processes hold, which merging
+        # does not save, so the caller times it by the model thread's CPU time there; on a GPU
+        # the device's time is the cost, and wall time measures it.
+        self._auto_clock = auto_clock
+        self._auto_seconds = 0.0
+        self.auto: AutoTimeout | None = None
+        if batch_timeout_ms == "auto":
+            self.batch_timeout_s = 0.0
+            prior = BatchCost(self.cost.per_row_s, self.cost.per_batch_s, 32, max_batch_size)
+            self.auto = AutoTimeout(prior, max_batch_timeout_ms / 1000.0)
+        else:
+            self.batch_timeout_s = batch_timeout_ms / 1000.0
         self._model_seconds = 0.0
         self.loop_lag_s = 0.0  # how late the event loop runs callbacks now (see _watch_loop)
         self._watched_at = 0.0
@@ -302,6 +400,10 @@ class RequestBatcher:
                 pending.future.set_exception(RuntimeError("server is shutting down"))
         self._queued_rows = 0
         self._executor.shutdown(wait=True)
+
+    def timeout_s(self) -> float:
+        """The batch timeout in force: the fixed one, or the one "auto" chose last."""
+        return self.auto.timeout_s if self.auto is not None else self.batch_timeout_s
 
     def max_wait_s(self) -> float:
         """The longest expected wait admitted now, in seconds."""
@@ -421,6 +523,8 @@ class RequestBatcher:
         pending = _Pending(rows=rows, future=future, enqueued_at=now, deadline=now + timeout_s)
         self._queue.append(pending)
         self._queued_rows += n
+        if self.auto is not None:
+            self.auto.arrived(n, now)
         self._queue_changed()
         self._arrived.set()
         # ``asyncio.timeout`` cancels this await, and with it the future (the batcher then
@@ -469,12 +573,14 @@ class RequestBatcher:
             self.cost.observe(rows, time.monotonic() - started)
 
     async def _wait_for_batch(self) -> None:
-        """Return once ``max_batch_size`` rows are queued or the oldest waited the timeout."""
+        """Return once enough rows are queued (``max_batch_size``, or fewer as "auto" decides)
+        or the oldest waited the timeout."""
         while not self._queue:
             self._arrived.clear()
             await self._arrived.wait()
-        while self._queued_rows < self.max_batch_size:
-            remaining = self._queue[0].enqueued_at + self.batch_timeout_s - time.monotonic()
+        timeout, enough = self._batch_window()
+        while self._queued_rows < enough:
+            remaining = self._queue[0].enqueued_at + timeout - time.monotonic()
             if remaining <= 0:
                 return
             self._arrived.clear()
@@ -484,6 +590,13 @@ class RequestBatcher:
                 return
             if not self._queue:
                 return
+
+    def _batch_window(self) -> tuple[float, int]:
+        """(timeout in seconds, rows that fire the batch at once) for the batch forming now."""
+        if self.auto is None:
+            return self.batch_timeout_s, self.max_batch_size
+        timeout, target = self.auto.choose(time.monotonic())
+        return timeout, max(1, min(self.max_batch_size, math.ceil(target)))
 
     def _take_batch(self) -> list[_Pending]:
         """Up to ``max_batch_size`` rows of live requests, oldest first, none split."""
@@ -534,6 +647,8 @@ class RequestBatcher:
             self.model_calls += 1
         elapsed = time.monotonic() - started
         self.model_cost.observe(int(rows.shape[0]), self._model_seconds)
+        if self.auto is not None:
+            self.auto.cost.observe(int(rows.shape[0]), self._auto_seconds)
         offset = 0
         for pending in batch:
             part = outputs[offset : offset + pending.size]
@@ -553,10 +668,12 @@ class RequestBatcher:
         return True
 
     def _timed(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """The model call, on the model thread, timed there (``model_cost``)."""
-        started = time.monotonic()
+        """The model call, on the model thread, timed there (``model_cost``, and by
+        ``auto_clock`` for "auto")."""
+        started, clock = time.monotonic(), self._auto_clock()
         result = self.predict(rows)
         self._model_seconds = time.monotonic() - started
+        self._auto_seconds = self._auto_clock() - clock
         return result
 
     def _queue_changed(self) -> None:

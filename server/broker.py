@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from livefit.server.children import start_child, stop_children
+
 log = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 1883
@@ -86,32 +88,40 @@ class ManagedBroker:
 
 
 class MosquittoChild(ManagedBroker):
-    """mosquitto as a child process with persistence under ``workdir``."""
+    """mosquitto as a child process, dying with this one (``children``), with persistence
+    under ``workdir`` unless ``persistence`` is off (the demo's broker keeps nothing)."""
 
     kind = "mosquitto"
 
-    def __init__(self, workdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    def __init__(
+        self, workdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+        persistence: bool = True,
+    ) -> None:  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
+        self.address = BrokerAddress(host, port)
         conf = workdir / "mosquitto.conf"
         user = "user root\n" if os.geteuid() == 0 else ""
-        conf.write_text(
-            f"listener {port} {host}\nallow_anonymous true\n{user}"
+        kept = (
             f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\n"
+            if persistence
+            else "persistence false\n"
+        )
+        conf.write_text(
+            f"listener {port} {host}\nallow_anonymous true\n{user}{kept}"
             "max_queued_messages 1000000\nmax_inflight_messages 1000\n"
             f"log_dest file {workdir}/mosquitto.log\n"
         )
-        self.process = subprocess.Popen(
+        self.process = start_child(
             ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        _wait_listening(host, port, lambda: self.process.poll() is None, "mosquitto")
+        try:
+            _wait_listening(host, port, lambda: self.process.poll() is None, "mosquitto")
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}; see {workdir}/mosquitto.log") from None
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        stop_children([self.process], grace_s=10)
 
 
 class EmbeddedAmqtt(ManagedBroker):
@@ -129,6 +139,12 @@ class EmbeddedAmqtt(ManagedBroker):
                 "(apt-get install mosquitto) and amqtt is not installed "
                 "(pip install 'livefit[embedded-broker]'); or set broker.url"
             ) from None
+        self.port = port
+        # amqtt warns about its own defaults (no password file, no $SYS interval) and about
+        # every connection that sends no MQTT or MQTT 5 (our readiness and protocol probes):
+        # noise on a new user's console. Its errors still show.
+        logging.getLogger("amqtt").setLevel(logging.ERROR)
+        logging.getLogger("amqtt.broker").addFilter(_not_a_probe)
         config = {
             "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
             "sys_interval": 0,
@@ -144,7 +160,7 @@ class EmbeddedAmqtt(ManagedBroker):
 
         self._broker = asyncio.run_coroutine_threadsafe(create(), self._loop).result(timeout=15)
         asyncio.run_coroutine_threadsafe(self._broker.start(), self._loop).result(timeout=15)
-        _wait_listening(host, port, self._thread.is_alive, "amqtt")
+        # start() returned: it listens (a TCP probe here would only make amqtt log an error)
 
     def stop(self) -> None:
         try:
@@ -153,6 +169,12 @@ class EmbeddedAmqtt(ManagedBroker):
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self._loop.close()
+
+
+def _not_a_probe(record: logging.LogRecord) -> bool:
+    """False for amqtt's error about a connection that sent nothing (a TCP readiness probe:
+    ``is_listening``, a health checker)."""
+    return not str(record.msg).startswith("No data from")
 
 
 def resolve_broker(

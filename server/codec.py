@@ -92,17 +92,27 @@ def decode_message(
         raise Rejection("internal", f"{type(exc).__name__}: {_short(exc)}") from exc
 
 
-def _decode(payload: bytes, spec: SampleSpec, content_type: str | None) -> DecodedMessage:
+def decode_map(
+    payload: bytes, spec: SampleSpec, content_type: str | None, keys: tuple[str, ...]
+) -> dict[str, Any]:
+    """The message's top-level map, holding every key in ``keys``: what every message kind
+    (samples, labels, prediction records) starts with; a ``Rejection`` otherwise."""
     if len(payload) > spec.max_message_bytes:
         raise Rejection(
             "too_large", f"{len(payload)} bytes exceeds max_message_bytes={spec.max_message_bytes}"
         )
     document = _parse(payload, content_type)
     if not isinstance(document, dict):
-        raise Rejection("bad_schema", f"expected a map with x and y, got {type(document).__name__}")
-    for key in ("x", "y"):
+        wanted, got = " and ".join(keys), type(document).__name__
+        raise Rejection("bad_schema", f"expected a map with {wanted}, got {got}")
+    for key in keys:
         if key not in document:
             raise Rejection("bad_schema", f'missing "{key}"')
+    return document
+
+
+def _decode(payload: bytes, spec: SampleSpec, content_type: str | None) -> DecodedMessage:
+    document = decode_map(payload, spec, content_type, ("x", "y"))
     x = _to_array(document["x"], "x", spec.max_message_bytes)
     y = _to_array(document["y"], "y", spec.max_message_bytes)
     x, batched = _shape_inputs(x, spec)

@@ -9,6 +9,7 @@ environment over it (``LIVEFIT_HTTP__PORT=9000``,
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -18,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -178,8 +180,13 @@ class ServeSettings(_Section):
     max_batch_size: int = Field(64, ge=1, le=65536)
     # 0: a batch fires as soon as the model is free, with every request queued by then (they
     # queue while the previous batch runs). Measured: 3.3x the requests/s of 2 ms at 1 client,
-    # the same or better at 64 (BENCHMARKS.md); Triton's default is also 0.
-    batch_timeout_ms: float = Field(0.0, ge=0, le=10_000)
+    # the same or better at 64 (BENCHMARKS.md); Triton's default is also 0. "auto": chosen
+    # per batch from the measured arrival rate and batch cost (0 unless waiting lowers the mean
+    # latency; server/batcher.py AutoTimeout), at most max_batch_timeout_ms. Not the default:
+    # measured within noise of 0 at 1, 16 and 64 clients, where on the CPU benchmark model it
+    # chooses 0 or under 1 ms anyway; its case (a GPU) is unmeasured (BENCHMARKS.md).
+    batch_timeout_ms: float | Literal["auto"] = 0.0
+    max_batch_timeout_ms: float = Field(10.0, ge=0, le=10_000)
     max_queue_rows: int = Field(4096, ge=1)
     # Admission: a request that cannot join the next batch is refused at once (429) when the
     # batcher expects it to wait longer than this before its batch starts (from the event
@@ -190,6 +197,13 @@ class ServeSettings(_Section):
     allowed_batch_sizes: list[int] | None = None
     max_request_rows: int = Field(1024, ge=1)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+
+    @field_validator("batch_timeout_ms")
+    @classmethod
+    def _check_timeout(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0 <= float(value) <= 10_000:
+            raise ValueError('must be "auto" or a number of milliseconds from 0 to 10000')
+        return value
 
     @field_validator("max_queue_wait_ms")
     @classmethod
@@ -265,6 +279,25 @@ class CheckpointSettings(_Section):
     keep: int = Field(3, ge=1, le=1000)
 
 
+class LabelsSettings(_Section):
+    """Delayed labels (README "Delayed labels"): how long a prediction waits for its label."""
+
+    ttl_s: float = Field(3600.0, gt=0)  # a prediction (or early label) waits this long at most
+    max_pending: int = Field(100_000, ge=1, le=10_000_000)  # predictions waiting, at most
+    on_expiry: Literal["drop", "default"] = "drop"  # "default": learn default_y instead
+    default_y: float | list[Any] | None = None  # the label learned on expiry (target-shaped)
+    tick_s: float = Field(1.0, gt=0, le=3600)  # how often the learner checks for expiry
+    record_buffer_rows: int = Field(10_000, ge=1)  # serving side: records waiting for the broker
+    topic: str | None = None  # default livefit/<name>/labels
+    predictions_topic: str | None = None  # default livefit/<name>/predictions
+
+    @model_validator(mode="after")
+    def _check_default(self) -> LabelsSettings:
+        if self.on_expiry == "default" and self.default_y is None:
+            raise ValueError('on_expiry = "default" needs default_y, the label to learn')
+        return self
+
+
 class ModelSettings(_Section):
     """One model: its network, its training stream and its serving limits."""
 
@@ -278,7 +311,7 @@ class ModelSettings(_Section):
     # three streams (adam at 0.001 trailed logistic regression by 5.8, 0.8 and 2.2 points).
     optimizer: str = "nadam"
     learning_rate: float = Field(0.01, gt=0)
-    metrics: list[Literal["accuracy"]] = Field(default_factory=list)
+    metrics: list[str] = Field(default_factory=list)
     scaling: Literal["none", "standardize"] = "standardize"  # online per-feature scaling
     # Online target standardization; None: "standardize" for regression losses (mse, mae,
     # huber, log_cosh), else "none" (see resolved_target_scaling).
@@ -298,6 +331,7 @@ class ModelSettings(_Section):
     serve: ServeSettings = ServeSettings()
     weights: WeightsSettings = WeightsSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
+    labels: LabelsSettings = LabelsSettings()
     drift: DriftSettings = DriftSettings()
 
     @field_validator("builder")
@@ -308,6 +342,8 @@ class ModelSettings(_Section):
                 f"unknown builder {value!r}: use one of {', '.join(BUILTIN_BUILDERS)} "
                 'or "package.module:function"'
             )
+        if value not in BUILTIN_BUILDERS:
+            names.check_builder_module(value)
         return value
 
     @field_validator("loss")
@@ -320,6 +356,14 @@ class ModelSettings(_Section):
     @classmethod
     def _check_optimizer(cls, value: str) -> str:
         names.check_optimizer(value)
+        return value
+
+    @field_validator("metrics")
+    @classmethod
+    def _check_metrics(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name != "accuracy":
+                raise ValueError(f"unknown metric {name!r}{names.suggest(name, ['accuracy'])}")
         return value
 
     @field_validator("builder_options")
@@ -373,6 +417,24 @@ class ModelSettings(_Section):
             problem = output_problem(self.loss, activation, self.output_shape)
             if problem is not None:
                 raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _check_default_label(self) -> ModelSettings:
+        """``labels.default_y`` must be a label of the model's target shape."""
+        default = self.labels.default_y
+        if default is None:
+            return self
+        shape = self.resolved_target_shape()
+        try:
+            array = np.asarray(default, dtype=np.float32)
+        except (ValueError, TypeError):
+            raise ValueError("labels.default_y must be a number or a list of numbers") from None
+        if array.size != math.prod(shape) or not np.isfinite(array).all():
+            raise ValueError(
+                f"labels.default_y must be {math.prod(shape)} finite number(s), the target "
+                f"shape {shape}; got {default!r}"
+            )
         return self
 
     def resolved_target_scaling(self) -> str:
@@ -430,6 +492,12 @@ class Settings(_Section):
 
     def events_topic(self, name: str) -> str:
         return self.models[name].drift.events_topic or f"livefit/{name}/events"
+
+    def labels_topic(self, name: str) -> str:
+        return self.models[name].labels.topic or f"livefit/{name}/labels"
+
+    def predictions_topic(self, name: str) -> str:
+        return self.models[name].labels.predictions_topic or f"livefit/{name}/predictions"
 
 
 def bundled_example_path() -> Path:

@@ -4,7 +4,8 @@ The page loads nothing from anywhere (inline CSS and JS, charts on plain ``<canv
 Content-Security-Policy that blocks every other origin) so it works offline. It polls
 ``api/stats`` every second and computes rates (samples/s, predictions/s) from successive polls.
 ``api/stats`` reads this process's Prometheus registry directly: every value is a number or
-``null`` (a series that does not exist yet, or a NaN), never an error.
+``null`` (a series that does not exist yet, or a NaN), never an error; its ``problems`` are
+readiness's (a broker unreachable or refusing, no weights yet...), shown in the status line.
 """
 
 from __future__ import annotations
@@ -47,9 +48,13 @@ ModelSamples = dict[str, list[Sample]]  # sample name -> that model's samples of
 
 
 def build_dashboard_router(
-    metrics: Metrics, models: Callable[[], list[str]], role: str
+    metrics: Metrics,
+    models: Callable[[], list[str]],
+    role: str,
+    problems: Callable[[], list[str]] = list,
 ) -> APIRouter:
-    """``GET /`` (the page, titled after ``role``) and ``GET /api/stats`` for ``models()``."""
+    """``GET /`` (the page, titled after ``role``) and ``GET /api/stats`` for ``models()``;
+    ``problems()``: why the process is not ready (readiness's list), shown on the page."""
     router = APIRouter()
     page = render_page(role)
 
@@ -61,7 +66,9 @@ def build_dashboard_router(
     @router.get("/api/stats")
     async def stats() -> JSONResponse:
         """Counters and gauges per model, as the dashboard polls them."""
-        return JSONResponse(collect_stats(metrics.registry, models(), role), headers=NO_STORE)
+        body = collect_stats(metrics.registry, models(), role)
+        body["problems"] = problems()
+        return JSONResponse(body, headers=NO_STORE)
 
     return router
 
@@ -462,10 +469,13 @@ async function poll() {
   try {
     const response = await fetch("api/stats", {cache: "no-store", signal: abort.signal});
     if (!response.ok) throw new Error("HTTP " + response.status);
-    update(await response.json());
+    const data = await response.json();
+    update(data);
     polls += 1;
     document.body.dataset.polls = String(polls);
-    setStatus(true, "live · updated " + new Date().toLocaleTimeString());
+    const problems = data.problems || [];  // e.g. "MQTT broker at ... unreachable"
+    if (problems.length) setStatus(false, "not ready: " + problems.join(" · "));
+    else setStatus(true, "live · updated " + new Date().toLocaleTimeString());
   } catch (err) {
     setStatus(false, "no data: " + (err && err.message ? err.message : err));
   } finally {

@@ -13,7 +13,10 @@ Accepted messages are written to the write-ahead log as one group with one fsync
 their sequence numbers held, the messages acknowledged in arrival order and their samples put
 on the queue (waiting while it is full, which stops the acks and so makes the broker hold the
 rest). A group the log cannot store (full or failing disk) stays in hand, unacknowledged, and
-is retried with back-off while readiness reports the failure. Without a WAL
+is retried with back-off while readiness reports the failure. Messages on the model's labels
+and predictions topics take the same way as events for its ``LabelJoiner`` (``labels``): logged
+in the same group, acknowledged once durable, then joined; the samples a join makes are queued
+like any others. Without a WAL
 (``storage.wal = false``) messages are acknowledged once queued, and a crash can lose what was
 queued but not yet trained.
 """
@@ -32,6 +35,7 @@ from paho.mqtt.client import topic_matches_sub
 
 from livefit.server.codec import DecodedMessage, Rejection, SampleSpec, decode_message
 from livefit.server.dedup import SequenceTracker
+from livefit.server.labels.joiner import LabelEvent, LabelJoiner
 from livefit.server.metrics import Metrics
 from livefit.server.mqtt import MqttConnection, RawMessage
 from livefit.server.samples import QueueClosed, SampleQueue
@@ -59,14 +63,22 @@ class Route:
     dead_letter_topic: str
     sequences: SequenceTracker | None = None
     drop_duplicates: bool = False
+    labels: LabelJoiner | None = None  # its delayed labels (labels and predictions topics)
 
 
 @dataclass(slots=True)
 class _Held:
-    """A handled message waiting for the group commit: ack it, then queue its samples."""
+    """A handled message waiting for the group commit: ack it, then queue its samples (or
+    apply its label event). A tick has no message: it is logged and applied, never acked."""
 
-    message: RawMessage
+    message: RawMessage | None
     decoded: DecodedMessage | None = None  # None: rejected, duplicate or unrouted (ack only)
+    event: LabelEvent | None = None
+    position: int | None = None  # the event's log position, once durable
+
+    @property
+    def logged(self) -> bool:
+        return self.decoded is not None or self.event is not None
 
 
 class IngestWorker:
@@ -125,8 +137,9 @@ class IngestWorker:
 
     def _oldest_waiting(self) -> float | None:
         held, in_hand = self._held, self._in_hand
-        if held:
-            return held[0].message.received_at
+        first = next((item.message for item in held if item.message is not None), None)
+        if first is not None:
+            return first.received_at
         if in_hand is not None:
             return in_hand.received_at
         try:
@@ -146,12 +159,14 @@ class IngestWorker:
             try:
                 message = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
             except queue.Empty:
+                self._tick()
                 if self._held:
                     self._flush_safely()
                 continue
             if not self._held:
                 self._group_started = time.monotonic()
             self._take(message)
+            self._tick()
             if len(self._held) >= self.group_max:
                 self._flush_safely()
         self._flush_safely()
@@ -171,6 +186,22 @@ class IngestWorker:
         finally:
             self._in_hand = None
 
+    def _tick(self) -> None:
+        """Hold an expiry tick for the delayed labels when one is due."""
+        labels = self.route.labels
+        if labels is None:
+            return
+        try:
+            event = labels.tick_due()
+        except Exception:
+            self.metrics.internal_errors.labels(component="labels").inc()
+            log.exception("delayed-label expiry check failed for %s", self.route.model)
+            return
+        if event is not None:
+            if not self._held:
+                self._group_started = time.monotonic()
+            self._held.append(_Held(None, event=event))
+
     def _flush_safely(self) -> None:
         try:
             self.flush()
@@ -180,6 +211,8 @@ class IngestWorker:
 
     def route_for(self, topic: str) -> Route | None:
         route = self.route
+        if route.labels is not None and route.labels.owns(topic):
+            return route
         return route if topic_matches_sub(route.subscription, topic) else None
 
     def handle(self, message: RawMessage) -> None:
@@ -188,6 +221,15 @@ class IngestWorker:
         if route is None:
             log.warning("message on %s matches no model; acknowledged and dropped", message.topic)
             self._held.append(_Held(message))
+            return
+        if route.labels is not None and route.labels.owns(message.topic):
+            try:
+                event = route.labels.decode(message)
+            except Rejection as rejection:
+                self._reject(message, rejection)
+                self._held.append(_Held(message))
+                return
+            self._held.append(_Held(message, event=event))
             return
         try:
             decoded = decode_message(message.payload, route.spec, message.content_type)
@@ -226,7 +268,7 @@ class IngestWorker:
             for item in held:
                 self._ack(item.message)
         for index, item in enumerate(held):
-            if item.decoded is not None and not self._enqueue(item.decoded):
+            if not self._deliver(item):
                 # Stopping: the rest are in the log (replayed at start) or with the broker.
                 log.info("ingest stopped with %d messages not queued", len(held) - index)
                 self._forget_pending()
@@ -239,11 +281,11 @@ class IngestWorker:
     def _log(self, held: list[_Held]) -> bool:
         """Write the accepted messages of ``held`` to the log, retrying with back-off while
         storage fails; set their positions. False if stopped before they were durable."""
-        accepted = [item for item in held if item.decoded is not None]
+        accepted = [item for item in held if item.logged]
         if not accepted:
             return True
         assert self.wal is not None
-        records = [(self.route.model, i.message.payload, i.message.content_type) for i in accepted]
+        records = [self._record(item) for item in accepted]
         delay = _RETRY_MIN_S
         while True:
             started = time.perf_counter()
@@ -261,12 +303,40 @@ class IngestWorker:
                 return False
             delay = min(delay * 2, _RETRY_MAX_S)
         for item, position in zip(accepted, positions, strict=True):
-            assert item.decoded is not None
-            chunk = replace(item.decoded.chunk, position=position)
-            item.decoded = replace(item.decoded, chunk=chunk)
+            item.position = position
+            if item.decoded is not None:
+                chunk = replace(item.decoded.chunk, position=position)
+                item.decoded = replace(item.decoded, chunk=chunk)
         return True
 
-    def _ack(self, message: RawMessage) -> None:
+    def _record(self, item: _Held) -> tuple[str, bytes, str | None]:
+        """The log record of a held sample message or label event."""
+        if item.event is not None:
+            assert self.route.labels is not None
+            return (self.route.model, *self.route.labels.wal_record(item.event))
+        assert item.message is not None
+        return self.route.model, item.message.payload, item.message.content_type
+
+    def _deliver(self, item: _Held) -> bool:
+        """Queue a held message's samples, or apply its label event and queue what it made.
+        False when stopping first."""
+        if item.decoded is not None:
+            return self._enqueue(item.decoded)
+        if item.event is None or self.route.labels is None:
+            return True
+        try:
+            chunk = self.route.labels.apply(item.event, item.position)
+        except Exception:  # a bug: the event is logged (replayed at start); the stream goes on
+            self.metrics.internal_errors.labels(component="labels").inc()
+            log.exception("applying a delayed-label event of %s failed", self.route.model)
+            return True
+        if chunk is None:
+            return True
+        return self._enqueue(DecodedMessage(chunk), counted=False)
+
+    def _ack(self, message: RawMessage | None) -> None:
+        if message is None:
+            return
         self.connection.ack(message)
         self._last_finished_at = time.time()
 
@@ -284,8 +354,9 @@ class IngestWorker:
         if self.route.sequences is not None:
             self.route.sequences.discard_pending()
 
-    def _enqueue(self, decoded: DecodedMessage) -> bool:
-        """Put the samples on the model's queue, waiting while it is full (backpressure)."""
+    def _enqueue(self, decoded: DecodedMessage, counted: bool = True) -> bool:
+        """Put the samples on the model's queue, waiting while it is full (backpressure);
+        ``counted``: count it as an accepted sample message."""
         route = self.route
         while not self._stopping.is_set():
             try:
@@ -297,7 +368,8 @@ class IngestWorker:
             return False
         n = len(decoded.chunk)
         m = self.metrics
-        m.ingest_messages.labels(model=route.model, outcome="accepted", reason="none").inc()
+        if counted:
+            m.ingest_messages.labels(model=route.model, outcome="accepted", reason="none").inc()
         m.ingest_samples.labels(model=route.model).inc(n)
         m.queue_depth.labels(model=route.model).set(len(route.queue))
         return True

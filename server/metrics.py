@@ -26,6 +26,9 @@ STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+DELAY_BUCKETS = (
+    0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0, 604800.0,
+)  # fmt: skip
 
 
 class Metrics:
@@ -223,6 +226,12 @@ class Metrics:
             "auto: from the model's batch time)",
             ["model"], registry=r,
         )  # fmt: skip
+        self.predict_batch_timeout = Gauge(
+            "livefit_predict_batch_timeout_seconds",
+            "How long a batch may wait for more requests after its oldest arrived: "
+            "serve.batch_timeout_ms, or with auto the value chosen for the latest batch",
+            ["model"], registry=r,
+        )  # fmt: skip
         self.predict_expected_wait = Gauge(
             "livefit_predict_expected_wait_seconds",
             "Expected wait of a one-row request arriving now, before its batch starts "
@@ -323,6 +332,39 @@ class Metrics:
             ["model"],
             registry=r,
         )
+
+        # Delayed labels (server/labels)
+        self.labels = Counter(
+            "livefit_labels_total",
+            "Labels by outcome: joined to their prediction, unknown_id (no prediction came "
+            "within the TTL), duplicate, late (after their prediction expired), rejected; and "
+            "predictions expired without a label",
+            ["model", "outcome"], registry=r,
+        )  # fmt: skip
+        self.label_delay = Histogram(
+            "livefit_label_delay_seconds", "From a prediction being served to its label",
+            ["model"], buckets=DELAY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.pending_predictions = Gauge(
+            "livefit_pending_predictions", "Predictions waiting for their label", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.pending_labels = Gauge(
+            "livefit_pending_labels", "Labels waiting for their prediction record", ["model"],
+            registry=r,
+        )  # fmt: skip
+        self.served_score = Gauge(
+            "livefit_served_score",
+            "Score of the predictions served, against their labels: accuracy (classifiers) or "
+            "mae and mse, over the sliding window or cumulative",
+            ["model", "metric", "window"], registry=r,
+        )  # fmt: skip
+        self.prediction_records = Counter(
+            "livefit_prediction_records_total",
+            "Prediction records (rows with ids) sent to the learner, or dropped: the buffer "
+            "was full or the MQTT client refused them",
+            ["model", "outcome"], registry=r,
+        )  # fmt: skip
 
         self.gpu_memory = Gauge(
             "livefit_gpu_memory_bytes",

@@ -156,6 +156,8 @@ def build_predict_router(
             parsed = parse(body, model, request)
             timeout_s = _timeout_s(request, parsed, model)
             outputs, version = await _run(model, parsed, timeout_s, reservation)
+            if parsed.ids is not None and model.recorder is not None:
+                model.recorder.record(parsed.ids, parsed.rows, outputs, version)
             response = JSONResponse(fmt(parsed, model, outputs, version))
             response.headers["X-Model-Version"] = str(version)
         except ApiError as exc:

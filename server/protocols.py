@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from livefit.server.labels.ids import IdError, RowId, check_ids
+
 Protocol = Literal["tfserving", "oip"]
 TfFormat = Literal["row", "col"]
 
@@ -79,6 +81,7 @@ class ParsedRequest:
     request_id: str | None = None
     output_names: list[str] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    ids: list[RowId] | None = None  # one per row, for delayed labels; echoed in the response
 
 
 # --- TF Serving REST ------------------------------------------------------------------------------
@@ -105,8 +108,9 @@ def parse_tfserving(body: bytes, input_shape: Sequence[int], max_rows: int) -> P
     where = '"instances"' if tf_format == "row" else '"inputs"'
     rows = _tf_rows(values, tuple(input_shape), where)
     return ParsedRequest(
-        rows=rows, protocol="tfserving", tf_format=tf_format, input_name=name, parameters=parameters
-    )
+        rows=rows, protocol="tfserving", tf_format=tf_format, input_name=name,
+        parameters=parameters, ids=_row_ids(document.get("ids"), len(rows), '"ids"'),
+    )  # fmt: skip
 
 
 def format_tfserving(parsed: ParsedRequest, outputs: np.ndarray, version: int) -> dict[str, Any]:
@@ -119,7 +123,10 @@ def format_tfserving(parsed: ParsedRequest, outputs: np.ndarray, version: int) -
     """
     data = _checked_outputs(parsed, outputs)
     key = "outputs" if parsed.tf_format == "col" else "predictions"
-    return {key: _json_values(data), "model_version": str(version)}
+    answer = {key: _json_values(data), "model_version": str(version)}
+    if parsed.ids is not None:
+        answer["ids"] = parsed.ids
+    return answer
 
 
 def tfserving_model_status(version: int | None, ready: bool) -> dict[str, Any]:
@@ -235,13 +242,15 @@ def parse_oip(
         raise _bad(
             f'unknown input {_quoted(tensor["name"])}; the model has one input, "{input_name}"'
         )
+    parameters = _parameters(document.get("parameters"), "parameters")
     return ParsedRequest(
         rows=rows,
         protocol="oip",
         input_name=tensor["name"],
         request_id=_request_id(document),
         output_names=output_names,
-        parameters=_parameters(document.get("parameters"), "parameters"),
+        parameters=parameters,
+        ids=_row_ids(parameters.get("ids"), len(rows), "parameters.ids"),
     )
 
 
@@ -268,12 +277,15 @@ def format_oip(
         "data": _json_values(data.reshape(-1)),
     }
     request_id = parsed.request_id if parsed.request_id is not None else uuid.uuid4().hex
-    return {
+    answer: dict[str, Any] = {
         "model_name": model_name,
         "model_version": str(version),
         "id": request_id,
         "outputs": [tensor],
     }
+    if parsed.ids is not None:
+        answer["parameters"] = {"ids": parsed.ids}
+    return answer
 
 
 def oip_model_metadata(
@@ -346,6 +358,16 @@ def _request_id(document: dict[str, Any]) -> str | None:
     if value is not None and not _encodable(value):  # echoed in the response
         raise _bad('"id" must be valid Unicode text (it holds a lone surrogate)')
     return value
+
+
+def _row_ids(value: Any, rows: int, where: str) -> list[RowId] | None:
+    """Per-row ids (delayed labels): absent, or one distinct valid id per row."""
+    if value is None:
+        return None
+    try:
+        return check_ids(value, rows, where)
+    except IdError as exc:
+        raise _bad(str(exc)) from None
 
 
 def _parameters(value: Any, where: str) -> dict[str, Any]:

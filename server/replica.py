@@ -21,8 +21,10 @@ from prometheus_client import CollectorRegistry
 from livefit.models import weight_names
 from livefit.server.auth import TokenGuard
 from livefit.server.broker import BrokerAddress, resolve_broker
-from livefit.server.config import ConfigError, ModelSettings, Settings
+from livefit.server.config import BrokerSettings, ConfigError, ModelSettings, Settings
+from livefit.server.labels.recorder import recorder_for
 from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
+from livefit.server.mqtt import for_broker
 from livefit.server.process_runtime import ProcessRuntime
 from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import Snapshot, SnapshotSlot
@@ -67,11 +69,17 @@ class ReplicaRuntime(ProcessRuntime):
         auth = self._authenticators()  # a missing key fails here, before any connection
         storage = Path(self.settings.storage.dir)
         address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
+        broker = for_broker(address, self.settings.broker)  # the learner's protocol, found
         for replica_model in self.models.values():
             replica_model.receiver = self._receiver(
-                replica_model, address, auth[replica_model.name]
+                replica_model, address, broker, auth[replica_model.name]
             )
             replica_model.receiver.start()
+            replica_model.served.recorder = recorder_for(
+                self.settings, replica_model.name, address, self.metrics,
+                f"{self.settings.broker.client_id}-replica-{self.instance}-"
+                f"{replica_model.name}-predictions", broker.protocol,
+            )  # fmt: skip
         deadline = time.monotonic() + self.settings.broker.connect_timeout_s
         for replica_model in self.models.values():
             assert replica_model.receiver is not None
@@ -120,13 +128,13 @@ class ReplicaRuntime(ProcessRuntime):
         return found
 
     def _receiver(
-        self, replica_model: ReplicaModel, address: BrokerAddress, auth: Authenticator
-    ) -> WeightReceiver:
+        self, replica_model: ReplicaModel, address: BrokerAddress, broker: BrokerSettings,
+        auth: Authenticator,
+    ) -> WeightReceiver:  # fmt: skip
         name = replica_model.name
         model = replica_model.served.serving.model
         names = weight_names(model)
         counter = self.metrics.weights_received
-        broker = self.settings.broker
         weights = replica_model.settings.weights
         return WeightReceiver(
             address=address,
@@ -182,10 +190,27 @@ class ReplicaRuntime(ProcessRuntime):
 
     def ready(self) -> bool:
         """Connected to the weight stream and holding a version of every model."""
-        return self.started and all(
-            m.receiver is not None and m.receiver.connected.is_set() and m.slot.latest is not None
-            for m in self.models.values()
-        )
+        return self.started and not self.problems()
+
+    def problems(self) -> list[str]:
+        """Why the replica is not ready, one line per problem (empty when ready)."""
+        if not self.started:
+            return ["starting"]
+        found = []
+        for name, m in self.models.items():
+            receiver = m.receiver
+            if receiver is None:
+                found.append(f"model {name}: not connected to the MQTT broker")
+                continue
+            if not receiver.connected.is_set():
+                found.append(f"model {name}: {receiver.status.reason()}")
+            if m.slot.latest is None:
+                refused = f"; refused: {receiver.last_refused}" if receiver.last_refused else ""
+                found.append(
+                    f"model {name}: no weights yet on {receiver.topic} (is a learner for this "
+                    f"model running on this broker?){refused}"
+                )
+        return found
 
     def served(self) -> dict[str, ServedModel]:
         return {name: m.served for name, m in self.models.items()}
@@ -199,6 +224,9 @@ class ReplicaRuntime(ProcessRuntime):
             if replica_model.receiver is not None:
                 replica_model.receiver.stop()
                 replica_model.receiver = None
+            if replica_model.served.recorder is not None:
+                replica_model.served.recorder.stop()
+                replica_model.served.recorder = None
         for versions in self._version_logs.values():
             versions.flush()
         self.started = False

@@ -31,8 +31,10 @@ from livefit.server.codec import Rejection, SampleSpec, decode_message
 from livefit.server.config import ModelSettings, Settings
 from livefit.server.dedup import SequenceTracker
 from livefit.server.ingest import IngestWorker, Route
+from livefit.server.labels.joiner import LabelJoiner
+from livefit.server.labels.recorder import recorder_for
 from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
-from livefit.server.mqtt import MqttConnection
+from livefit.server.mqtt import MqttConnection, for_broker
 from livefit.server.process_runtime import ProcessRuntime
 from livefit.server.samples import SampleQueue
 from livefit.server.serving import ServedModel, ServingModel
@@ -64,6 +66,7 @@ class ModelRuntime:
     dedup: SequenceTracker | None = None  # (source, seq) numbers: dedup, or only counting gaps
     connection: MqttConnection | None = None
     ingest: IngestWorker | None = None
+    labels: LabelJoiner | None = None  # joins its delayed labels to its predictions
 
 
 class LearnerRuntime(ProcessRuntime):
@@ -103,16 +106,24 @@ class LearnerRuntime(ProcessRuntime):
             restored = [m.trainer.trained_position for m in self.models.values() if m.trainer]
             self.wal.open(start_after=max(restored, default=0))
         protocol = self.managed_broker.protocol if self.managed_broker else None
+        broker = for_broker(address, self.settings.broker, protocol)
         routes = []
         for name, runtime in self.models.items():
             runtime.connection = MqttConnection(
-                address, self.settings.broker, self.metrics, protocol,
+                address, broker, self.metrics,
                 client_id=f"{self.settings.broker.client_id}-{name}",
             )  # fmt: skip
             subscription = self.settings.samples_topic(name)
             runtime.connection.add_subscription(subscription, qos=1)
+            runtime.connection.add_subscription(self.settings.labels_topic(name), qos=1)
+            runtime.connection.add_subscription(self.settings.predictions_topic(name), qos=1)
             route = self._route(runtime, subscription)
             routes.append(route)
+            assert runtime.served is not None
+            runtime.served.recorder = recorder_for(
+                self.settings, name, address, self.metrics,
+                f"{self.settings.broker.client_id}-{name}-predictions", broker.protocol,
+            )  # fmt: skip
             runtime.ingest = self._ingest_worker(runtime, route)
         for runtime in self.models.values():
             assert runtime.connection is not None
@@ -162,6 +173,11 @@ class LearnerRuntime(ProcessRuntime):
                 continue
             if record.position <= runtime.trainer.trained_position:
                 continue
+            if route.labels is not None and route.labels.owns_record(record):
+                chunk = route.labels.replay(record)
+                if chunk is not None:
+                    route.queue.put(chunk)
+                continue
             try:
                 decoded = decode_message(record.payload, route.spec, record.content_type)
             except Rejection as exc:  # the model's shapes changed since: cannot train on it
@@ -179,6 +195,9 @@ class LearnerRuntime(ProcessRuntime):
             route.queue.put(replace(chunk, position=record.position))
             replayed[record.model] = replayed.get(record.model, 0) + len(chunk)
             self.metrics.wal_replayed_samples.labels(model=record.model).inc(len(chunk))
+        for route in routes:
+            for chunk in route.labels.leftover() if route.labels is not None else ():
+                route.queue.put(chunk)
         for model, count in replayed.items():
             log.info("replayed %d samples of %s from the write-ahead log", count, model)
 
@@ -205,11 +224,17 @@ class LearnerRuntime(ProcessRuntime):
 
     @staticmethod
     def _notes(runtime: ModelRuntime):
-        """Text state saved with each checkpoint of this model (the dedup sequence numbers)."""
-        tracker = runtime.dedup
-        if tracker is None or not runtime.settings.dedup:
-            return None
-        return lambda: {"dedup": tracker.dumps()}
+        """Text state saved with each checkpoint of this model: the dedup sequence numbers,
+        the delayed labels' pending state."""
+        tracker = runtime.dedup if runtime.settings.dedup else None
+
+        def notes() -> dict[str, str]:
+            found = {"dedup": tracker.dumps()} if tracker is not None else {}
+            if runtime.labels is not None:
+                found.update(runtime.labels.notes())
+            return found
+
+        return notes
 
     def _truncate_log(self, checkpoint: Checkpoint) -> None:
         """After a checkpoint, drop log segments that every model's checkpoint is past."""
@@ -258,10 +283,24 @@ class LearnerRuntime(ProcessRuntime):
         restored = runtime.trainer.restored_from
         if runtime.dedup and settings.dedup and restored and "dedup" in restored.notes:
             runtime.dedup.loads(restored.notes["dedup"])
+        runtime.labels = self._label_joiner(runtime)
+        if restored is not None:
+            runtime.labels.restore(restored.notes)
         runtime.served = self._build_served(name, settings, device, runtime.slot)
         self.metrics.model_ready.labels(model=name).set(1)
         log.info("model %s built on %s (%s builder)", name, device, settings.builder)
         return runtime
+
+    def _label_joiner(self, runtime: ModelRuntime) -> LabelJoiner:
+        trainer, name = runtime.trainer, runtime.name
+        return LabelJoiner(
+            runtime.name,
+            runtime.settings,
+            self._spec(runtime.settings),
+            (self.settings.labels_topic(name), self.settings.predictions_topic(name)),
+            self.metrics,
+            trained=lambda: trainer.trained_position if trainer is not None else 0,
+        )
 
     def _build_served(
         self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
@@ -318,16 +357,21 @@ class LearnerRuntime(ProcessRuntime):
         return Route(
             model=runtime.name,
             subscription=subscription,
-            spec=SampleSpec(
-                input_shape=tuple(s.input_shape),
-                target_shape=tuple(s.resolved_target_shape()),
-                max_message_bytes=s.max_message_bytes,
-                max_samples=s.max_samples_per_message,
-            ),
+            spec=self._spec(s),
             queue=runtime.queue,
             dead_letter_topic=self.settings.dead_letter_topic(runtime.name),
             sequences=runtime.dedup,
             drop_duplicates=s.dedup,
+            labels=runtime.labels,
+        )
+
+    @staticmethod
+    def _spec(s: ModelSettings) -> SampleSpec:
+        return SampleSpec(
+            input_shape=tuple(s.input_shape),
+            target_shape=tuple(s.resolved_target_shape()),
+            max_message_bytes=s.max_message_bytes,
+            max_samples=s.max_samples_per_message,
         )
 
     def ready(self) -> bool:
@@ -366,6 +410,9 @@ class LearnerRuntime(ProcessRuntime):
             if runtime.publisher is not None:
                 runtime.publisher.stop()
                 runtime.publisher = None
+            if runtime.served is not None and runtime.served.recorder is not None:
+                runtime.served.recorder.stop()
+                runtime.served.recorder = None
         for runtime in self.models.values():
             if runtime.connection is not None:
                 runtime.connection.stop()

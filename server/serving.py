@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from livefit.server.batcher import REFUSAL_REASONS, BatchCost, BatchStats, RequestBatcher
 from livefit.server.config import ModelSettings
+from livefit.server.labels.recorder import PredictionRecorder
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import Snapshot
 
@@ -140,6 +141,7 @@ class ServedModel:
         self.settings = settings
         self.serving = serving
         self.batcher: RequestBatcher | None = None
+        self.recorder: PredictionRecorder | None = None  # prediction records (delayed labels)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refresh_queued = False
 
@@ -186,15 +188,25 @@ class ServedModel:
             max_queue_wait_ms=serve.max_queue_wait_ms,
             cost=cost,
             on_refuse=lambda reason: refused[reason].inc(),
+            max_batch_timeout_ms=serve.max_batch_timeout_ms,
+            auto_clock=self._model_clock(),
         )
         self.batcher.start()
         batcher = self.batcher
         metrics.predict_wait_bound.labels(model=name).set_function(batcher.max_wait_s)
+        metrics.predict_batch_timeout.labels(model=name).set_function(batcher.timeout_s)
         metrics.predict_expected_wait.labels(model=name).set_function(
             lambda: batcher.expected_wait(1)[0]
         )
         self._loop = asyncio.get_running_loop()
         self.snapshot_arrived()  # serve the newest weights from the first request on
+
+    def _model_clock(self) -> Callable[[], float]:
+        """How "auto" times a model call: the model thread's CPU time on a CPU (its wall time
+        there also counts waits for the GIL and for cores, which merging batches does not
+        save), wall time on a GPU (the device's time is the cost)."""
+        device = str(getattr(self.serving, "device", "")).upper()
+        return time.monotonic if "GPU" in device else time.thread_time
 
     def snapshot_arrived(self, *_: object) -> None:
         """A newer snapshot exists: swap to it on the model thread now, between batches.

@@ -20,7 +20,8 @@ LOCK_NAME = "livefit.lock"
 
 
 class StorageLocked(Exception):
-    """Another process holds the storage directory; the message names it."""
+    """The storage directory cannot be ours: another process holds it (the message names it),
+    or it cannot be written at all (read-only, no permission, no space for the lock file)."""
 
 
 class StorageLock:
@@ -39,8 +40,14 @@ class StorageLock:
         """Lock, or raise ``StorageLocked`` at once (never waits)."""
         if self._fd is not None:
             return self
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageLocked(
+                f"storage dir {self.directory} is not writable ({exc.strerror or exc}); "
+                "a learner keeps its log and checkpoints there: set storage.dir"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -134,7 +134,7 @@ class UpdatePolicy:
         """The scaling statistics including ``batch``, for the step to set after its update."""
         if self.scaler is None or self.layer is None:
             return None
-        self._saved_scaler = RunningStandardizer.from_state(self.scaler.state())
+        self._saved_scaler = self.scaler.copy()
         self.scaler.update(batch.x)
         mean, std = self.scaler.mean_std()
         shape = self.layer.stats_shape
@@ -145,7 +145,7 @@ class UpdatePolicy:
         ones), for the step to set after its update."""
         if self.target_scaler is None or self.target_layer is None:
             return None
-        self._saved_target_scaler = RunningStandardizer.from_state(self.target_scaler.state())
+        self._saved_target_scaler = self.target_scaler.copy()
         shape = self.target_layer.stats_shape
         self.target_scaler.update(np.reshape(batch.y, (len(batch.y), *shape)))
         mean, std = self.target_scaler.mean_std()

@@ -42,11 +42,10 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.server.broker import BrokerAddress
 from livefit.server.config import BrokerSettings
-from livefit.server.mqtt import apply_credentials
+from livefit.server.mqtt import ConnectionStatus, paho_client
 from livefit.server.weight_format import (
     EnvelopeHeader,
     WeightsMeta,
@@ -122,7 +121,11 @@ class WeightReceiver:
         self.version: int | None = None
         self.created_at = 0.0
         self.signed_at = 0.0
-        self.connected = threading.Event()
+        self.status = ConnectionStatus(
+            address, client_id, self.broker, what=f"weight stream of {model}: "
+        )
+        self.connected = self.status.connected
+        self.last_refused: str | None = None  # why the last weights were refused, if they were
         self._inbox: queue.Queue[bytes] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._worker: threading.Thread | None = None
@@ -269,6 +272,8 @@ class WeightReceiver:
             received = self.handle(data)
         except WeightsRejected as exc:
             self._count(exc.outcome)
+            if exc.outcome not in QUIET_OUTCOMES:
+                self.last_refused = f"{exc.outcome}: {exc}"
             level = logging.DEBUG if exc.outcome in QUIET_OUTCOMES else logging.WARNING
             log.log(level, "weights for %s refused (%s); keeping version %s", self.model, exc,
                     self.version)  # fmt: skip
@@ -301,21 +306,9 @@ class WeightReceiver:
             self.on_outcome(outcome)
 
     def _make_client(self, client_id: str) -> paho.Client:
-        v5 = self.broker.protocol == "5"
-        client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
-            clean_session=None if v5 else True,
-            reconnect_on_failure=True,
-        )
-        client.suppress_exceptions = True
-        client.reconnect_delay_set(
-            min_delay=max(1, round(self.broker.reconnect_min_s)),
-            max_delay=max(1, round(self.broker.reconnect_max_s)),
-        )
-        apply_credentials(client, self.address, self.broker.tls)
+        client = paho_client(client_id, self.address, self.broker, persistent=False)
         client.on_connect = self._on_connect
+        client.on_connect_fail = lambda _client, _userdata: self.status.failed()
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         return client
@@ -323,16 +316,24 @@ class WeightReceiver:
     def _on_connect(
         self, client: paho.Client, userdata: object, flags: object, reason: object, props: object
     ) -> None:
-        if getattr(reason, "is_failure", False):
-            log.error("weight stream: connection to %s refused: %s", self.address, reason)
+        if getattr(reason, "is_failure", False):  # said once, then with back-off
+            self.status.failed(reason)
             return
         client.subscribe(self.topic, qos=1)
-        self.connected.set()
+        failed = self.status.succeeded()
+        if failed:
+            log.info("weight stream of %s: connected to %s after %d failed attempts",
+                     self.model, self.address, failed)  # fmt: skip
 
     def _on_disconnect(
         self, client: paho.Client, userdata: object, flags: object, reason: object, props: object
     ) -> None:
+        was_connected = self.connected.is_set()
         self.connected.clear()
+        code = getattr(reason, "value", reason)
+        if was_connected and code != 0 and not self._stopping.is_set():
+            log.warning("weight stream of %s: disconnected from %s: %s; reconnecting",
+                        self.model, self.address, reason)  # fmt: skip
 
     def _on_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
         try:

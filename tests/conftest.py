@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +14,7 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tests.mqtt_broker import MosquittoBroker
+from tests.mqtt_broker import MosquittoBroker, free_port
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +33,29 @@ def own_broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
     instance.start()
     yield instance
     instance.stop()
+
+
+@pytest.fixture
+def amqtt_broker() -> Iterator[str]:
+    """An embedded amqtt (MQTT 3.1.1 only) on a free port, in a process of its own: its URL."""
+    pytest.importorskip("amqtt")
+    port = free_port()
+    code = (
+        "import sys, time\nfrom livefit.server.broker import EmbeddedAmqtt\n"
+        f"EmbeddedAmqtt(port={port})\nprint('ready', flush=True)\ntime.sleep(600)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-W", "ignore", "-c", code], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        yield f"mqtt://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait(10)
+        process.stdout.close()
 
 
 # Threads that libraries start once per process and keep by design.

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from livefit.server.children import die_with_parent
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -65,6 +67,7 @@ class MosquittoBroker:
             ["mosquitto", "-c", str(self.conf)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(),  # no broker outlives a killed test run
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

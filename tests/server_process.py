@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from livefit.clients.metrics import MetricsReader, SampleKey
+from livefit.server.children import die_with_parent
 from tests.mqtt_broker import free_port
 
 
@@ -39,6 +40,7 @@ class ServerProcess:
                 [sys.executable, "-m", "livefit", self.command, "--config", str(self.config),
                  "--port", str(self.port)],
                 stdout=log, stderr=subprocess.STDOUT, env=env,
+                preexec_fn=die_with_parent(),  # no learner outlives a killed test run
             )  # fmt: skip
         self.wait_ready(timeout)
         return self

@@ -10,8 +10,10 @@ happen before the request ever waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ from livefit.server.batcher import (
     Prediction,
     QueueFull,
     RequestBatcher,
+    Reservation,
 )
 from livefit.server.config import ModelSettings
 from livefit.server.metrics import Metrics
@@ -75,6 +78,26 @@ def refused_at_once(batcher: RequestBatcher, n: int, timeout_s: float) -> QueueF
     return None
 
 
+@contextlib.asynccontextmanager
+async def started(
+    model: TimedModel, warm: int = 0, **settings: object
+) -> AsyncIterator[RequestBatcher]:
+    """A running batcher over ``model`` (batches of 4, no timeout, 1,000 queued rows unless
+    ``settings`` say otherwise) that has timed ``warm`` full batches, so its cost model knows
+    the model; on exit the model's gate opens and the batcher stops."""
+    options: dict[str, object] = {"max_batch_size": 4, "batch_timeout_ms": 0,
+                                  "max_queue_rows": 1000, **settings}  # fmt: skip
+    batcher = RequestBatcher("m", model, **options)
+    batcher.start()
+    try:
+        for _ in range(warm):
+            await batcher.submit(rows(4), 10)
+        yield batcher
+    finally:
+        model.gate.set()
+        await batcher.stop()
+
+
 def test_cost_model_fits_per_row_and_per_batch_cost() -> None:
     cost = BatchCost(per_row_s=0.0, per_batch_s=0.0, memory=64)
     rng = np.random.default_rng(0)
@@ -111,12 +134,7 @@ def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once() -> None:
 
     async def main() -> None:
         model = TimedModel(per_batch=0.03)
-        batcher = RequestBatcher("m", model, max_batch_size=4, batch_timeout_ms=0,
-                                 max_queue_rows=1000)  # fmt: skip
-        batcher.start()
-        try:
-            for _ in range(6):  # the batcher learns what a batch costs
-                await batcher.submit(rows(4), 10)
+        async with started(model, warm=6) as batcher:
             model.gate.clear()  # the model is now busy with a batch ...
             pending = [asyncio.create_task(batcher.submit(rows(4), 10)) for _ in range(11)]
             await asyncio.sleep(0.05)  # ... and 10 full batches (~0.3 s of work) are queued
@@ -126,9 +144,6 @@ def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once() -> None:
             model.gate.set()
             done = await asyncio.gather(*pending)
             assert all(isinstance(p, Prediction) for p in done)
-        finally:
-            model.gate.set()
-            await batcher.stop()
 
     asyncio.run(main())
 
@@ -140,14 +155,9 @@ def test_an_idle_model_always_takes_a_request() -> None:
     async def main() -> None:
         model = TimedModel(per_batch=0.0)
         cost = BatchCost(per_row_s=10.0, per_batch_s=10.0)  # absurd: 10 s a row
-        batcher = RequestBatcher("m", model, max_batch_size=4, batch_timeout_ms=0,
-                                 max_queue_rows=100, max_queue_wait_ms=1, cost=cost)  # fmt: skip
-        batcher.start()
-        try:
+        async with started(model, max_queue_rows=100, max_queue_wait_ms=1, cost=cost) as batcher:
             result = await batcher.submit(rows(1), 0.5)
             assert result.outputs.shape == (1, 1)
-        finally:
-            await batcher.stop()
 
     asyncio.run(main())
 
@@ -158,12 +168,7 @@ def test_a_stalled_model_makes_the_expected_wait_grow() -> None:
 
     async def main() -> None:
         model = TimedModel(per_batch=0.005)
-        batcher = RequestBatcher("m", model, max_batch_size=4, batch_timeout_ms=0,
-                                 max_queue_rows=1000, max_queue_wait_ms=50)  # fmt: skip
-        batcher.start()
-        try:
-            for _ in range(6):
-                await batcher.submit(rows(4), 10)
+        async with started(model, warm=6, max_queue_wait_ms=50) as batcher:
             model.gate.clear()
             stuck = asyncio.create_task(batcher.submit(rows(4), 10))
             queued = asyncio.create_task(batcher.submit(rows(4), 10))  # the next batch, full
@@ -174,9 +179,6 @@ def test_a_stalled_model_makes_the_expected_wait_grow() -> None:
             assert refusal is not None and refusal.reason == "wait"
             model.gate.set()
             await asyncio.gather(stuck, queued)
-        finally:
-            model.gate.set()
-            await batcher.stop()
 
     asyncio.run(main())
 
@@ -253,11 +255,7 @@ def test_a_lagging_event_loop_counts_in_the_expected_wait() -> None:
 
     async def main() -> None:
         model = TimedModel(per_batch=0.002)
-        batcher = RequestBatcher("m", model, max_batch_size=4, batch_timeout_ms=0,
-                                 max_queue_rows=1000, max_queue_wait_ms=50)  # fmt: skip
-        batcher.start()
-        try:
-            await batcher.submit(rows(4), 10)
+        async with started(model, warm=1, max_queue_wait_ms=50) as batcher:
             model.gate.clear()
             stuck = asyncio.create_task(batcher.submit(rows(4), 10))
             queued = asyncio.create_task(batcher.submit(rows(4), 10))  # the next batch, full
@@ -273,9 +271,6 @@ def test_a_lagging_event_loop_counts_in_the_expected_wait() -> None:
             await asyncio.gather(stuck, queued)
             await asyncio.sleep(0.2)  # caught up: the lag fades
             assert batcher.loop_lag_s < 0.05
-        finally:
-            model.gate.set()
-            await batcher.stop()
 
     asyncio.run(main())
 
@@ -287,16 +282,11 @@ def test_reservations_count_until_the_request_is_queued() -> None:
 
     async def main() -> None:
         model = TimedModel(per_batch=0.01)
-        batcher = RequestBatcher("m", model, max_batch_size=4, batch_timeout_ms=0,
-                                 max_queue_rows=1000, max_queue_wait_ms=25)  # fmt: skip
-        batcher.start()
-        try:
-            for _ in range(4):
-                await batcher.submit(rows(4), 10)
+        async with started(model, warm=4, max_queue_wait_ms=25) as batcher:
             model.gate.clear()
             stuck = asyncio.create_task(batcher.submit(rows(4), 10))
             await asyncio.sleep(0.005)
-            held = []
+            held: list[Reservation] = []
             while batcher.refusal(1, 10) is None and len(held) < 100:
                 held.append(batcher.reserve(1))
             assert 0 < len(held) < 100  # bounded by the wait, in reserved rows alone
@@ -309,9 +299,6 @@ def test_reservations_count_until_the_request_is_queued() -> None:
             assert batcher.refusal(1, 10) is None and batcher._reserved == 0
             done = await batcher.submit(rows(1), 10, batcher.reserve(1))
             assert done.outputs.shape == (1, 1) and batcher._reserved == 0
-        finally:
-            model.gate.set()
-            await batcher.stop()
 
     asyncio.run(main())
 
@@ -323,12 +310,7 @@ def test_a_request_that_fits_in_the_next_batch_is_refused_only_for_its_deadline(
 
     async def main() -> None:
         model = TimedModel(per_batch=0.005)
-        batcher = RequestBatcher("m", model, max_batch_size=4, batch_timeout_ms=0,
-                                 max_queue_rows=1000, max_queue_wait_ms=1)  # fmt: skip
-        batcher.start()
-        try:
-            for _ in range(4):
-                await batcher.submit(rows(4), 10)
+        async with started(model, warm=4, max_queue_wait_ms=1) as batcher:
             model.gate.clear()
             stuck = asyncio.create_task(batcher.submit(rows(4), 10))
             await asyncio.sleep(0.05)  # far past the 1 ms bound
@@ -342,8 +324,5 @@ def test_a_request_that_fits_in_the_next_batch_is_refused_only_for_its_deadline(
             assert batcher.refusal(1, 10) is not None  # a 5th row would wait a batch more
             model.gate.set()
             await asyncio.gather(stuck, *waiting, last)
-        finally:
-            model.gate.set()
-            await batcher.stop()
 
     asyncio.run(main())

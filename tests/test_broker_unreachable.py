@@ -52,7 +52,7 @@ def start_unready(server: ServerProcess) -> None:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     with server.log.open("wb") as log:
         server.process = subprocess.Popen(
-            [sys.executable, "-m", "livefit", "serve", "--config", str(server.config),
+            [sys.executable, "-m", "livefit", server.command, "--config", str(server.config),
              "--port", str(server.port)],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
@@ -95,6 +95,107 @@ def test_an_unreachable_broker_is_logged_with_back_off_and_named_by_readiness(
             server.wait_ready(timeout=30)
             assert re.search(r"MQTT connected to \S+ \(session new\) after \d+ failed attempts",
                              server.log.read_text())  # fmt: skip
+        finally:
+            assert server.stop() == 0
+            broker.stop()
+    finally:
+        server.stop()
+
+
+REFUSED = re.compile(
+    r"MQTT broker at (\S+) refused the connection for client id '[^']+': (.+?) \((\d+) connection"
+)
+
+
+def wait_for_problems(server: ServerProcess, pattern: str, timeout: float = 90) -> list[str]:
+    """Readiness's problems once one matches ``pattern`` (503 all along)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = readiness(server)
+        problems = body.get("problems") or []
+        if any(re.search(pattern, problem) for problem in problems):
+            assert status == 503, body
+            return problems
+        assert server.process is not None and server.process.poll() is None, server.log.read_text()
+        assert time.monotonic() < deadline, (body, server.log.read_text()[-3000:])
+        time.sleep(0.2)
+
+
+def dashboard_problems(server: ServerProcess) -> list[str]:
+    return httpx.get(f"{server.url}/api/stats", timeout=5).json()["problems"]
+
+
+def test_wrong_broker_credentials_are_said_plainly_once_then_with_back_off(
+    tmp_path: Path,
+) -> None:
+    """A password the broker refuses: the log names the refusal and what to check (not a line
+    per attempt), readiness and the dashboard name it too; nothing is silent."""
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "livefit", "right"], check=True)
+    broker = MosquittoBroker(tmp_path / "mosquitto", extra_config=f"password_file {passwd}\n")
+    broker.start()
+    config = CONFIG.format(port=broker.port, storage=tmp_path / "data").replace(
+        "mqtt://127.0.0.1", "mqtt://livefit:Xq7-not-it@127.0.0.1"
+    )
+    server = ServerProcess(config, tmp_path)
+    start_unready(server)
+    try:
+        problems = wait_for_problems(server, "refused the connection")
+        assert len(problems) == 1, problems
+        assert re.fullmatch(
+            rf"model far: MQTT broker at mqtt://livefit@127\.0\.0\.1:{broker.port} refused the "
+            r"connection: (Not authorized|Bad user name or password); check the user and "
+            r"password in broker\.url.* \(\d+ connection attempts? failed\)",
+            problems[0],
+        ), problems
+        assert "refused the connection" in " ".join(dashboard_problems(server))
+        time.sleep(5.0)  # about five more attempts, one a second
+        log = server.log.read_text()
+        counts = [int(m[3]) for m in REFUSED.finditer(log)]
+        assert counts and counts[0] == 1, log[-3000:]
+        assert len(counts) <= 5, counts  # with back-off, not one line per attempt
+        assert int(wait_for_problems(server, "refused")[0].rsplit("(", 1)[1].split()[0]) >= 4
+        assert "Xq7-not-it" not in log  # the password is never logged
+    finally:
+        server.stop()
+        broker.stop()
+
+
+def test_a_replica_says_the_broker_is_unreachable_and_then_that_weights_are_missing(
+    tmp_path: Path,
+) -> None:
+    """The replica's readiness and dashboard name the unreachable broker (logged with back-off
+    like the learner's), then, once connected, the weights it is still waiting for."""
+    port = free_port()
+    config = CONFIG.format(port=port, storage=tmp_path / "data") + (
+        "[models.far.weights]\nallow_unsigned = true\n"
+    )
+    server = ServerProcess(config, tmp_path, command="replica")
+    start_unready(server)
+    try:
+        problems = wait_for_problems(server, "unreachable")
+        assert re.fullmatch(
+            rf"model far: MQTT broker at mqtt://127\.0\.0\.1:{port} unreachable "
+            r"\(\d+ connection attempts? failed\)",
+            problems[0],
+        ), problems
+        assert any("unreachable" in problem for problem in dashboard_problems(server))
+        assert re.search(r"weight stream of far: MQTT broker at \S+ unreachable for client id "
+                         r"'[^']+' \(1 connection attempt failed\)",
+                         server.log.read_text())  # fmt: skip
+
+        broker = MosquittoBroker(tmp_path / "mosquitto", port=port)
+        broker.start()
+        try:
+            deadline = time.monotonic() + 30
+            while any("unreachable" in p for p in wait_for_problems(server, "no weights yet")):
+                assert time.monotonic() < deadline, server.log.read_text()[-3000:]
+                time.sleep(0.2)
+            problems = wait_for_problems(server, "no weights yet")
+            assert problems == [
+                "model far: no weights yet on livefit/far/weights (is a learner for this model "
+                "running on this broker?)"
+            ], problems
         finally:
             assert server.stop() == 0
             broker.stop()

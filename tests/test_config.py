@@ -135,6 +135,9 @@ def test_env_errors_hide_secrets(tmp_path: Path) -> None:
             "'sigmoid'",
         ),
         ("builder_options = {hidden_unit = [8]}", "models.demo.builder_options", "'hidden_units'"),
+        ('metrics = ["acuracy"]', "models.demo.metrics", "did you mean 'accuracy'"),
+        ('builder = "tests.custom_bulder:build"', "models.demo.builder", "'custom_builder'"),
+        ('builder = "no_such_package.models:build"', "models.demo.builder", "on the Python path"),
     ],
 )
 def test_names_keras_resolves_are_checked_at_load(

@@ -395,3 +395,40 @@ def test_dashboard_in_a_browser(broker: MosquittoBroker, tmp_path: Path) -> None
             browser.close()
         replica.stop()
         assert learner.stop() == 0
+
+
+@pytest.mark.e2e
+def test_the_status_line_says_why_the_process_is_not_ready(tmp_path: Path) -> None:
+    """Readiness's problems (here the broker unreachable) are in ``api/stats`` and in the page's
+    status line, in red, instead of "live"."""
+    binary = chromium_binary()
+    problem = (
+        "model demo: MQTT broker at mqtt://127.0.0.1:9 unreachable (3 connection attempts failed)"
+    )
+    app = FastAPI()
+    app.include_router(
+        build_dashboard_router(fill_metrics(), lambda: ["demo"], "learner", lambda: [problem])
+    )
+    server = InProcessServer(app).start()
+    browser: Browser | None = None
+    try:
+        assert httpx.get(f"{server.url}/api/stats").json()["problems"] == [problem]
+        browser = Browser(binary, tmp_path)
+        for domain in ("Page", "Runtime", "Log"):
+            browser.call(f"{domain}.enable")
+        browser.call("Page.navigate", url=f"{server.url}/")
+        browser.wait_event("Page.loadEventFired")
+        read = "(() => { const s = document.getElementById('status'); " \
+            "return {polls: Number(document.body.dataset.polls || 0), status: s.className, " \
+            "text: s.textContent}; })()"  # fmt: skip
+        deadline = time.monotonic() + 15
+        page = browser.evaluate(read)
+        while page["polls"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            page = browser.evaluate(read)
+        assert page["status"] == "bad" and page["text"] == f"not ready: {problem}", page
+        assert browser.errors() == []
+    finally:
+        if browser is not None:
+            browser.close()
+        server.stop()

@@ -24,9 +24,12 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.mqtt_broker import MosquittoBroker, free_port
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's"
+    ),
+    pytest.mark.timeout(600),  # a learner and a replica start TensorFlow on a shared machine
+]
 
 
 class Demo:
@@ -128,31 +131,59 @@ def wait_gone(pids: set[int], timeout: float) -> set[int]:
     return left
 
 
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_stops_everything_at_once_with_the_summary(
-    broker: MosquittoBroker, tmp_path: Path, demos: list[Demo]
+    broker: MosquittoBroker, tmp_path: Path, demos: list[Demo], sig: int, code: int
 ) -> None:
+    """Ctrl-C (SIGINT) or ``kill`` (SIGTERM)."""
     demo = Demo(tmp_path, "--broker", broker.url, "--duration", "300", "--clients", "2")
     demos.append(demo)
-    demo.wait_for("trained=", timeout=150)  # learner and replica ready, traffic flowing
+    demo.wait_for("trained=", timeout=400)  # learner and replica ready, traffic flowing
     spawned = demo.spawned = descendants(demo.process.pid)
     assert len(spawned) >= 2, demo.output  # learner and replica
     interrupted = time.monotonic()
-    demo.process.send_signal(signal.SIGINT)
-    code = demo.finish(timeout=20)
+    demo.process.send_signal(sig)
+    exit_code = demo.finish(timeout=20)
     took = time.monotonic() - interrupted
 
-    assert code == 130, demo.output
+    assert exit_code == code, demo.output
     assert took < 10, f"took {took:.1f} s to stop"
     assert "Traceback" not in demo.output and "KeyboardInterrupt" not in demo.output
     assert "livefit demo: summary after" in demo.output
     assert "predictions served" in demo.output
     assert "0/0 s" not in demo.output
+    assert "loss=0.00000" not in demo.output  # "-" until something was trained
     assert all(len(line) <= 80 for line in demo.lines), demo.output
     assert not wait_gone(spawned, timeout=1), "children outlived the demo"
     assert not list(tmp_path.glob("livefit-demo-*")), "the temporary directory was left behind"
     model = re.search(r"^model (demo-[0-9a-f]{6}) ", demo.output, re.MULTILINE)
     assert model is not None, demo.output  # a namespace of its own, not the default "demo"
     assert retained(broker, f"livefit/{model[1]}/weights") is None, "retained weights left"
+    learner_session = f"livefit-{model[1]}-{model[1]}"  # <broker.client_id>-<model>
+    assert not session_present(broker, learner_session), "the learner left an MQTT session"
+
+
+def session_present(broker: MosquittoBroker, client_id: str) -> bool:
+    """Whether the broker still holds a session for ``client_id`` (MQTT 5, clean start off)."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    flags: list[bool] = []
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id, protocol=mqtt.MQTTv5)
+    client.on_connect = lambda _c, _u, f, _r, _p: flags.append(bool(f.session_present))
+    properties = Properties(PacketTypes.CONNECT)
+    properties.SessionExpiryInterval = 0
+    client.connect("127.0.0.1", broker.port, clean_start=False, properties=properties)
+    client.loop_start()
+    try:
+        deadline = time.monotonic() + 5
+        while not flags and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    assert flags, "no CONNACK"
+    return flags[0]
 
 
 def retained(broker: MosquittoBroker, topic: str) -> bytes | None:
@@ -210,3 +241,36 @@ def test_demo_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> Non
     text = " ".join(capsys.readouterr().out.split())
     for default in ("(default: 5000.0)", "(default: 10)", "(default: 8)", "(default: 30.0)"):
         assert default in text, text
+
+
+def test_the_demo_runs_over_mqtt_311(amqtt_broker: str, tmp_path: Path, demos: list[Demo]) -> None:
+    """A broker that speaks MQTT 3.1.1 only (amqtt, what the demo starts without mosquitto):
+    learner, replica (the weight stream, signature in the payload) and publisher all use
+    3.1.1, and the replica serves the learner's weights."""
+    demo = Demo(tmp_path, "--broker", amqtt_broker, "--duration", "25", "--clients", "2")
+    demos.append(demo)
+    demo.finish(timeout=500)
+    assert "MQTT 3.1.1 only" in demo.output, demo.output
+    assert "Traceback" not in demo.output, demo.output
+    replica = re.search(r"replica version\s*[│|]?\s*([\d,]+)", demo.output)
+    assert replica is not None and int(replica[1].replace(",", "")) > 0, demo.output
+    served = re.search(r"^([\d,]+) predictions served", demo.output, re.MULTILINE)
+    assert served is not None and int(served[1].replace(",", "")) > 0, demo.output
+
+
+def test_a_broker_refusing_the_demo_says_why_at_once(tmp_path: Path, demos: list[Demo]) -> None:
+    """A broker that wants a password: the demo says what the broker answered, at once."""
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "u", "p"], check=True)
+    refusing = MosquittoBroker(tmp_path / "mosquitto", extra_config=f"password_file {passwd}\n")
+    refusing.start()
+    try:
+        demo = Demo(tmp_path, "--broker", f"mqtt://u:wrong-pw@127.0.0.1:{refusing.port}")
+        demos.append(demo)
+        assert demo.finish(timeout=30) == 1
+        text = " ".join(demo.output.split())
+        assert "cannot connect: Not authorized; check the user and password" in text, text
+        assert "wrong-pw" not in text and "Traceback" not in text
+        assert not list(tmp_path.glob("livefit-demo-*"))
+    finally:
+        refusing.stop()

@@ -233,6 +233,21 @@ def test_full_disk_loses_no_acknowledged_sample(
     assert not list(storage.glob("checkpoints/*/*.tmp"))
 
 
+def test_a_read_only_disk_is_refused_at_start_with_a_reason(
+    own_broker: MosquittoBroker, tmp_path: Path, small_disk: Path
+) -> None:
+    """A disk that cannot be written is a failing disk too: the learner says so and exits
+    before it connects anywhere, instead of failing later with a traceback."""
+    (small_disk / "data").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    result = run_livefit(
+        learner_config(own_broker, small_disk / "data", f"ro-{own_broker.port}"), tmp_path
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "is not writable (Read-only file system)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_second_learner_on_the_same_storage_exits_at_once(
     own_broker: MosquittoBroker, tmp_path: Path
 ) -> None:

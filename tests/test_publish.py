@@ -602,3 +602,16 @@ def test_publish_reports_rejections_and_warns_when_no_learner_listens(
         "--broker", broker.url, "--model", f"{model}-nobody", "--count", "5", "--no-check"
     )
     assert unchecked.returncode == 0 and "warning" not in unchecked.stderr
+
+
+def test_run_speaks_mqtt_311_to_a_broker_that_speaks_only_that(
+    amqtt_broker: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The embedded amqtt refuses MQTT 5: by default publish falls back to 3.1.1, as the
+    learner does; asked for 5, it says why it cannot and what to pass."""
+    argv = ("--broker", amqtt_broker, "--count", "100", "--no-check", "--no-progress")
+    assert publish.run(_args(*argv)) == 0
+    assert "published 100 samples" in capsys.readouterr().out
+    assert publish.run(_args(*argv, "--mqtt-version", "5")) == 1
+    err = capsys.readouterr().err
+    assert "refused us: Unsupported protocol version" in err and "--mqtt-version 3.1.1" in err

@@ -189,3 +189,42 @@ def test_backpressure_slows_ingestion_and_drops_nothing(
     assert trained == 6000
     assert max(depths) <= 100 + MESSAGE_SAMPLES  # bounded by queue_capacity (plus one message)
     assert max(depths) >= 50  # the queue did fill: the trainer was the bottleneck
+
+
+def test_sigstop_of_learner_then_broker_loses_nothing(
+    own_broker: MosquittoBroker, tmp_path: Path
+) -> None:
+    """A frozen learner (SIGSTOP past 1.5x its keepalive: the broker usually drops it and keeps
+    its session's messages, or still holds the connection when it wakes up), then a frozen
+    broker (publisher and learner both wait on it): after SIGCONT every acknowledged sample is
+    trained, once, either way."""
+    text = config(own_broker, tmp_path / "data", "sigstop").replace(
+        "[storage]", "keepalive_s = 5\n[storage]"
+    )
+    server = ServerProcess(text, tmp_path).start()
+    publisher = StreamingPublisher(own_broker, count=8_000, rate=800)
+    publisher.start()
+    try:
+        time.sleep(1.0)
+        assert server.process is not None and own_broker.process is not None
+        server.process.send_signal(signal.SIGSTOP)
+        time.sleep(10.0)  # mosquitto may drop it after 7.5 s
+        server.process.send_signal(signal.SIGCONT)
+        time.sleep(1.0)
+        own_broker.process.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+        own_broker.process.send_signal(signal.SIGCONT)
+        publisher.join(120)
+        assert publisher.error is None and publisher.stats is not None
+        assert publisher.stats.samples == 8_000
+        trained = wait_trained(server, 8_000)
+        drops = server.metric("livefit_broker_disconnects_total")
+    finally:
+        publisher.join(120)
+        for process in (server.process, own_broker.process):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+        assert server.stop() == 0
+    print(f"SIGSTOP of learner (10 s) and broker (3 s): 8,000 published, {trained:.0f} trained, "
+          f"{drops:.0f} disconnects seen by the learner")  # fmt: skip
+    assert trained == 8_000

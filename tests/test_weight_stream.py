@@ -259,8 +259,9 @@ def test_forged_weights_are_refused_and_the_next_real_ones_taken(
         mqtt.close()
     assert serving_version(replica) == before_version
     assert predict(replica) == before_outputs
+    trained = int(learner.metric("livefit_train_samples_total", model="demo"))
     publish_samples(broker, 200, seed=9)
-    latest = settle(learner, int(learner.metric("livefit_train_samples_total", model="demo")))
+    latest = settle(learner, trained + 200)  # counted before publishing: no race with training
     assert latest > before_version
     assert wait_serving(replica, latest) == latest
 

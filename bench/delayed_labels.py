@@ -1,0 +1,251 @@
+"""Delayed labels: the served score through predictions and labels, against river with the
+same delay. ``python -m bench --only delayed_labels``; ``--quick``: Phishing's first 100
+samples, 50-sample delay.
+
+Each stream is sent to a real ``livefit serve`` the way delayed labels arrive in production:
+every sample is a prediction request with an id (TF Serving REST), and its label is published on
+``livefit/<model>/labels`` ``d`` samples later (``clients/delayed.py``); nothing is published as
+a sample. The score is that of the predictions served, against their labels: computed on the
+client from what the server answered, and checked against the learner's
+``livefit_served_score{window="cumulative"}`` over the same joins. river's learners run
+``evaluate.progressive_val_score(dataset, model, metric, delay=...)`` with the same delay of
+every sample.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bench.learning import (
+    BINARY,
+    DEFAULTS,
+    HT,
+    PEERS,
+    REFERENCE,
+    REGRESSION,
+    STREAMS,
+    Case,
+    LearningServer,
+    Stream,
+    describe,
+    load_stream,
+)
+
+if TYPE_CHECKING:
+    from bench.harness import BenchResult, Context
+
+STREAM_NAMES = ("phishing", "trump")
+FIXED_DELAY = 50  # samples
+RANDOM_DELAY_MAX = 200  # samples: uniform 0..200, 0 to 1 s at the pace below
+RATE = 200.0  # samples/s: one prediction request per sample
+QUICK_SAMPLES = 100
+DELAY_SEED = 5
+REPEATS = 2  # fresh models per case: livefit's figures depend on timing (how labels group)
+NOTES = [
+    "livefit learns a label a few milliseconds after it is published (broker, write-ahead log, "
+    "join, the trainer's queue), river before its next prediction: at 200 samples/s that adds "
+    "about a sample to livefit's delay.",
+    "Labels that fall due together travel as one message and are learned as one minibatch "
+    "(livefit's defaults: two steps, with replay). With no delay every label is a one-sample "
+    "minibatch, where the learning-quality benchmark sends 25-sample messages: livefit's "
+    "figures here differ from those there for that reason.",
+    "The random delay is drawn once (seed 5) in samples and given to both sides; at the pace "
+    "of 200 samples/s it is 0 to 1 s of wall time for livefit.",
+    "livefit's figure is the median of two runs on fresh models (their range beside it): how "
+    "labels group into minibatches depends on timing, so runs differ; river's runs are "
+    "deterministic.",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Delay:
+    name: str
+    text: str
+    delays: Callable[[int], list[int]]  # n -> one delay (in samples) per sample
+
+
+def delays_for(n: int, quick: bool = False) -> list[Delay]:
+    """No delay (the baseline), a fixed and a random one, as per-sample counts (the same for
+    both sides)."""
+    rng = np.random.default_rng(DELAY_SEED)
+    drawn = rng.integers(0, RANDOM_DELAY_MAX + 1, size=n).tolist()
+    chosen = [
+        Delay("none", "0 (each label right after its prediction)", lambda k: [0] * k),
+        Delay("fixed", f"{FIXED_DELAY} samples", lambda k: [FIXED_DELAY] * k),
+        Delay(
+            "random",
+            f"uniform 0{chr(8211)}{RANDOM_DELAY_MAX} samples (0{chr(8211)}1 s at {RATE:.0f}/s)",
+            lambda k: drawn[:k],
+        ),
+    ]
+    return chosen[1:2] if quick else chosen
+
+
+def river_score(make: Callable[[], Any], stream: Stream, delays: list[int] | None) -> float:
+    """river's ``progressive_val_score`` with one delay per sample (None: no delay)."""
+    from river import evaluate, metrics
+
+    metric = metrics.MAE() if stream.task == REGRESSION else metrics.Accuracy()
+    order = iter(delays or [])
+    delay = (lambda _x, _y: next(order)) if delays is not None else None
+    rows: Any = stream.rows
+    result = evaluate.progressive_val_score(rows, make(), metric, delay=delay)
+    return float(result.get())
+
+
+def livefit_score(
+    server: LearningServer, model: str, stream: Stream, delays: list[int]
+) -> tuple[float, float, float]:
+    """(client-side served score, the learner's served score, seconds) for one stream."""
+    from livefit.clients.delayed import DelayedLabelStream
+    from livefit.clients.predict import PredictClient
+    from livefit.clients.publish import RatePacer, SamplePublisher
+
+    started = time.perf_counter()
+    labels = SamplePublisher(server.broker.url, f"livefit/{model}/labels", fmt="json")
+    pacer = RatePacer(RATE)
+    with labels, PredictClient(server.server.url) as client:
+        sender = DelayedLabelStream(client, model, labels.publish_payload, f"bench-{model}")
+        for i in range(len(stream)):
+            pacer.wait(i)
+            sender.send(stream.x[i : i + 1], stream.y[i : i + 1], delays[i : i + 1])
+        sender.finish()
+    _wait_joined(server, model, len(stream))
+    outputs = np.concatenate(sender.outputs)
+    if stream.task == REGRESSION:
+        client_score = float(np.abs(outputs[:, 0] - stream.y[:, 0]).mean())
+        metric = "mae"
+    else:
+        client_score = float(((outputs[:, 0] >= 0.5) == (stream.y[:, 0] >= 0.5)).mean())
+        metric = "accuracy"
+    served = server.server.metric(
+        "livefit_served_score", model=model, metric=metric, window="cumulative"
+    )
+    return client_score, served, time.perf_counter() - started
+
+
+def _wait_joined(server: LearningServer, model: str, n: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while server.server.metric("livefit_labels_total", model=model, outcome="joined") < n:
+        server.server.fail_if_exited()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{model}: not all {n} labels joined within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def run(quick: bool, workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every stream under every delay, ``REPEATS`` times (each on a fresh model), through one
+    broker and one learner; river once (it is deterministic)."""
+    limit = QUICK_SAMPLES if quick else None
+    repeats = 1 if quick else REPEATS
+    names = STREAM_NAMES[:1] if quick else STREAM_NAMES
+    streams = {name: load_stream(STREAMS[name], limit) for name in names}
+    plans = [
+        (name, stream, delay)
+        for name, stream in streams.items()
+        for delay in delays_for(len(stream), quick)
+    ]
+    cases = [
+        Case(f"{name}_{delay.name}_{r}", name, "defaults", DEFAULTS)
+        for r in range(repeats)
+        for name, _, delay in plans
+    ]
+    tables = {n: {**s.table(), "labels": {"ttl_s": 3600.0}} for n, s in streams.items()}
+    rows = [_river_row(stream, delay) for _, stream, delay in plans]
+    with LearningServer(workdir, cases, tables).running() as server:
+        for r in range(repeats):  # interleaved: a slow spell of the machine hits every case
+            for (name, stream, delay), row in zip(plans, rows, strict=True):
+                model = f"{name}_{delay.name}_{r}"
+                delays = delay.delays(len(stream))
+                client_score, served, seconds = livefit_score(server, model, stream, delays)
+                joined = server.server.metric("livefit_labels_total", model=model, outcome="joined")
+                row["livefit"].append(client_score)
+                row["livefit_served_metric"].append(served)
+                row["joined"].append(joined)
+                row["seconds"].append(seconds)
+                log(f"{model}: livefit {client_score:.4f} (learner {served:.4f}), river "
+                    f"{row['peers']}")  # fmt: skip
+    return {"rows": rows, "repeats": repeats}
+
+
+def _river_row(stream: Stream, delay: Delay) -> dict[str, Any]:
+    delays = delay.delays(len(stream))
+    peers = {p: river_score(make, stream, delays) for p, (_, make) in _peers(stream)}
+    reference = REFERENCE[stream.task]
+    peers[f"{reference}, no delay"] = river_score(dict(_peers(stream))[reference][1], stream, None)
+    return {
+        "stream": stream.spec.title, "task": stream.task, "delay": delay.text,
+        "samples": len(stream), "peers": peers, "reference": reference,
+        "livefit": [], "livefit_served_metric": [], "joined": [], "seconds": [],
+    }  # fmt: skip
+
+
+def _metric(r: dict[str, Any]) -> str:
+    return "MAE (lower is better)" if r["task"] == REGRESSION else "accuracy"
+
+
+def _column(peer: str, reference: str) -> str:
+    """One column per kind of peer, whatever the task: the linear model is the reference."""
+    if peer == reference:
+        return "river linear, same delay"
+    if peer == f"{reference}, no delay":
+        return "river linear, no delay"
+    if peer == HT:
+        return "river Hoeffding tree, same delay"
+    return "river linear, standardized target, same delay"
+
+
+def _peers(stream: Stream) -> list[tuple[str, tuple[str, Callable[[], Any]]]]:
+    return list(PEERS[stream.task].items())
+
+
+def suite_run(ctx: Context) -> BenchResult:
+    """This benchmark for ``python -m bench``."""
+    return to_bench_result(run(ctx.quick, ctx.workdir, ctx.step))
+
+
+def to_bench_result(results: dict[str, Any]) -> BenchResult:
+    from bench.harness import BenchResult, Row, Spread
+
+    defaults = describe(DEFAULTS.resolved())
+    sides = {"livefit": f"defaults (the user's table: shapes and loss): {defaults}"}
+    for task in (BINARY, REGRESSION):
+        for name, (how, _) in PEERS[task].items():
+            sides.setdefault(f"river {name}", f"{how}, `evaluate.progressive_val_score`")
+    result = BenchResult(
+        name="delayed_labels",
+        title="Delayed labels",
+        what=__doc__.split("\n\n", 1)[1].strip().replace("\n", " "),
+        sides=sides,
+        settings={"pace": f"{RATE:.0f} samples/s, one request per sample", "TTL": "3600 s"},
+        extra={"delayed_labels": results},
+        notes=NOTES,
+    )
+    for r in results["rows"]:
+        row = Row(case={"stream": r["stream"], "label delay": r["delay"], "metric": _metric(r)})
+        row.figures["livefit"] = Spread.of(r["livefit"], "")
+        for name, value in r["peers"].items():
+            row.figures[_column(name, r["reference"])] = Spread.of([value], "")
+        reference = r["peers"][r["reference"]]
+        row.ratios["livefit ÷ river linear"] = Spread.of(
+            [v / reference if reference else float("nan") for v in r["livefit"]], "x"
+        )
+        row.ratios["labels joined ÷ sent"] = Spread.of(
+            [joined / r["samples"] for joined in r["joined"]], "x"
+        )
+        row.target("labels joined ÷ sent", ">=", 1.0, "every label joined to its prediction")
+        result.rows.append(row)
+        for client, served in zip(r["livefit"], r["livefit_served_metric"], strict=True):
+            result.check(
+                "the learner's served score equals the client's (same predictions, same labels)",
+                abs(client - served) <= 1e-4 * max(1.0, abs(client)),
+                f"{r['stream']}, {r['delay']}: {client:.5f} vs {served:.5f}",
+            )
+    result.merge_checks()
+    return result
