@@ -174,18 +174,23 @@ def ensure_signing_key(path: Path, public_path: Path | None = None) -> tuple[Sig
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        key = SigningKey.generate()
-        data = key.private_pem()
+        data = SigningKey.generate().private_pem()
+        # Written whole under a private name, then linked in: a second process starting on the
+        # same storage sees either no key or the complete one, never a half-written file.
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.link(tmp, path)
         except FileExistsError:  # another process created it meanwhile: use theirs
             data = path.read_bytes()
         else:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
             created = True
+        finally:
+            tmp.unlink(missing_ok=True)
     key = parse_signing_key(data, path)
     if public_path is not None:
         _write_public(public_path, key.public)
@@ -200,7 +205,7 @@ def _write_public(path: Path, public: VerifyKey) -> None:
     except OSError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(pem)
     tmp.chmod(0o644)
     tmp.replace(path)

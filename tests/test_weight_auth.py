@@ -33,7 +33,9 @@ from livefit.server.weight_format import (
 from livefit.server.weight_keys import (
     Authenticator,
     SigningKey,
+    default_key_path,
     default_public_path,
+    ensure_signing_key,
     learner_signing_key,
     parse_verify_key,
     receiver_authenticator,
@@ -196,15 +198,15 @@ def test_a_replica_without_a_key_is_a_config_error(tmp_path: Path) -> None:
         assert needed in message
 
 
-def test_a_replica_waits_briefly_for_a_learner_starting_beside_it(
-    tmp_path: Path, signer: SigningKey
-) -> None:
-    public = default_public_path(tmp_path / "data")
+def test_a_replica_waits_briefly_for_a_learner_starting_beside_it(tmp_path: Path) -> None:
+    learner_keys: list[SigningKey] = []
 
-    def learner_starts() -> None:
+    def learner_starts() -> None:  # the learner's own code path, which writes atomically
         time.sleep(0.5)
-        public.parent.mkdir(parents=True)
-        public.write_bytes(signer.public.pem())
+        data = tmp_path / "data"
+        learner_keys.append(
+            ensure_signing_key(default_key_path(data), default_public_path(data))[0]
+        )
 
     thread = threading.Thread(target=learner_starts)
     thread.start()
@@ -212,7 +214,7 @@ def test_a_replica_waits_briefly_for_a_learner_starting_beside_it(
         auth = receiver_authenticator(settings(tmp_path), "demo", wait_s=20)
     finally:
         thread.join()
-    assert auth.verify_key is not None and auth.verify_key.key_id == signer.key_id
+    assert auth.verify_key is not None and auth.verify_key.key_id == learner_keys[0].key_id
     started = time.monotonic()
     with pytest.raises(ConfigError):
         receiver_authenticator(settings(tmp_path / "other"), "demo", wait_s=0.3)
@@ -284,3 +286,37 @@ def test_key_init_command_for_compose(tmp_path: Path) -> None:
     assert again.returncode == 0 and "kept" in again.stdout
     assert parse_verify_key(public.read_bytes()).key_id == verify.key_id
     assert base64.b64decode(verify.base64()) == verify.raw
+
+
+def test_processes_starting_together_on_one_storage_share_one_key(tmp_path: Path) -> None:
+    """Four processes making the key at once all end with the same complete key, and exactly
+    one of them made it; a reader never sees a half-written private or public key file."""
+    storage = tmp_path / "data"
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from livefit.server.weight_keys import *\n"
+        "s = Path(sys.argv[1])\n"
+        "key, made = ensure_signing_key(default_key_path(s), default_public_path(s))\n"
+        "print(key.key_id, made)\n"
+    )
+    starts = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(storage)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outcomes = []
+    for process in starts:
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        outcomes.append(out.split())
+    assert len({key_id for key_id, _ in outcomes}) == 1
+    assert [made for _, made in outcomes].count("True") == 1
+    assert parse_verify_key(default_public_path(storage).read_bytes()).key_id == outcomes[0][0]
+    assert sorted(p.name for p in (storage / "keys").iterdir()) == [
+        default_key_path(storage).name,
+        default_public_path(storage).name,
+    ], "no temporary file is left behind"
