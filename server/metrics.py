@@ -43,8 +43,14 @@ class Metrics:
         PlatformCollector(registry=r)  # python_info
         self.build_info = Info("livefit_build", "livefit version and role", registry=r)
         self.build_info.info({"version": __version__, "role": role})
+        for group in (
+            self._broker, self._ingestion, self._training, self._serving,
+            self._weight_stream, self._durability, self._labels, self._gpu,
+        ):  # fmt: skip
+            group(r)
 
-        # Broker connection
+    def _broker(self, r: CollectorRegistry) -> None:
+        """The metrics of the MQTT connection."""
         self.broker_connected = Gauge(
             "livefit_broker_connected", "1 while connected to the MQTT broker", registry=r
         )
@@ -57,7 +63,8 @@ class Metrics:
             "livefit_broker_disconnects_total", "Unexpected MQTT disconnections", registry=r
         )
 
-        # Ingestion
+    def _ingestion(self, r: CollectorRegistry) -> None:
+        """The metrics of MQTT ingestion: messages, samples, rejections, the queue."""
         self.ingest_messages = Counter(
             "livefit_ingest_messages_total",
             "MQTT sample messages by outcome (accepted or rejected) and rejection reason",
@@ -121,7 +128,8 @@ class Metrics:
             registry=r,
         )
 
-        # Training
+    def _training(self, r: CollectorRegistry) -> None:
+        """The metrics of the trainer: steps, losses, scores, drift."""
         self.train_steps = Counter(
             "livefit_train_steps_total", "Training steps (minibatches) run", ["model"], registry=r
         )
@@ -183,7 +191,8 @@ class Metrics:
             "livefit_model_ready", "1 once the model is built and warmed up", ["model"], registry=r
         )
 
-        # Serving
+    def _serving(self, r: CollectorRegistry) -> None:
+        """The metrics of prediction serving: requests, batches, admission, connections."""
         self.predict_requests = Counter(
             "livefit_predict_requests_total", "Prediction requests by HTTP status code",
             ["model", "code"], registry=r,
@@ -251,7 +260,8 @@ class Metrics:
             ["reason"], registry=r,
         )  # fmt: skip
 
-        # Weight stream
+    def _weight_stream(self, r: CollectorRegistry) -> None:
+        """The metrics of weights published and received."""
         self.weights_published = Counter(
             "livefit_weights_published_total",
             "Snapshots published on the weight topic, inline or as a manifest for HTTP pull",
@@ -291,7 +301,8 @@ class Metrics:
             registry=r,
         )
 
-        # Durability
+    def _durability(self, r: CollectorRegistry) -> None:
+        """The metrics of the sample log, checkpoints and storage."""
         self.wal_commit_seconds = Histogram(
             "livefit_wal_commit_seconds", "Time to write and fsync one group of accepted messages",
             buckets=STEP_BUCKETS, registry=r,
@@ -333,7 +344,8 @@ class Metrics:
             registry=r,
         )
 
-        # Delayed labels (server/labels)
+    def _labels(self, r: CollectorRegistry) -> None:
+        """The metrics of delayed labels (server/labels)."""
         self.labels = Counter(
             "livefit_labels_total",
             "Labels by outcome: joined to their prediction, unknown_id (no prediction came "
@@ -366,6 +378,8 @@ class Metrics:
             ["model", "outcome"], registry=r,
         )  # fmt: skip
 
+    def _gpu(self, r: CollectorRegistry) -> None:
+        """The metrics of GPU memory (exported only where there is a GPU: watch_gpus)."""
         self.gpu_memory = Gauge(
             "livefit_gpu_memory_bytes",
             "GPU memory TensorFlow holds, by device and kind (current or peak); only with a GPU",

@@ -89,48 +89,55 @@ def error_response(
     return JSONResponse({"error": safe}, status_code=status, headers=headers)
 
 
-def build_predict_router(
-    served: Served, metrics: Metrics, guard: Guard | None = None, body_timeout_s: float = 10.0
-) -> APIRouter:
-    """The v1 and v2 prediction and model-metadata routes over the models ``served()`` returns.
+class PredictHandlers:
+    """What the prediction and model-metadata routes do, over the models ``served()`` returns.
 
-    ``guard(request)`` raises a 401 ApiError when a request is not allowed.
+    ``guard(request)`` raises a 401 ApiError when a request is not allowed. Every prediction
+    request is counted and timed under its status, whatever happens.
     """
-    router = APIRouter()
-    observed: dict[tuple[str, int], tuple[Any, Any]] = {}
 
-    def observe(name: str, code: int, seconds: float) -> None:
+    def __init__(
+        self, served: Served, metrics: Metrics, guard: Guard | None, body_timeout_s: float
+    ) -> None:
+        self.served = served
+        self.metrics = metrics
+        self.guard = guard
+        self.body_timeout_s = body_timeout_s
+        self._observed: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def observe(self, name: str, code: int, seconds: float) -> None:
         """Count and time a request; a name that is no model is counted as ``"unknown"``, so
         clients cannot create series at will. The labelled children are looked up once."""
-        if name not in served():
+        if name not in self.served():
             name = UNKNOWN_MODEL
-        children = observed.get((name, code))
+        children = self._observed.get((name, code))
         if children is None:
-            children = observed[(name, code)] = (
-                metrics.predict_requests.labels(model=name, code=str(code)),
-                metrics.predict_latency.labels(model=name),
+            children = self._observed[(name, code)] = (
+                self.metrics.predict_requests.labels(model=name, code=str(code)),
+                self.metrics.predict_latency.labels(model=name),
             )
         children[0].inc()
         children[1].observe(seconds)
 
-    def admit(request: Request) -> None:
-        if guard is not None:
-            guard(request)
-
-    def lookup(name: str) -> ServedModel:
-        model = served().get(name)
+    def lookup(self, request: Request, name: str) -> ServedModel:
+        """The model ``name``, once the guard lets ``request`` through; else 401 or 404."""
+        if self.guard is not None:
+            self.guard(request)
+        model = self.served().get(name)
         if model is None:
-            known = ", ".join(sorted(served())) or "none"
+            known = ", ".join(sorted(self.served())) or "none"
             raise ApiError(404, f"unknown model {name!r}; this server has: {known}")
         return model
 
-    async def predict(request: Request, name: str, parse: Parser, fmt: Formatter) -> JSONResponse:
+    async def predict(
+        self, request: Request, name: str, parse: Parser, fmt: Formatter
+    ) -> JSONResponse:
         """Answer one request and count it under its status, whatever happens: an exception
         nobody foresaw is a JSON 500, counted and logged in one line, never a bare
         uvicorn 500 that no metric sees."""
         started = time.perf_counter()
         try:
-            response = await answer(request, name, parse, fmt)
+            response = await self._answer(request, name, parse, fmt)
         except Exception as exc:
             log.error(
                 "prediction request for model %r failed unexpectedly: %s: %s",
@@ -139,20 +146,21 @@ def build_predict_router(
             response = error_response(
                 500, f"internal error ({type(exc).__name__}); the server log has the details"
             )
-        observe(name, response.status_code, time.perf_counter() - started)
+        self.observe(name, response.status_code, time.perf_counter() - started)
         return response
 
-    async def answer(request: Request, name: str, parse: Parser, fmt: Formatter) -> JSONResponse:
+    async def _answer(
+        self, request: Request, name: str, parse: Parser, fmt: Formatter
+    ) -> JSONResponse:
         reservation: Reservation | None = request.scope.get(RESERVATION_KEY)
         if reservation is not None:
             reservation.start()  # admitted from its head; the event loop has reached it
         try:
-            admit(request)
-            model = lookup(name)
+            model = self.lookup(request, name)
             if reservation is None:  # not admitted from its head (server/connections.py)
                 reservation = _shed_early(model, request)
             limit = model.settings.serve.max_request_bytes
-            body = await _read_body(request, limit, body_timeout_s)
+            body = await _read_body(request, limit, self.body_timeout_s)
             parsed = parse(body, model, request)
             timeout_s = _timeout_s(request, parsed, model)
             outputs, version = await _run(model, parsed, timeout_s, reservation)
@@ -169,35 +177,74 @@ def build_predict_router(
                 reservation.release()
         return response
 
-    def parse_tf(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
-        s = model.settings
-        return protocols.parse_tfserving(body, s.input_shape, s.serve.max_request_rows)
+    def about(
+        self, name: str, request: Request, answer: Callable[[ServedModel], JSONResponse]
+    ) -> JSONResponse:
+        """``answer(model)``, or the error (401, 404) that stands in its way."""
+        try:
+            model = self.lookup(request, name)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        return answer(model)
 
-    def fmt_tf(
-        parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
-    ) -> dict[str, Any]:
-        return protocols.format_tfserving(parsed, outputs, version)
+    async def serve_tf(self, request: Request) -> Response:
+        return await self.predict(request, request.path_params["name"], _parse_tf, _format_tf)
 
-    def parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
-        s = model.settings
-        header = request.headers.get(OIP_HEADER_LENGTH)
-        if header is not None and not _BYTE_COUNT.fullmatch(header):
-            raise ApiError(
-                400,
-                f"{OIP_HEADER_LENGTH} must be a byte count in ASCII digits (the length of the "
-                f"JSON part of the body), got {_shown(header)}",
-            )
-        return protocols.parse_oip(
-            body,
-            s.input_shape,
-            s.serve.max_request_rows,
-            header_length=int(header) if header is not None else None,
+    async def serve_v2(self, request: Request) -> Response:
+        return await self.predict(request, request.path_params["name"], _parse_v2, _format_v2)
+
+
+def _parse_tf(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
+    s = model.settings
+    return protocols.parse_tfserving(body, s.input_shape, s.serve.max_request_rows)
+
+
+def _format_tf(
+    parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
+) -> dict[str, Any]:
+    return protocols.format_tfserving(parsed, outputs, version)
+
+
+def _parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
+    s = model.settings
+    header = request.headers.get(OIP_HEADER_LENGTH)
+    if header is not None and not _BYTE_COUNT.fullmatch(header):
+        raise ApiError(
+            400,
+            f"{OIP_HEADER_LENGTH} must be a byte count in ASCII digits (the length of the "
+            f"JSON part of the body), got {_shown(header)}",
         )
+    return protocols.parse_oip(
+        body,
+        s.input_shape,
+        s.serve.max_request_rows,
+        header_length=int(header) if header is not None else None,
+    )
 
-    def fmt_v2(
-        parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
-    ) -> dict[str, Any]:
-        return protocols.format_oip(parsed, outputs, model.name, version)
+
+def _format_v2(
+    parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
+) -> dict[str, Any]:
+    return protocols.format_oip(parsed, outputs, model.name, version)
+
+
+async def _post_only(request: Request) -> Response:
+    """Any other method on ``:predict``: without this, ``GET /v1/models/m:predict`` matches
+    the status route ``/v1/models/{name}`` and answers "unknown model 'm:predict'"."""
+    return error_response(
+        405, f"method {request.method} not allowed; predictions are POST", {"Allow": "POST"}
+    )
+
+
+def build_predict_router(
+    served: Served, metrics: Metrics, guard: Guard | None = None, body_timeout_s: float = 10.0
+) -> APIRouter:
+    """The v1 and v2 prediction and model-metadata routes over the models ``served()`` returns.
+
+    ``guard(request)`` raises a 401 ApiError when a request is not allowed.
+    """
+    router = APIRouter()
+    handlers = PredictHandlers(served, metrics, guard, body_timeout_s)
 
     @router.post(
         "/v1/models/{name}:predict",
@@ -207,23 +254,12 @@ def build_predict_router(
     )
     async def tfserving_predict(name: str, request: Request) -> JSONResponse:
         """TensorFlow Serving REST predict (row ``instances`` or column ``inputs`` format)."""
-        return await predict(request, name, parse_tf, fmt_tf)
-
-    def about(
-        name: str, request: Request, answer: Callable[[ServedModel], JSONResponse]
-    ) -> JSONResponse:
-        """``answer(model)``, or the error (401, 404) that stands in its way."""
-        try:
-            admit(request)
-            model = lookup(name)
-        except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.headers)
-        return answer(model)
+        return await handlers.predict(request, name, _parse_tf, _format_tf)
 
     @router.get("/v1/models/{name}")
     async def tfserving_status(name: str, request: Request) -> JSONResponse:
         """TensorFlow Serving model status: the version being served, AVAILABLE once ready."""
-        return about(name, request, _tfserving_status)
+        return handlers.about(name, request, _tfserving_status)
 
     @router.post(
         "/v2/models/{name}/infer",
@@ -233,22 +269,22 @@ def build_predict_router(
     )
     async def oip_infer(name: str, request: Request) -> JSONResponse:
         """Open Inference Protocol v2 inference (KServe v2, Triton)."""
-        return await predict(request, name, parse_v2, fmt_v2)
+        return await handlers.predict(request, name, _parse_v2, _format_v2)
 
     @router.get("/v2/models/{name}")
     async def oip_metadata(name: str, request: Request) -> JSONResponse:
         """OIP model metadata: versions, input and output tensors."""
-        return about(name, request, _metadata)
+        return handlers.about(name, request, _metadata)
 
     @router.get("/v2/models/{name}/ready")
     async def oip_ready(name: str, request: Request) -> JSONResponse:
         """OIP model readiness: 200 once it holds weights, else 503."""
-        return about(name, request, _readiness)
+        return handlers.about(name, request, _readiness)
 
     @router.get("/v2/models/{name}/config")
     async def triton_config(name: str, request: Request) -> JSONResponse:
         """Triton's model configuration (tritonclient ``get_model_config``)."""
-        return about(name, request, _config)
+        return handlers.about(name, request, _config)
 
     @router.get("/v2")
     async def oip_server_metadata() -> dict[str, Any]:
@@ -258,25 +294,12 @@ def build_predict_router(
     # Starlette routes to the same handler, matched first: FastAPI's parameter machinery cost
     # 40-50 us a request (measured through the ASGI app), on the event loop that is the
     # bottleneck under load.
-    async def serve_tf(request: Request) -> Response:
-        return await predict(request, request.path_params["name"], parse_tf, fmt_tf)
-
-    async def serve_v2(request: Request) -> Response:
-        return await predict(request, request.path_params["name"], parse_v2, fmt_v2)
-
-    async def post_only(request: Request) -> Response:
-        """Any other method on ``:predict``: without this, ``GET /v1/models/m:predict`` matches
-        the status route ``/v1/models/{name}`` and answers "unknown model 'm:predict'"."""
-        return error_response(
-            405, f"method {request.method} not allowed; predictions are POST", {"Allow": "POST"}
-        )
-
+    tf_path, v2_path = "/v1/models/{name}:predict", "/v2/models/{name}/infer"
     router.routes[:0] = [
-        Route("/v1/models/{name}:predict", serve_tf, methods=["POST"], include_in_schema=False),
-        Route("/v1/models/{name}:predict", post_only, include_in_schema=False),
-        Route("/v2/models/{name}/infer", serve_v2, methods=["POST"], include_in_schema=False),
+        Route(tf_path, handlers.serve_tf, methods=["POST"], include_in_schema=False),
+        Route(tf_path, _post_only, include_in_schema=False),
+        Route(v2_path, handlers.serve_v2, methods=["POST"], include_in_schema=False),
     ]
-    router.direct_endpoints = (serve_tf, serve_v2)  # type: ignore[attr-defined]  # EarlyAdmission
     return router
 
 
@@ -327,9 +350,8 @@ class EarlyAdmission:
         self.token = token
         # The same endpoints the app routes to (its own instance), called without the app's
         # middleware and routing: an admitted prediction's ASGI work drops by about half.
-        router = build_predict_router(served, metrics, guard, body_timeout_s)
-        tf_endpoint, v2_endpoint = router.direct_endpoints  # type: ignore[attr-defined]
-        self._direct = (_endpoint_app(tf_endpoint), _endpoint_app(v2_endpoint))
+        handlers = PredictHandlers(served, metrics, guard, body_timeout_s)
+        self._direct = (_endpoint_app(handlers.serve_tf), _endpoint_app(handlers.serve_v2))
         self._counted: dict[str, Any] = {}
         self._answers: dict[tuple[str, str, int], bytes] = {}
         self._models: dict[bytes, ServedModel] = {}
