@@ -10,16 +10,14 @@ dimension of N, with ``y`` N targets and ``w`` N weights. With msgpack and ``raw
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 import msgpack
 import numpy as np
 
-Format = Literal["json", "msgpack"]
-CONTENT_TYPES: dict[str, str] = {"json": "application/json", "msgpack": "application/msgpack"}
+from livefit.wire import CONTENT_TYPES, Format, raw_buffer
 
-# What server/codec.py accepts as a raw dtype; anything else numeric is sent as float32.
-_RAW_DTYPES = frozenset({"<f2", "<f4", "<f8", "<i1", "<i2", "<i4", "<i8", "|u1", "|i1"})
+__all__ = ["CONTENT_TYPES", "Format", "encode_samples"]
 
 
 def encode_samples(
@@ -47,7 +45,7 @@ def encode_samples(
         raise ValueError("raw buffers need fmt='msgpack' (JSON has no bytes type)")
     x_array, y_array = _numeric(x, "x"), _numeric(y, "y")
     weights = _weights(w, x_array, y_array, batched)
-    encode = _raw if raw else _nested
+    encode = raw_buffer if raw else _nested
     document: dict[str, Any] = {"x": encode(x_array), "y": encode(y_array)}
     if weights is not None:
         document["w"] = encode(weights) if batched else float(weights)
@@ -90,11 +88,3 @@ def _weights(
 
 def _nested(array: np.ndarray) -> Any:
     return array.tolist()
-
-
-def _raw(array: np.ndarray) -> dict[str, Any]:
-    little = array.dtype.newbyteorder("<") if array.dtype.itemsize > 1 else array.dtype
-    if little.str not in _RAW_DTYPES:
-        little = np.dtype("<f4")
-    data = np.ascontiguousarray(array, dtype=little).tobytes()
-    return {"dtype": little.str, "shape": list(array.shape), "data": data}

@@ -25,6 +25,7 @@ import msgpack
 import numpy as np
 
 from livefit.server.samples import SampleChunk
+from livefit.wire import JSON_TYPES, MSGPACK_TYPES, RAW_DTYPES
 
 REASONS = (
     "too_large",  # payload over max_message_bytes
@@ -38,9 +39,6 @@ REASONS = (
     "too_many_samples",  # more samples in one message than max_samples_per_message
     "internal",  # an unforeseen exception in the decoder (a bug); the detail names it
 )
-JSON_TYPES = ("application/json", "text/json")
-MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
-RAW_DTYPES = frozenset({"<f2", "<f4", "<f8", "<i1", "<i2", "<i4", "<i8", "|u1", "<u1", "|i1"})
 _MAX_ID_LENGTH = 256
 MAX_RANK = 32  # dimensions of any array in a message (numpy's own limit is 64)
 MAX_TS = 1e11  # "ts" is epoch seconds: 0 up to the year 5138

@@ -9,8 +9,10 @@ import msgpack
 import numpy as np
 import pytest
 
+from livefit.clients.payloads import encode_samples
 from livefit.server import codec
 from livefit.server.codec import REASONS, Rejection, SampleSpec, decode_message
+from livefit.wire import CONTENT_TYPES, RAW_DTYPES
 
 SPEC = SampleSpec(input_shape=(3,), target_shape=(1,), max_message_bytes=4096, max_samples=50)
 SEQ_SPEC = SampleSpec(input_shape=(4, 2), target_shape=(2,))
@@ -219,3 +221,16 @@ def test_an_unforeseen_exception_becomes_an_internal_rejection(
     assert caught.value.reason == "internal"
     assert caught.value.detail.startswith("ZeroDivisionError: division by zero")
     assert len(caught.value.detail) < 300
+
+
+@pytest.mark.parametrize("dtype", [*sorted(RAW_DTYPES), ">f8", ">i4", "<u4"])
+def test_what_the_publisher_encodes_raw_the_server_decodes(dtype: str) -> None:
+    """Both sides take their encoding from ``livefit.wire``: every dtype a publisher holds is
+    sent as a buffer the server accepts (its own, made little-endian, or float32)."""
+    values = np.arange(6).reshape(2, 3) % 3
+    x = values.astype(np.dtype(dtype))
+    payload = encode_samples(x, np.array([1.0, 2.0]), fmt="msgpack", batched=True, raw=True)
+    sent = msgpack.unpackb(payload)["x"]["dtype"]
+    assert sent in RAW_DTYPES
+    decoded = decode_message(payload, SampleSpec((3,), (1,)), CONTENT_TYPES["msgpack"])
+    np.testing.assert_array_equal(decoded.chunk.x, values.astype(np.float32))

@@ -37,6 +37,7 @@ from livefit.server.codec import (
     decode_map,
 )
 from livefit.server.labels.ids import IdError, RowId, check_id, check_ids
+from livefit.wire import raw_buffer
 
 PREDICTIONS_CONTENT_TYPE = "application/msgpack"
 
@@ -90,14 +91,16 @@ def encode_predictions(
 ) -> bytes:  # fmt: skip
     """One prediction-record message (msgpack, raw float32 buffers)."""
     return msgpack.packb(
-        {"ids": ids, "x": _raw(x), "p": _raw(p), "version": version, "t": t, "source": source},
+        {
+            "ids": ids,
+            "x": raw_buffer(x, "<f4"),
+            "p": raw_buffer(p, "<f4"),
+            "version": version,
+            "t": t,
+            "source": source,
+        },
         use_bin_type=True,
     )
-
-
-def _raw(array: np.ndarray) -> dict[str, Any]:
-    data = np.ascontiguousarray(array, dtype="<f4")
-    return {"dtype": "<f4", "shape": list(data.shape), "data": data.tobytes()}
 
 
 def _decode_labels(payload: bytes, spec: SampleSpec, content_type: str | None) -> LabelBatch:
