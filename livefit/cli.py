@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from livefit import __version__
@@ -11,6 +12,7 @@ from livefit import __version__
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = list(sys.argv[1:] if argv is None else argv)  # a worker group reruns it
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
@@ -40,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replica.add_argument("--host", help="override http.host")
     replica.add_argument("--port", type=int, help="override http.port")
+    replica.add_argument(
+        "--workers", type=int, help="override http.workers: serving processes behind the port"
+    )
     replica.set_defaults(handler=_replica)
 
     from livefit.clients import publish
@@ -81,6 +86,13 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings is None:
         return 2
+    if settings.http.workers > 1:
+        print(
+            f"livefit: http.workers = {settings.http.workers}: only `livefit replica` runs "
+            "several serving processes; the learner serves from its own (set it to 1)",
+            file=sys.stderr,
+        )
+        return 2
     from livefit.server.runtime import LearnerRuntime
     from livefit.server.serve import run_server
 
@@ -93,7 +105,20 @@ def _replica(args: argparse.Namespace) -> int:
         return 2
     from livefit.server.replica import ReplicaRuntime
     from livefit.server.serve import run_server
+    from livefit.server.workers import WorkerSlot, run_workers
 
+    if args.workers is not None:
+        if args.workers < 1:
+            print("livefit: --workers must be at least 1", file=sys.stderr)
+            return 2
+        settings.http.workers = args.workers
+    slot = WorkerSlot.from_env()
+    if slot is not None:  # one of a worker group's processes
+        instance = f"{socket.gethostname()}-{settings.http.port}-w{slot.index}"
+        return run_server(settings, ReplicaRuntime(settings, instance=instance), slot)
+    if settings.http.workers > 1:
+        argv = [sys.executable, "-m", "livefit", *args.command_line]
+        return run_workers(argv, settings.http.workers, settings.http.host, settings.http.port)
     return run_server(settings, ReplicaRuntime(settings))
 
 

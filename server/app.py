@@ -25,6 +25,7 @@ from livefit.server.config import Settings
 from livefit.server.dashboard import build_dashboard_router
 from livefit.server.labels.http import build_labels_router
 from livefit.server.metrics import Metrics
+from livefit.server.metrics_merge import WorkerMetrics
 from livefit.server.predict_api import build_predict_router, error_response
 from livefit.server.serving import ServedModel
 from livefit.server.weight_publisher import WeightStore
@@ -46,8 +47,9 @@ class Runtime(Protocol):
     def weight_store(self, name: str) -> WeightStore | None: ...
 
 
-def create_app(runtime: Runtime) -> FastAPI:
-    """An app serving ``runtime``; starting the app starts the runtime."""
+def create_app(runtime: Runtime, group: WorkerMetrics | None = None) -> FastAPI:
+    """An app serving ``runtime``; starting the app starts the runtime. As one of a group of
+    serving processes, ``group`` answers the peers and merges their metrics on ``/metrics``."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -59,9 +61,13 @@ def create_app(runtime: Runtime) -> FastAPI:
         for served in runtime.served().values():
             served.start_batching(runtime.metrics)
         log.info("livefit %s serving %s", __version__, ", ".join(runtime.served()))
+        if group is not None:
+            group.start()  # also tells the group's parent that this worker serves
         try:
             yield
         finally:
+            if group is not None:
+                group.stop()
             for served in runtime.served().values():
                 await served.stop_batching()
             await asyncio.to_thread(runtime.stop)
@@ -105,8 +111,12 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        """Prometheus text exposition of this process's registry."""
-        body = generate_latest(runtime.metrics.registry)
+        """Prometheus text exposition of this process's registry (of every worker's, each
+        labelled ``worker``, in a group)."""
+        if group is not None:
+            body = await group.exposition()
+        else:
+            body = generate_latest(runtime.metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -103,6 +103,9 @@ class HttpSettings(_Section):
     keep_alive_timeout_s: float = Field(5.0, gt=0)
     max_connections: int = Field(1000, ge=16)
     max_header_bytes: int = Field(65536, ge=1024)
+    # Serving processes behind http.port for `livefit replica` (server/workers.py); the
+    # learner (`livefit serve`) serves from its own process and refuses more than 1.
+    workers: int = Field(1, ge=1, le=64)
 
     def connection_protocol(self, runtime: Any = None) -> Any:
         """The uvicorn HTTP protocol class that enforces the connection limits and, given the

@@ -22,6 +22,8 @@ import uvicorn
 
 from livefit.server.app import Runtime, create_app
 from livefit.server.config import Settings
+from livefit.server.metrics_merge import WorkerMetrics
+from livefit.server.workers import WorkerSlot
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +61,29 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_server(settings: Settings, runtime: Runtime) -> int:
+def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None = None) -> int:
     """Serve ``runtime`` until SIGINT or SIGTERM; then stop everything in order; 0 if clean,
-    1 if the app failed to start, 2 if a check before start failed (message on stderr)."""
+    1 if the app failed to start, 2 if a check before start failed (message on stderr).
+    As one of a worker group's processes (``worker``), on the socket the group bound."""
     from livefit.server.storage_lock import StorageLocked
 
     try:
         preflight = getattr(runtime, "preflight", None)
         if preflight is not None:
             preflight()
-        sock = bind_socket(settings.http.host, settings.http.port)
+        if worker is not None:
+            sock = worker.listening_socket()
+        else:
+            sock = bind_socket(settings.http.host, settings.http.port)
     except (StartupError, StorageLocked) as exc:
         runtime.stop()
         print(f"livefit: {exc}", file=sys.stderr)
         return 2
-    app = create_app(runtime)
+    group = None
+    if worker is not None:
+        group = WorkerMetrics(runtime.metrics.registry, worker.index, worker.count,
+                              worker.directory)  # fmt: skip
+    app = create_app(runtime, group)
     config = uvicorn.Config(
         app,
         host=settings.http.host,

@@ -1,0 +1,172 @@
+"""``livefit replica --workers N``: N serving processes behind one port, supervised.
+
+The parent binds the listening socket (so a taken port fails at once, as with one process),
+then starts N copies of the same ``livefit replica`` command as children that inherit the
+socket: the kernel hands each new connection to one of them (the pre-fork model of gunicorn
+and nginx). Each worker is a whole replica (its own weight stream subscription and MQTT client
+id, its own batcher), on its own GIL. ``/metrics`` on any worker answers for all of them
+(``server/metrics_merge.py``).
+
+Lifecycle promises:
+- SIGTERM or SIGINT to the parent stops every worker gracefully (each drains its requests)
+  and the parent exits 0 when they all did;
+- a worker that dies after it started serving is started again; one that dies before it ever
+  served (a bad key, an unreachable broker refusing it) stops the group, and the parent exits
+  with that worker's status and its reason in the log; so does one that dies more than
+  ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``;
+- no worker outlives its parent, even a SIGKILLed one (``server/children.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from livefit.server.children import start_child, stop_children
+
+log = logging.getLogger(__name__)
+_INDEX, _COUNT, _FD, _DIR = (
+    "LIVEFIT_WORKER_INDEX", "LIVEFIT_WORKER_COUNT", "LIVEFIT_LISTEN_FD", "LIVEFIT_WORKER_DIR",
+)  # fmt: skip
+MAX_RESTARTS, RESTART_WINDOW_S = 5, 300.0
+STOP_GRACE_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSlot:
+    """Who a worker process is: its index of ``count``, the inherited listening socket's
+    descriptor and the group's private directory (its metrics sockets)."""
+
+    index: int
+    count: int
+    listen_fd: int
+    directory: Path
+
+    @classmethod
+    def from_env(cls) -> WorkerSlot | None:
+        """This process's slot when a worker group started it, else None."""
+        if _INDEX not in os.environ:
+            return None
+        return cls(
+            int(os.environ[_INDEX]), int(os.environ[_COUNT]), int(os.environ[_FD]),
+            Path(os.environ[_DIR]),
+        )  # fmt: skip
+
+    def listening_socket(self) -> socket.socket:
+        return socket.socket(fileno=self.listen_fd)
+
+    def started_marker(self) -> Path:
+        """Exists once this worker serves (its metrics socket)."""
+        return self.directory / f"{self.index}.sock"
+
+
+@dataclass(slots=True)
+class _Worker:
+    slot: WorkerSlot
+    process: subprocess.Popen[bytes] | None = None
+    restarts: deque[float] = field(default_factory=deque)
+    served: bool = False  # it started serving at least once
+
+
+class WorkerGroup:
+    """Starts and supervises the workers running ``argv`` (a ``livefit replica`` command)."""
+
+    def __init__(self, argv: Sequence[str], count: int, sock: socket.socket) -> None:
+        self.argv = list(argv)
+        self.sock = sock
+        self.directory = Path(tempfile.mkdtemp(prefix="livefit-workers-"))
+        self.workers = [
+            _Worker(WorkerSlot(i, count, sock.fileno(), self.directory)) for i in range(count)
+        ]
+        self.stopping = threading.Event()
+
+    def start(self, worker: _Worker) -> None:
+        slot = worker.slot
+        env = dict(os.environ)
+        env.update({_INDEX: str(slot.index), _COUNT: str(slot.count),
+                    _FD: str(slot.listen_fd), _DIR: str(slot.directory)})  # fmt: skip
+        worker.process = start_child(self.argv, env=env, pass_fds=(slot.listen_fd,))
+        log.info("serving worker %d started (pid %d)", slot.index, worker.process.pid)
+
+    def run(self) -> int:
+        """Start every worker and supervise them until stopped; the exit status."""
+        for worker in self.workers:
+            self.start(worker)
+        try:
+            while not self.stopping.wait(0.2):
+                status = self._check()
+                if status is not None:
+                    return status
+            return self._stop()
+        finally:
+            self._stop()
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _check(self) -> int | None:
+        """Restart workers that died after serving; the group's exit status when it must end."""
+        for worker in self.workers:
+            assert worker.process is not None
+            worker.served = worker.served or worker.slot.started_marker().exists()
+            code = worker.process.poll()
+            if code is None:
+                continue
+            index = worker.slot.index
+            if not worker.served:
+                log.error("serving worker %d exited with status %d before it served; stopping "
+                          "(its log lines above say why)", index, code)  # fmt: skip
+                return code or 1
+            now = time.monotonic()
+            worker.restarts.append(now)
+            while worker.restarts and worker.restarts[0] < now - RESTART_WINDOW_S:
+                worker.restarts.popleft()
+            if len(worker.restarts) > MAX_RESTARTS:
+                log.error("serving worker %d died %d times in %.0f s (last status %d); stopping",
+                          index, len(worker.restarts), RESTART_WINDOW_S, code)  # fmt: skip
+                return 1
+            log.warning("serving worker %d exited with status %d; starting it again", index, code)
+            worker.served = False
+            worker.slot.started_marker().unlink(missing_ok=True)
+            self.start(worker)
+        return None
+
+    def _stop(self) -> int:
+        """SIGTERM every worker, SIGKILL those left after ``STOP_GRACE_S``; 0 if all exited 0."""
+        children = [w.process for w in self.workers if w.process is not None]
+        stop_children(children, STOP_GRACE_S)
+        codes = [child.returncode for child in children]
+        return 0 if all(code == 0 for code in codes) else 1
+
+
+def run_workers(argv: Sequence[str], count: int, host: str, port: int) -> int:
+    """Bind ``host:port``, run ``count`` workers of ``argv`` until SIGINT or SIGTERM."""
+    from livefit.server.serve import StartupError, bind_socket
+
+    try:
+        sock = bind_socket(host, port)
+    except StartupError as exc:
+        print(f"livefit: {exc}", file=sys.stderr)
+        return 2
+    group = WorkerGroup(argv, count, sock)
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("%s: stopping %d serving workers", signal.Signals(signum).name, count)
+        group.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        return group.run()
+    finally:
+        sock.close()
