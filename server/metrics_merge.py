@@ -50,7 +50,7 @@ def merge_expositions(parts: Iterable[tuple[str, bytes]]) -> bytes:
                 for s in family.samples
             )
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed(list(families.values())))  # type: ignore[arg-type]
+    registry.register(_Fixed(list(families.values())))
     return generate_latest(registry)
 
 
