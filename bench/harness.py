@@ -185,10 +185,10 @@ class SharedFleet:
         self.fleet: Fleet | None = None
 
     def get(self) -> Fleet:
-        from bench.fleet import SHARED, Fleet
+        from bench.fleet import SHARED, Fleet, bench_tables
 
         if self.fleet is None:
-            self.fleet = Fleet(self.workdir, SHARED, replica=True, tag="shared")
+            self.fleet = Fleet(self.workdir, bench_tables(SHARED), replica=True, tag="shared")
             try:
                 self.fleet.start()
             except BaseException:
