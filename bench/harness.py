@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 Mode = Literal["quick", "full", "soak"]
 Op = Literal[">=", "<=", "<"]
 REPO = Path(__file__).resolve().parent.parent
+PROSE = REPO / "bench" / "prose"
+
+
+def prose(name: str) -> str:
+    """The measured prose ``bench/prose/<name>.md``: findings written by hand next to the
+    figures, which the report includes (trailing newlines dropped)."""
+    return (PROSE / f"{name}.md").read_text().rstrip("\n")
 
 
 @dataclass(frozen=True, slots=True)
