@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.harness import Benchmark
 from bench.learning import (
     BINARY,
     DEFAULTS,
@@ -242,3 +243,10 @@ def to_bench_result(results: dict[str, Any]) -> BenchResult:
             )
     result.merge_checks()
     return result
+
+
+BENCHMARK = Benchmark(
+    name="delayed_labels",
+    summary="served score with labels delayed, through predictions and labels, vs river",
+    run=suite_run,
+)

@@ -27,7 +27,7 @@ import time
 import httpx
 import numpy as np
 
-from bench.harness import BenchResult, Context, Row, Spread
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.models import MLP
 from bench.procs import HttpServer
 
@@ -37,7 +37,7 @@ MODEL = "fresh"
 def run(ctx: Context) -> BenchResult:
     from livefit.clients.publish import SamplePublisher
 
-    probes = ctx.pick(6, 200)
+    probes = ctx.sizes["probes"]
     spec = MLP
     result = BenchResult(
         name="freshness",
@@ -131,3 +131,14 @@ def _percentile(values: list[float], q: float) -> Spread:
         int(data.size),
         "s",
     )
+
+
+BENCHMARK = Benchmark(
+    name="freshness",
+    summary="publish of a sample -> a replica serving weights trained on it",
+    run=run,
+    sizes=Sizes(
+        quick={"probes": 6},
+        full={"probes": 200},
+    ),
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP
 from bench.procs import HttpServer, ToolProcess
@@ -21,8 +21,8 @@ MODEL = "busy"
 
 
 def run(ctx: Context) -> BenchResult:
-    rounds = ctx.pick(1, 3)
-    duration = ctx.pick(1.0, 4.0)
+    rounds = ctx.sizes["rounds"]
+    duration = ctx.sizes["duration"]
     spec = MLP
     result = BenchResult(
         name="interference",
@@ -140,3 +140,14 @@ def _drain(learner: HttpServer, timeout: float = 60.0) -> None:
             return
         last = trained
         time.sleep(0.3)
+
+
+BENCHMARK = Benchmark(
+    name="interference",
+    summary="prediction p99 with the trainer saturated vs idle",
+    run=run,
+    sizes=Sizes(
+        quick={"rounds": 1, "duration": 1.0},
+        full={"rounds": 3, "duration": 4.0},
+    ),
+)

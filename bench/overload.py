@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import REPO, BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import REPO, Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP
 from bench.procs import QUIET_ENV, HttpServer
@@ -51,13 +51,13 @@ PARTIAL_HEAD = b"POST /v1/models/over:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
 
 def run(ctx: Context) -> BenchResult:
-    rounds = ctx.pick(1, 2)
-    seconds = ctx.pick(2.0, 20.0)
-    capacity_seconds = ctx.pick(1.0, 5.0)
-    probe_s = ctx.pick(1.0, 3.0)
-    multipliers = ctx.pick((TARGET_MULTIPLIER,), (1, 2, 3))
-    slow_clients = ctx.pick(200, SLOW_CLIENTS)
-    connections = ctx.pick(256, 512)
+    rounds = ctx.sizes["rounds"]
+    seconds = ctx.sizes["seconds"]
+    capacity_seconds = ctx.sizes["capacity_seconds"]
+    probe_s = ctx.sizes["probe_s"]
+    multipliers = ctx.sizes["multipliers"]
+    slow_clients = ctx.sizes["slow_clients"]
+    connections = ctx.sizes["connections"]
     spec = MLP
     result = BenchResult(
         name="overload",
@@ -368,3 +368,31 @@ def _slow_row(count: int, runs: list[dict[str, Any]]) -> Row:
     row.target("req/s ÷ capacity", ">=", 0.8, "well-behaved clients served at ≥ 0.8x capacity")
     row.target("descriptors held", "<=", MAX_CONNECTIONS, "descriptors ≤ http.max_connections")
     return row
+
+
+BENCHMARK = Benchmark(
+    name="overload",
+    summary="goodput, 429 latency and recovery at 1x-3x capacity, open loop",
+    run=run,
+    sizes=Sizes(
+        quick={
+            "rounds": 1,
+            "seconds": 2.0,
+            "capacity_seconds": 1.0,
+            "probe_s": 1.0,
+            "multipliers": (TARGET_MULTIPLIER,),
+            "slow_clients": 200,
+            "connections": 256,
+        },
+        full={
+            "rounds": 2,
+            "seconds": 20.0,
+            "capacity_seconds": 5.0,
+            "probe_s": 3.0,
+            "multipliers": (1, 2, 3),
+            "slow_clients": SLOW_CLIENTS,
+            "connections": 512,
+        },
+    ),
+    explained_always=True,
+)

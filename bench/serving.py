@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import LSTM, MLP, ModelSpec
 from bench.procs import HttpServer, free_port, running, start_all, wait_all
@@ -78,10 +78,10 @@ SIDES = (
 
 def run(ctx: Context) -> BenchResult:
     sides = _available_sides()
-    models = ctx.pick([MLP], [MLP, LSTM])
-    clients = ctx.pick([TARGET_CLIENTS], [1, 16, 64, 256])
-    rounds = ctx.pick(1, 2)
-    duration = ctx.pick(1.0, 3.0)
+    models = ctx.sizes["models"]
+    clients = ctx.sizes["clients"]
+    rounds = ctx.sizes["rounds"]
+    duration = ctx.sizes["duration"]
     result = BenchResult(
         name="serving",
         title="Serving throughput and latency",
@@ -311,3 +311,14 @@ def _key(model: str, clients: int, side: str) -> str:
 def rotate(items: list[str], by: int) -> list[str]:
     k = by % len(items)
     return items[k:] + items[:k]
+
+
+BENCHMARK = Benchmark(
+    name="serving",
+    summary="HTTP predictions vs FastAPI+Keras, LitServe and the HTTP ceiling",
+    run=run,
+    sizes=Sizes(
+        quick={"models": [MLP], "clients": [TARGET_CLIENTS], "rounds": 1, "duration": 1.0},
+        full={"models": [MLP, LSTM], "clients": [1, 16, 64, 256], "rounds": 2, "duration": 3.0},
+    ),
+)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.models import MLP, ModelSpec
 
 CHUNKS = (1, 100)
@@ -38,9 +38,9 @@ def run(ctx: Context) -> BenchResult:
     import tensorflow as tf
 
     spec = MLP
-    sizes = ctx.pick([32, 256], [32, 256, 1024])
-    rounds = ctx.pick(1, 3)
-    seconds = ctx.pick(0.15, 1.0)
+    sizes = ctx.sizes["batch_sizes"]
+    rounds = ctx.sizes["rounds"]
+    seconds = ctx.sizes["seconds"]
     result = BenchResult(
         name="trainer",
         title="Trainer throughput",
@@ -222,3 +222,14 @@ def _livefit(
     trainer.stop(timeout=600)
     elapsed = time.perf_counter() - started
     return n / elapsed, {"samples_seen": trainer.samples_seen}
+
+
+BENCHMARK = Benchmark(
+    name="trainer",
+    summary="livefit's trainer vs the raw compiled step and per-message train_on_batch",
+    run=run,
+    sizes=Sizes(
+        quick={"batch_sizes": [32, 256], "rounds": 1, "seconds": 0.15},
+        full={"batch_sizes": [32, 256, 1024], "rounds": 3, "seconds": 1.0},
+    ),
+)

@@ -12,7 +12,7 @@ from bench.learning.knobs import DEFAULTS, MODEL_SEED, Knobs, describe
 from bench.learning.peers import HT, LINREG, LINREG_TSS, LR, PEERS, REFERENCE, SOFTMAX
 from bench.learning.report import markdown, section
 from bench.learning.results import QUICK_MODEL_SEEDS, to_bench_result
-from bench.learning.run import main, run, suite_run, write
+from bench.learning.run import BENCHMARK, main, run, suite_run, write
 from bench.learning.server import Case, feed, learning_fleet, model_tables, server_cases
 from bench.learning.streams import (
     BINARY,
@@ -25,6 +25,7 @@ from bench.learning.streams import (
 )
 
 __all__ = [
+    "BENCHMARK",
     "BINARY",
     "BINARY_STREAMS",
     "DEFAULTS",

@@ -6,12 +6,13 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from bench.harness import machine_facts, now_iso, prose
+from bench.harness import prose
 from bench.learning.knobs import DEFAULTS, MODEL_SEED, RECOMMENDED, V01, describe
 from bench.learning.peers import EPS, HT, PEERS, REFERENCE
 from bench.learning.scores import Score
 from bench.learning.server import PUBLISH_RATE, Case
 from bench.learning.streams import BINARY, CHUNK, LOSSES, METRIC, MULTICLASS, REGRESSION, Stream
+from bench.machine import machine_facts, now_iso
 
 if TYPE_CHECKING:
     from bench.harness import BenchResult

@@ -14,11 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.harness import REPO
+from bench.harness import REPO, Benchmark
 from bench.learning.inprocess import InProcess
 from bench.learning.knobs import DEFAULTS
 from bench.learning.peers import HT, peer_scores
-from bench.learning.report import markdown
+from bench.learning.report import markdown, section
 from bench.learning.results import MODEL_SEEDS, QUICK_MODEL_SEEDS, results_of, to_bench_result
 from bench.learning.scores import Score, segment_edges, segments
 from bench.learning.server import Case, server_cases, through_server
@@ -206,3 +206,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{HT} {shown(r['peers'][HT][metric])}  {verdict}"
         )
     return 0
+
+
+BENCHMARK = Benchmark(
+    name="learning",
+    summary="prequential accuracy through the server vs river's per-sample learners",
+    run=suite_run,
+    section=section,
+)
