@@ -95,17 +95,10 @@ class ModelSpec:
 
     def table(self) -> dict[str, Any]:
         """This model's ``[models.<name>]`` table for a livefit config (``bench.config``)."""
-        return {
-            "builder": self.builder,
-            "builder_options": self.options,
-            "input_shape": list(self.input_shape),
-            "output_shape": list(self.output_shape),
-            "loss": self.loss,
-            "optimizer": self.optimizer,
-            "learning_rate": self.learning_rate,
-            "seed": self.seed,
-            "scaling": self.scaling,
-        }
+        table = self.to_json()
+        del table["name"]
+        table["builder_options"] = table.pop("options")
+        return table
 
     def rows(self, n: int, seed: int = 1) -> np.ndarray:
         """``n`` deterministic float32 inputs."""

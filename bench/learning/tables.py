@@ -46,16 +46,13 @@ def _accuracy_rows(r: dict[str, Any], sides: dict[str, dict[str, Any]]) -> list[
     for name, s in sides.items():
         lines.append(
             f"| {name} | {s['label']} | {pct(s['accuracy'])} | {s['log_loss']:.3f} | "
-            f"{pts(s['accuracy'] - ref_value)} | {s.get('steps', '')} | "
-            f"{num(s.get('mean_batch_size'))} | {s.get('drift_detections', '')} |"
+            f"{pts(s['accuracy'] - ref_value)} | {_updates(s)}"
         )
-    for name, p in r["peers"].items():
-        how = p.get("how", "").replace("|", "\\|")
-        lines.append(
-            f"| river {name} | {how}, per sample | {pct(p['accuracy'])} | "
-            f"{p['log_loss']:.3f} | {pts(p['accuracy'] - ref_value)} | {p['samples']:,} "
-            "| 1 | |"
-        )
+    lines += [
+        f"{_peer(name, p)} {pct(p['accuracy'])} | {p['log_loss']:.3f} | "
+        f"{pts(p['accuracy'] - ref_value)} | {p['samples']:,} | 1 | |"
+        for name, p in r["peers"].items()
+    ]
     return lines
 
 
@@ -71,17 +68,29 @@ def _mae_rows(r: dict[str, Any], sides: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {name} | {s['label']} | {fig(s['mae'])} | {fig(s['rmse'])} | "
             f"{fig(after.get(name, math.nan))} | {fig(s['mae'] - ref_value, sign=True)} | "
-            f"{s.get('steps', '')} | {num(s.get('mean_batch_size'))} | "
-            f"{s.get('drift_detections', '')} |"
+            f"{_updates(s)}"
         )
-    for name, p in r["peers"].items():
-        how = p.get("how", "").replace("|", "\\|")
-        lines.append(
-            f"| river {name} | {how}, per sample | {fig(p['mae'])} | {fig(p['rmse'])} | "
-            f"{fig(p.get('mae_after_first_message', math.nan))} | "
-            f"{fig(p['mae'] - ref_value, sign=True)} | {p['samples']:,} | 1 | |"
-        )
+    lines += [
+        f"{_peer(name, p)} {fig(p['mae'])} | {fig(p['rmse'])} | "
+        f"{fig(p.get('mae_after_first_message', math.nan))} | "
+        f"{fig(p['mae'] - ref_value, sign=True)} | {p['samples']:,} | 1 | |"
+        for name, p in r["peers"].items()
+    ]
     return lines
+
+
+def _updates(side: dict[str, Any]) -> str:
+    """A livefit side's last cells: updates, mean batch size, drift detections."""
+    return (
+        f"{side.get('steps', '')} | {num(side.get('mean_batch_size'))} | "
+        f"{side.get('drift_detections', '')} |"
+    )
+
+
+def _peer(name: str, peer: dict[str, Any]) -> str:
+    """A river peer's first cells: its name and how it is built (pipes escaped)."""
+    how = peer.get("how", "").replace("|", "\\|")
+    return f"| river {name} | {how}, per sample |"
 
 
 def _segments_table(seg: dict[str, Any] | None, metric: str, reference: str) -> str:
