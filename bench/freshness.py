@@ -28,7 +28,7 @@ import httpx
 import numpy as np
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
-from bench.models import MLP
+from bench.models import MLP, ModelSpec
 from bench.procs import HttpServer
 
 MODEL = "fresh"
@@ -39,20 +39,7 @@ def run(ctx: Context) -> BenchResult:
 
     probes = ctx.sizes["probes"]
     spec = MLP
-    result = BenchResult(
-        name="freshness",
-        title="Freshness: publish to served",
-        what=__doc__.split("\n", 2)[2].strip(),
-        sides={
-            "livefit": "learner + replica processes, default settings "
-            "(`weights.publish_interval_s` 0.5, `train.max_wait_ms` 0)"
-        },
-        settings={
-            "model": spec.describe(),
-            "probes": probes,
-            "ranges": "bootstrap 95% intervals over the probes",
-        },
-    )
+    result = _result(spec, probes)
     times: list[float] = []
     sound_probes = 0
     rng = random.Random(5)
@@ -92,6 +79,24 @@ def run(ctx: Context) -> BenchResult:
     result.rows.append(row)
     result.extra["seconds"] = times
     return result
+
+
+def _result(spec: ModelSpec, probes: int) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    return BenchResult(
+        name="freshness",
+        title="Freshness: publish to served",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides={
+            "livefit": "learner + replica processes, default settings "
+            "(`weights.publish_interval_s` 0.5, `train.max_wait_ms` 0)"
+        },
+        settings={
+            "model": spec.describe(),
+            "probes": probes,
+            "ranges": "bootstrap 95% intervals over the probes",
+        },
+    )
 
 
 def _probe(

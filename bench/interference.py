@@ -13,7 +13,7 @@ import time
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
-from bench.models import MLP
+from bench.models import MLP, ModelSpec
 from bench.procs import HttpServer, ToolProcess
 
 CLIENTS = 64
@@ -24,23 +24,7 @@ def run(ctx: Context) -> BenchResult:
     rounds = ctx.sizes["rounds"]
     duration = ctx.sizes["duration"]
     spec = MLP
-    result = BenchResult(
-        name="interference",
-        title="Interference: predictions while training",
-        what=__doc__.split("\n", 2)[2].strip(),
-        sides={
-            "idle": "no samples arriving",
-            "saturated": "a publisher streaming 100-sample "
-            "msgpack messages (QoS 1, window 1000) as fast as it can, for the whole run",
-        },
-        settings={
-            "model": spec.describe(),
-            "clients": CLIENTS,
-            "seconds per run": duration,
-            "rounds": rounds,
-            "server": "`livefit serve`, default settings",
-        },
-    )
+    result = _result(spec, rounds, duration)
     work = ctx.workdir
     body = spec.request_body()
     idle: list[LoadResult] = []
@@ -90,6 +74,27 @@ def run(ctx: Context) -> BenchResult:
     result.extra["idle"] = [r.to_json() for r in idle]
     result.extra["saturated"] = [r.to_json() for r in busy]
     return result
+
+
+def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    return BenchResult(
+        name="interference",
+        title="Interference: predictions while training",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides={
+            "idle": "no samples arriving",
+            "saturated": "a publisher streaming 100-sample "
+            "msgpack messages (QoS 1, window 1000) as fast as it can, for the whole run",
+        },
+        settings={
+            "model": spec.describe(),
+            "clients": CLIENTS,
+            "seconds per run": duration,
+            "rounds": rounds,
+            "server": "`livefit serve`, default settings",
+        },
+    )
 
 
 def _saturated(

@@ -28,7 +28,7 @@ from typing import Any
 
 from bench.harness import REPO, Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
-from bench.models import MLP
+from bench.models import MLP, ModelSpec
 from bench.procs import QUIET_ENV, HttpServer
 from livefit.server.config import ServeSettings
 
@@ -52,14 +52,88 @@ PARTIAL_HEAD = b"POST /v1/models/over:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
 def run(ctx: Context) -> BenchResult:
     rounds = ctx.sizes["rounds"]
-    seconds = ctx.sizes["seconds"]
     capacity_seconds = ctx.sizes["capacity_seconds"]
-    probe_s = ctx.sizes["probe_s"]
     multipliers = ctx.sizes["multipliers"]
     slow_clients = ctx.sizes["slow_clients"]
-    connections = ctx.sizes["connections"]
     spec = MLP
-    result = BenchResult(
+    result = _result(ctx, spec)
+    body = spec.request_body()
+    path = f"/v1/models/{MODEL}:predict"
+    runs: dict[int, list[dict[str, Any]]] = {m: [] for m in multipliers}
+    slow: list[dict[str, Any]] = []
+    capacities: list[LoadResult] = []
+    with ctx.fleet(MODEL) as fleet:
+        learner = fleet.learner
+        url = learner.url + path
+        load_dir = ctx.workdir / "load"
+        if not ctx.quick:  # first calls and connection setup are not measured
+            run_load(ctx.load_client, url, body, 16, 1.0, load_dir)
+        for r in range(rounds):
+            capacity = run_load(
+                ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
+            )
+            capacities.append(capacity)
+            cap_rps, cap_p99 = _ok_rate(capacity), capacity.p99_ms
+            ctx.step(f"round {r + 1}/{rounds} capacity: {cap_rps:,.0f} req/s, p99 {cap_p99:.1f} ms")
+            for m in multipliers:
+                over = _overloaded(ctx, learner, url, body, m, capacity)
+                runs[m].append(over)
+                ctx.step(_line(r, rounds, over))
+                _settle(learner)
+            slow.append(_with_slow_clients(ctx, learner, url, body, slow_clients, capacity))
+            ctx.step(
+                f"round {r + 1}/{rounds} {slow_clients:,} slow clients: "
+                f"{slow[-1]['rps']:,.0f} req/s ({slow[-1]['rps'] / cap_rps:.2f}x), p99 "
+                f"{slow[-1]['p99_ms']:.1f} ms, {slow[-1]['descriptors']} more descriptors, "
+                f"{slow[-1]['still_connected']} slow ones still connected"
+            )
+    for m in multipliers:
+        result.rows.append(_row(m, runs[m]))
+    result.rows.append(_slow_row(slow_clients, slow))
+    _check_answers(result, [o for v in runs.values() for o in v])
+    result.extra["capacity"] = [c.to_json() for c in capacities]
+    result.extra["slow_clients"] = slow
+    result.extra["runs"] = {str(m): v for m, v in runs.items()}
+    return result
+
+
+def _overloaded(
+    ctx: Context, learner: HttpServer, url: str, body: bytes, m: float, capacity: LoadResult
+) -> dict[str, Any]:
+    """One open-loop run at ``m`` times the capacity, then the capacity run again."""
+    s = ctx.sizes
+    load_dir = ctx.workdir / "load"
+    cap_rps, cap_p99, probe_s = _ok_rate(capacity), capacity.p99_ms, s["probe_s"]
+    with _RssSampler(learner) as rss:
+        over = _open_loop(url, body, m * cap_rps, s["seconds"], probe_s, load_dir, s["connections"])
+    after = run_load(ctx.load_client, url, body, CAPACITY_CLIENTS, s["capacity_seconds"], load_dir)
+    over.update(
+        multiplier=m,
+        capacity_rps=cap_rps,
+        capacity_p99_ms=cap_p99,
+        recovery_s=_recovery(over["probes"], 2 * cap_p99, probe_s),
+        after_rps=_ok_rate(after),
+        rss_mib=rss.summary(),
+    )
+    return over
+
+
+def _check_answers(result: BenchResult, shed: list[dict[str, Any]]) -> None:
+    """Every 429 carried Retry-After; nothing but 200, 429 and 504 came back."""
+    missing = sum(o["shed_without_retry_after"] for o in shed)
+    result.check("every 429 carried Retry-After", missing == 0, f"{missing} without")
+    others = sum(
+        n for o in shed for s, n in o["counts"].items() if s not in ("200", "429", "504", "0", "-1")
+    )
+    result.check("no answer other than 200, 429 or 504 (no 5xx)", others == 0, f"{others} others")
+
+
+def _result(ctx: Context, spec: ModelSpec) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    s = ctx.sizes
+    rounds, seconds, connections = s["rounds"], s["seconds"], s["connections"]
+    capacity_seconds, slow_clients = s["capacity_seconds"], s["slow_clients"]
+    return BenchResult(
         name="overload",
         title="Overload: goodput past capacity",
         what=__doc__.split("\n", 2)[2].strip(),
@@ -81,64 +155,6 @@ def run(ctx: Context) -> BenchResult:
             "rounds": rounds,
         },
     )
-    body = spec.request_body()
-    path = f"/v1/models/{MODEL}:predict"
-    runs: dict[int, list[dict[str, Any]]] = {m: [] for m in multipliers}
-    slow: list[dict[str, Any]] = []
-    capacities: list[LoadResult] = []
-    with ctx.fleet(MODEL) as fleet:
-        learner = fleet.learner
-        url = learner.url + path
-        load_dir = ctx.workdir / "load"
-        if not ctx.quick:  # first calls and connection setup are not measured
-            run_load(ctx.load_client, url, body, 16, 1.0, load_dir)
-        for r in range(rounds):
-            capacity = run_load(
-                ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
-            )
-            capacities.append(capacity)
-            cap_rps, cap_p99 = _ok_rate(capacity), capacity.p99_ms
-            ctx.step(f"round {r + 1}/{rounds} capacity: {cap_rps:,.0f} req/s, p99 {cap_p99:.1f} ms")
-            for m in multipliers:
-                with _RssSampler(learner) as rss:
-                    over = _open_loop(
-                        url, body, m * cap_rps, seconds, probe_s, load_dir, connections
-                    )
-                after = run_load(
-                    ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
-                )
-                over.update(
-                    multiplier=m,
-                    capacity_rps=cap_rps,
-                    capacity_p99_ms=cap_p99,
-                    recovery_s=_recovery(over["probes"], 2 * cap_p99, probe_s),
-                    after_rps=_ok_rate(after),
-                    rss_mib=rss.summary(),
-                )
-                runs[m].append(over)
-                ctx.step(_line(r, rounds, over))
-                _settle(learner)
-            slow.append(_with_slow_clients(ctx, learner, url, body, slow_clients, capacity))
-            ctx.step(
-                f"round {r + 1}/{rounds} {slow_clients:,} slow clients: "
-                f"{slow[-1]['rps']:,.0f} req/s ({slow[-1]['rps'] / cap_rps:.2f}x), p99 "
-                f"{slow[-1]['p99_ms']:.1f} ms, {slow[-1]['descriptors']} more descriptors, "
-                f"{slow[-1]['still_connected']} slow ones still connected"
-            )
-    for m in multipliers:
-        result.rows.append(_row(m, runs[m]))
-    result.rows.append(_slow_row(slow_clients, slow))
-    shed = [o for v in runs.values() for o in v]
-    missing = sum(o["shed_without_retry_after"] for o in shed)
-    result.check("every 429 carried Retry-After", missing == 0, f"{missing} without")
-    others = sum(
-        n for o in shed for s, n in o["counts"].items() if s not in ("200", "429", "504", "0", "-1")
-    )
-    result.check("no answer other than 200, 429 or 504 (no 5xx)", others == 0, f"{others} others")
-    result.extra["capacity"] = [c.to_json() for c in capacities]
-    result.extra["slow_clients"] = slow
-    result.extra["runs"] = {str(m): v for m, v in runs.items()}
-    return result
 
 
 def _ok_rate(load: LoadResult) -> float:

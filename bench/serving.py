@@ -82,6 +82,54 @@ def run(ctx: Context) -> BenchResult:
     clients = ctx.sizes["clients"]
     rounds = ctx.sizes["rounds"]
     duration = ctx.sizes["duration"]
+    result = _result(ctx, sides, models)
+    plan = Plan([s.key for s in sides], clients, rounds, duration)
+    runs: dict[str, list[LoadResult]] = {}
+    for spec in models:
+        _serve_model(ctx, spec, plan, result, runs)
+    for spec in models:
+        for n in clients:
+            for side in sides:
+                result.rows.append(_row(spec, n, side, runs))
+    result.extra["runs"] = {k: [r.to_json() for r in v] for k, v in runs.items()}
+    _check_errors(result, runs)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Which servers run, at which client counts, how many rounds of how long."""
+
+    sides: list[str]
+    clients: list[int]
+    rounds: int
+    duration: float
+
+
+def _check_errors(result: BenchResult, runs: dict[str, list[LoadResult]]) -> None:
+    """livefit answered 200 up to a full batch of clients, and never broke a socket."""
+    # Up to a full batch of concurrent clients, admission never refuses (serve.max_queue_wait_ms
+    # applies to requests that cannot join the next batch); beyond, 429s are its design.
+    within = [
+        r
+        for key, v in runs.items()
+        if key.endswith("/livefit") and int(key.split("/")[1]) <= MAX_BATCH
+        for r in v
+    ]
+    errors = sum(r.errors for r in within)
+    result.check(
+        f"livefit answered every request 200, with no socket error, at up to {MAX_BATCH} clients",
+        errors == 0,
+        f"{errors} errors",
+    )
+    mine = [r for key, v in runs.items() if key.endswith("/livefit") for r in v]
+    broken = sum(r.socket_errors for r in mine)
+    result.check("livefit: no socket error at any client count", broken == 0, f"{broken} errors")
+
+
+def _result(ctx: Context, sides: list[Side], models: list[ModelSpec]) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    clients, rounds, duration = ctx.sizes["clients"], ctx.sizes["rounds"], ctx.sizes["duration"]
     result = BenchResult(
         name="serving",
         title="Serving throughput and latency",
@@ -101,43 +149,7 @@ def run(ctx: Context) -> BenchResult:
             "LitServe is not installed here (`pip install -e '.[bench]'`), so "
             "its comparison was not run."
         )
-    plan = Plan([s.key for s in sides], clients, rounds, duration)
-    runs: dict[str, list[LoadResult]] = {}
-    for spec in models:
-        _serve_model(ctx, spec, plan, result, runs)
-    for spec in models:
-        for n in clients:
-            for side in sides:
-                result.rows.append(_row(spec, n, side, runs))
-    result.extra["runs"] = {k: [r.to_json() for r in v] for k, v in runs.items()}
-    # Up to a full batch of concurrent clients, admission never refuses (serve.max_queue_wait_ms
-    # applies to requests that cannot join the next batch); beyond, 429s are its design.
-    within = [
-        r
-        for key, v in runs.items()
-        if key.endswith("/livefit") and int(key.split("/")[1]) <= MAX_BATCH
-        for r in v
-    ]
-    errors = sum(r.errors for r in within)
-    result.check(
-        f"livefit answered every request 200, with no socket error, at up to {MAX_BATCH} clients",
-        errors == 0,
-        f"{errors} errors",
-    )
-    mine = [r for key, v in runs.items() if key.endswith("/livefit") for r in v]
-    broken = sum(r.socket_errors for r in mine)
-    result.check("livefit: no socket error at any client count", broken == 0, f"{broken} errors")
     return result
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Which servers run, at which client counts, how many rounds of how long."""
-
-    sides: list[str]
-    clients: list[int]
-    rounds: int
-    duration: float
 
 
 def _available_sides() -> tuple[Side, ...]:

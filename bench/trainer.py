@@ -41,20 +41,7 @@ def run(ctx: Context) -> BenchResult:
     sizes = ctx.sizes["batch_sizes"]
     rounds = ctx.sizes["rounds"]
     seconds = ctx.sizes["seconds"]
-    result = BenchResult(
-        name="trainer",
-        title="Trainer throughput",
-        what=__doc__.split("\n", 2)[2].strip(),
-        sides=SIDES,
-        settings={
-            "model": spec.describe(),
-            "optimizer": f"{spec.optimizer} lr {spec.learning_rate}",
-            "loss": spec.loss,
-            "rounds": rounds,
-            "seconds per measurement": seconds,
-            "tf_threads": "TensorFlow defaults",
-        },
-    )
+    result = _result(spec, rounds, seconds)
     result.notes.append(
         "Targets apply at batch sizes 256 (livefit's default) and 1024. At 32 no trainer can "
         "reach 100x per-message: the raw step itself is about 55x `train_on_batch` per sample."
@@ -91,6 +78,24 @@ def run(ctx: Context) -> BenchResult:
                 _row(bs, chunk, livefit_rates[(bs, chunk)], raw_rates[bs], per_message)
             )
     return result
+
+
+def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    return BenchResult(
+        name="trainer",
+        title="Trainer throughput",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides=SIDES,
+        settings={
+            "model": spec.describe(),
+            "optimizer": f"{spec.optimizer} lr {spec.learning_rate}",
+            "loss": spec.loss,
+            "rounds": rounds,
+            "seconds per measurement": seconds,
+            "tf_threads": "TensorFlow defaults",
+        },
+    )
 
 
 def _row(
