@@ -16,7 +16,7 @@ from __future__ import annotations
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP
-from bench.serving import ok_rps, rotate
+from bench.serving import rotate
 from livefit.clients.metrics import MetricsReader
 from livefit.server.config import ServeSettings
 
@@ -110,14 +110,14 @@ def _row(n: int, key: str, runs: dict[str, list[LoadResult]], chose: dict[str, l
     """One setting at ``n`` clients, with its ratios to 0 ms paired by round."""
     mine, zero = runs[f"{n}/{key}"], runs[f"{n}/0"]
     row = Row(case={"clients": n, "batch_timeout_ms": _label(key)})
-    row.figures["req/s"] = Spread.of([ok_rps(r) for r in mine], "req/s")
+    row.figures["req/s"] = Spread.of([r.ok_rps for r in mine], "req/s")
     row.figures["p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
     row.figures["p99 ms"] = Spread.of([r.p99_ms for r in mine], "ms")
     row.figures["errors"] = Spread.of([float(r.errors) for r in mine], "")
     row.figures["timeout ms (gauge)"] = Spread.of(chose[f"{n}/{key}"], "ms")
     if key != "0":
         ratio = "this ÷ 0 ms (req/s)"
-        row.ratios[ratio] = paired_ratios([ok_rps(r) for r in mine], [ok_rps(r) for r in zero])
+        row.ratios[ratio] = paired_ratios([r.ok_rps for r in mine], [r.ok_rps for r in zero])
         row.ratios["p50 ÷ 0 ms"] = paired_ratios([r.p50_ms for r in mine], [r.p50_ms for r in zero])
         row.ratios["p99 ÷ 0 ms"] = paired_ratios([r.p99_ms for r in mine], [r.p99_ms for r in zero])
         if key == "auto":

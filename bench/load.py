@@ -57,6 +57,11 @@ class LoadResult:
         return self.requests / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def ok_rps(self) -> float:
+        """200s per second (``errors`` counts the rest)."""
+        return (self.requests - self.non_200) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
     def errors(self) -> int:
         return self.non_200 + self.socket_errors
 

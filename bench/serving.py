@@ -296,24 +296,19 @@ def _row(spec: ModelSpec, n: int, side: Side, runs: dict[str, list[LoadResult]])
     row = Row(case={"model": spec.name, "clients": n, "server": side.label})
     # successful answers only: a 429 (livefit's admission, past a full batch of clients) is
     # not throughput
-    row.figures["req/s"] = Spread.of([ok_rps(r) for r in mine], "req/s")
+    row.figures["req/s"] = Spread.of([r.ok_rps for r in mine], "req/s")
     row.figures["p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
     row.figures["p99 ms"] = Spread.of([r.p99_ms for r in mine], "ms")
     row.figures["errors"] = Spread.of([float(r.errors) for r in mine], "")
     if side.key != "livefit":
         livefit = runs[_key(spec.name, n, "livefit")]
         row.ratios["livefit ÷ this (req/s)"] = paired_ratios(
-            [ok_rps(r) for r in livefit], [ok_rps(r) for r in mine]
+            [r.ok_rps for r in livefit], [r.ok_rps for r in mine]
         )
         if n == TARGET_CLIENTS and spec.name == TARGET_MODEL:
             goal = TARGETS[side.key]
             row.target("livefit ÷ this (req/s)", ">=", goal, f"livefit ≥ {goal:g}x")
     return row
-
-
-def ok_rps(load: LoadResult) -> float:
-    """200s per second (``errors`` counts the rest)."""
-    return (load.requests - load.non_200) / load.seconds if load.seconds > 0 else 0.0
 
 
 def _key(model: str, clients: int, side: str) -> str:
