@@ -13,10 +13,10 @@ if it is never worse than 0 ms beyond noise, which the A/A pair measures.
 
 from __future__ import annotations
 
-from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP
-from bench.serving import ok_rps, rotate
+from bench.serving import rotate
 from livefit.clients.metrics import MetricsReader
 from livefit.server.config import ServeSettings
 
@@ -28,9 +28,10 @@ AUTO_GOAL = 0.9  # auto's req/s over 0 ms's, at every client count: "no worse be
 
 
 def run(ctx: Context) -> BenchResult:
-    keys = list(ctx.pick(("0", "auto"), TIMEOUTS))  # quick: the shared fleet holds these two
-    clients = ctx.pick([1, 64], [1, 16, 64])
-    rounds, duration = ctx.pick(1, 5), ctx.pick(1.0, 2.0)
+    keys = list(ctx.sizes["keys"])
+    clients = ctx.sizes["clients"]
+    rounds = ctx.sizes["rounds"]
+    duration = ctx.sizes["duration"]
     bound = ServeSettings().max_batch_timeout_ms
     result = BenchResult(
         name="batching",
@@ -109,16 +110,29 @@ def _row(n: int, key: str, runs: dict[str, list[LoadResult]], chose: dict[str, l
     """One setting at ``n`` clients, with its ratios to 0 ms paired by round."""
     mine, zero = runs[f"{n}/{key}"], runs[f"{n}/0"]
     row = Row(case={"clients": n, "batch_timeout_ms": _label(key)})
-    row.figures["req/s"] = Spread.of([ok_rps(r) for r in mine], "req/s")
+    row.figures["req/s"] = Spread.of([r.ok_rps for r in mine], "req/s")
     row.figures["p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
     row.figures["p99 ms"] = Spread.of([r.p99_ms for r in mine], "ms")
     row.figures["errors"] = Spread.of([float(r.errors) for r in mine], "")
     row.figures["timeout ms (gauge)"] = Spread.of(chose[f"{n}/{key}"], "ms")
     if key != "0":
         ratio = "this ÷ 0 ms (req/s)"
-        row.ratios[ratio] = paired_ratios([ok_rps(r) for r in mine], [ok_rps(r) for r in zero])
+        row.ratios[ratio] = paired_ratios([r.ok_rps for r in mine], [r.ok_rps for r in zero])
         row.ratios["p50 ÷ 0 ms"] = paired_ratios([r.p50_ms for r in mine], [r.p50_ms for r in zero])
         row.ratios["p99 ÷ 0 ms"] = paired_ratios([r.p99_ms for r in mine], [r.p99_ms for r in zero])
         if key == "auto":
             row.target(ratio, ">=", AUTO_GOAL, f"auto ≥ {AUTO_GOAL:g}x of 0 ms")
     return row
+
+
+BENCHMARK = Benchmark(
+    name="batching",
+    summary="serve.batch_timeout_ms 0, 1, 5 ms and auto, side by side at 1, 16, 64 clients",
+    run=run,
+    sizes=Sizes(
+        # quick: the shared fleet holds these two timeouts
+        quick={"keys": ("0", "auto"), "clients": [1, 64], "rounds": 1, "duration": 1.0},
+        full={"keys": TIMEOUTS, "clients": [1, 16, 64], "rounds": 5, "duration": 2.0},
+    ),
+    explained_always=True,
+)

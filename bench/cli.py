@@ -10,7 +10,6 @@ still run, and the exit status is 1.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import shutil
@@ -27,21 +26,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from rich.console import Console
 from rich.table import Table
 
-from bench.harness import REPO, Context, Mode, SharedFleet, machine_facts, now_iso
+from bench.harness import REPO, Context, Mode, SharedFleet
 from bench.load import describe_client, pick_client
+from bench.machine import machine_facts, now_iso
+from bench.registry import BENCHMARKS
 
-BENCHMARKS = {
-    "trainer": "livefit's trainer vs the raw compiled step and per-message train_on_batch",
-    "ingestion": "MQTT publish -> trained, vs a bare paho subscriber that only decodes",
-    "serving": "HTTP predictions vs FastAPI+Keras, LitServe and the HTTP ceiling",
-    "batching": "serve.batch_timeout_ms 0, 1, 5 ms and auto, side by side at 1, 16, 64 clients",
-    "freshness": "publish of a sample -> a replica serving weights trained on it",
-    "interference": "prediction p99 with the trainer saturated vs idle",
-    "memory": "learner RSS growth over a long run of training and predicting",
-    "overload": "goodput, 429 latency and recovery at 1x-3x capacity, open loop",
-    "learning": "prequential accuracy through the server vs river's per-sample learners",
-    "delayed_labels": "served score with labels delayed, through predictions and labels, vs river",
-}
 SCHEMA = 1
 
 
@@ -150,16 +139,17 @@ def _run_one(
     facts: dict[str, Any],
     shared: SharedFleet | None,
 ) -> dict[str, Any]:
-    console.rule(f"{name}: {BENCHMARKS[name]}")
+    benchmark = BENCHMARKS[name]
+    console.rule(f"{name}: {benchmark.summary}")
     ctx = Context(
         mode=cast(Mode, mode),
         workdir=workdir,
         console=console,
         load_client=client,
         shared=shared,
+        sizes=benchmark.sizes.of(cast(Mode, mode)),
     )
     workdir.mkdir(parents=True, exist_ok=True)
-    module = importlib.import_module(f"bench.{name}")
     started = time.monotonic()
     meta = {
         "mode": mode,
@@ -167,7 +157,7 @@ def _run_one(
         "load_client": describe_client(client),
     }
     try:
-        result = getattr(module, "suite_run", module.run)(ctx)
+        result = benchmark.run(ctx)
     except Exception as exc:
         console.print_exception(max_frames=8)
         return {

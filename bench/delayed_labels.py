@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.harness import Benchmark
 from bench.learning import (
     BINARY,
     DEFAULTS,
@@ -31,13 +32,15 @@ from bench.learning import (
     REGRESSION,
     STREAMS,
     Case,
-    LearningServer,
     Stream,
     describe,
+    learning_fleet,
     load_stream,
 )
+from bench.learning.server import wait_counted
 
 if TYPE_CHECKING:
+    from bench.fleet import Fleet
     from bench.harness import BenchResult, Context
 
 STREAM_NAMES = ("phishing", "trump")
@@ -100,7 +103,7 @@ def river_score(make: Callable[[], Any], stream: Stream, delays: list[int] | Non
 
 
 def livefit_score(
-    server: LearningServer, model: str, stream: Stream, delays: list[int]
+    fleet: Fleet, model: str, stream: Stream, delays: list[int]
 ) -> tuple[float, float, float]:
     """(client-side served score, the learner's served score, seconds) for one stream."""
     from livefit.clients.delayed import DelayedLabelStream
@@ -108,15 +111,15 @@ def livefit_score(
     from livefit.clients.publish import RatePacer, SamplePublisher
 
     started = time.perf_counter()
-    labels = SamplePublisher(server.broker.url, f"livefit/{model}/labels", fmt="json")
+    labels = SamplePublisher(fleet.broker.url, f"livefit/{model}/labels", fmt="json")
     pacer = RatePacer(RATE)
-    with labels, PredictClient(server.server.url) as client:
+    with labels, PredictClient(fleet.learner.url) as client:
         sender = DelayedLabelStream(client, model, labels.publish_payload, f"bench-{model}")
         for i in range(len(stream)):
             pacer.wait(i)
             sender.send(stream.x[i : i + 1], stream.y[i : i + 1], delays[i : i + 1])
         sender.finish()
-    _wait_joined(server, model, len(stream))
+    wait_counted(fleet, "livefit_labels_total", model, len(stream), 120, outcome="joined")
     outputs = np.concatenate(sender.outputs)
     if stream.task == REGRESSION:
         client_score = float(np.abs(outputs[:, 0] - stream.y[:, 0]).mean())
@@ -124,19 +127,10 @@ def livefit_score(
     else:
         client_score = float(((outputs[:, 0] >= 0.5) == (stream.y[:, 0] >= 0.5)).mean())
         metric = "accuracy"
-    served = server.server.metric(
+    served = fleet.learner.metric(
         "livefit_served_score", model=model, metric=metric, window="cumulative"
     )
     return client_score, served, time.perf_counter() - started
-
-
-def _wait_joined(server: LearningServer, model: str, n: int, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while server.server.metric("livefit_labels_total", model=model, outcome="joined") < n:
-        server.server.fail_if_exited()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{model}: not all {n} labels joined within {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 def run(quick: bool, workdir: Path, log: Callable[[str], None]) -> dict[str, Any]:
@@ -158,13 +152,13 @@ def run(quick: bool, workdir: Path, log: Callable[[str], None]) -> dict[str, Any
     ]
     tables = {n: {**s.table(), "labels": {"ttl_s": 3600.0}} for n, s in streams.items()}
     rows = [_river_row(stream, delay) for _, stream, delay in plans]
-    with LearningServer(workdir, cases, tables).running() as server:
+    with learning_fleet(workdir, cases, tables) as fleet:
         for r in range(repeats):  # interleaved: a slow spell of the machine hits every case
             for (name, stream, delay), row in zip(plans, rows, strict=True):
                 model = f"{name}_{delay.name}_{r}"
                 delays = delay.delays(len(stream))
-                client_score, served, seconds = livefit_score(server, model, stream, delays)
-                joined = server.server.metric("livefit_labels_total", model=model, outcome="joined")
+                client_score, served, seconds = livefit_score(fleet, model, stream, delays)
+                joined = fleet.learner.metric("livefit_labels_total", model=model, outcome="joined")
                 row["livefit"].append(client_score)
                 row["livefit_served_metric"].append(served)
                 row["joined"].append(joined)
@@ -249,3 +243,10 @@ def to_bench_result(results: dict[str, Any]) -> BenchResult:
             )
     result.merge_checks()
     return result
+
+
+BENCHMARK = Benchmark(
+    name="delayed_labels",
+    summary="served score with labels delayed, through predictions and labels, vs river",
+    run=suite_run,
+)

@@ -1,4 +1,4 @@
-"""The livefit processes the MQTT and HTTP benchmarks talk to: a broker, a learner, a replica.
+"""The livefit processes every benchmark talks to: a broker, a learner, a replica.
 
 In a full run each benchmark gets a fresh fleet with only its own model, stopped when it ends,
 so no benchmark inherits another's state. In ``--quick`` mode (which checks the harness, not
@@ -9,28 +9,30 @@ run: starting TensorFlow processes is most of a quick run's time on a small mach
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from bench.models import LSTM, MLP, ModelSpec, learner_config
+from bench.config import learner_config
+from bench.models import LSTM, MLP, ModelSpec
 from bench.procs import HttpServer, Mosquitto, livefit_server, running, wait_all
 
 # Every model a benchmark asks a fleet for: one name per benchmark, so that counters and
 # weights of one never mix with another's when a quick run shares the fleet. Settings are
-# livefit's defaults unless the extra TOML says otherwise.
-MODELS: dict[str, tuple[ModelSpec, str]] = {
-    "ingest": (MLP, ""),  # ingestion
-    "ingest1k": (MLP, "[models.ingest1k.train]\nmax_batch_size = 1024\n"),  # ingestion, informative
-    "mlp": (MLP, ""),  # serving (the name is in the URL every peer serves too)
-    "lstm": (LSTM, ""),  # serving, full runs
-    "fresh": (MLP, ""),  # freshness
-    "busy": (MLP, ""),  # interference
-    "soak": (MLP, ""),  # memory
-    "over": (MLP, ""),  # overload
+# livefit's defaults unless the extra keys of the model's table say otherwise.
+MODELS: dict[str, tuple[ModelSpec, dict[str, Any]]] = {
+    "ingest": (MLP, {}),  # ingestion
+    "ingest1k": (MLP, {"train": {"max_batch_size": 1024}}),  # ingestion, informative
+    "mlp": (MLP, {}),  # serving (the name is in the URL every peer serves too)
+    "lstm": (LSTM, {}),  # serving, full runs
+    "fresh": (MLP, {}),  # freshness
+    "busy": (MLP, {}),  # interference
+    "soak": (MLP, {}),  # memory
+    "over": (MLP, {}),  # overload
     # batching (bench/batching.py): the same mlp under each serve.batch_timeout_ms
     **{
-        f"mlp_t{key}": (MLP, f"[models.mlp_t{key}.serve]\nbatch_timeout_ms = {value}\n")
-        for key, value in (("0", "0"), ("1", "1"), ("5", "5"), ("auto", '"auto"'), ("0b", "0"))
+        f"mlp_t{key}": (MLP, {"serve": {"batch_timeout_ms": value}})
+        for key, value in (("0", 0), ("1", 1), ("5", 5), ("auto", "auto"), ("0b", 0))
     },
 }
 SHARED = (
@@ -46,23 +48,31 @@ SHARED = (
 )
 
 
-def section(name: str) -> str:
-    """The ``[models.<name>]`` tables of benchmark model ``name``."""
-    spec, extra = MODELS[name]
-    return spec.toml().replace(f"[models.{spec.name}]", f"[models.{name}]") + extra
+def bench_tables(models: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """The ``[models.<name>]`` tables of benchmark models ``models`` (names of ``MODELS``)."""
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise ValueError(f"no benchmark model {unknown}; known: {sorted(MODELS)}")
+    return {m: {**MODELS[m][0].table(), **MODELS[m][1]} for m in models}
 
 
 class Fleet:
-    """A mosquitto, a ``livefit serve`` with ``models`` and optionally a ``livefit replica``."""
+    """A mosquitto, a ``livefit serve`` with a model per table and optionally a replica.
 
-    def __init__(self, workdir: Path, models: tuple[str, ...], replica: bool, tag: str) -> None:
-        unknown = [m for m in models if m not in MODELS]
-        if unknown:
-            raise ValueError(f"no benchmark model {unknown}; known: {sorted(MODELS)}")
-        self.models = models
+    ``tables``: model name -> its ``[models.<name>]`` table (``bench_tables`` for the bench's
+    own models, or any table a user would write)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        tables: Mapping[str, Mapping[str, Any]],
+        replica: bool = False,
+        tag: str = "bench",
+    ) -> None:
+        self.models = tuple(tables)
         self.broker = Mosquitto(workdir / "broker")
-        sections = [section(m) for m in models]
-        config = learner_config(self.broker.url, str(workdir / "storage"), f"bench-{tag}", sections)
+        storage = str(workdir / "storage")
+        config = learner_config(self.broker.url, storage, f"bench-{tag}", tables)
         self.learner = livefit_server("learner", config, workdir)
         self.replica: HttpServer | None = None
         if replica:
@@ -73,12 +83,12 @@ class Fleet:
     def servers(self) -> list[HttpServer]:
         return [self.learner] + ([self.replica] if self.replica else [])
 
-    def start(self) -> Fleet:
+    def start(self, ready_timeout_s: float = 180.0) -> Fleet:
         self._stack.enter_context(running(self.broker, *self.servers))
         self.broker.start()
         for server in self.servers:  # the replica is ready once the learner's v0 reaches it
             server.start()
-        wait_all(self.servers)
+        wait_all(self.servers, ready_timeout_s)
         return self
 
     def has(self, models: tuple[str, ...], replica: bool) -> bool:
@@ -96,7 +106,7 @@ def fleet_for(
     if shared is not None and shared.has(models, replica):
         yield shared
         return
-    fleet = Fleet(workdir, models, replica, tag=workdir.name)
+    fleet = Fleet(workdir, bench_tables(models), replica, tag=workdir.name)
     try:
         yield fleet.start()
     finally:

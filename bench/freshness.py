@@ -27,8 +27,8 @@ import time
 import httpx
 import numpy as np
 
-from bench.harness import BenchResult, Context, Row, Spread
-from bench.models import MLP
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
+from bench.models import MLP, ModelSpec
 from bench.procs import HttpServer
 
 MODEL = "fresh"
@@ -37,22 +37,9 @@ MODEL = "fresh"
 def run(ctx: Context) -> BenchResult:
     from livefit.clients.publish import SamplePublisher
 
-    probes = ctx.pick(6, 200)
+    probes = ctx.sizes["probes"]
     spec = MLP
-    result = BenchResult(
-        name="freshness",
-        title="Freshness: publish to served",
-        what=__doc__.split("\n", 2)[2].strip(),
-        sides={
-            "livefit": "learner + replica processes, default settings "
-            "(`weights.publish_interval_s` 0.5, `train.max_wait_ms` 0)"
-        },
-        settings={
-            "model": spec.describe(),
-            "probes": probes,
-            "ranges": "bootstrap 95% intervals over the probes",
-        },
-    )
+    result = _result(spec, probes)
     times: list[float] = []
     sound_probes = 0
     rng = random.Random(5)
@@ -94,6 +81,24 @@ def run(ctx: Context) -> BenchResult:
     return result
 
 
+def _result(spec: ModelSpec, probes: int) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    return BenchResult(
+        name="freshness",
+        title="Freshness: publish to served",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides={
+            "livefit": "learner + replica processes, default settings "
+            "(`weights.publish_interval_s` 0.5, `train.max_wait_ms` 0)"
+        },
+        settings={
+            "model": spec.describe(),
+            "probes": probes,
+            "ranges": "bootstrap 95% intervals over the probes",
+        },
+    )
+
+
 def _probe(
     learner: HttpServer,
     replica: HttpServer,
@@ -131,3 +136,14 @@ def _percentile(values: list[float], q: float) -> Spread:
         int(data.size),
         "s",
     )
+
+
+BENCHMARK = Benchmark(
+    name="freshness",
+    summary="publish of a sample -> a replica serving weights trained on it",
+    run=run,
+    sizes=Sizes(
+        quick={"probes": 6},
+        full={"probes": 200},
+    ),
+)

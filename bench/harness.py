@@ -1,4 +1,4 @@
-"""What every benchmark shares: run sizes, spreads, targets, result records and machine facts.
+"""What every benchmark shares: run sizes, spreads, targets, result records, the registration.
 
 A benchmark measures livefit and its comparisons side by side in one run, repeated and
 interleaved, and reports medians with their spread (min-max over the repeats) and the ratios of
@@ -9,12 +9,9 @@ paired repeats, never one absolute time. A result is plain JSON (``BenchResult.t
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import os
-import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,6 +24,13 @@ if TYPE_CHECKING:
 Mode = Literal["quick", "full", "soak"]
 Op = Literal[">=", "<=", "<"]
 REPO = Path(__file__).resolve().parent.parent
+PROSE = REPO / "bench" / "prose"
+
+
+def prose(name: str) -> str:
+    """The measured prose ``bench/prose/<name>.md``: findings written by hand next to the
+    figures, which the report includes (trailing newlines dropped)."""
+    return (PROSE / f"{name}.md").read_text().rstrip("\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,10 +189,10 @@ class SharedFleet:
         self.fleet: Fleet | None = None
 
     def get(self) -> Fleet:
-        from bench.fleet import SHARED, Fleet
+        from bench.fleet import SHARED, Fleet, bench_tables
 
         if self.fleet is None:
-            self.fleet = Fleet(self.workdir, SHARED, replica=True, tag="shared")
+            self.fleet = Fleet(self.workdir, bench_tables(SHARED), replica=True, tag="shared")
             try:
                 self.fleet.start()
             except BaseException:
@@ -212,6 +216,7 @@ class Context:
     console: Console
     load_client: str = "auto"  # "auto" (wrk when on PATH), "wrk" or "python"
     shared: SharedFleet | None = None  # quick runs share one fleet
+    sizes: dict[str, Any] = field(default_factory=dict)  # the benchmark's, for this mode
 
     @contextlib.contextmanager
     def fleet(self, *models: str, replica: bool = False) -> Iterator[Fleet]:
@@ -226,121 +231,48 @@ class Context:
     def quick(self) -> bool:
         return self.mode == "quick"
 
-    def pick(self, quick: Any, full: Any, soak: Any | None = None) -> Any:
-        """The value for this run's size (``soak`` defaults to ``full``)."""
-        if self.mode == "quick":
-            return quick
-        if self.mode == "soak" and soak is not None:
-            return soak
-        return full
-
     def step(self, message: str) -> None:
         """One line of progress, time-stamped."""
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False)
 
 
 @dataclass(frozen=True, slots=True)
+class Sizes:
+    """A benchmark's parameters at each size of run: ``quick`` checks the harness, ``full``
+    measures, ``soak`` (keys overriding ``full``) runs long. Quick and full name the same keys."""
+
+    quick: Mapping[str, Any] = field(default_factory=dict)
+    full: Mapping[str, Any] = field(default_factory=dict)
+    soak: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if set(self.quick) != set(self.full) or not set(self.soak) <= set(self.full):
+            raise ValueError(f"sizes name different keys: {self.quick}, {self.full}, {self.soak}")
+
+    def of(self, mode: Mode) -> dict[str, Any]:
+        """The parameters for a run of ``mode``."""
+        if mode == "quick":
+            return dict(self.quick)
+        return {**self.full, **(self.soak if mode == "soak" else {})}
+
+
+@dataclass(frozen=True, slots=True)
 class Benchmark:
-    """A registered benchmark: its name, a one-line summary and its ``run(ctx)``."""
+    """A registered benchmark (``bench.registry``): what it compares, how it runs at each size,
+    and how its section of BENCHMARKS.md is rendered from its ``BenchResult`` JSON.
+
+    ``sizes`` are read by ``run`` as ``ctx.sizes``; a benchmark whose quick run is another plan
+    rather than smaller numbers (fewer sides, fewer streams) reads ``ctx.quick`` instead.
+    ``section``: None for the standard section (``bench.report``). ``explained_always``: its
+    prose (``bench/prose/<name>.md``) is shown even when every target passes."""
 
     name: str
     summary: str
     run: Callable[[Context], BenchResult]
+    sizes: Sizes = field(default_factory=Sizes)
+    section: Callable[[dict[str, Any]], str] | None = None
+    explained_always: bool = False
 
-
-def machine_facts() -> dict[str, Any]:
-    """Facts that change what the figures mean: cores, CPU, memory, versions, device."""
-    import numpy as np
-
-    facts: dict[str, Any] = {
-        "cores_logical": os.cpu_count(),
-        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu_model": _cpu_model(),
-        "memory_gib": _memory_gib(),
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "recorded_at": now_iso(),
-    }
-    facts.update(_framework_facts())
-    facts["livefit"] = _livefit_version()
-    facts["commit"] = _commit()
-    return facts
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
-
-
-def _framework_facts() -> dict[str, Any]:
-    import keras
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    device = "CPU"
-    if gpus:
-        details = tf.config.experimental.get_device_details(gpus[0])
-        device = f"GPU: {details.get('device_name', gpus[0].name)} (x{len(gpus)})"
-    return {
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "device": device,
-        "tf_intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-        "tf_inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _memory_gib() -> float | None:
-    try:
-        import psutil
-
-        return round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        return None
-
-
-def _livefit_version() -> str:
-    try:
-        from livefit import __version__
-
-        return str(__version__)
-    except ImportError:
-        return "unknown"
-
-
-def _commit() -> str | None:
-    """The checked-out commit, read from .git without running git (None when not a checkout).
-
-    In a worktree ``.git`` is a file naming the worktree's git dir (which holds ``HEAD``), and
-    branches live in the common dir it names in ``commondir``."""
-    git = REPO / ".git"
-    try:
-        if git.is_file():  # "gitdir: <path>"
-            git = Path(git.read_text().strip().removeprefix("gitdir: "))
-        common = git
-        if (git / "commondir").exists():
-            common = (git / (git / "commondir").read_text().strip()).resolve()
-        ref = (git / "HEAD").read_text().strip()
-        if not ref.startswith("ref: "):
-            return ref[:12]
-        target = common / ref[5:]
-        if target.exists():
-            return target.read_text().strip()[:12]
-        for line in (common / "packed-refs").read_text().splitlines():
-            if line.endswith(ref[5:]):
-                return line.split()[0][:12]
-    except OSError:
-        return None
-    return None
-    return None
+    def analysis(self) -> str | None:
+        """The measured prose about this benchmark, if any is written."""
+        return prose(self.name) if (PROSE / f"{self.name}.md").exists() else None

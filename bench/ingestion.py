@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.models import MLP
 from bench.procs import HttpServer, ToolProcess
 
@@ -46,8 +46,8 @@ FORMATS = (
 
 
 def run(ctx: Context) -> BenchResult:
-    rounds = ctx.pick(1, 3)
-    counts = {1: ctx.pick(1500, 20_000), 100: ctx.pick(10_000, 300_000)}
+    rounds = ctx.sizes["rounds"]
+    counts = ctx.sizes["counts"]
     spec = MLP
     result = BenchResult(
         name="ingestion",
@@ -210,3 +210,14 @@ def _rejected(learner: HttpServer) -> float:
         and ("outcome", "rejected") in labels
         and dict(labels).get("model") in (MODEL, MODEL_1K)
     )
+
+
+BENCHMARK = Benchmark(
+    name="ingestion",
+    summary="MQTT publish -> trained, vs a bare paho subscriber that only decodes",
+    run=run,
+    sizes=Sizes(
+        quick={"rounds": 1, "counts": {1: 1500, 100: 10_000}},
+        full={"rounds": 3, "counts": {1: 20_000, 100: 300_000}},
+    ),
+)

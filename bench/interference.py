@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
-from bench.models import MLP
+from bench.models import MLP, ModelSpec
 from bench.procs import HttpServer, ToolProcess
 
 CLIENTS = 64
@@ -21,26 +21,10 @@ MODEL = "busy"
 
 
 def run(ctx: Context) -> BenchResult:
-    rounds = ctx.pick(1, 3)
-    duration = ctx.pick(1.0, 4.0)
+    rounds = ctx.sizes["rounds"]
+    duration = ctx.sizes["duration"]
     spec = MLP
-    result = BenchResult(
-        name="interference",
-        title="Interference: predictions while training",
-        what=__doc__.split("\n", 2)[2].strip(),
-        sides={
-            "idle": "no samples arriving",
-            "saturated": "a publisher streaming 100-sample "
-            "msgpack messages (QoS 1, window 1000) as fast as it can, for the whole run",
-        },
-        settings={
-            "model": spec.describe(),
-            "clients": CLIENTS,
-            "seconds per run": duration,
-            "rounds": rounds,
-            "server": "`livefit serve`, default settings",
-        },
-    )
+    result = _result(spec, rounds, duration)
     work = ctx.workdir
     body = spec.request_body()
     idle: list[LoadResult] = []
@@ -92,6 +76,27 @@ def run(ctx: Context) -> BenchResult:
     return result
 
 
+def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    return BenchResult(
+        name="interference",
+        title="Interference: predictions while training",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides={
+            "idle": "no samples arriving",
+            "saturated": "a publisher streaming 100-sample "
+            "msgpack messages (QoS 1, window 1000) as fast as it can, for the whole run",
+        },
+        settings={
+            "model": spec.describe(),
+            "clients": CLIENTS,
+            "seconds per run": duration,
+            "rounds": rounds,
+            "server": "`livefit serve`, default settings",
+        },
+    )
+
+
 def _saturated(
     ctx: Context,
     learner: HttpServer,
@@ -140,3 +145,14 @@ def _drain(learner: HttpServer, timeout: float = 60.0) -> None:
             return
         last = trained
         time.sleep(0.3)
+
+
+BENCHMARK = Benchmark(
+    name="interference",
+    summary="prediction p99 with the trainer saturated vs idle",
+    run=run,
+    sizes=Sizes(
+        quick={"rounds": 1, "duration": 1.0},
+        full={"rounds": 3, "duration": 4.0},
+    ),
+)

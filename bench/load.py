@@ -57,6 +57,11 @@ class LoadResult:
         return self.requests / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def ok_rps(self) -> float:
+        """200s per second (``errors`` counts the rest)."""
+        return (self.requests - self.non_200) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
     def errors(self) -> int:
         return self.non_200 + self.socket_errors
 
@@ -95,6 +100,19 @@ def describe_client(client: str) -> str:
     )
 
 
+def _loadgen_argv(
+    url: str, body: bytes, clients: int, duration_s: float, workdir: Path, max_requests: int
+) -> list[str]:
+    """``python -m bench.loadgen`` with the body in a file of ``workdir``."""
+    body_file = workdir / "body.json"
+    body_file.write_bytes(body)
+    return [
+        sys.executable, "-m", "bench.loadgen", "--url", url, "--body-file", str(body_file),
+        "--clients", str(clients), "--duration", str(duration_s),
+        "--max-requests", str(max_requests),
+    ]  # fmt: skip
+
+
 def run_load(
     client: str,
     url: str,
@@ -115,23 +133,7 @@ def run_load(
     if client == "wrk" and not max_requests:
         argv = _wrk_argv(url, body, clients, duration_s, workdir)
     else:
-        body_file = workdir / "body.json"
-        body_file.write_bytes(body)
-        argv = [
-            sys.executable,
-            "-m",
-            "bench.loadgen",
-            "--url",
-            url,
-            "--body-file",
-            str(body_file),
-            "--clients",
-            str(clients),
-            "--duration",
-            str(duration_s),
-            "--max-requests",
-            str(max_requests),
-        ]
+        argv = _loadgen_argv(url, body, clients, duration_s, workdir, max_requests)
     done = subprocess.run(
         argv,
         capture_output=True,

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import psutil
 
-from bench.harness import BenchResult, Context, Row, Spread
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.load import run_load
 from bench.models import MLP
 from bench.procs import HttpServer, ToolProcess
@@ -57,8 +57,8 @@ class RssSampler:
 
 
 def run(ctx: Context) -> BenchResult:
-    samples = ctx.pick(20_000, 300_000, 1_000_000)
-    requests = ctx.pick(2_000, 30_000, 200_000)
+    samples = ctx.sizes["samples"]
+    requests = ctx.sizes["requests"]
     spec = MLP
     result = BenchResult(
         name="memory",
@@ -166,3 +166,15 @@ def _row(series: list[tuple[float, int]], samples: int, requests: int) -> Row:
     row.figures["growth %"] = Spread.of([100.0 * (final / base - 1.0)], "%")
     row.target("growth %", "<", 5.0, "growth < 5% after warm-up")
     return row
+
+
+BENCHMARK = Benchmark(
+    name="memory",
+    summary="learner RSS growth over a long run of training and predicting",
+    run=run,
+    sizes=Sizes(
+        quick={"samples": 20_000, "requests": 2_000},
+        full={"samples": 300_000, "requests": 30_000},
+        soak={"samples": 1_000_000, "requests": 200_000},
+    ),
+)

@@ -93,22 +93,12 @@ class ModelSpec:
             scaling=data.get("scaling", "standardize"),
         )
 
-    def toml(self, extra: str = "") -> str:
-        """This model's ``[models.<name>]`` tables for a livefit config; ``extra`` is appended."""
-        options = ", ".join(f"{k} = {_toml_value(v)}" for k, v in self.options.items())
-        return (
-            f"[models.{self.name}]\n"
-            f'builder = "{self.builder}"\n'
-            f"builder_options = {{ {options} }}\n"
-            f"input_shape = {list(self.input_shape)}\n"
-            f"output_shape = {list(self.output_shape)}\n"
-            f'loss = "{self.loss}"\n'
-            f'optimizer = "{self.optimizer}"\n'
-            f"learning_rate = {self.learning_rate}\n"
-            f"seed = {self.seed}\n"
-            f'scaling = "{self.scaling}"\n'
-            f"{extra}"
-        )
+    def table(self) -> dict[str, Any]:
+        """This model's ``[models.<name>]`` table for a livefit config (``bench.config``)."""
+        table = self.to_json()
+        del table["name"]
+        table["builder_options"] = table.pop("options")
+        return table
 
     def rows(self, n: int, seed: int = 1) -> np.ndarray:
         """``n`` deterministic float32 inputs."""
@@ -124,26 +114,5 @@ class ModelSpec:
         return f"/v1/models/{self.name}:predict"
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return str(value)
-
-
 MLP = ModelSpec("mlp", "mlp", (8,), (1,), {"hidden_units": [64, 64]})
 LSTM = ModelSpec("lstm", "lstm", (16, 8), (1,), {"units": 64})
-
-
-def learner_config(broker_url: str, storage: str, client_id: str, models: list[str]) -> str:
-    """A livefit config at default settings but for the broker and storage the bench gives.
-
-    ``models`` are complete ``[models.<name>]`` sections (see ``ModelSpec.toml``).
-    """
-    return (
-        f'[broker]\nurl = "{broker_url}"\nclient_id = "{client_id}"\n\n'
-        f'[storage]\ndir = "{storage}"\n\n' + "\n".join(models)
-    )

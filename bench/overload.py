@@ -16,20 +16,20 @@ repeated while thousands of slow clients (the slowloris pattern) hold connection
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.harness import REPO, BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import REPO, Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
-from bench.models import MLP
+from bench.models import MLP, ModelSpec
 from bench.procs import QUIET_ENV, HttpServer
+from bench.slow_clients import SLOW_LINE_S, slow_row, with_slow_clients
 from livefit.server.config import ServeSettings
 
 MODEL = "over"
@@ -45,21 +45,94 @@ TARGETS = {
 }
 RECOVERY_RUN = 5  # probes in a row that must be good
 MAX_CONNECTIONS = 1000  # the open-loop client's, as http.max_connections
-SLOW_CLIENTS = 2000  # connections sending their request head one line every 5 s
-SLOW_LINE_S = 5.0
-PARTIAL_HEAD = b"POST /v1/models/over:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+SLOW_CLIENTS = 2000  # connections sending their request head one line every SLOW_LINE_S
 
 
 def run(ctx: Context) -> BenchResult:
-    rounds = ctx.pick(1, 2)
-    seconds = ctx.pick(2.0, 20.0)
-    capacity_seconds = ctx.pick(1.0, 5.0)
-    probe_s = ctx.pick(1.0, 3.0)
-    multipliers = ctx.pick((TARGET_MULTIPLIER,), (1, 2, 3))
-    slow_clients = ctx.pick(200, SLOW_CLIENTS)
-    connections = ctx.pick(256, 512)
+    rounds = ctx.sizes["rounds"]
+    capacity_seconds = ctx.sizes["capacity_seconds"]
+    multipliers = ctx.sizes["multipliers"]
+    slow_clients = ctx.sizes["slow_clients"]
     spec = MLP
-    result = BenchResult(
+    result = _result(ctx, spec)
+    body = spec.request_body()
+    path = f"/v1/models/{MODEL}:predict"
+    runs: dict[int, list[dict[str, Any]]] = {m: [] for m in multipliers}
+    slow: list[dict[str, Any]] = []
+    capacities: list[LoadResult] = []
+    with ctx.fleet(MODEL) as fleet:
+        learner = fleet.learner
+        url = learner.url + path
+        load_dir = ctx.workdir / "load"
+        if not ctx.quick:  # first calls and connection setup are not measured
+            run_load(ctx.load_client, url, body, 16, 1.0, load_dir)
+        for r in range(rounds):
+            capacity = run_load(
+                ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
+            )
+            capacities.append(capacity)
+            cap_rps, cap_p99 = capacity.ok_rps, capacity.p99_ms
+            ctx.step(f"round {r + 1}/{rounds} capacity: {cap_rps:,.0f} req/s, p99 {cap_p99:.1f} ms")
+            for m in multipliers:
+                over = _overloaded(ctx, learner, url, body, m, capacity)
+                runs[m].append(over)
+                ctx.step(_line(r, rounds, over))
+                _settle(learner)
+            load = partial(run_load, ctx.load_client, url, body, CAPACITY_CLIENTS)
+            slow.append(with_slow_clients(learner, slow_clients, capacity, load, ctx.workdir))
+            ctx.step(
+                f"round {r + 1}/{rounds} {slow_clients:,} slow clients: "
+                f"{slow[-1]['rps']:,.0f} req/s ({slow[-1]['rps'] / cap_rps:.2f}x), p99 "
+                f"{slow[-1]['p99_ms']:.1f} ms, {slow[-1]['descriptors']} more descriptors, "
+                f"{slow[-1]['still_connected']} slow ones still connected"
+            )
+    for m in multipliers:
+        result.rows.append(_row(m, runs[m]))
+    result.rows.append(slow_row(slow_clients, CAPACITY_CLIENTS, MAX_CONNECTIONS, slow))
+    _check_answers(result, [o for v in runs.values() for o in v])
+    result.extra["capacity"] = [c.to_json() for c in capacities]
+    result.extra["slow_clients"] = slow
+    result.extra["runs"] = {str(m): v for m, v in runs.items()}
+    return result
+
+
+def _overloaded(
+    ctx: Context, learner: HttpServer, url: str, body: bytes, m: float, capacity: LoadResult
+) -> dict[str, Any]:
+    """One open-loop run at ``m`` times the capacity, then the capacity run again."""
+    s = ctx.sizes
+    load_dir = ctx.workdir / "load"
+    cap_rps, cap_p99, probe_s = capacity.ok_rps, capacity.p99_ms, s["probe_s"]
+    with _RssSampler(learner) as rss:
+        over = _open_loop(url, body, m * cap_rps, s["seconds"], probe_s, load_dir, s["connections"])
+    after = run_load(ctx.load_client, url, body, CAPACITY_CLIENTS, s["capacity_seconds"], load_dir)
+    over.update(
+        multiplier=m,
+        capacity_rps=cap_rps,
+        capacity_p99_ms=cap_p99,
+        recovery_s=_recovery(over["probes"], 2 * cap_p99, probe_s),
+        after_rps=after.ok_rps,
+        rss_mib=rss.summary(),
+    )
+    return over
+
+
+def _check_answers(result: BenchResult, shed: list[dict[str, Any]]) -> None:
+    """Every 429 carried Retry-After; nothing but 200, 429 and 504 came back."""
+    missing = sum(o["shed_without_retry_after"] for o in shed)
+    result.check("every 429 carried Retry-After", missing == 0, f"{missing} without")
+    others = sum(
+        n for o in shed for s, n in o["counts"].items() if s not in ("200", "429", "504", "0", "-1")
+    )
+    result.check("no answer other than 200, 429 or 504 (no 5xx)", others == 0, f"{others} others")
+
+
+def _result(ctx: Context, spec: ModelSpec) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    s = ctx.sizes
+    rounds, seconds, connections = s["rounds"], s["seconds"], s["connections"]
+    capacity_seconds, slow_clients = s["capacity_seconds"], s["slow_clients"]
+    return BenchResult(
         name="overload",
         title="Overload: goodput past capacity",
         what=__doc__.split("\n", 2)[2].strip(),
@@ -81,69 +154,6 @@ def run(ctx: Context) -> BenchResult:
             "rounds": rounds,
         },
     )
-    body = spec.request_body()
-    path = f"/v1/models/{MODEL}:predict"
-    runs: dict[int, list[dict[str, Any]]] = {m: [] for m in multipliers}
-    slow: list[dict[str, Any]] = []
-    capacities: list[LoadResult] = []
-    with ctx.fleet(MODEL) as fleet:
-        learner = fleet.learner
-        url = learner.url + path
-        load_dir = ctx.workdir / "load"
-        if not ctx.quick:  # first calls and connection setup are not measured
-            run_load(ctx.load_client, url, body, 16, 1.0, load_dir)
-        for r in range(rounds):
-            capacity = run_load(
-                ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
-            )
-            capacities.append(capacity)
-            cap_rps, cap_p99 = _ok_rate(capacity), capacity.p99_ms
-            ctx.step(f"round {r + 1}/{rounds} capacity: {cap_rps:,.0f} req/s, p99 {cap_p99:.1f} ms")
-            for m in multipliers:
-                with _RssSampler(learner) as rss:
-                    over = _open_loop(
-                        url, body, m * cap_rps, seconds, probe_s, load_dir, connections
-                    )
-                after = run_load(
-                    ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
-                )
-                over.update(
-                    multiplier=m,
-                    capacity_rps=cap_rps,
-                    capacity_p99_ms=cap_p99,
-                    recovery_s=_recovery(over["probes"], 2 * cap_p99, probe_s),
-                    after_rps=_ok_rate(after),
-                    rss_mib=rss.summary(),
-                )
-                runs[m].append(over)
-                ctx.step(_line(r, rounds, over))
-                _settle(learner)
-            slow.append(_with_slow_clients(ctx, learner, url, body, slow_clients, capacity))
-            ctx.step(
-                f"round {r + 1}/{rounds} {slow_clients:,} slow clients: "
-                f"{slow[-1]['rps']:,.0f} req/s ({slow[-1]['rps'] / cap_rps:.2f}x), p99 "
-                f"{slow[-1]['p99_ms']:.1f} ms, {slow[-1]['descriptors']} more descriptors, "
-                f"{slow[-1]['still_connected']} slow ones still connected"
-            )
-    for m in multipliers:
-        result.rows.append(_row(m, runs[m]))
-    result.rows.append(_slow_row(slow_clients, slow))
-    shed = [o for v in runs.values() for o in v]
-    missing = sum(o["shed_without_retry_after"] for o in shed)
-    result.check("every 429 carried Retry-After", missing == 0, f"{missing} without")
-    others = sum(
-        n for o in shed for s, n in o["counts"].items() if s not in ("200", "429", "504", "0", "-1")
-    )
-    result.check("no answer other than 200, 429 or 504 (no 5xx)", others == 0, f"{others} others")
-    result.extra["capacity"] = [c.to_json() for c in capacities]
-    result.extra["slow_clients"] = slow
-    result.extra["runs"] = {str(m): v for m, v in runs.items()}
-    return result
-
-
-def _ok_rate(load: LoadResult) -> float:
-    """Successful requests/s of a closed-loop run."""
-    return (load.requests - load.non_200) / load.seconds if load.seconds > 0 else 0.0
 
 
 def _count(run: dict[str, Any], status: str) -> int:
@@ -277,94 +287,29 @@ def _row(m: int, runs: list[dict[str, Any]]) -> Row:
     return row
 
 
-def _with_slow_clients(
-    ctx: Context, server: HttpServer, url: str, body: bytes, count: int, capacity: LoadResult
-) -> dict[str, Any]:
-    """The capacity run again while ``count`` slow clients are connected (each sends its
-    request head one line every ``SLOW_LINE_S``, never finishing it), opened first."""
-    import psutil
-
-    process = psutil.Process(server.pid)
-    before = process.num_fds()
-    with _SlowClients(server.port, count) as clients:
-        time.sleep(1.0)  # the server has taken them all in (or turned them away)
-        held = process.num_fds()
-        load = run_load(
-            ctx.load_client, url, body, CAPACITY_CLIENTS, capacity.seconds, ctx.workdir / "load"
-        )
-        held = max(held, process.num_fds())
-        still = clients.still_connected()
-    return {
-        "clients": count,
-        "rps": _ok_rate(load),
-        "p99_ms": load.p99_ms,
-        "errors": load.errors,
-        "capacity_rps": _ok_rate(capacity),
-        "descriptors": held - before,
-        "still_connected": still,
-    }
-
-
-class _SlowClients:
-    """``count`` connections that each send a request line, then one header line every
-    ``SLOW_LINE_S`` (the slowloris pattern), from a thread; opened a hundred at a time."""
-
-    def __init__(self, port: int, count: int) -> None:
-        self.port = port
-        self.count = count
-        self.socks: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._trickle, name="slow-clients", daemon=True)
-
-    def __enter__(self) -> _SlowClients:
-        for first in range(0, self.count, 100):
-            for _ in range(min(100, self.count - first)):
-                sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-                sock.sendall(PARTIAL_HEAD)
-                sock.setblocking(False)
-                self.socks.append(sock)
-            time.sleep(0.02)  # the server's accept queue is not a test subject here
-        self._thread.start()
-        return self
-
-    def _trickle(self) -> None:
-        line = 0
-        while not self._stop.wait(SLOW_LINE_S):
-            line += 1
-            for sock in self.socks:
-                with contextlib.suppress(OSError):
-                    sock.send(f"X-Slow-{line}: a\r\n".encode())
-
-    def still_connected(self) -> int:
-        """How many the server has not closed (nor answered: a 408 comes before the close)."""
-        open_ = 0
-        for sock in self.socks:
-            try:
-                sock.recv(1, socket.MSG_PEEK)  # a 408, or the end: the server is done with it
-            except BlockingIOError:
-                open_ += 1  # nothing to read: still connected
-            except OSError:
-                pass  # reset: closed
-        return open_
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        for sock in self.socks:
-            sock.close()
-
-
-def _slow_row(count: int, runs: list[dict[str, Any]]) -> Row:
-    row = Row(case={"load": f"{count:,} slow clients + {CAPACITY_CLIENTS} well-behaved"})
-    f = row.figures
-    f["capacity req/s"] = Spread.of([o["capacity_rps"] for o in runs], "req/s")
-    f["req/s"] = Spread.of([o["rps"] for o in runs], "req/s")
-    f["200 p99 ms"] = Spread.of([o["p99_ms"] for o in runs], "ms")
-    f["descriptors held"] = Spread.of([float(o["descriptors"]) for o in runs], "")
-    f["slow ones still connected"] = Spread.of([float(o["still_connected"]) for o in runs], "")
-    row.ratios["req/s ÷ capacity"] = paired_ratios(
-        [o["rps"] for o in runs], [o["capacity_rps"] for o in runs]
-    )
-    row.target("req/s ÷ capacity", ">=", 0.8, "well-behaved clients served at ≥ 0.8x capacity")
-    row.target("descriptors held", "<=", MAX_CONNECTIONS, "descriptors ≤ http.max_connections")
-    return row
+BENCHMARK = Benchmark(
+    name="overload",
+    summary="goodput, 429 latency and recovery at 1x-3x capacity, open loop",
+    run=run,
+    sizes=Sizes(
+        quick={
+            "rounds": 1,
+            "seconds": 2.0,
+            "capacity_seconds": 1.0,
+            "probe_s": 1.0,
+            "multipliers": (TARGET_MULTIPLIER,),
+            "slow_clients": 200,
+            "connections": 256,
+        },
+        full={
+            "rounds": 2,
+            "seconds": 20.0,
+            "capacity_seconds": 5.0,
+            "probe_s": 3.0,
+            "multipliers": (1, 2, 3),
+            "slow_clients": SLOW_CLIENTS,
+            "connections": 512,
+        },
+    ),
+    explained_always=True,
+)

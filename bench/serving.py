@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import LSTM, MLP, ModelSpec
 from bench.procs import HttpServer, free_port, running, start_all, wait_all
@@ -78,10 +78,58 @@ SIDES = (
 
 def run(ctx: Context) -> BenchResult:
     sides = _available_sides()
-    models = ctx.pick([MLP], [MLP, LSTM])
-    clients = ctx.pick([TARGET_CLIENTS], [1, 16, 64, 256])
-    rounds = ctx.pick(1, 2)
-    duration = ctx.pick(1.0, 3.0)
+    models = ctx.sizes["models"]
+    clients = ctx.sizes["clients"]
+    rounds = ctx.sizes["rounds"]
+    duration = ctx.sizes["duration"]
+    result = _result(ctx, sides, models)
+    plan = Plan([s.key for s in sides], clients, rounds, duration)
+    runs: dict[str, list[LoadResult]] = {}
+    for spec in models:
+        _serve_model(ctx, spec, plan, result, runs)
+    for spec in models:
+        for n in clients:
+            for side in sides:
+                result.rows.append(_row(spec, n, side, runs))
+    result.extra["runs"] = {k: [r.to_json() for r in v] for k, v in runs.items()}
+    _check_errors(result, runs)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Which servers run, at which client counts, how many rounds of how long."""
+
+    sides: list[str]
+    clients: list[int]
+    rounds: int
+    duration: float
+
+
+def _check_errors(result: BenchResult, runs: dict[str, list[LoadResult]]) -> None:
+    """livefit answered 200 up to a full batch of clients, and never broke a socket."""
+    # Up to a full batch of concurrent clients, admission never refuses (serve.max_queue_wait_ms
+    # applies to requests that cannot join the next batch); beyond, 429s are its design.
+    within = [
+        r
+        for key, v in runs.items()
+        if key.endswith("/livefit") and int(key.split("/")[1]) <= MAX_BATCH
+        for r in v
+    ]
+    errors = sum(r.errors for r in within)
+    result.check(
+        f"livefit answered every request 200, with no socket error, at up to {MAX_BATCH} clients",
+        errors == 0,
+        f"{errors} errors",
+    )
+    mine = [r for key, v in runs.items() if key.endswith("/livefit") for r in v]
+    broken = sum(r.socket_errors for r in mine)
+    result.check("livefit: no socket error at any client count", broken == 0, f"{broken} errors")
+
+
+def _result(ctx: Context, sides: list[Side], models: list[ModelSpec]) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    clients, rounds, duration = ctx.sizes["clients"], ctx.sizes["rounds"], ctx.sizes["duration"]
     result = BenchResult(
         name="serving",
         title="Serving throughput and latency",
@@ -101,43 +149,7 @@ def run(ctx: Context) -> BenchResult:
             "LitServe is not installed here (`pip install -e '.[bench]'`), so "
             "its comparison was not run."
         )
-    plan = Plan([s.key for s in sides], clients, rounds, duration)
-    runs: dict[str, list[LoadResult]] = {}
-    for spec in models:
-        _serve_model(ctx, spec, plan, result, runs)
-    for spec in models:
-        for n in clients:
-            for side in sides:
-                result.rows.append(_row(spec, n, side, runs))
-    result.extra["runs"] = {k: [r.to_json() for r in v] for k, v in runs.items()}
-    # Up to a full batch of concurrent clients, admission never refuses (serve.max_queue_wait_ms
-    # applies to requests that cannot join the next batch); beyond, 429s are its design.
-    within = [
-        r
-        for key, v in runs.items()
-        if key.endswith("/livefit") and int(key.split("/")[1]) <= MAX_BATCH
-        for r in v
-    ]
-    errors = sum(r.errors for r in within)
-    result.check(
-        f"livefit answered every request 200, with no socket error, at up to {MAX_BATCH} clients",
-        errors == 0,
-        f"{errors} errors",
-    )
-    mine = [r for key, v in runs.items() if key.endswith("/livefit") for r in v]
-    broken = sum(r.socket_errors for r in mine)
-    result.check("livefit: no socket error at any client count", broken == 0, f"{broken} errors")
     return result
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Which servers run, at which client counts, how many rounds of how long."""
-
-    sides: list[str]
-    clients: list[int]
-    rounds: int
-    duration: float
 
 
 def _available_sides() -> tuple[Side, ...]:
@@ -284,24 +296,19 @@ def _row(spec: ModelSpec, n: int, side: Side, runs: dict[str, list[LoadResult]])
     row = Row(case={"model": spec.name, "clients": n, "server": side.label})
     # successful answers only: a 429 (livefit's admission, past a full batch of clients) is
     # not throughput
-    row.figures["req/s"] = Spread.of([ok_rps(r) for r in mine], "req/s")
+    row.figures["req/s"] = Spread.of([r.ok_rps for r in mine], "req/s")
     row.figures["p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
     row.figures["p99 ms"] = Spread.of([r.p99_ms for r in mine], "ms")
     row.figures["errors"] = Spread.of([float(r.errors) for r in mine], "")
     if side.key != "livefit":
         livefit = runs[_key(spec.name, n, "livefit")]
         row.ratios["livefit ÷ this (req/s)"] = paired_ratios(
-            [ok_rps(r) for r in livefit], [ok_rps(r) for r in mine]
+            [r.ok_rps for r in livefit], [r.ok_rps for r in mine]
         )
         if n == TARGET_CLIENTS and spec.name == TARGET_MODEL:
             goal = TARGETS[side.key]
             row.target("livefit ÷ this (req/s)", ">=", goal, f"livefit ≥ {goal:g}x")
     return row
-
-
-def ok_rps(load: LoadResult) -> float:
-    """200s per second (``errors`` counts the rest)."""
-    return (load.requests - load.non_200) / load.seconds if load.seconds > 0 else 0.0
 
 
 def _key(model: str, clients: int, side: str) -> str:
@@ -311,3 +318,14 @@ def _key(model: str, clients: int, side: str) -> str:
 def rotate(items: list[str], by: int) -> list[str]:
     k = by % len(items)
     return items[k:] + items[:k]
+
+
+BENCHMARK = Benchmark(
+    name="serving",
+    summary="HTTP predictions vs FastAPI+Keras, LitServe and the HTTP ceiling",
+    run=run,
+    sizes=Sizes(
+        quick={"models": [MLP], "clients": [TARGET_CLIENTS], "rounds": 1, "duration": 1.0},
+        full={"models": [MLP, LSTM], "clients": [1, 16, 64, 256], "rounds": 2, "duration": 3.0},
+    ),
+)

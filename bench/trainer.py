@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness import BenchResult, Context, Row, Spread, paired_ratios
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.models import MLP, ModelSpec
 
 CHUNKS = (1, 100)
@@ -38,23 +38,10 @@ def run(ctx: Context) -> BenchResult:
     import tensorflow as tf
 
     spec = MLP
-    sizes = ctx.pick([32, 256], [32, 256, 1024])
-    rounds = ctx.pick(1, 3)
-    seconds = ctx.pick(0.15, 1.0)
-    result = BenchResult(
-        name="trainer",
-        title="Trainer throughput",
-        what=__doc__.split("\n", 2)[2].strip(),
-        sides=SIDES,
-        settings={
-            "model": spec.describe(),
-            "optimizer": f"{spec.optimizer} lr {spec.learning_rate}",
-            "loss": spec.loss,
-            "rounds": rounds,
-            "seconds per measurement": seconds,
-            "tf_threads": "TensorFlow defaults",
-        },
-    )
+    sizes = ctx.sizes["batch_sizes"]
+    rounds = ctx.sizes["rounds"]
+    seconds = ctx.sizes["seconds"]
+    result = _result(spec, rounds, seconds)
     result.notes.append(
         "Targets apply at batch sizes 256 (livefit's default) and 1024. At 32 no trainer can "
         "reach 100x per-message: the raw step itself is about 55x `train_on_batch` per sample."
@@ -91,6 +78,24 @@ def run(ctx: Context) -> BenchResult:
                 _row(bs, chunk, livefit_rates[(bs, chunk)], raw_rates[bs], per_message)
             )
     return result
+
+
+def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
+    """The result, before any measurement: sides and settings."""
+    return BenchResult(
+        name="trainer",
+        title="Trainer throughput",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides=SIDES,
+        settings={
+            "model": spec.describe(),
+            "optimizer": f"{spec.optimizer} lr {spec.learning_rate}",
+            "loss": spec.loss,
+            "rounds": rounds,
+            "seconds per measurement": seconds,
+            "tf_threads": "TensorFlow defaults",
+        },
+    )
 
 
 def _row(
@@ -222,3 +227,14 @@ def _livefit(
     trainer.stop(timeout=600)
     elapsed = time.perf_counter() - started
     return n / elapsed, {"samples_seen": trainer.samples_seen}
+
+
+BENCHMARK = Benchmark(
+    name="trainer",
+    summary="livefit's trainer vs the raw compiled step and per-message train_on_batch",
+    run=run,
+    sizes=Sizes(
+        quick={"batch_sizes": [32, 256], "rounds": 1, "seconds": 0.15},
+        full={"batch_sizes": [32, 256, 1024], "rounds": 3, "seconds": 1.0},
+    ),
+)

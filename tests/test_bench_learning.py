@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from bench import learning
+from bench.config import learner_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -81,10 +82,11 @@ def test_livefit_runs_at_the_configuration_a_user_writes(results: dict[str, Any]
         assert config == {**table, "seed": learning.MODEL_SEED}, name
     classes = results["streams"]["segments"]["classes"]
     assert results["streams"]["segments"]["table"]["output_shape"] == [len(classes)]
-    text = learning.server_config(
-        "mqtt://127.0.0.1:1", Path("/tmp/x"), learning.server_cases(quick=True),
+    tables = learning.model_tables(
+        learning.server_cases(quick=True),
         {name: s["table"] for name, s in results["streams"].items()},
-    )  # fmt: skip
+    )
+    text = learner_config("mqtt://127.0.0.1:1", "/tmp/x", "bench-learning", tables)
     assert "output_activation" not in text and "metrics" not in text
 
 
