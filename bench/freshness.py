@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.harness import BenchResult, Context, Row, Spread
 from bench.models import MLP
-from bench.procs import HttpServer
+from livefit.server.local_processes import LivefitProcess
 
 MODEL = "fresh"
 
@@ -95,8 +95,8 @@ def run(ctx: Context) -> BenchResult:
 
 
 def _probe(
-    learner: HttpServer,
-    replica: HttpServer,
+    learner: LivefitProcess,
+    replica: LivefitProcess,
     http: httpx.Client,
     publisher,
     x,

@@ -31,7 +31,7 @@ from bench.harness import REPO, now_iso
 
 if TYPE_CHECKING:
     from bench.harness import BenchResult, Context
-    from bench.procs import HttpServer
+    from livefit.server.local_processes import LivefitProcess
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -750,20 +750,20 @@ class LearningServer:
     def __init__(
         self, workdir: Path, cases: Sequence[Case], tables: dict[str, dict[str, Any]]
     ) -> None:
-        from bench.procs import Mosquitto, livefit_server
+        from bench.procs import livefit_server
+        from livefit.server.local_processes import Mosquitto
 
-        self.broker = Mosquitto(workdir / "broker")
+        self.broker = Mosquitto(workdir / "broker", persistence=False)
         config = server_config(self.broker.url, workdir / "storage", cases, tables)
-        self.server: HttpServer = livefit_server("learner", config, workdir)
+        self.server: LivefitProcess = livefit_server("learner", config, workdir)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[LearningServer]:
-        from bench.procs import running
+        from livefit.server.local_processes import running
 
         with running(self.broker, self.server):
             self.broker.start()
-            self.server.start()
-            self.server.wait_ready(timeout=240)
+            self.server.start(ready_timeout_s=240)
             yield self
 
     def feed(self, model: str, stream: Stream, rate: float = PUBLISH_RATE) -> Score:

@@ -29,8 +29,9 @@ from typing import Any
 from bench.harness import REPO, BenchResult, Context, Row, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP
-from bench.procs import QUIET_ENV, HttpServer
+from bench.procs import QUIET_ENV
 from livefit.server.config import ServeSettings
+from livefit.server.local_processes import LivefitProcess
 
 MODEL = "over"
 CAPACITY_CLIENTS = 64
@@ -193,7 +194,7 @@ def _recovery(probes: list[list[float]], ok_ms: float, probe_s: float) -> float:
 class _RssSampler:
     """The server's RSS every 0.25 s while the block runs: start, peak and end (MiB)."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: LivefitProcess) -> None:
         import psutil
 
         self.process = psutil.Process(server.pid)
@@ -220,7 +221,7 @@ class _RssSampler:
         return {"start": self.samples[0], "peak": max(self.samples), "end": self.samples[-1]}
 
 
-def _settle(server: HttpServer, timeout: float = 30.0) -> None:
+def _settle(server: LivefitProcess, timeout: float = 30.0) -> None:
     """Wait until nothing is queued for the model (the next run starts from empty)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -278,7 +279,7 @@ def _row(m: int, runs: list[dict[str, Any]]) -> Row:
 
 
 def _with_slow_clients(
-    ctx: Context, server: HttpServer, url: str, body: bytes, count: int, capacity: LoadResult
+    ctx: Context, server: LivefitProcess, url: str, body: bytes, count: int, capacity: LoadResult
 ) -> dict[str, Any]:
     """The capacity run again while ``count`` slow clients are connected (each sends its
     request head one line every ``SLOW_LINE_S``, never finishing it), opened first."""
