@@ -33,8 +33,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from livefit.server.broker import parse_broker_url
 from livefit.server.config import Settings, load_settings
+from livefit.server.local_processes import free_port
 from livefit.server.metrics import Metrics
-from tests.mqtt_broker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
