@@ -137,12 +137,12 @@ def setup(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
     # A first real snapshot, retained, so the replica becomes ready.
     publish(envelope(key, weights, topic=TOPIC, version=1, lineage=LINEAGE), retain=True)
-    weights = (
+    weights_table = (
         f'topic = "{TOPIC}"\nverify_key = "{key.public.base64()}"\npull_url = "{origin.url}"\n'
         f"pull_timeout_s = 10\nmax_pull_bytes = {MAX_PULL}"
     )
     config = learner_config(
-        broker, workdir / "data", f"pull-{broker.port}", model(weights=weights),
+        broker, workdir / "data", f"pull-{broker.port}", model(weights=weights_table),
         broker_lines=f'[http]\ntoken = "{TOKEN}"',
     )  # fmt: skip
     replica = LivefitProcess(config, workdir, command="replica")
