@@ -15,7 +15,8 @@ from typing import Any
 
 from bench.config import learner_config
 from bench.models import LSTM, MLP, ModelSpec
-from bench.procs import HttpServer, Mosquitto, livefit_server, running, wait_all
+from bench.procs import livefit_server, wait_all
+from livefit.server.local_processes import LivefitProcess, Mosquitto, running
 
 # Every model a benchmark asks a fleet for: one name per benchmark, so that counters and
 # weights of one never mix with another's when a quick run shares the fleet. Settings are
@@ -70,24 +71,24 @@ class Fleet:
         tag: str = "bench",
     ) -> None:
         self.models = tuple(tables)
-        self.broker = Mosquitto(workdir / "broker")
+        self.broker = Mosquitto(workdir / "broker", persistence=False)
         storage = str(workdir / "storage")
         config = learner_config(self.broker.url, storage, f"bench-{tag}", tables)
         self.learner = livefit_server("learner", config, workdir)
-        self.replica: HttpServer | None = None
+        self.replica: LivefitProcess | None = None
         if replica:
             self.replica = livefit_server("replica", config, workdir, command="replica")
         self._stack = contextlib.ExitStack()
 
     @property
-    def servers(self) -> list[HttpServer]:
+    def servers(self) -> list[LivefitProcess]:
         return [self.learner] + ([self.replica] if self.replica else [])
 
     def start(self, ready_timeout_s: float = 180.0) -> Fleet:
         self._stack.enter_context(running(self.broker, *self.servers))
         self.broker.start()
         for server in self.servers:  # the replica is ready once the learner's v0 reaches it
-            server.start()
+            server.start(ready_timeout_s=None)
         wait_all(self.servers, ready_timeout_s)
         return self
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.models import MLP, ModelSpec
-from bench.procs import HttpServer
+from livefit.server.local_processes import LivefitProcess
 
 MODEL = "fresh"
 
@@ -100,8 +100,8 @@ def _result(spec: ModelSpec, probes: int) -> BenchResult:
 
 
 def _probe(
-    learner: HttpServer,
-    replica: HttpServer,
+    learner: LivefitProcess,
+    replica: LivefitProcess,
     http: httpx.Client,
     publisher,
     x,

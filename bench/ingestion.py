@@ -22,7 +22,8 @@ from pathlib import Path
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.models import MLP
-from bench.procs import HttpServer, ToolProcess
+from bench.procs import ToolProcess
+from livefit.server.local_processes import LivefitProcess
 
 MODEL = "ingest"
 MODEL_1K = "ingest1k"  # the same with train.max_batch_size 1024: what a bigger batch buys
@@ -95,7 +96,7 @@ def run(ctx: Context) -> BenchResult:
 
 def _run_side(
     side: str,
-    learner: HttpServer,
+    learner: LivefitProcess,
     broker_url: str,
     f: Format,
     n: int,
@@ -148,7 +149,7 @@ def _publisher(broker_url: str, topic: str, f: Format, n: int, log: Path) -> Too
 
 
 def _livefit_run(
-    learner: HttpServer, model: str, broker_url: str, f: Format, n: int, work: Path, r: int
+    learner: LivefitProcess, model: str, broker_url: str, f: Format, n: int, work: Path, r: int
 ) -> tuple[float, int]:
     metric = "livefit_train_samples_total"
     base = learner.metric(metric, model=model)
@@ -164,7 +165,7 @@ def _livefit_run(
 
 
 def _wait_trained(
-    learner: HttpServer, model: str, metric: str, target: float, timeout: float
+    learner: LivefitProcess, model: str, metric: str, target: float, timeout: float
 ) -> float:
     """Poll /metrics until ``metric`` reaches ``target``; the time.time() it was first seen."""
     deadline = time.monotonic() + timeout
@@ -202,7 +203,7 @@ def _bare_run(broker_url: str, f: Format, n: int, work: Path, r: int) -> float:
     return n / (done_at - started)
 
 
-def _rejected(learner: HttpServer) -> float:
+def _rejected(learner: LivefitProcess) -> float:
     return sum(
         value
         for (name, labels), value in learner.metrics().items()

@@ -14,7 +14,8 @@ import time
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP, ModelSpec
-from bench.procs import HttpServer, ToolProcess
+from bench.procs import ToolProcess
+from livefit.server.local_processes import LivefitProcess
 
 CLIENTS = 64
 MODEL = "busy"
@@ -99,7 +100,7 @@ def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
 
 def _saturated(
     ctx: Context,
-    learner: HttpServer,
+    learner: LivefitProcess,
     broker_url: str,
     url: str,
     body: bytes,
@@ -134,7 +135,7 @@ def _saturated(
     return load, rate
 
 
-def _drain(learner: HttpServer, timeout: float = 60.0) -> None:
+def _drain(learner: LivefitProcess, timeout: float = 60.0) -> None:
     """Wait until the trainer has trained its backlog (the count stops moving, queue empty)."""
     deadline = time.monotonic() + timeout
     last = -1.0

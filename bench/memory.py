@@ -21,7 +21,8 @@ import psutil
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.load import run_load
 from bench.models import MLP
-from bench.procs import HttpServer, ToolProcess
+from bench.procs import ToolProcess
+from livefit.server.local_processes import LivefitProcess
 
 CLIENTS = 16
 MODEL = "soak"
@@ -104,7 +105,7 @@ def run(ctx: Context) -> BenchResult:
 
 def _workload(
     ctx: Context,
-    learner: HttpServer,
+    learner: LivefitProcess,
     broker_url: str,
     url: str,
     body: bytes,

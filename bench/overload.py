@@ -28,9 +28,10 @@ from typing import Any
 from bench.harness import REPO, Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP, ModelSpec
-from bench.procs import QUIET_ENV, HttpServer
+from bench.procs import QUIET_ENV
 from bench.slow_clients import SLOW_LINE_S, slow_row, with_slow_clients
 from livefit.server.config import ServeSettings
+from livefit.server.local_processes import LivefitProcess
 
 MODEL = "over"
 CAPACITY_CLIENTS = 64
@@ -97,7 +98,7 @@ def run(ctx: Context) -> BenchResult:
 
 
 def _overloaded(
-    ctx: Context, learner: HttpServer, url: str, body: bytes, m: float, capacity: LoadResult
+    ctx: Context, learner: LivefitProcess, url: str, body: bytes, m: float, capacity: LoadResult
 ) -> dict[str, Any]:
     """One open-loop run at ``m`` times the capacity, then the capacity run again."""
     s = ctx.sizes
@@ -203,7 +204,7 @@ def _recovery(probes: list[list[float]], ok_ms: float, probe_s: float) -> float:
 class _RssSampler:
     """The server's RSS every 0.25 s while the block runs: start, peak and end (MiB)."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: LivefitProcess) -> None:
         import psutil
 
         self.process = psutil.Process(server.pid)
@@ -230,7 +231,7 @@ class _RssSampler:
         return {"start": self.samples[0], "peak": max(self.samples), "end": self.samples[-1]}
 
 
-def _settle(server: HttpServer, timeout: float = 30.0) -> None:
+def _settle(server: LivefitProcess, timeout: float = 30.0) -> None:
     """Wait until nothing is queued for the model (the next run starts from empty)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

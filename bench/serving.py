@@ -24,8 +24,9 @@ import numpy as np
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import LSTM, MLP, ModelSpec
-from bench.procs import HttpServer, free_port, running, start_all, wait_all
+from bench.procs import http_server, start_all, wait_all
 from livefit.server.config import ServeSettings
+from livefit.server.local_processes import HttpProcess, free_port, running
 
 _SERVE_DEFAULTS = ServeSettings()
 # livefit's serve defaults, given to LitServe too
@@ -172,7 +173,7 @@ def _serve_model(
     with running(*peers.values()):
         for key, peer in peers.items():
             if key != "constant":
-                peer.start()  # their imports overlap livefit's start
+                peer.start(ready_timeout_s=None)  # their imports overlap livefit's start
         with ctx.fleet(spec.name) as fleet:
             wait_all([p for k, p in peers.items() if k != "constant"])
             servers = {"livefit": fleet.learner, **peers}
@@ -183,7 +184,7 @@ def _serve_model(
 def _measure(
     ctx: Context,
     spec: ModelSpec,
-    servers: dict[str, HttpServer],
+    servers: dict[str, HttpProcess],
     body: bytes,
     plan: Plan,
     runs: dict[str, list[LoadResult]],
@@ -209,7 +210,7 @@ def _measure(
                 )
 
 
-def _settle(server: HttpServer, spec: ModelSpec, body: bytes) -> None:
+def _settle(server: HttpProcess, spec: ModelSpec, body: bytes) -> None:
     """Wait until ``server`` has answered what the load left queued (one request, in line).
 
     A server that takes requests one at a time (the FastAPI peers) still works through the
@@ -219,8 +220,8 @@ def _settle(server: HttpServer, spec: ModelSpec, body: bytes) -> None:
         _post(server, spec, body, timeout=60.0)
 
 
-def _peers(spec: ModelSpec, work: Path, sides: list[str]) -> dict[str, HttpServer]:
-    servers: dict[str, HttpServer] = {}
+def _peers(spec: ModelSpec, work: Path, sides: list[str]) -> dict[str, HttpProcess]:
+    servers: dict[str, HttpProcess] = {}
     for mode in ("predict_on_batch", "predict", "constant"):
         port = free_port()
         extra = ["--constant-file", str(work / "constant.json")] if mode == "constant" else []
@@ -235,7 +236,7 @@ def _peers(spec: ModelSpec, work: Path, sides: list[str]) -> dict[str, HttpServe
             str(port),
             *extra,
         ]
-        servers[mode] = HttpServer(f"fastapi-{mode}", argv, work, port, "/health")
+        servers[mode] = http_server(f"fastapi-{mode}", argv, work, port, "/health")
     if "litserve" in sides:
         port = free_port()
         argv = [
@@ -250,11 +251,11 @@ def _peers(spec: ModelSpec, work: Path, sides: list[str]) -> dict[str, HttpServe
             "--batch-timeout-ms",
             str(TIMEOUT_MS),
         ]
-        servers["litserve"] = HttpServer("litserve", argv, work, port, "/health")
+        servers["litserve"] = http_server("litserve", argv, work, port, "/health")
     return servers
 
 
-def _post(server: HttpServer, spec: ModelSpec, body: bytes, timeout: float = 30.0) -> bytes:
+def _post(server: HttpProcess, spec: ModelSpec, body: bytes, timeout: float = 30.0) -> bytes:
     response = httpx.post(
         server.url + spec.predict_path(),
         content=body,
@@ -266,7 +267,7 @@ def _post(server: HttpServer, spec: ModelSpec, body: bytes, timeout: float = 30.
 
 
 def _check_same_outputs(
-    spec: ModelSpec, servers: dict[str, HttpServer], body: bytes, work: Path, result: BenchResult
+    spec: ModelSpec, servers: dict[str, HttpProcess], body: bytes, work: Path, result: BenchResult
 ) -> None:
     """Every model server answers livefit's numbers; the constant one answers livefit's size."""
     answer = _post(servers["livefit"], spec, body)

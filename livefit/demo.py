@@ -25,13 +25,9 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -47,7 +43,17 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from livefit.server.children import stop_children
+from livefit.server.broker import ManagedBroker
+from livefit.server.local_processes import (
+    LivefitProcess,
+    LocalProcess,
+    Mosquitto,
+    NotReady,
+    free_port,
+    is_listening,
+    quiet_env,
+    stop_all,
+)
 
 INPUT_DIM = 8
 STOP_GRACE_S = 3.0  # children get SIGTERM, then SIGKILL after this long
@@ -80,7 +86,7 @@ class _Stop:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.signal: int | None = None
-        self.children: list[subprocess.Popen[bytes]] = []
+        self.children: list[LocalProcess] = []
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -94,8 +100,7 @@ class _Stop:
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.event.is_set():  # asked twice: no more waiting
             for child in self.children:
-                with contextlib.suppress(OSError):
-                    child.kill()
+                child.kill()
             return
         self.signal = signum
         self.event.set()
@@ -118,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="livefit-demo-"))
     keep_workdir = not temporary
     model = f"demo-{secrets.token_hex(3)}"  # its own topics on a shared broker
-    managed: Any = None
+    managed: ManagedBroker | None = None
     broker = None
     try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -130,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
         keep_workdir = keep_workdir or failed
         return code
     finally:
-        apps = [child for child in stop.children if getattr(managed, "process", None) is not child]
-        stop_children(apps, grace_s=STOP_GRACE_S)  # learner and replica, then the broker
+        apps = [child for child in stop.children if child is not managed]
+        stop_all(apps, timeout=STOP_GRACE_S)  # learner and replica, then the broker
         if broker is not None and managed is None:
             _clear_retained(broker[0], f"livefit/{model}/weights")
         if managed is not None:
@@ -144,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"logs kept in {workdir}")
 
 
-def _broker(url: str, workdir: Path, stop: _Stop, console: Console) -> tuple[str, str, Any] | None:
+def _broker(
+    url: str, workdir: Path, stop: _Stop, console: Console
+) -> tuple[str, str, ManagedBroker | None] | None:
     """(URL, MQTT protocol, what to stop or None) of the broker to use; None (and why said)
     if there is none to use."""
     from livefit.server.broker import (
@@ -152,8 +159,6 @@ def _broker(url: str, workdir: Path, stop: _Stop, console: Console) -> tuple[str
         DEFAULT_PORT,
         BrokerAddress,
         EmbeddedAmqtt,
-        MosquittoChild,
-        is_listening,
         parse_broker_url,
     )
 
@@ -175,12 +180,13 @@ def _broker(url: str, workdir: Path, stop: _Stop, console: Console) -> tuple[str
         return _connect_once(str(address), address, "already running; the demo uses its own "
                              "topics", console)  # fmt: skip
     if shutil.which("mosquitto"):
-        child = MosquittoChild(workdir / "mosquitto", port=_free_port(), persistence=False)
-        stop.children.append(child.process)
-        console.print(f"[bold]broker[/bold] {child.address} (mosquitto started for the demo)")
-        return str(child.address), "5", child
+        child = Mosquitto(workdir / "mosquitto", persistence=False)
+        stop.children.append(child)
+        child.start()
+        console.print(f"[bold]broker[/bold] {child.url} (mosquitto started for the demo)")
+        return child.url, child.protocol, child
     try:
-        embedded = EmbeddedAmqtt(port=_free_port())
+        embedded = EmbeddedAmqtt(port=free_port())
     except RuntimeError as exc:  # amqtt is not installed: say what to install
         console.print(f"[red]{exc}[/red]")
         return None
@@ -191,7 +197,7 @@ def _broker(url: str, workdir: Path, stop: _Stop, console: Console) -> tuple[str
 
 def _connect_once(
     url: str, address: Any, how: str, console: Console
-) -> tuple[str, str, Any] | None:
+) -> tuple[str, str, ManagedBroker | None] | None:
     """Connect to a broker the demo did not start, as its learner will: MQTT 5, or 3.1.1
     where the broker does not speak 5; None (and the broker's reason said) if it refuses."""
     from livefit.server.config import BrokerSettings
@@ -222,28 +228,25 @@ def _run_children(
     key, _ = ensure_signing_key(key_file, public_file)
     console.print(f"[bold]model[/bold] {model} (topics livefit/{model}/...)")
     console.print(f"[bold]weights[/bold] signed with Ed25519 key {key.key_id}")
-    port = args.port or _free_port()
+    port = args.port or free_port()
     config = _write_config(workdir, model, broker, port, protocol, key_file, public_file)
-    server = _start(config, "serve", port, workdir / "server.log")
-    stop.children.append(server)
-    replica_port = _free_port()
-    replica = _start(config, "replica", replica_port, workdir / "replica.log")
-    stop.children.append(replica)
-    url, replica_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{replica_port}"
-    for what, where, process, log in (
-        ("learner", url, server, workdir / "server.log"),
-        ("replica", replica_url, replica, workdir / "replica.log"),
-    ):
-        failure = _wait_ready(where, process, stop, timeout=READY_TIMEOUT_S)
-        if failure is not None:
+    server = _child(config, workdir, "serve", "server", port)
+    replica = _child(config, workdir, "replica", "replica", free_port())
+    for child in (server, replica):
+        stop.children.append(child.start(ready_timeout_s=None))
+    for what, child in (("learner", server), ("replica", replica)):
+        try:
+            child.wait_ready(READY_TIMEOUT_S, stop=stop.event)
+        except NotReady as failure:
             if stop.requested:
                 console.print(f"interrupted while the {what} started; nothing to summarise")
                 return _interrupted(stop), False
-            console.print(f"[red]the {what} {failure}; the end of its log:[/red]")
-            console.print(_tail(log), markup=False)
+            console.print(f"[red]the {what} {failure.reason}; the end of its log:[/red]")
+            console.print(child.tail(lines=15), markup=False)
             return 1, True
-        console.print(f"[bold]{what}[/bold] {where}")
-    return _run_traffic(args, console, stop, model, url, replica_url, broker, protocol), False
+        console.print(f"[bold]{what}[/bold] {child.url}")
+    code = _run_traffic(args, console, stop, model, server.url, replica.url, broker, protocol)
+    return code, False
 
 
 def _interrupted(stop: _Stop) -> int:
@@ -531,52 +534,8 @@ def _clear_retained(broker: str, topic: str) -> None:
         client.loop_stop()
 
 
-def _child_env() -> dict[str, str]:
-    """The demo's config is complete: the user's LIVEFIT_* overrides must not change it."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("LIVEFIT_")}
-    return dict(env, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-
-
-def _start(config: Path, command: str, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    """``livefit <command>`` in its own process group (the terminal's Ctrl-C reaches only the
-    demo, which stops the children itself) that dies with the demo."""
-    from livefit.server.children import start_child
-
-    with log_path.open("wb") as log:
-        return start_child(
-            [sys.executable, "-m", "livefit", command, "--config", str(config),
-             "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env=_child_env(),
-        )  # fmt: skip
-
-
-def _wait_ready(
-    url: str, process: subprocess.Popen[bytes], stop: _Stop, timeout: float
-) -> str | None:
-    """None once ``url`` is ready; else why not (exited, or what readiness still said)."""
-    deadline = time.monotonic() + timeout
-    problems: list[str] = []
-    while time.monotonic() < deadline and process.poll() is None and not stop.requested:
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            response = httpx.get(f"{url}/v2/health/ready", timeout=1)
-            if response.status_code == 200:
-                return None
-            problems = list(response.json().get("problems") or [])
-        stop.wait(0.25)
-    if process.poll() is not None:
-        return f"exited with status {process.returncode}"
-    said = f" ({'; '.join(problems)})" if problems else ""
-    return f"was not ready after {timeout:.0f} s{said}"
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _child(config: Path, workdir: Path, command: str, name: str, port: int) -> LivefitProcess:
+    """``livefit <command>``, logging to ``workdir``/<name>.log, with the demo's config alone:
+    the user's LIVEFIT_* overrides must not change it."""
+    env = {k: v for k, v in quiet_env().items() if not k.upper().startswith("LIVEFIT_")}
+    return LivefitProcess(config, workdir, command, name=name, port=port, env=env)

@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
-import socket
-import subprocess
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from livefit.server.children import start_child, stop_children
+from livefit.server.local_processes import Mosquitto, is_listening
 
 log = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
@@ -68,63 +65,17 @@ def parse_broker_url(url: str) -> BrokerAddress:
     )
 
 
-def is_listening(host: str, port: int, timeout: float = 0.5) -> bool:
-    """True when something accepts TCP connections at host:port."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+class ManagedBroker(Protocol):
+    """A broker livefit started itself and must stop on shutdown (``local_processes.Mosquitto``
+    or ``EmbeddedAmqtt``)."""
+
+    kind: str
+    protocol: str
+
+    def stop(self) -> object: ...
 
 
-class ManagedBroker:
-    """A broker livefit started itself and must stop on shutdown."""
-
-    kind = "none"
-    protocol = "5"
-
-    def stop(self) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-
-class MosquittoChild(ManagedBroker):
-    """mosquitto as a child process, dying with this one (``children``), with persistence
-    under ``workdir`` unless ``persistence`` is off (the demo's broker keeps nothing)."""
-
-    kind = "mosquitto"
-
-    def __init__(
-        self, workdir: Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-        persistence: bool = True,
-    ) -> None:  # fmt: skip
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.address = BrokerAddress(host, port)
-        conf = workdir / "mosquitto.conf"
-        user = "user root\n" if os.geteuid() == 0 else ""
-        kept = (
-            f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\n"
-            if persistence
-            else "persistence false\n"
-        )
-        conf.write_text(
-            f"listener {port} {host}\nallow_anonymous true\n{user}{kept}"
-            "max_queued_messages 1000000\nmax_inflight_messages 1000\n"
-            f"log_dest file {workdir}/mosquitto.log\n"
-        )
-        self.process = start_child(
-            ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        try:
-            _wait_listening(host, port, lambda: self.process.poll() is None, "mosquitto")
-        except RuntimeError as exc:
-            self.stop()
-            raise RuntimeError(f"{exc}; see {workdir}/mosquitto.log") from None
-
-    def stop(self) -> None:
-        stop_children([self.process], grace_s=10)
-
-
-class EmbeddedAmqtt(ManagedBroker):
+class EmbeddedAmqtt:
     """amqtt running on its own event loop in a daemon thread (MQTT 3.1.1, no redelivery)."""
 
     kind = "amqtt"
@@ -188,7 +139,8 @@ def resolve_broker(
         log.info("broker: using the broker already listening on %s", address)
         return address, None
     if "mosquitto" in allow and shutil.which("mosquitto"):
-        managed: ManagedBroker = MosquittoChild(storage_dir / "mosquitto", port=address.port)
+        mosquitto = Mosquitto(storage_dir / "mosquitto", address.port, host=address.host)
+        managed: ManagedBroker = mosquitto.start()
         log.info("broker: started mosquitto as a child process on %s (persistence on)", address)
         return address, managed
     if "amqtt" in allow:
@@ -201,14 +153,3 @@ def resolve_broker(
         )
         return address, managed
     raise RuntimeError("broker.url is auto but no broker could be found or started")
-
-
-def _wait_listening(host: str, port: int, alive, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive():
-            raise RuntimeError(f"{what} exited before listening on {host}:{port}")
-        if is_listening(host, port, timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {host}:{port} within {timeout:.0f}s")

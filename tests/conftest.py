@@ -14,22 +14,22 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tests.mqtt_broker import MosquittoBroker, free_port
+from livefit.server.local_processes import Mosquitto, free_port
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoBroker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
     """A mosquitto on a free port for the whole session (never the one at 1883)."""
-    instance = MosquittoBroker(tmp_path_factory.mktemp("mosquitto"))
+    instance = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
     instance.start()
     yield instance
     instance.stop()
 
 
 @pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[MosquittoBroker]:
+def own_broker(tmp_path: Path) -> Iterator[Mosquitto]:
     """A mosquitto for one test, which that test may stop, kill and restart."""
-    instance = MosquittoBroker(tmp_path / "mosquitto")
+    instance = Mosquitto(tmp_path / "mosquitto")
     instance.start()
     yield instance
     instance.stop()

@@ -8,7 +8,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from tests.mqtt_broker import free_port
+from livefit.server.local_processes import free_port
 
 
 class InProcessServer:

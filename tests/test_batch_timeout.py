@@ -14,8 +14,7 @@ import pytest
 
 from livefit.server.batcher import ArrivalRate, AutoTimeout, BatchCost, RequestBatcher
 from livefit.server.config import ServeSettings
-from tests.mqtt_broker import MosquittoBroker
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto
 
 
 def cost(per_row_s: float, per_batch_s: float) -> BatchCost:
@@ -221,15 +220,15 @@ batch_timeout_ms = 3
 
 
 @pytest.fixture
-def server(broker: MosquittoBroker, tmp_path: Path) -> Iterator[ServerProcess]:
+def server(broker: Mosquitto, tmp_path: Path) -> Iterator[LivefitProcess]:
     config = CONFIG.format(url=broker.url, port=broker.port, storage=tmp_path / "data")
-    process = ServerProcess(config, tmp_path).start()
+    process = LivefitProcess(config, tmp_path).start()
     yield process
     assert process.stop() == 0
 
 
 @pytest.mark.e2e
-def test_livefit_serve_with_auto_predicts_and_exports_the_timeout(server: ServerProcess) -> None:
+def test_livefit_serve_with_auto_predicts_and_exports_the_timeout(server: LivefitProcess) -> None:
     body = {"instances": [[0.1, 0.2, 0.3, 0.4], [1.0, 2.0, 3.0, 4.0]]}
     answers = {}
     for model in ("demo", "fixed"):

@@ -8,17 +8,14 @@ the broker as unreachable, with its address, until it comes; then it connects an
 from __future__ import annotations
 
 import itertools
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.mqtt_broker import MosquittoBroker, free_port
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
 
 CONFIG = """
 [broker]
@@ -39,7 +36,7 @@ output_shape = [1]
 FAILED = re.compile(r"MQTT broker at (\S+) unreachable for client id '[^']+' \((\d+) connection")
 
 
-def readiness(server: ServerProcess) -> tuple[int, dict[str, object]]:
+def readiness(server: LivefitProcess) -> tuple[int, dict[str, object]]:
     try:
         response = httpx.get(f"{server.url}/v2/health/ready", timeout=2)
     except httpx.HTTPError:
@@ -47,23 +44,12 @@ def readiness(server: ServerProcess) -> tuple[int, dict[str, object]]:
     return response.status_code, response.json()
 
 
-def start_unready(server: ServerProcess) -> None:
-    """Start the server without waiting for readiness (ServerProcess.start waits for it)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    with server.log.open("wb") as log:
-        server.process = subprocess.Popen(
-            [sys.executable, "-m", "livefit", server.command, "--config", str(server.config),
-             "--port", str(server.port)],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-
-
 def test_an_unreachable_broker_is_logged_with_back_off_and_named_by_readiness(
     tmp_path: Path,
 ) -> None:
     port = free_port()
-    server = ServerProcess(CONFIG.format(port=port, storage=tmp_path / "data"), tmp_path)
-    start_unready(server)
+    server = LivefitProcess(CONFIG.format(port=port, storage=tmp_path / "data"), tmp_path)
+    server.start(ready_timeout_s=None)
     try:
         deadline = time.monotonic() + 90
         while readiness(server)[1].get("problems") in (None, ["starting"]):
@@ -89,7 +75,7 @@ def test_an_unreachable_broker_is_logged_with_back_off_and_named_by_readiness(
         assert all(step > 0 for step in steps) and steps == sorted(steps), counts
         assert counts[-1] >= 4, counts  # attempts go on (one a second) and are counted
 
-        broker = MosquittoBroker(tmp_path / "mosquitto", port=port)
+        broker = Mosquitto(tmp_path / "mosquitto", port=port)
         broker.start()
         try:
             server.wait_ready(timeout=30)
@@ -107,7 +93,7 @@ REFUSED = re.compile(
 )
 
 
-def wait_for_problems(server: ServerProcess, pattern: str, timeout: float = 90) -> list[str]:
+def wait_for_problems(server: LivefitProcess, pattern: str, timeout: float = 90) -> list[str]:
     """Readiness's problems once one matches ``pattern`` (503 all along)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -121,7 +107,7 @@ def wait_for_problems(server: ServerProcess, pattern: str, timeout: float = 90) 
         time.sleep(0.2)
 
 
-def dashboard_problems(server: ServerProcess) -> list[str]:
+def dashboard_problems(server: LivefitProcess) -> list[str]:
     return httpx.get(f"{server.url}/api/stats", timeout=5).json()["problems"]
 
 
@@ -132,13 +118,13 @@ def test_wrong_broker_credentials_are_said_plainly_once_then_with_back_off(
     per attempt), readiness and the dashboard name it too; nothing is silent."""
     passwd = tmp_path / "passwd"
     subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "livefit", "right"], check=True)
-    broker = MosquittoBroker(tmp_path / "mosquitto", extra_config=f"password_file {passwd}\n")
+    broker = Mosquitto(tmp_path / "mosquitto", extra_config=f"password_file {passwd}\n")
     broker.start()
     config = CONFIG.format(port=broker.port, storage=tmp_path / "data").replace(
         "mqtt://127.0.0.1", "mqtt://livefit:Xq7-not-it@127.0.0.1"
     )
-    server = ServerProcess(config, tmp_path)
-    start_unready(server)
+    server = LivefitProcess(config, tmp_path)
+    server.start(ready_timeout_s=None)
     try:
         problems = wait_for_problems(server, "refused the connection")
         assert len(problems) == 1, problems
@@ -170,8 +156,8 @@ def test_a_replica_says_the_broker_is_unreachable_and_then_that_weights_are_miss
     config = CONFIG.format(port=port, storage=tmp_path / "data") + (
         "[models.far.weights]\nallow_unsigned = true\n"
     )
-    server = ServerProcess(config, tmp_path, command="replica")
-    start_unready(server)
+    server = LivefitProcess(config, tmp_path, command="replica")
+    server.start(ready_timeout_s=None)
     try:
         problems = wait_for_problems(server, "unreachable")
         assert re.fullmatch(
@@ -184,7 +170,7 @@ def test_a_replica_says_the_broker_is_unreachable_and_then_that_weights_are_miss
                          r"'[^']+' \(1 connection attempt failed\)",
                          server.log.read_text())  # fmt: skip
 
-        broker = MosquittoBroker(tmp_path / "mosquitto", port=port)
+        broker = Mosquitto(tmp_path / "mosquitto", port=port)
         broker.start()
         try:
             deadline = time.monotonic() + 30

@@ -1,8 +1,8 @@
 """Child processes livefit starts die with their parent, even a SIGKILLed one.
 
 ``livefit serve`` with ``broker.url = "auto"`` and nothing on 127.0.0.1:1883 starts mosquitto
-through ``MosquittoChild`` (the demo starts its learner, replica and mosquitto through the same
-``children.start_child``, tested in test_demo.py). Port 1883 is not ours to free in a test, so
+through ``local_processes.Mosquitto`` (the demo starts its learner, replica and mosquitto
+through the same toolkit, on ``children.start_child``, tested in test_demo.py). Port 1883 is not ours to free in a test, so
 the parent here is a small process that starts the broker exactly as ``serve`` does, on a free
 port, and is then killed with SIGKILL.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mqtt_broker import free_port
+from livefit.server.local_processes import free_port
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("mosquitto") is None,
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.skipif(
 PARENT = """
 import sys, time
 from pathlib import Path
-from livefit.server.broker import MosquittoChild
-child = MosquittoChild(Path(sys.argv[1]), port=int(sys.argv[2]))
+from livefit.server.local_processes import Mosquitto
+child = Mosquitto(Path(sys.argv[1]), int(sys.argv[2])).start()
 print(child.process.pid, flush=True)
 time.sleep(120)
 """

@@ -32,10 +32,11 @@ from websockets.sync.client import ClientConnection, connect
 from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.server.dashboard import build_dashboard_router, render_page
+from livefit.server.local_processes import LivefitProcess, Mosquitto
 from livefit.server.metrics import Metrics
+from tests import configs
+from tests.configs import SMALL_MLP, model
 from tests.inprocess import InProcessServer
-from tests.mqtt_broker import MosquittoBroker
-from tests.server_process import ServerProcess
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -255,7 +256,7 @@ class Browser:
 class Feeder:
     """A thread streaming samples to the learner and asking servers for predictions, until stopped."""
 
-    def __init__(self, broker: MosquittoBroker, servers: list[str], topic: str) -> None:
+    def __init__(self, broker: Mosquitto, servers: list[str], topic: str) -> None:
         self.broker_url, self.servers, self.topic = broker.url, servers, topic
         self.stopping = threading.Event()
         self.error: BaseException | None = None
@@ -290,25 +291,12 @@ class Feeder:
             raise self.error
 
 
-def learner_config(broker: MosquittoBroker, storage: Path) -> str:
-    return f"""
-[broker]
-url = "{broker.url}"
-client_id = "dashboard-{broker.port}"
-[storage]
-dir = "{storage}"
-[models.demo]
-builder = "mlp"
-builder_options = {{ hidden_units = [16] }}
-input_shape = [8]
-output_shape = [1]
-learning_rate = 0.01
-seed = 11
-topic = "dashboard/demo/samples"
-[models.demo.weights]
-topic = "dashboard/demo/weights"
-publish_interval_s = 0.2
-"""
+def learner_config(broker: Mosquitto, storage: Path) -> str:
+    demo = model(
+        builder="mlp", lines=f'{SMALL_MLP}\ntopic = "dashboard/demo/samples"',
+        weights='topic = "dashboard/demo/weights"\npublish_interval_s = 0.2',
+    )  # fmt: skip
+    return configs.learner_config(broker, storage, f"dashboard-{broker.port}", demo)
 
 
 READ_PAGE = """(() => {
@@ -374,11 +362,11 @@ def check_replica_page(browser: Browser, url: str) -> None:
 
 
 @pytest.mark.e2e
-def test_dashboard_in_a_browser(broker: MosquittoBroker, tmp_path: Path) -> None:
+def test_dashboard_in_a_browser(broker: Mosquitto, tmp_path: Path) -> None:
     binary = chromium_binary()
     config = learner_config(broker, tmp_path / "data")
-    learner = ServerProcess(config, tmp_path).start()
-    replica = ServerProcess(config, tmp_path, command="replica")
+    learner = LivefitProcess(config, tmp_path).start()
+    replica = LivefitProcess(config, tmp_path, command="replica")
     browser: Browser | None = None
     try:
         replica.start()

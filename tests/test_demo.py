@@ -22,7 +22,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.mqtt_broker import MosquittoBroker, free_port
+from livefit.server.local_processes import Mosquitto, free_port
 
 pytestmark = [
     pytest.mark.skipif(
@@ -133,7 +133,7 @@ def wait_gone(pids: set[int], timeout: float) -> set[int]:
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_stops_everything_at_once_with_the_summary(
-    broker: MosquittoBroker, tmp_path: Path, demos: list[Demo], sig: int, code: int
+    broker: Mosquitto, tmp_path: Path, demos: list[Demo], sig: int, code: int
 ) -> None:
     """Ctrl-C (SIGINT) or ``kill`` (SIGTERM)."""
     demo = Demo(tmp_path, "--broker", broker.url, "--duration", "300", "--clients", "2")
@@ -163,7 +163,7 @@ def test_ctrl_c_stops_everything_at_once_with_the_summary(
     assert not session_present(broker, learner_session), "the learner left an MQTT session"
 
 
-def session_present(broker: MosquittoBroker, client_id: str) -> bool:
+def session_present(broker: Mosquitto, client_id: str) -> bool:
     """Whether the broker still holds a session for ``client_id`` (MQTT 5, clean start off)."""
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
@@ -186,7 +186,7 @@ def session_present(broker: MosquittoBroker, client_id: str) -> bool:
     return flags[0]
 
 
-def retained(broker: MosquittoBroker, topic: str) -> bytes | None:
+def retained(broker: Mosquitto, topic: str) -> bytes | None:
     """The retained message on ``topic``, or None when there is none (none within 1 s)."""
     got: list[bytes] = []
     client = mqtt.Client(CallbackAPIVersion.VERSION2)
@@ -262,7 +262,7 @@ def test_a_broker_refusing_the_demo_says_why_at_once(tmp_path: Path, demos: list
     """A broker that wants a password: the demo says what the broker answered, at once."""
     passwd = tmp_path / "passwd"
     subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "u", "p"], check=True)
-    refusing = MosquittoBroker(tmp_path / "mosquitto", extra_config=f"password_file {passwd}\n")
+    refusing = Mosquitto(tmp_path / "mosquitto", extra_config=f"password_file {passwd}\n")
     refusing.start()
     try:
         demo = Demo(tmp_path, "--broker", f"mqtt://u:wrong-pw@127.0.0.1:{refusing.port}")

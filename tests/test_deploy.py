@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import time
 import tomllib
@@ -33,8 +32,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from livefit.server.broker import parse_broker_url
 from livefit.server.config import Settings, load_settings
+from livefit.server.local_processes import LocalProcess, free_port, wait_listening
 from livefit.server.metrics import Metrics
-from tests.mqtt_broker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -616,20 +615,15 @@ def _deploy_mosquitto(workdir: Path) -> Iterator[Check]:
     shutil.copy(ACL, workdir / "acl")
     conf = workdir / "mosquitto.conf"
     conf.write_text(_moved_conf(workdir, port))
-    process = subprocess.Popen(
-        ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while not _accepts(port):
-            log = workdir / "mosquitto.log"
-            assert process.poll() is None, f"mosquitto refused the config:\n{log.read_text()}"
-            assert time.monotonic() < deadline, "mosquitto did not listen within 10 s"
-            time.sleep(0.02)
+    with LocalProcess(
+        "mosquitto", ["mosquitto", "-c", str(conf)], workdir / "stdout.log"
+    ) as broker:
+        broker.start()
+        try:
+            wait_listening("127.0.0.1", port, broker.alive, "mosquitto")
+        except RuntimeError as exc:
+            raise AssertionError(f"mosquitto refused the config: {exc}\n{broker.tail()}") from None
         yield lambda user, access, topic: _allowed(port, user, access, topic)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def _moved_conf(workdir: Path, port: int) -> str:
@@ -647,14 +641,6 @@ def _moved_conf(workdir: Path, port: int) -> str:
     if os.geteuid() == 0:
         lines.append("user root")  # mosquitto would otherwise switch to a user without access
     return "\n".join(lines) + "\n"
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 def _allowed(port: int, user: str | None, access: str, topic: str) -> bool:

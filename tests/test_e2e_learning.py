@@ -17,36 +17,23 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.mqtt_broker import MosquittoBroker
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto
+from tests.configs import learner_config, model
 
 pytestmark = pytest.mark.e2e
 TOPIC = "livefit/demo/samples"
 DEAD = "livefit/demo/rejected"
 
 
-def config(broker: MosquittoBroker, storage: Path, client_id: str) -> str:
-    return f"""
-[broker]
-url = "{broker.url}"
-client_id = "{client_id}"
-[storage]
-dir = "{storage}"
-[models.demo]
-builder = "linear"
-input_shape = [8]
-output_shape = [1]
-learning_rate = 0.05
-seed = 1
-[models.demo.train]
-max_batch_size = 128
-"""
+def config(broker: Mosquitto, storage: Path, client_id: str) -> str:
+    demo = model(lines="learning_rate = 0.05\nseed = 1", train="max_batch_size = 128")
+    return learner_config(broker, storage, client_id, demo)
 
 
 class Publisher:
     """A plain paho publisher that waits for every PUBACK; also collects dead letters."""
 
-    def __init__(self, broker: MosquittoBroker) -> None:
+    def __init__(self, broker: Mosquitto) -> None:
         self.client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
         self.dead: list[dict[str, object]] = []
         self.got_dead = threading.Condition()
@@ -92,11 +79,9 @@ BAD = [
 ]
 
 
-def test_learns_every_good_sample_and_rejects_bad_ones(
-    broker: MosquittoBroker, tmp_path: Path
-) -> None:
+def test_learns_every_good_sample_and_rejects_bad_ones(broker: Mosquitto, tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
-    server = ServerProcess(config(broker, tmp_path / "data", "e2e-learning"), tmp_path).start()
+    server = LivefitProcess(config(broker, tmp_path / "data", "e2e-learning"), tmp_path).start()
     publisher = Publisher(broker)
     try:
         # Phase 1: 500 single-sample JSON messages; the untrained model scores them badly.

@@ -8,9 +8,9 @@ import pytest
 
 from livefit.server.broker import BrokerAddress, EmbeddedAmqtt
 from livefit.server.config import BrokerSettings
+from livefit.server.local_processes import free_port
 from livefit.server.metrics import Metrics
 from livefit.server.mqtt import MqttConnection
-from tests.mqtt_broker import free_port
 
 pytest.importorskip("amqtt")
 # amqtt's own modules warn on import (deprecated APIs); not ours to fix.

@@ -26,34 +26,25 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.publish import PublishStats, SamplePublisher
 from livefit.clients.synthetic import LinearStream, stream_chunks
-from tests.mqtt_broker import MosquittoBroker, free_port
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
+from tests import configs
+from tests.configs import model
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
 
 
-def learner_config(broker: MosquittoBroker, storage: Path, client_id: str, extra: str = "") -> str:
-    return f"""
-[broker]
-url = "{broker.url}"
-client_id = "{client_id}"
-[storage]
-dir = "{storage}"
-[models.demo]
-builder = "linear"
-input_shape = [4]
-output_shape = [1]
-{extra}
-[models.demo.weights]
-publish_interval_s = 0.2
-[models.demo.checkpoint]
-interval_s = 1.0
-"""
+def learner_config(broker: Mosquitto, storage: Path, client_id: str, extra: str = "") -> str:
+    """A 4-input linear model publishing and checkpointing often; ``extra`` ends its section."""
+    demo = model(
+        input_shape=[4], lines=extra, weights="publish_interval_s = 0.2",
+        checkpoint="interval_s = 1.0",
+    )  # fmt: skip
+    return configs.learner_config(broker, storage, client_id, demo)
 
 
 def publish_samples(
-    broker: MosquittoBroker, count: int, topic: str = "livefit/demo/samples", *,
+    broker: Mosquitto, count: int, topic: str = "livefit/demo/samples", *,
     dim: int = 4, batch: int = 1, source: str = "hardening",
 ) -> PublishStats:  # fmt: skip
     chunks = stream_chunks(LinearStream(input_dim=dim, seed=11), count, 1000)
@@ -61,18 +52,18 @@ def publish_samples(
         return publisher.publish_stream(chunks, batch=batch)
 
 
-def trained(server: ServerProcess, model: str = "demo") -> float:
+def trained(server: LivefitProcess, model: str = "demo") -> float:
     return server.metric("livefit_model_samples", model=model)
 
 
-def wait_trained(server: ServerProcess, count: int, model: str = "demo", timeout: float = 120.0):
+def wait_trained(server: LivefitProcess, count: int, model: str = "demo", timeout: float = 120.0):
     deadline = time.monotonic() + timeout
     while trained(server, model) < count and time.monotonic() < deadline:
         time.sleep(0.1)
     return trained(server, model)
 
 
-def ready(server: ServerProcess) -> httpx.Response:
+def ready(server: LivefitProcess) -> httpx.Response:
     return httpx.get(f"{server.url}/v2/health/ready", timeout=5)
 
 
@@ -94,7 +85,7 @@ def poison_payloads(count: int) -> Iterator[bytes]:
             yield kinds[i % 6]
 
 
-def publish_raw(broker: MosquittoBroker, topic: str, payloads: Iterator[bytes]) -> int:
+def publish_raw(broker: Mosquitto, topic: str, payloads: Iterator[bytes]) -> int:
     """Publish each payload at QoS 1 with a plain paho client; returns how many were acked."""
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     client.connect("127.0.0.1", broker.port)
@@ -109,7 +100,7 @@ def publish_raw(broker: MosquittoBroker, topic: str, payloads: Iterator[bytes]) 
         client.loop_stop()
 
 
-def rejected(server: ServerProcess, model: str = "demo") -> float:
+def rejected(server: LivefitProcess, model: str = "demo") -> float:
     return sum(
         value
         for (name, labels), value in server.metrics().items()
@@ -120,10 +111,10 @@ def rejected(server: ServerProcess, model: str = "demo") -> float:
 
 
 def test_poison_messages_end_acknowledged_and_training_goes_on(
-    own_broker: MosquittoBroker, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path
 ) -> None:
     text = learner_config(own_broker, tmp_path / "data", f"poison-{own_broker.port}")
-    server = ServerProcess(text, tmp_path).start()
+    server = LivefitProcess(text, tmp_path).start()
     reports: list[dict] = []
     listener = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     listener.on_message = lambda client, userdata, m: reports.append(json.loads(m.payload))
@@ -150,7 +141,7 @@ def test_poison_messages_end_acknowledged_and_training_goes_on(
     log = server.log.read_text()
     assert "Traceback" not in log
     assert log.count("rejected a message") < 50  # one line per reason per 10 s, with counts
-    again = ServerProcess(text, tmp_path).start()  # same session: nothing left to redeliver
+    again = LivefitProcess(text, tmp_path).start()  # same session: nothing left to redeliver
     try:
         time.sleep(2.0)
         assert rejected(again) == 0
@@ -179,13 +170,13 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_full_disk_loses_no_acknowledged_sample(
-    own_broker: MosquittoBroker, tmp_path: Path, small_disk: Path
+    own_broker: Mosquitto, tmp_path: Path, small_disk: Path
 ) -> None:
     storage = small_disk / "data"
     text = learner_config(own_broker, storage, f"disk-{own_broker.port}", "dedup = true").replace(
         "interval_s = 1.0", "interval_s = 5.0"
     )
-    server = ServerProcess(text, tmp_path).start()
+    server = LivefitProcess(text, tmp_path).start()
     filler = small_disk / "filler"
     free = shutil.disk_usage(small_disk).free
     filler.write_bytes(b"\0" * max(0, free - 300_000))  # leave room for ~2,000 records
@@ -219,7 +210,7 @@ def test_full_disk_loses_no_acknowledged_sample(
             time.sleep(0.2)
         assert ready(server).status_code == 200, ready(server).json()
         assert server.stop(signal.SIGKILL) == -signal.SIGKILL
-        server = ServerProcess(text, tmp_path).start()
+        server = LivefitProcess(text, tmp_path).start()
         total = wait_trained(server, 15_000, timeout=30)
         time.sleep(1.0)
         total = trained(server)
@@ -234,7 +225,7 @@ def test_full_disk_loses_no_acknowledged_sample(
 
 
 def test_a_read_only_disk_is_refused_at_start_with_a_reason(
-    own_broker: MosquittoBroker, tmp_path: Path, small_disk: Path
+    own_broker: Mosquitto, tmp_path: Path, small_disk: Path
 ) -> None:
     """A disk that cannot be written is a failing disk too: the learner says so and exits
     before it connects anywhere, instead of failing later with a traceback."""
@@ -249,13 +240,13 @@ def test_a_read_only_disk_is_refused_at_start_with_a_reason(
 
 
 def test_second_learner_on_the_same_storage_exits_at_once(
-    own_broker: MosquittoBroker, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path
 ) -> None:
     storage = tmp_path / "data"
     leftover = storage / "checkpoints" / "demo" / "ckpt-000000000007.safetensors.tmp"
     leftover.parent.mkdir(parents=True)
     leftover.write_bytes(b"half a checkpoint")  # what a crash mid-write leaves
-    first = ServerProcess(learner_config(own_broker, storage, "first"), tmp_path).start()
+    first = LivefitProcess(learner_config(own_broker, storage, "first"), tmp_path).start()
     try:
         assert not leftover.exists()
         connects = first.metric("livefit_broker_connects_total")
@@ -275,9 +266,9 @@ def test_second_learner_on_the_same_storage_exits_at_once(
 
 
 def test_second_learner_on_the_same_port_fails_before_touching_the_broker(
-    own_broker: MosquittoBroker, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path
 ) -> None:
-    first = ServerProcess(learner_config(own_broker, tmp_path / "a", "same-id"), tmp_path).start()
+    first = LivefitProcess(learner_config(own_broker, tmp_path / "a", "same-id"), tmp_path).start()
     try:
         other_storage = tmp_path / "b"
         second = run_livefit(
@@ -291,13 +282,11 @@ def test_second_learner_on_the_same_port_fails_before_touching_the_broker(
         assert first.stop() == 0
 
 
-def test_a_duplicate_client_id_is_reported_by_name(
-    own_broker: MosquittoBroker, tmp_path: Path
-) -> None:
+def test_a_duplicate_client_id_is_reported_by_name(own_broker: Mosquitto, tmp_path: Path) -> None:
     text_a = learner_config(own_broker, tmp_path / "a", "twin")
     text_b = learner_config(own_broker, tmp_path / "b", "twin")
-    first = ServerProcess(text_a, tmp_path / "first").start()
-    second = ServerProcess(text_b, tmp_path / "second")
+    first = LivefitProcess(text_a, tmp_path / "first").start()
+    second = LivefitProcess(text_b, tmp_path / "second")
     try:
         second.start()
         deadline = time.monotonic() + 20
@@ -312,9 +301,7 @@ def test_a_duplicate_client_id_is_reported_by_name(
         first.stop()
 
 
-def test_a_flooded_model_does_not_starve_another(
-    own_broker: MosquittoBroker, tmp_path: Path
-) -> None:
+def test_a_flooded_model_does_not_starve_another(own_broker: Mosquitto, tmp_path: Path) -> None:
     text = f"""
 [broker]
 url = "{own_broker.url}"
@@ -335,7 +322,7 @@ output_shape = [1]
 max_batch_size = 16
 queue_capacity = 200
 """
-    server = ServerProcess(text, tmp_path).start()
+    server = LivefitProcess(text, tmp_path).start()
     flood_samples = 100 * 100
     flood: dict[str, PublishStats] = {}
     flooder = threading.Thread(
@@ -372,14 +359,14 @@ def test_broker_loss_is_visible_and_the_drop_in_prevents_it(tmp_path: Path, drop
     loses the rest, and livefit shows it (missing sequence numbers); with livefit's drop-in
     (deploy/mosquitto/conf.d/livefit.conf) nothing is lost."""
     extra = (REPO / "deploy/mosquitto/conf.d/livefit.conf").read_text() if drop_in else ""
-    broker = MosquittoBroker(tmp_path / "mosquitto", extra_config=extra, debian_defaults=True)
+    broker = Mosquitto(tmp_path / "mosquitto", extra_config=extra, debian_defaults=True)
     broker.start()
     count = 3000
     text = learner_config(
         broker, tmp_path / "data", f"burst-{broker.port}",
         '[models.demo.train]\nmax_batch_size = 1\nqueue_capacity = 4',
     ).replace("[broker]", "[broker]\nreceive_maximum = 20")  # fmt: skip
-    server = ServerProcess(text, tmp_path).start()
+    server = LivefitProcess(text, tmp_path).start()
     try:
         chunks = stream_chunks(LinearStream(input_dim=4, seed=11), count, 1000)
         with SamplePublisher(broker.url, "livefit/demo/samples", source="burst") as publisher:
@@ -408,7 +395,7 @@ def test_broker_loss_is_visible_and_the_drop_in_prevents_it(tmp_path: Path, drop
         assert done + missing + gaps == count  # every lost message is counted
 
 
-def settle(server: ServerProcess, quiet_s: float = 1.5, timeout: float = 120.0) -> None:
+def settle(server: LivefitProcess, quiet_s: float = 1.5, timeout: float = 120.0) -> None:
     """Wait until the trained count has not moved for ``quiet_s`` with an empty queue."""
     deadline = time.monotonic() + timeout
     last, since = -1.0, time.monotonic()

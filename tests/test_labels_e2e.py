@@ -27,55 +27,40 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.predict import PredictClient
-from tests.mqtt_broker import MosquittoBroker
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto
+from tests import configs
 
 pytestmark = pytest.mark.e2e
 ROW = [0.5, -1.0]
 
 
-def model(name: str, labels: str) -> str:
-    return f"""
-[models.{name}]
-builder = "linear"
-input_shape = [2]
-output_shape = [1]
-seed = 3
-[models.{name}.weights]
-publish_interval_s = 0.2
-[models.{name}.checkpoint]
-interval_s = 0.5
-[models.{name}.labels]
-tick_s = 0.2
-{labels}
-"""
+def labelled(name: str, labels: str) -> str:
+    """A 2-input linear model whose labels arrive apart from its features."""
+    return configs.model(
+        name, input_shape=[2], lines="seed = 3", weights="publish_interval_s = 0.2",
+        checkpoint="interval_s = 0.5", labels=f"tick_s = 0.2\n{labels}",
+    )  # fmt: skip
 
 
-def config(broker: MosquittoBroker, storage: Path) -> str:
-    return (
-        f"""
-[broker]
-url = "{broker.url}"
-client_id = "labels-{broker.port}"
-[storage]
-dir = "{storage}"
-"""
-        + model("joins", "ttl_s = 3600")
-        + model("drop", "ttl_s = 3\nmax_pending = 5")
-        + model("dflt", 'ttl_s = 3\nmax_pending = 5\non_expiry = "default"\ndefault_y = 0.25')
-    )
+def config(broker: Mosquitto, storage: Path) -> str:
+    return configs.learner_config(
+        broker, storage, f"labels-{broker.port}",
+        labelled("joins", "ttl_s = 3600"),
+        labelled("drop", "ttl_s = 3\nmax_pending = 5"),
+        labelled("dflt", 'ttl_s = 3\nmax_pending = 5\non_expiry = "default"\ndefault_y = 0.25'),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def fleet(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[MosquittoBroker, ServerProcess, ServerProcess, str]]:
+) -> Iterator[tuple[Mosquitto, LivefitProcess, LivefitProcess, str]]:
     workdir = tmp_path_factory.mktemp("labels")
-    broker = MosquittoBroker(workdir / "mosquitto")
+    broker = Mosquitto(workdir / "mosquitto")
     broker.start()
     text = config(broker, workdir / "data")
-    learner = ServerProcess(text, workdir).start()
-    replica = ServerProcess(text, workdir, command="replica").start()
+    learner = LivefitProcess(text, workdir).start()
+    replica = LivefitProcess(text, workdir, command="replica").start()
     try:
         yield broker, learner, replica, text
     finally:
@@ -84,7 +69,7 @@ def fleet(
         broker.stop()
 
 
-def outcome(server: ServerProcess, model: str, name: str) -> float:
+def outcome(server: LivefitProcess, model: str, name: str) -> float:
     return server.metric("livefit_labels_total", model=model, outcome=name)
 
 
@@ -97,7 +82,7 @@ def wait_for(read, value: float, timeout: float = 30.0) -> float:
     return current
 
 
-def publish(broker: MosquittoBroker, topic: str, payloads: list[bytes]) -> None:
+def publish(broker: Mosquitto, topic: str, payloads: list[bytes]) -> None:
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     client.connect("127.0.0.1", broker.port)
     client.loop_start()
@@ -251,7 +236,7 @@ def test_restart_keeps_pending_predictions_and_early_labels(fleet) -> None:
     pending = learner.metric("livefit_pending_predictions", model="joins")
     joined = outcome(learner, "joins", "joined")
     learner.stop(signal.SIGKILL)
-    again = ServerProcess(text, learner.workdir).start()
+    again = LivefitProcess(text, learner.workdir).start()
     try:
         assert again.metric("livefit_pending_predictions", model="joins") == pending
         assert again.metric("livefit_pending_labels", model="joins") == 2
@@ -266,7 +251,7 @@ def test_restart_keeps_pending_predictions_and_early_labels(fleet) -> None:
 
 
 def test_predictions_with_ids_never_wait_for_a_frozen_broker(
-    own_broker: MosquittoBroker, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path
 ) -> None:
     """README: recording never blocks a prediction. With the broker frozen (SIGSTOP), 300
     predictions with ids all answer (a wait on the broker would never end); every recorded row is
@@ -276,7 +261,7 @@ def test_predictions_with_ids_never_wait_for_a_frozen_broker(
         "[models.joins.labels]\ntick_s = 0.2\nttl_s = 3600",
         "[models.joins.labels]\ntick_s = 0.2\nttl_s = 3600\nrecord_buffer_rows = 100",
     )
-    learner = ServerProcess(text, tmp_path).start()
+    learner = LivefitProcess(text, tmp_path).start()
     assert own_broker.process is not None
     try:
         with PredictClient(learner.url) as client:

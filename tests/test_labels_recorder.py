@@ -18,13 +18,13 @@ from livefit.server.codec import SampleSpec
 from livefit.server.config import BrokerSettings
 from livefit.server.labels.recorder import PredictionRecorder
 from livefit.server.labels.wire import decode_labels, decode_predictions
+from livefit.server.local_processes import Mosquitto
 from livefit.server.metrics import Metrics
-from tests.mqtt_broker import MosquittoBroker
 
 SPEC = SampleSpec(input_shape=(2,), target_shape=(1,))
 
 
-def test_records_and_labels_reach_the_broker(broker: MosquittoBroker) -> None:
+def test_records_and_labels_reach_the_broker(broker: Mosquitto) -> None:
     got: dict[str, list[bytes]] = {"predictions": [], "labels": []}
     arrived = threading.Event()
 

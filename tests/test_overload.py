@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.mqtt_broker import MosquittoBroker
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto
+from tests.configs import learner_config, model
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,24 +39,12 @@ def load(url: str, clients: int, seconds: float) -> dict[str, float]:
     return json.loads(result.stdout)
 
 
-def test_overload_sheds_with_429_and_recovers(broker: MosquittoBroker, tmp_path: Path) -> None:
+def test_overload_sheds_with_429_and_recovers(broker: Mosquitto, tmp_path: Path) -> None:
     seconds = float(os.environ.get("LIVEFIT_OVERLOAD_S", "8"))
-    config = f"""
-[broker]
-url = "{broker.url}"
-client_id = "overload-{broker.port}"
-[storage]
-dir = "{tmp_path / "data"}"
-[models.demo]
-builder = "lstm"
-input_shape = [16, 4]
-output_shape = [1]
-[models.demo.serve]
-max_batch_size = 32
-batch_timeout_ms = 2
-max_queue_rows = 64
-"""
-    server = ServerProcess(config, tmp_path).start()
+    serve = "max_batch_size = 32\nbatch_timeout_ms = 2\nmax_queue_rows = 64"
+    lstm = model(builder="lstm", input_shape=[16, 4], serve=serve)
+    config = learner_config(broker, tmp_path / "data", f"overload-{broker.port}", lstm)
+    server = LivefitProcess(config, tmp_path).start()
     assert server.process is not None
     pid = server.process.pid
     try:

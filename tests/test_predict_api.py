@@ -16,10 +16,10 @@ from tritonclient.utils import InferenceServerException
 
 from livefit.server.app import create_app
 from livefit.server.config import load_settings
+from livefit.server.local_processes import Mosquitto
 from livefit.server.runtime import LearnerRuntime
 from tests.inprocess import InProcessServer
 from tests.linear import linear_forward
-from tests.mqtt_broker import MosquittoBroker
 
 CONFIG = """
 [broker]
@@ -47,7 +47,7 @@ seed = 4
 
 @pytest.fixture(scope="module")
 def server(
-    broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory
+    broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[InProcessServer]:
     workdir = tmp_path_factory.mktemp("predict-api")
     path = workdir / "livefit.toml"

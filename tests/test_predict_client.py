@@ -36,8 +36,8 @@ from livefit.clients.predict import (
     retry_delay_s,
 )
 from livefit.server import protocols
+from livefit.server.local_processes import free_port
 from livefit.server.protocols import ParsedRequest, RequestError
-from tests.mqtt_broker import free_port
 
 INPUT_SHAPE = (3,)
 VERSION = 7

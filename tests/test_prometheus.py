@@ -15,8 +15,8 @@ import yaml
 
 from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from tests.mqtt_broker import MosquittoBroker, free_port
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
+from tests.configs import learner_config
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,22 +29,12 @@ needs_prometheus = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def pair(
-    broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, ServerProcess]]:
+    broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, LivefitProcess]]:
     workdir = tmp_path_factory.mktemp("prometheus")
-    config = f"""
-[broker]
-url = "{broker.url}"
-client_id = "prometheus-{broker.port}"
-[storage]
-dir = "{workdir / "data"}"
-[models.demo]
-builder = "linear"
-input_shape = [8]
-output_shape = [1]
-"""
-    learner = ServerProcess(config, workdir).start()
-    replica = ServerProcess(config, workdir, command="replica")
+    config = learner_config(broker, workdir / "data", f"prometheus-{broker.port}")
+    learner = LivefitProcess(config, workdir).start()
+    replica = LivefitProcess(config, workdir, command="replica")
     try:
         replica.start()
         with SamplePublisher(broker.url, "livefit/demo/samples", fmt="msgpack") as publisher:
@@ -70,7 +60,7 @@ def no_leaked_threads() -> Iterator[None]:
 
 @needs_prometheus
 @pytest.mark.parametrize("role", ["learner", "replica"])
-def test_promtool_lints_a_live_scrape(pair: dict[str, ServerProcess], role: str) -> None:
+def test_promtool_lints_a_live_scrape(pair: dict[str, LivefitProcess], role: str) -> None:
     text = httpx.get(f"{pair[role].url}/metrics", timeout=10).text
     result = subprocess.run(
         ["promtool", "check", "metrics"], input=text, capture_output=True, text=True
@@ -82,7 +72,7 @@ def test_promtool_lints_a_live_scrape(pair: dict[str, ServerProcess], role: str)
 
 @needs_prometheus
 def test_real_prometheus_scrapes_learner_and_replica(
-    pair: dict[str, ServerProcess], tmp_path: Path
+    pair: dict[str, LivefitProcess], tmp_path: Path
 ) -> None:
     config = yaml.safe_load(SCRAPE_CONFIG.read_text())
     config["global"]["scrape_interval"] = config["global"]["scrape_timeout"] = "1s"

@@ -29,8 +29,7 @@ from livefit.clients.publish import PublishTimeout, RatePacer, SamplePublisher, 
 from livefit.clients.synthetic import LinearStream, SequenceStream, cycle_chunks, load_file
 from livefit.server.broker import BrokerAddress, parse_broker_url
 from livefit.server.codec import SampleSpec, decode_message
-from tests.mqtt_broker import MosquittoBroker, free_port
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
 
 # ---------------------------------------------------------------------------------------------
 # A plain paho subscriber that records what arrives.
@@ -60,7 +59,7 @@ def _decode(payload: bytes) -> dict[str, Any]:
 
 
 @contextmanager
-def subscribed(broker: MosquittoBroker, topic: str) -> Iterator[Received]:
+def subscribed(broker: Mosquitto, topic: str) -> Iterator[Received]:
     """Subscribe (QoS 1) and wait for the SUBACK, so nothing published afterwards is missed."""
     received = Received()
     ready = threading.Event()
@@ -366,7 +365,7 @@ def test_rate_pacer_schedules_against_the_start() -> None:
     ],
 )
 def test_publisher_delivers_every_sample_in_order(
-    broker: MosquittoBroker, fmt: str, raw: bool, batch: int, protocol: str
+    broker: Mosquitto, fmt: str, raw: bool, batch: int, protocol: str
 ) -> None:
     topic, count = _topic(), 600
     x, y = LinearStream(4, output_dim=2, seed=4).sample(count)
@@ -394,7 +393,7 @@ def test_publisher_delivers_every_sample_in_order(
     np.testing.assert_array_equal(np.concatenate(got_y), y)
 
 
-def test_qos0_messages_count_as_in_flight_until_written(broker: MosquittoBroker) -> None:
+def test_qos0_messages_count_as_in_flight_until_written(broker: Mosquitto) -> None:
     topic = _topic()
     with subscribed(broker, topic) as received, SamplePublisher(broker.url, topic, qos=0) as pub:
         stats = pub.publish_stream([LinearStream(3).sample(400)], batch=4)
@@ -404,7 +403,7 @@ def test_qos0_messages_count_as_in_flight_until_written(broker: MosquittoBroker)
     assert [d["seq"] for d in received.documents()] == list(range(100))
 
 
-def test_window_bounds_the_messages_in_flight(broker: MosquittoBroker) -> None:
+def test_window_bounds_the_messages_in_flight(broker: Mosquitto) -> None:
     topic, window = _topic(), 5
     unacked_before_publish: list[int] = []
     with (
@@ -434,7 +433,7 @@ def test_window_bounds_the_messages_in_flight(broker: MosquittoBroker) -> None:
 
 
 def test_window_respects_the_brokers_receive_maximum(tmp_path: Path) -> None:
-    small = MosquittoBroker(tmp_path / "mosquitto", extra_config="max_inflight_messages 3\n")
+    small = Mosquitto(tmp_path / "mosquitto", extra_config="max_inflight_messages 3\n")
     small.start()
     try:
         with SamplePublisher(small.url, _topic(), window=1000) as pub:
@@ -444,7 +443,7 @@ def test_window_respects_the_brokers_receive_maximum(tmp_path: Path) -> None:
     assert stats.messages == 300 and pub.max_in_flight <= 3
 
 
-def test_a_silent_broker_times_out_instead_of_hanging(own_broker: MosquittoBroker) -> None:
+def test_a_silent_broker_times_out_instead_of_hanging(own_broker: Mosquitto) -> None:
     assert own_broker.process is not None
     pub = SamplePublisher(own_broker.url, _topic(), window=10, ack_timeout_s=0.5)
     pub.connect()
@@ -457,7 +456,7 @@ def test_a_silent_broker_times_out_instead_of_hanging(own_broker: MosquittoBroke
         pub.close()
 
 
-def test_rate_limit_paces_samples(broker: MosquittoBroker) -> None:
+def test_rate_limit_paces_samples(broker: Mosquitto) -> None:
     with SamplePublisher(broker.url, _topic()) as pub:
         stats = pub.publish_stream([LinearStream(3).sample(301)], batch=10, rate=1000.0)
     # The last message (samples 300..301) is due 0.3 s after the first one.
@@ -487,7 +486,7 @@ def test_defaults_match_the_bundled_demo() -> None:
 
 
 def test_run_publishes_a_synthetic_stream(
-    broker: MosquittoBroker, capsys: pytest.CaptureFixture[str]
+    broker: Mosquitto, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with subscribed(broker, "livefit/lstm/samples") as received:
         argv = (
@@ -511,7 +510,7 @@ def test_run_publishes_a_synthetic_stream(
     assert "published 1000 samples in 10 messages" in out and "samples/s" in out
 
 
-def test_run_cycles_a_file_to_reach_count(broker: MosquittoBroker, tmp_path: Path) -> None:
+def test_run_cycles_a_file_to_reach_count(broker: Mosquitto, tmp_path: Path) -> None:
     path = tmp_path / "data.csv"
     path.write_text("a,b,y\n1,2,3\n4,5,6\n")
     topic = _topic()
@@ -573,11 +572,11 @@ def livefit_publish(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_publish_reports_rejections_and_warns_when_no_learner_listens(
-    broker: MosquittoBroker, tmp_path: Path
+    broker: Mosquitto, tmp_path: Path
 ) -> None:
     model = f"checked-{uuid.uuid4().hex[:8]}"
     config = CHECKED_LEARNER.format(url=broker.url, model=model, storage=tmp_path / "data")
-    server = ServerProcess(config, tmp_path).start()
+    server = LivefitProcess(config, tmp_path).start()
     try:
         common = ("--broker", broker.url, "--model", model, "--count", "20", "--batch", "5")
         wrong = livefit_publish(*common, "--input-shape", "3")

@@ -14,40 +14,26 @@ import pytest
 
 from livefit.clients.publish import PublishStats, SamplePublisher
 from livefit.clients.synthetic import LinearStream, stream_chunks
-from tests.mqtt_broker import MosquittoBroker
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto
+from tests.configs import learner_config, model
 
 pytestmark = pytest.mark.e2e
 MESSAGE_SAMPLES = 10
 
 
-def config(broker: MosquittoBroker, storage: Path, name: str) -> str:
-    return f"""
-[broker]
-url = "{broker.url}"
-client_id = "{name}-{broker.port}"
-[storage]
-dir = "{storage}"
-[models.demo]
-builder = "linear"
-input_shape = [8]
-output_shape = [1]
-learning_rate = 0.01
-dedup = true
-[models.demo.train]
-max_batch_size = 64
-[models.demo.weights]
-publish_interval_s = 0.2
-[models.demo.checkpoint]
-interval_s = 1.0
-"""
+def config(broker: Mosquitto, storage: Path, name: str) -> str:
+    demo = model(
+        lines="learning_rate = 0.01\ndedup = true", train="max_batch_size = 64",
+        weights="publish_interval_s = 0.2", checkpoint="interval_s = 1.0",
+    )  # fmt: skip
+    return learner_config(broker, storage, f"{name}-{broker.port}", demo)
 
 
 class StreamingPublisher(threading.Thread):
     """Publishes ``count`` samples at ``rate``/s in 10-sample messages, QoS 1, then waits for acks."""
 
     def __init__(
-        self, broker: MosquittoBroker, count: int, rate: float, source: str = "reliability"
+        self, broker: Mosquitto, count: int, rate: float, source: str = "reliability"
     ) -> None:
         super().__init__(name="test-publisher")
         self.broker, self.count, self.rate, self.source = broker, count, rate, source
@@ -66,11 +52,11 @@ class StreamingPublisher(threading.Thread):
             self.error = exc
 
 
-def lineage(server: ServerProcess) -> float:
+def lineage(server: LivefitProcess) -> float:
     return server.metric("livefit_model_samples", model="demo")
 
 
-def wait_trained(server: ServerProcess, count: int, timeout: float = 120.0) -> float:
+def wait_trained(server: LivefitProcess, count: int, timeout: float = 120.0) -> float:
     deadline = time.monotonic() + timeout
     while lineage(server) < count and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -78,11 +64,11 @@ def wait_trained(server: ServerProcess, count: int, timeout: float = 120.0) -> f
     return lineage(server)
 
 
-def test_sigkill_ten_times_loses_nothing(own_broker: MosquittoBroker, tmp_path: Path) -> None:
+def test_sigkill_ten_times_loses_nothing(own_broker: Mosquitto, tmp_path: Path) -> None:
     text = config(own_broker, tmp_path / "data", "sigkill")
     rng = random.Random(5)
     publisher = StreamingPublisher(own_broker, count=12_000, rate=250)
-    server = ServerProcess(text, tmp_path).start()
+    server = LivefitProcess(text, tmp_path).start()
     publisher.start()
     versions: list[tuple[float, float]] = []
     try:
@@ -90,7 +76,7 @@ def test_sigkill_ten_times_loses_nothing(own_broker: MosquittoBroker, tmp_path: 
             time.sleep(rng.uniform(0.3, 2.5))
             before = server.metric("livefit_model_version", model="demo")
             assert server.stop(signal.SIGKILL) == -signal.SIGKILL
-            server = ServerProcess(text, tmp_path).start()
+            server = LivefitProcess(text, tmp_path).start()
             versions.append((before, server.metric("livefit_model_version", model="demo")))
         publisher.join(120)
         assert publisher.error is None and publisher.stats is not None
@@ -106,8 +92,8 @@ def test_sigkill_ten_times_loses_nothing(own_broker: MosquittoBroker, tmp_path: 
     assert 12_000 <= trained <= 12_000 + 10 * MESSAGE_SAMPLES, trained
 
 
-def test_broker_restarted_twice_loses_nothing(own_broker: MosquittoBroker, tmp_path: Path) -> None:
-    server = ServerProcess(config(own_broker, tmp_path / "data", "outage"), tmp_path).start()
+def test_broker_restarted_twice_loses_nothing(own_broker: Mosquitto, tmp_path: Path) -> None:
+    server = LivefitProcess(config(own_broker, tmp_path / "data", "outage"), tmp_path).start()
     publisher = StreamingPublisher(own_broker, count=20_000, rate=2500)
     publisher.start()
     try:
@@ -129,9 +115,9 @@ def test_broker_restarted_twice_loses_nothing(own_broker: MosquittoBroker, tmp_p
     assert trained == 20_000, (trained, duplicates)
 
 
-def test_corrupt_newest_checkpoint_falls_back(own_broker: MosquittoBroker, tmp_path: Path) -> None:
+def test_corrupt_newest_checkpoint_falls_back(own_broker: Mosquitto, tmp_path: Path) -> None:
     text = config(own_broker, tmp_path / "data", "corrupt")
-    server = ServerProcess(text, tmp_path).start()
+    server = LivefitProcess(text, tmp_path).start()
     try:
         for count in (500, 1000):  # two checkpoints: one at 1 s, one at the clean stop
             publisher = StreamingPublisher(own_broker, count=500, rate=0, source=f"part-{count}")
@@ -144,7 +130,7 @@ def test_corrupt_newest_checkpoint_falls_back(own_broker: MosquittoBroker, tmp_p
     assert len(checkpoints) >= 2
     newest = checkpoints[-1]
     newest.write_bytes(newest.read_bytes()[:100])
-    restarted = ServerProcess(text, tmp_path).start()
+    restarted = LivefitProcess(text, tmp_path).start()
     try:
         assert 0 < lineage(restarted) < 1000  # the previous checkpoint's lineage
         log = restarted.log.read_text()
@@ -154,7 +140,7 @@ def test_corrupt_newest_checkpoint_falls_back(own_broker: MosquittoBroker, tmp_p
 
 
 def test_backpressure_slows_ingestion_and_drops_nothing(
-    own_broker: MosquittoBroker, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path
 ) -> None:
     """A trainer slower than the stream: the queue stays within its capacity, the broker holds
     the rest, and every sample is trained."""
@@ -170,7 +156,7 @@ def test_backpressure_slows_ingestion_and_drops_nothing(
         f'client_id = "backpressure-{own_broker.port}"',
         f'client_id = "backpressure-{own_broker.port}"\nreceive_maximum = 20',
     )
-    server = ServerProcess(text, tmp_path).start()
+    server = LivefitProcess(text, tmp_path).start()
     publisher = StreamingPublisher(own_broker, count=6000, rate=0)
     publisher.start()
     depths = []
@@ -192,7 +178,7 @@ def test_backpressure_slows_ingestion_and_drops_nothing(
 
 
 def test_sigstop_of_learner_then_broker_loses_nothing(
-    own_broker: MosquittoBroker, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path
 ) -> None:
     """A frozen learner (SIGSTOP past 1.5x its keepalive: the broker usually drops it and keeps
     its session's messages, or still holds the connection when it wakes up), then a frozen
@@ -201,7 +187,7 @@ def test_sigstop_of_learner_then_broker_loses_nothing(
     text = config(own_broker, tmp_path / "data", "sigstop").replace(
         "[storage]", "keepalive_s = 5\n[storage]"
     )
-    server = ServerProcess(text, tmp_path).start()
+    server = LivefitProcess(text, tmp_path).start()
     publisher = StreamingPublisher(own_broker, count=8_000, rate=800)
     publisher.start()
     try:

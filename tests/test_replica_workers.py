@@ -21,8 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.mqtt_broker import MosquittoBroker
-from tests.server_process import ServerProcess
+from livefit.server.local_processes import LivefitProcess, Mosquitto
 from tests.test_weight_stream import ROWS, config, publish_samples, settle
 
 pytestmark = pytest.mark.e2e
@@ -32,13 +31,12 @@ WORKERS = "[http]\nworkers = 2\n"
 @pytest.fixture(scope="module")
 def fleet(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[ServerProcess, ServerProcess, MosquittoBroker]]:
+) -> Iterator[tuple[LivefitProcess, LivefitProcess, Mosquitto]]:
     root = tmp_path_factory.mktemp("workers")
-    broker = MosquittoBroker(root / "broker")
-    broker.start()
+    broker = Mosquitto(root / "broker").start()
     storage = root / "data"
-    learner = ServerProcess(config(broker, storage), root / "learner").start()
-    replica = ServerProcess(config(broker, storage, head=WORKERS), root / "replica", "replica")
+    learner = LivefitProcess(config(broker, storage), root / "learner").start()
+    replica = LivefitProcess(config(broker, storage, head=WORKERS), root / "replica", "replica")
     try:
         replica.start()
         yield learner, replica, broker
@@ -56,7 +54,7 @@ def children_of(pid: int) -> list[int]:
     return sorted(found)
 
 
-def per_worker(server: ServerProcess, name: str, **labels: str) -> dict[str, float]:
+def per_worker(server: LivefitProcess, name: str, **labels: str) -> dict[str, float]:
     values: dict[str, float] = {}
     for (metric, pairs), value in server.metrics().items():
         found = dict(pairs)
@@ -65,7 +63,7 @@ def per_worker(server: ServerProcess, name: str, **labels: str) -> dict[str, flo
     return values
 
 
-def predict_on_new_connections(server: ServerProcess, count: int) -> list[int]:
+def predict_on_new_connections(server: LivefitProcess, count: int) -> list[int]:
     codes = []
     for _ in range(count):
         with httpx.Client(timeout=10) as client:  # a new connection: any worker may take it
@@ -80,7 +78,7 @@ def predict_on_new_connections(server: ServerProcess, count: int) -> list[int]:
 
 
 def test_both_workers_serve_the_learners_weights_and_report_on_one_metrics(
-    fleet: tuple[ServerProcess, ServerProcess, MosquittoBroker],
+    fleet: tuple[LivefitProcess, LivefitProcess, Mosquitto],
 ) -> None:
     learner, replica, broker = fleet
     publish_samples(broker, 400)
@@ -106,7 +104,7 @@ def test_both_workers_serve_the_learners_weights_and_report_on_one_metrics(
 
 
 def test_a_killed_worker_is_started_again_while_the_other_serves(
-    fleet: tuple[ServerProcess, ServerProcess, MosquittoBroker],
+    fleet: tuple[LivefitProcess, LivefitProcess, Mosquitto],
 ) -> None:
     _, replica, _ = fleet
     assert replica.process is not None
@@ -129,12 +127,12 @@ def test_a_killed_worker_is_started_again_while_the_other_serves(
 
 
 def test_sigterm_stops_the_group_and_a_killed_parent_takes_its_workers(
-    fleet: tuple[ServerProcess, ServerProcess, MosquittoBroker], tmp_path: Path
+    fleet: tuple[LivefitProcess, LivefitProcess, Mosquitto], tmp_path: Path
 ) -> None:
     learner, _, _ = fleet
     text = learner.config.read_text().replace("[storage]", WORKERS + "[storage]", 1)
     for sig, status in ((signal.SIGTERM, 0), (signal.SIGKILL, -9)):
-        group = ServerProcess(text, tmp_path / sig.name, "replica").start()
+        group = LivefitProcess(text, tmp_path / sig.name, "replica").start()
         assert group.process is not None
         workers = children_of(group.process.pid)
         assert len(workers) == 2

@@ -16,10 +16,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 from livefit.clients.payloads import encode_samples
 from livefit.server.broker import parse_broker_url
 from livefit.server.config import BrokerSettings
+from livefit.server.local_processes import LivefitProcess, Mosquitto
 from livefit.server.metrics import Metrics
 from livefit.server.mqtt import MqttConnection
-from tests.mqtt_broker import MosquittoBroker
-from tests.server_process import ServerProcess
+from tests.configs import learner_config, model
 
 # paho leaves the socket of a refused TLS handshake to the garbage collector (paho/client.py
 # reconnect path); that ResourceWarning is paho's, not ours.
@@ -57,13 +57,13 @@ def make_pki(directory: Path) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def tls_broker(
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[MosquittoBroker, dict[str, Path]]]:
+) -> Iterator[tuple[Mosquitto, dict[str, Path]]]:
     directory = tmp_path_factory.mktemp("tls")
     pki = make_pki(directory)
     passwd = directory / "passwd"
     subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "livefit", PASSWORD], check=True)
     passwd.chmod(0o600)
-    broker = MosquittoBroker(
+    broker = Mosquitto(
         directory / "broker",
         extra_config=(
             f"cafile {pki['ca.crt']}\ncertfile {pki['server.crt']}\nkeyfile {pki['server.key']}\n"
@@ -80,7 +80,7 @@ def no_leaked_threads() -> Iterator[None]:
     yield
 
 
-def connects(broker: MosquittoBroker, url: str, tls: dict[str, object]) -> bool:
+def connects(broker: Mosquitto, url: str, tls: dict[str, object]) -> bool:
     settings = BrokerSettings.model_validate(
         {"url": url, "tls": tls, "client_id": f"tls-{time.time_ns()}"}
     )
@@ -93,7 +93,7 @@ def connects(broker: MosquittoBroker, url: str, tls: dict[str, object]) -> bool:
 
 
 def test_tls_with_client_certificate_and_password(
-    tls_broker: tuple[MosquittoBroker, dict[str, Path]],
+    tls_broker: tuple[Mosquitto, dict[str, Path]],
 ) -> None:
     broker, pki = tls_broker
     good = {
@@ -114,29 +114,18 @@ def test_tls_with_client_certificate_and_password(
 
 
 def test_learner_trains_over_tls_and_keeps_secrets_out_of_logs(
-    tls_broker: tuple[MosquittoBroker, dict[str, Path]], tmp_path: Path
+    tls_broker: tuple[Mosquitto, dict[str, Path]], tmp_path: Path
 ) -> None:
     broker, pki = tls_broker
-    config = f"""
-[broker]
-url = "mqtts://livefit:{PASSWORD}@127.0.0.1:{broker.port}"
-client_id = "tls-learner"
-[broker.tls]
-ca_file = "{pki["ca.crt"]}"
-cert_file = "{pki["client.crt"]}"
-key_file = "{pki["client.key"]}"
-[http]
-token = "http-bearer-secret-7"
-[storage]
-dir = "{tmp_path / "data"}"
-[models.demo]
-builder = "linear"
-input_shape = [4]
-output_shape = [1]
-[models.demo.weights]
-hmac_key = "{HMAC_KEY}"
-"""
-    server = ServerProcess(config, tmp_path).start()
+    tls_and_token = (
+        f'[broker.tls]\nca_file = "{pki["ca.crt"]}"\ncert_file = "{pki["client.crt"]}"\n'
+        f'key_file = "{pki["client.key"]}"\n[http]\ntoken = "http-bearer-secret-7"'
+    )
+    config = learner_config(
+        f"mqtts://livefit:{PASSWORD}@127.0.0.1:{broker.port}", tmp_path / "data", "tls-learner",
+        model(input_shape=[4], weights=f'hmac_key = "{HMAC_KEY}"'), broker_lines=tls_and_token,
+    )  # fmt: skip
+    server = LivefitProcess(config, tmp_path).start()
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     client.tls_set(
         ca_certs=str(pki["ca.crt"]), certfile=str(pki["client.crt"]), keyfile=str(pki["client.key"])

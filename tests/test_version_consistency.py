@@ -18,11 +18,11 @@ from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.server.app import create_app
 from livefit.server.config import load_settings
+from livefit.server.local_processes import Mosquitto
 from livefit.server.runtime import LearnerRuntime
 from livefit.server.snapshot import Snapshot
 from tests.inprocess import InProcessServer
 from tests.linear import linear_forward
-from tests.mqtt_broker import MosquittoBroker
 
 CONFIG = """
 [broker]
@@ -48,7 +48,7 @@ batch_timeout_ms = 2
 """
 
 
-def publish_stream(broker: MosquittoBroker, stop: threading.Event) -> None:
+def publish_stream(broker: Mosquitto, stop: threading.Event) -> None:
     stream = LinearStream(input_dim=6, output_dim=3, seed=1)
     with SamplePublisher(broker.url, "livefit/lin/samples", fmt="msgpack", raw=True) as publisher:
         while not stop.is_set():
@@ -79,7 +79,7 @@ async def hammer(url: str, max_seconds: float) -> list[tuple[np.ndarray, np.ndar
     return results
 
 
-def test_every_response_matches_its_version(broker: MosquittoBroker, tmp_path: Path) -> None:
+def test_every_response_matches_its_version(broker: Mosquitto, tmp_path: Path) -> None:
     path = tmp_path / "livefit.toml"
     path.write_text(CONFIG.format(url=broker.url, port=broker.port, storage=tmp_path / "data"))
     runtime = LearnerRuntime(load_settings(path, environ={}))

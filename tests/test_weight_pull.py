@@ -19,10 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from livefit.server.local_processes import LivefitProcess, Mosquitto
 from livefit.server.weight_format import seal, sha256_hex, signed_message
 from livefit.server.weight_keys import SigningKey
-from tests.mqtt_broker import MosquittoBroker
-from tests.server_process import ServerProcess
+from tests.configs import learner_config, model
 from tests.weight_envelopes import Weights, envelope, payload
 
 pytestmark = pytest.mark.e2e
@@ -112,7 +112,7 @@ class RecordingServer:
 
 @dataclass
 class Setup:
-    replica: ServerProcess
+    replica: LivefitProcess
     origin: RecordingServer
     attacker: RecordingServer
     key: SigningKey
@@ -121,7 +121,7 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+def setup(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     import paho.mqtt.client as paho
     from paho.mqtt.enums import CallbackAPIVersion
 
@@ -137,26 +137,15 @@ def setup(broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory) -> 
 
     # A first real snapshot, retained, so the replica becomes ready.
     publish(envelope(key, weights, topic=TOPIC, version=1, lineage=LINEAGE), retain=True)
-    config = f"""
-[broker]
-url = "{broker.url}"
-client_id = "pull-{broker.port}"
-[http]
-token = "{TOKEN}"
-[storage]
-dir = "{workdir / "data"}"
-[models.demo]
-builder = "linear"
-input_shape = [8]
-output_shape = [1]
-[models.demo.weights]
-topic = "{TOPIC}"
-verify_key = "{key.public.base64()}"
-pull_url = "{origin.url}"
-pull_timeout_s = 10
-max_pull_bytes = {MAX_PULL}
-"""
-    replica = ServerProcess(config, workdir, command="replica")
+    weights_table = (
+        f'topic = "{TOPIC}"\nverify_key = "{key.public.base64()}"\npull_url = "{origin.url}"\n'
+        f"pull_timeout_s = 10\nmax_pull_bytes = {MAX_PULL}"
+    )
+    config = learner_config(
+        broker, workdir / "data", f"pull-{broker.port}", model(weights=weights_table),
+        broker_lines=f'[http]\ntoken = "{TOKEN}"',
+    )  # fmt: skip
+    replica = LivefitProcess(config, workdir, command="replica")
     try:
         replica.start()
         yield Setup(replica, origin, attacker, key, weights, publish)
@@ -169,7 +158,7 @@ max_pull_bytes = {MAX_PULL}
         attacker.stop()
 
 
-def outcome(replica: ServerProcess, name: str) -> float:
+def outcome(replica: LivefitProcess, name: str) -> float:
     return replica.metric("livefit_weights_received_total", model="demo", outcome=name)
 
 
@@ -197,7 +186,7 @@ def manifest(signer: SigningKey | None, s: Setup, version: int, data: bytes,
     return seal(header_bytes, signature, b"", b"")
 
 
-def serving_version(replica: ServerProcess) -> int:
+def serving_version(replica: LivefitProcess) -> int:
     return int(replica.metric("livefit_serving_version", model="demo"))
 
 

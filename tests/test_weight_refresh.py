@@ -17,6 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.server.broker import parse_broker_url
 from livefit.server.config import BrokerSettings
+from livefit.server.local_processes import Mosquitto
 from livefit.server.metrics import Metrics
 from livefit.server.mqtt import MqttConnection
 from livefit.server.snapshot import Snapshot
@@ -24,13 +25,12 @@ from livefit.server.weight_format import open_envelope
 from livefit.server.weight_keys import Authenticator, SigningKey
 from livefit.server.weight_publisher import WeightPublisher, WeightStore
 from livefit.server.weight_receiver import WeightReceiver
-from tests.mqtt_broker import MosquittoBroker
 from tests.weight_envelopes import Weights
 
 TOPIC = "refresh/weights"
 
 
-def test_idle_learner_re_signs_its_newest_snapshot(broker: MosquittoBroker) -> None:
+def test_idle_learner_re_signs_its_newest_snapshot(broker: Mosquitto) -> None:
     weights, key, metrics = Weights.of("linear"), SigningKey.generate(), Metrics()
     received: list[bytes] = []
     arrived = threading.Condition()

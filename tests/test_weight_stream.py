@@ -31,6 +31,7 @@ from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.clients.weights import WeightSubscriber
 from livefit.models import build_model
+from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
 from livefit.server.weight_format import sha256_hex
 from livefit.server.weight_keys import (
     SigningKey,
@@ -38,8 +39,7 @@ from livefit.server.weight_keys import (
     default_public_path,
     parse_signing_key,
 )
-from tests.mqtt_broker import MosquittoBroker, free_port
-from tests.server_process import ServerProcess
+from tests.configs import SMALL_MLP, learner_config, model
 from tests.weight_envelopes import Weights, forged
 
 pytestmark = pytest.mark.e2e
@@ -47,28 +47,14 @@ TOPIC = "livefit/demo/weights"
 ROWS = np.random.default_rng(3).normal(size=(5, 8)).round(3).tolist()
 
 
-def config(broker: MosquittoBroker, storage: Path, extra: str = "", head: str = "") -> str:
-    return f"""
-[broker]
-url = "{broker.url}"
-client_id = "weights-{broker.port}-{storage.parent.name}-{storage.name}"
-{head}
-[storage]
-dir = "{storage}"
-[models.demo]
-builder = "mlp"
-builder_options = {{ hidden_units = [16] }}
-input_shape = [8]
-output_shape = [1]
-learning_rate = 0.01
-seed = 11
-[models.demo.weights]
-publish_interval_s = 0.2
-{extra}
-"""
+def config(broker: Mosquitto, storage: Path, extra: str = "", head: str = "") -> str:
+    """The small MLP; ``extra`` ends its weights table, ``head`` its broker table."""
+    client_id = f"weights-{broker.port}-{storage.parent.name}-{storage.name}"
+    demo = model(builder="mlp", lines=SMALL_MLP, weights=f"publish_interval_s = 0.2\n{extra}")
+    return learner_config(broker, storage, client_id, demo, broker_lines=head)
 
 
-def publish_samples(broker: MosquittoBroker, count: int, seed: int = 0, topic: str = "") -> None:
+def publish_samples(broker: Mosquitto, count: int, seed: int = 0, topic: str = "") -> None:
     stream = LinearStream(input_dim=8, seed=seed)
     with SamplePublisher(broker.url, topic or "livefit/demo/samples", fmt="msgpack") as publisher:
         for _ in range(count // 50):
@@ -76,7 +62,7 @@ def publish_samples(broker: MosquittoBroker, count: int, seed: int = 0, topic: s
             publisher.publish(x, y, batched=True)
 
 
-def settle(learner: ServerProcess, trained: int) -> int:
+def settle(learner: LivefitProcess, trained: int) -> int:
     """Wait until the learner trained ``trained`` samples and published its final version."""
     assert learner.wait_for_metric("livefit_train_samples_total", trained, model="demo") == trained
     deadline = time.monotonic() + 10
@@ -88,29 +74,29 @@ def settle(learner: ServerProcess, trained: int) -> int:
     raise AssertionError("learner did not publish its latest version")
 
 
-def serving_version(server: ServerProcess) -> int:
+def serving_version(server: LivefitProcess) -> int:
     return int(server.metric("livefit_serving_version", model="demo"))
 
 
-def wait_serving(server: ServerProcess, version: int, timeout: float = 10) -> int:
+def wait_serving(server: LivefitProcess, version: int, timeout: float = 10) -> int:
     deadline = time.monotonic() + timeout
     while serving_version(server) != version and time.monotonic() < deadline:
         time.sleep(0.05)
     return serving_version(server)
 
 
-def outcome(server: ServerProcess, name: str) -> float:
+def outcome(server: LivefitProcess, name: str) -> float:
     return server.metric("livefit_weights_received_total", model="demo", outcome=name)
 
 
-def lineage_of(server: ServerProcess, token: str | None = None) -> str:
+def lineage_of(server: LivefitProcess, token: str | None = None) -> str:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     response = httpx.get(f"{server.url}/v1/models/demo/weights", headers=headers, timeout=10)
     assert response.status_code == 200, response.text
     return response.headers["x-weights-lineage"]
 
 
-def wait_published(learner: ServerProcess, timeout: float = 10) -> None:
+def wait_published(learner: LivefitProcess, timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if httpx.get(f"{learner.url}/v1/models/demo/weights", timeout=5).status_code == 200:
@@ -119,7 +105,7 @@ def wait_published(learner: ServerProcess, timeout: float = 10) -> None:
     raise AssertionError("the learner published no weights")
 
 
-def predict(server: ServerProcess) -> tuple[list[list[float]], str]:
+def predict(server: LivefitProcess) -> tuple[list[list[float]], str]:
     response = httpx.post(
         f"{server.url}/v1/models/demo:predict", json={"instances": ROWS}, timeout=10
     )
@@ -130,7 +116,7 @@ def predict(server: ServerProcess) -> tuple[list[list[float]], str]:
 class Mqtt:
     """A plain paho client (MQTT 5 or 3.1.1) for publishing and catching retained messages."""
 
-    def __init__(self, broker: MosquittoBroker, protocol: int = paho.MQTTv5) -> None:
+    def __init__(self, broker: Mosquitto, protocol: int = paho.MQTTv5) -> None:
         self.client = paho.Client(CallbackAPIVersion.VERSION2, protocol=protocol)
         self.messages: list[bytes] = []
         self.client.on_message = lambda _c, _u, message: self.messages.append(message.payload)
@@ -157,12 +143,12 @@ class Mqtt:
 
 @pytest.fixture(scope="module")
 def cluster(
-    broker: MosquittoBroker, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, ServerProcess]]:
+    broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, LivefitProcess]]:
     workdir = tmp_path_factory.mktemp("weights")
     text = config(broker, workdir / "data")
-    learner = ServerProcess(text, workdir).start()
-    replicas = [ServerProcess(text, workdir, command="replica") for _ in range(2)]
+    learner = LivefitProcess(text, workdir).start()
+    replicas = [LivefitProcess(text, workdir, command="replica") for _ in range(2)]
     try:
         for replica in replicas:
             replica.start()
@@ -179,7 +165,7 @@ def no_leaked_threads() -> Iterator[None]:
 
 
 def test_replicas_follow_the_learner_and_agree(
-    cluster: dict[str, ServerProcess], broker: MosquittoBroker
+    cluster: dict[str, LivefitProcess], broker: Mosquitto
 ) -> None:
     learner, a, b = cluster["learner"], cluster["a"], cluster["b"]
     publish_samples(broker, 2000)
@@ -201,7 +187,7 @@ def test_replicas_follow_the_learner_and_agree(
     assert lineage_of(a) == lineage_of(b) == lineage_of(learner)
 
 
-def test_learner_made_its_key_and_logged_the_public_key(cluster: dict[str, ServerProcess]) -> None:
+def test_learner_made_its_key_and_logged_the_public_key(cluster: dict[str, LivefitProcess]) -> None:
     storage = Path(str(cluster["workdir"])) / "data"
     key = parse_signing_key(default_key_path(storage).read_bytes())
     assert default_key_path(storage).stat().st_mode & 0o777 == 0o600
@@ -211,7 +197,7 @@ def test_learner_made_its_key_and_logged_the_public_key(cluster: dict[str, Serve
     assert "verified with Ed25519 key " + key.key_id in cluster["a"].log.read_text()
 
 
-def test_weights_download_endpoint(cluster: dict[str, ServerProcess]) -> None:
+def test_weights_download_endpoint(cluster: dict[str, LivefitProcess]) -> None:
     learner = cluster["learner"]
     response = httpx.get(f"{learner.url}/v1/models/demo/weights", timeout=10)
     assert response.status_code == 200
@@ -222,9 +208,9 @@ def test_weights_download_endpoint(cluster: dict[str, ServerProcess]) -> None:
     assert httpx.get(f"{learner.url}/v1/models/nope/weights").status_code == 404
 
 
-def test_late_replica_is_ready_with_retained_weights(cluster: dict[str, ServerProcess]) -> None:
+def test_late_replica_is_ready_with_retained_weights(cluster: dict[str, LivefitProcess]) -> None:
     learner = cluster["learner"]
-    late = ServerProcess(learner.config.read_text(), cluster["workdir"], command="replica")  # type: ignore[arg-type]
+    late = LivefitProcess(learner.config.read_text(), cluster["workdir"], command="replica")  # type: ignore[arg-type]
     started = time.monotonic()
     late.start()
     try:
@@ -236,7 +222,7 @@ def test_late_replica_is_ready_with_retained_weights(cluster: dict[str, ServerPr
 
 
 def test_forged_weights_are_refused_and_the_next_real_ones_taken(
-    cluster: dict[str, ServerProcess], broker: MosquittoBroker
+    cluster: dict[str, LivefitProcess], broker: Mosquitto
 ) -> None:
     """Forged snapshots (version 10**9: unsigned, signed by another key, tampered after signing)
     and validly signed but wrong ones are refused and counted; the replica keeps serving, and
@@ -281,7 +267,7 @@ with WeightSubscriber(model, broker, "demo", verify_key=key) as weights:
 
 
 def test_weight_subscriber_in_a_plain_process(
-    cluster: dict[str, ServerProcess], broker: MosquittoBroker
+    cluster: dict[str, LivefitProcess], broker: Mosquitto
 ) -> None:
     learner = cluster["learner"]
     trained = int(learner.metric("livefit_train_samples_total", model="demo"))
@@ -301,16 +287,14 @@ def test_weight_subscriber_in_a_plain_process(
     np.testing.assert_allclose(answer["outputs"], outputs, rtol=1e-5)
 
 
-def test_large_model_goes_through_manifest_and_http_pull(
-    broker: MosquittoBroker, tmp_path: Path
-) -> None:
+def test_large_model_goes_through_manifest_and_http_pull(broker: Mosquitto, tmp_path: Path) -> None:
     """Manifest, then a pull from the configured learner URL, with the bearer token."""
     extra = 'max_inline_bytes = 1024\ntopic = "large/weights"'
     head = '[http]\ntoken = "pull-token-5"'
     text = config(broker, tmp_path / "data", extra=extra, head=head)
     text = text.replace("[models.demo]", '[models.demo]\ntopic = "large/samples"')
-    learner = ServerProcess(text, tmp_path).start()
-    replica = ServerProcess(text + f'pull_url = "{learner.url}"\n', tmp_path, command="replica")
+    learner = LivefitProcess(text, tmp_path).start()
+    replica = LivefitProcess(text + f'pull_url = "{learner.url}"\n', tmp_path, command="replica")
     try:
         replica.start()
         with SamplePublisher(broker.url, "large/samples", fmt="msgpack") as publisher:
@@ -327,7 +311,7 @@ def test_large_model_goes_through_manifest_and_http_pull(
         assert learner.stop() == 0
 
 
-def test_replica_without_a_key_does_not_start(broker: MosquittoBroker, tmp_path: Path) -> None:
+def test_replica_without_a_key_does_not_start(broker: Mosquitto, tmp_path: Path) -> None:
     """No verify key, no allow_unsigned: a config error naming the settings, before the replica
     connects anywhere (a listener in place of the broker sees no connection)."""
     with socket.socket() as fake_broker:
@@ -350,7 +334,7 @@ def test_replica_without_a_key_does_not_start(broker: MosquittoBroker, tmp_path:
     assert "models.demo.weights.verify_key" in output and "allow_unsigned" in output
 
 
-def test_new_lineage_over_mqtt_311(broker: MosquittoBroker, tmp_path: Path) -> None:
+def test_new_lineage_over_mqtt_311(broker: Mosquitto, tmp_path: Path) -> None:
     """Learner A publishes; it stops and learner B starts with fresh storage (same key, same
     topic): the replica and a WeightSubscriber, all over MQTT 3.1.1, follow B and count
     ``new_lineage``; A's snapshot re-published as retained is refused as a rollback."""
@@ -368,9 +352,9 @@ def test_new_lineage_over_mqtt_311(broker: MosquittoBroker, tmp_path: Path) -> N
         base = base.replace("[models.demo]", '[models.demo]\ntopic = "lineage/samples"')
         return base.replace(f'url = "{broker.url}"', f'url = "{broker.url}"\nprotocol = "3.1.1"')
 
-    learner_a = ServerProcess(text("a"), tmp_path / "a").start()
-    replica = ServerProcess(text("replica"), tmp_path / "replica", command="replica")
-    learner_b: ServerProcess | None = None
+    learner_a = LivefitProcess(text("a"), tmp_path / "a").start()
+    replica = LivefitProcess(text("replica"), tmp_path / "replica", command="replica")
+    learner_b: LivefitProcess | None = None
     model = build_model("mlp", [8], [1], {"hidden_units": [16]}, seed=1, scaling="standardize")
     subscriber = WeightSubscriber(model, broker.url, "demo", topic=topic, protocol="3.1.1",
                                   verify_key=signing.public.base64())  # fmt: skip
@@ -386,7 +370,7 @@ def test_new_lineage_over_mqtt_311(broker: MosquittoBroker, tmp_path: Path) -> N
         old_a = mqtt.retained(topic)
         assert learner_a.stop() == 0
 
-        learner_b = ServerProcess(text("b"), tmp_path / "b").start()
+        learner_b = LivefitProcess(text("b"), tmp_path / "b").start()
         wait_published(learner_b)
         lineage_b = lineage_of(learner_b)
         assert lineage_b != lineage_a
