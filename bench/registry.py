@@ -18,6 +18,7 @@ from bench import (
     overload,
     serving,
     trainer,
+    workers,
 )
 from bench.harness import Benchmark
 
@@ -27,6 +28,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         trainer.BENCHMARK,
         ingestion.BENCHMARK,
         serving.BENCHMARK,
+        workers.BENCHMARK,
         batching.BENCHMARK,
         overload.BENCHMARK,
         freshness.BENCHMARK,

@@ -30,6 +30,7 @@ from prometheus_client.samples import Sample
 
 log = logging.getLogger(__name__)
 PEER_TIMEOUT_S = 2.0
+WORKERS_UNREACHABLE = "livefit_workers_unreachable"
 MAX_PEER_BYTES = 64 << 20
 
 
@@ -132,8 +133,8 @@ class WorkerMetrics:
 
 def _unreachable(count: int) -> bytes:
     return (
-        "# HELP livefit_workers_unreachable Serving workers left out of this scrape (no "
+        f"# HELP {WORKERS_UNREACHABLE} Serving workers left out of this scrape (no "
         "answer in time: restarting or stopped)\n"
-        "# TYPE livefit_workers_unreachable gauge\n"
-        f"livefit_workers_unreachable {count}\n"
+        f"# TYPE {WORKERS_UNREACHABLE} gauge\n"
+        f"{WORKERS_UNREACHABLE} {count}\n"
     ).encode()

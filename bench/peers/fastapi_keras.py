@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -81,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-spec", required=True, help="JSON of bench.models.ModelSpec")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--constant-file", help="the response body of --mode constant")
+    parser.add_argument(
+        "--workers", type=int, default=1,
+        help="processes sharing one listening socket (forked after the app is built; "
+        "--mode constant only, which holds no TensorFlow state)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     spec = ModelSpec.from_json(json.loads(args.model_spec))
     constant = b""
@@ -88,8 +94,32 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.constant_file, "rb") as handle:
             constant = handle.read()
     app = build_app(spec, args.mode, args.endpoint, constant)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    if args.workers == 1:
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+        return 0
+    if args.mode != "constant":
+        parser.error("--workers above 1 needs --mode constant")
+    _prefork(app, args.port, args.workers)
     return 0
+
+
+def _prefork(app: FastAPI, port: int, workers: int) -> None:
+    """``workers`` processes serving ``app`` on one socket, as ``livefit replica --workers``
+    shares its port; the forked ones die with this one."""
+    from livefit.server.children import die_with_parent
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(2048)
+    preexec = die_with_parent()
+    for _ in range(workers - 1):
+        if os.fork() == 0:
+            if preexec is not None:
+                preexec()
+            break
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 if __name__ == "__main__":

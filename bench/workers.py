@@ -1,0 +1,146 @@
+"""Benchmark, serving workers: ``livefit replica --workers 1`` and ``--workers 2`` against an
+HTTP ceiling with the same number of worker processes.
+
+One learner (the shared fleet's, model ``mlp``) publishes its weights; two replica groups
+follow it, one with one worker and one with two, each group a parent that binds the port and
+supervises its workers (``server/workers.py``). The ceiling is the serving benchmark's: a
+FastAPI endpoint on the same uvicorn stack that reads the body and answers a constant response
+of livefit's size, run as one or two processes sharing one socket the same way. The load is
+the serving benchmark's (N keep-alive connections, closed loop, the one-row TF Serving body,
+a fixed duration), each round running every server at each client count, the order rotated,
+and a ratio pairing the runs of one round. The load generator runs on the same cores: on a
+2-core machine two workers compete with it, which is part of what is measured.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
+from bench.load import LoadResult, run_load
+from bench.models import MLP
+from bench.procs import http_server, livefit_server
+from bench.serving import rotate
+from livefit.server.local_processes import HttpProcess, free_port, running
+
+TARGETS = {64: 0.7, 1: 0.5}  # livefit ÷ ceiling (req/s) at this many clients (issue #18)
+
+
+def run(ctx: Context) -> BenchResult:
+    workers, clients = list(ctx.sizes["workers"]), list(ctx.sizes["clients"])
+    rounds, duration = ctx.sizes["rounds"], ctx.sizes["duration"]
+    result = BenchResult(
+        name="workers",
+        title="Serving workers: replica --workers 1 and 2 against the HTTP ceiling",
+        what=__doc__.split("\n", 2)[2].strip(),
+        sides={
+            "livefit replica --workers N": "N serving processes behind one port, each a whole "
+            "replica of the learner's mlp, default settings",
+            "HTTP ceiling, N processes": "constant response of livefit's size, FastAPI on the "
+            "same uvicorn stack, N processes sharing one socket, no model",
+        },
+        settings={
+            "model": MLP.describe(),
+            "workers": workers,
+            "clients": clients,
+            "seconds per run": duration,
+            "rounds": rounds,
+            "load client": ctx.load_client,
+        },
+    )
+    runs = _measure(ctx, workers, clients, rounds, duration)
+    for n in clients:
+        for w in workers:
+            result.rows.append(_row(n, w, runs))
+    result.extra["runs"] = {k: [r.to_json() for r in v] for k, v in runs.items()}
+    broken = sum(r.socket_errors for k, v in runs.items() if "livefit" in k for r in v)
+    result.check("livefit: no socket error", broken == 0, f"{broken} errors")
+    return result
+
+
+def _measure(
+    ctx: Context, workers: list[int], clients: list[int], rounds: int, duration: float
+) -> dict[str, list[LoadResult]]:
+    """Runs by ``"<clients>/<side>/<workers>"``."""
+    body, path = MLP.request_body(), MLP.predict_path()
+    runs: dict[str, list[LoadResult]] = {}
+    with ctx.fleet("mlp") as fleet, _servers(ctx, fleet.learner.config, workers) as servers:
+        for server in servers.values():  # first calls and connection setup are not measured
+            run_load(ctx.load_client, server.url + path, body, 16, 0.5, ctx.workdir / "load")
+        keys = list(servers)
+        for r in range(rounds):
+            for i, n in enumerate(clients):
+                for key in rotate(keys, r * len(clients) + i):
+                    url = servers[key].url + path
+                    load = run_load(ctx.load_client, url, body, n, duration, ctx.workdir / "load")
+                    runs.setdefault(f"{n}/{key}", []).append(load)
+                    ctx.step(
+                        f"round {r + 1}/{rounds} {n:>3} clients {key:<10}: "
+                        f"{load.ok_rps:>7,.0f} req/s  p50 {load.p50_ms:6.2f} ms  "
+                        f"p99 {load.p99_ms:6.2f} ms  errors {load.errors}"
+                    )
+    return runs
+
+
+@contextmanager
+def _servers(ctx: Context, config: Path, workers: list[int]) -> Iterator[dict[str, HttpProcess]]:
+    """A replica group and a ceiling per worker count, started and ready; the ceilings answer
+    the bytes livefit answers."""
+    work = ctx.workdir / "workers"
+    work.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, HttpProcess] = {}
+    for w in workers:
+        text = config.read_text().replace("[storage]", f"[http]\nworkers = {w}\n\n[storage]", 1)
+        groups[f"livefit/{w}"] = livefit_server(f"replica-w{w}", text, work, command="replica")
+    ceilings: dict[str, HttpProcess] = {}
+    for w in workers:
+        port = free_port()
+        argv = [sys.executable, "-m", "bench.peers.fastapi_keras", "--mode", "constant",
+                *MLP.cli_args(), "--port", str(port), "--constant-file",
+                str(work / "constant.json"), "--workers", str(w)]  # fmt: skip
+        ceilings[f"ceiling/{w}"] = http_server(f"ceiling-w{w}", argv, work, port, "/health")
+    ctx.step(f"starting replica groups and HTTP ceilings with {workers} workers")
+    with running(*groups.values(), *ceilings.values()):
+        for group in groups.values():
+            group.start(ready_timeout_s=None)
+        for group in groups.values():
+            group.wait_ready(240)
+        first = next(iter(groups.values()))
+        answer = httpx.post(first.url + MLP.predict_path(), content=MLP.request_body(),
+                            headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+        answer.raise_for_status()
+        (work / "constant.json").write_bytes(answer.content)
+        for ceiling in ceilings.values():
+            ceiling.start(ready_timeout_s=120)
+        yield {**groups, **ceilings}
+
+
+def _row(n: int, w: int, runs: dict[str, list[LoadResult]]) -> Row:
+    mine, ceiling = runs[f"{n}/livefit/{w}"], runs[f"{n}/ceiling/{w}"]
+    row = Row(case={"clients": n, "workers": w})
+    row.figures["livefit req/s"] = Spread.of([r.ok_rps for r in mine], "req/s")
+    row.figures["ceiling req/s"] = Spread.of([r.ok_rps for r in ceiling], "req/s")
+    row.figures["livefit p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
+    row.figures["livefit p99 ms"] = Spread.of([r.p99_ms for r in mine], "ms")
+    row.figures["livefit errors"] = Spread.of([float(r.errors) for r in mine], "")
+    ratio = "livefit ÷ ceiling (req/s)"
+    row.ratios[ratio] = paired_ratios([r.ok_rps for r in mine], [r.ok_rps for r in ceiling])
+    if n in TARGETS:
+        row.target(ratio, ">=", TARGETS[n], f"≥ {TARGETS[n]:g}x the ceiling at {n} clients")
+    return row
+
+
+BENCHMARK = Benchmark(
+    name="workers",
+    summary="replica --workers 1 and 2 against an HTTP ceiling with as many processes",
+    run=run,
+    sizes=Sizes(
+        quick={"workers": (1, 2), "clients": [64], "rounds": 1, "duration": 1.0},
+        full={"workers": (1, 2), "clients": [1, 64], "rounds": 3, "duration": 5.0},
+    ),
+)
