@@ -29,7 +29,7 @@ import numpy as np
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.models import MLP, ModelSpec
-from livefit.server.local_processes import LivefitProcess
+from livefit.server.processes.local_processes import LivefitProcess
 
 MODEL = "fresh"
 

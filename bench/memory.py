@@ -22,7 +22,7 @@ from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.load import run_load
 from bench.models import MLP
 from bench.procs import ToolProcess
-from livefit.server.local_processes import LivefitProcess
+from livefit.server.processes.local_processes import LivefitProcess
 
 CLIENTS = 16
 MODEL = "soak"

@@ -31,7 +31,7 @@ from bench.models import MLP, ModelSpec
 from bench.procs import QUIET_ENV
 from bench.slow_clients import SLOW_LINE_S, slow_row, with_slow_clients
 from livefit.server.config import ServeSettings
-from livefit.server.local_processes import LivefitProcess
+from livefit.server.processes.local_processes import LivefitProcess
 
 MODEL = "over"
 CAPACITY_CLIENTS = 64

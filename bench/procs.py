@@ -1,4 +1,4 @@
-"""What benchmarks add to the process toolkit (``livefit.server.local_processes``): their
+"""What benchmarks add to the process toolkit (``livefit.server.processes.local_processes``): their
 environment and working directory, starting servers together, and tools whose output lines
 the bench reads.
 
@@ -19,9 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import REPO
-from livefit.server import local_processes
-from livefit.server.children import start_child
-from livefit.server.local_processes import HttpProcess, LivefitProcess, LocalProcess, quiet_env
+from livefit.server.processes import local_processes
+from livefit.server.processes.children import start_child
+from livefit.server.processes.local_processes import (
+    HttpProcess,
+    LivefitProcess,
+    LocalProcess,
+    quiet_env,
+)
 
 QUIET_ENV = {**local_processes.QUIET_ENV, "PYTHONWARNINGS": "ignore"}
 

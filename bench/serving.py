@@ -26,7 +26,7 @@ from bench.load import LoadResult, run_load
 from bench.models import LSTM, MLP, ModelSpec
 from bench.procs import http_server, start_all, wait_all
 from livefit.server.config import ServeSettings
-from livefit.server.local_processes import HttpProcess, free_port, running
+from livefit.server.processes.local_processes import HttpProcess, free_port, running
 
 _SERVE_DEFAULTS = ServeSettings()
 # livefit's serve defaults, given to LitServe too

@@ -188,11 +188,11 @@ def _livefit(
     from prometheus_client import CollectorRegistry
 
     from livefit.server.config import ModelSettings
+    from livefit.server.ingestion.samples import SampleChunk, SampleQueue
     from livefit.server.metrics import Metrics
-    from livefit.server.modeling import resolve_device
-    from livefit.server.samples import SampleChunk, SampleQueue
     from livefit.server.snapshot import SnapshotSlot
-    from livefit.server.trainer import Trainer
+    from livefit.server.training.modeling import resolve_device
+    from livefit.server.training.trainer import Trainer
 
     n = len(x)
     settings = ModelSettings.model_validate(

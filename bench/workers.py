@@ -3,7 +3,7 @@ HTTP ceiling with the same number of worker processes.
 
 One learner (the shared fleet's, model ``mlp``) publishes its weights; two replica groups
 follow it, one with one worker and one with two, each group a parent that binds the port and
-supervises its workers (``server/workers.py``). The ceiling is the serving benchmark's: a
+supervises its workers (``server/processes/workers.py``). The ceiling is the serving benchmark's: a
 FastAPI endpoint on the same uvicorn stack that reads the body and answers a constant response
 of livefit's size, run as one or two processes sharing one socket the same way. The load is
 the serving benchmark's (N keep-alive connections, closed loop, the one-row TF Serving body,
@@ -26,7 +26,7 @@ from bench.load import LoadResult, run_load
 from bench.models import MLP
 from bench.procs import http_server, livefit_server
 from bench.serving import rotate
-from livefit.server.local_processes import HttpProcess, free_port, running
+from livefit.server.processes.local_processes import HttpProcess, free_port, running
 
 TARGETS = {64: 0.7, 1: 0.5}  # livefit ÷ ceiling (req/s) at this many clients (issue #18)
 

@@ -1,4 +1,4 @@
-"""Encode samples into the MQTT payload the server decodes (server/codec.py).
+"""Encode samples into the MQTT payload the server decodes (server/messaging/codec.py).
 
 The contract: a JSON or msgpack map with ``x`` and ``y`` and optional ``w``, ``id``, ``ts``,
 ``source``, ``seq``. A single sample's ``x`` has the model's input shape; a batch adds a leading

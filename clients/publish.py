@@ -41,7 +41,7 @@ from rich.text import Text
 
 from livefit.clients.payloads import CONTENT_TYPES, Format, encode_samples
 from livefit.clients.synthetic import cycle_chunks, load_file, stream_chunks, stream_for_shape
-from livefit.server.broker import parse_broker_url
+from livefit.server.messaging.broker import parse_broker_url
 
 MAX_WINDOW = 65_535  # paho's message ids; beyond this publish() fails with MQTT_ERR_QUEUE_SIZE
 Chunks = Iterable[tuple[np.ndarray, np.ndarray]]

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from livefit.models import weight_names
-from livefit.server.broker import parse_broker_url
 from livefit.server.config import BrokerSettings
-from livefit.server.weight_format import WeightsMeta, architecture_fingerprint
-from livefit.server.weight_keys import Authenticator, VerifyKey, parse_verify_key
-from livefit.server.weight_receiver import (
+from livefit.server.messaging.broker import parse_broker_url
+from livefit.server.weights.weight_format import WeightsMeta, architecture_fingerprint
+from livefit.server.weights.weight_keys import Authenticator, VerifyKey, parse_verify_key
+from livefit.server.weights.weight_receiver import (
     DEFAULT_MAX_PULL_BYTES,
     ReceivedWeights,
     WeightReceiver,

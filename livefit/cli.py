@@ -76,7 +76,7 @@ def _settings(args: argparse.Namespace):
     if args.port is not None:
         settings.http.port = args.port
     configure_logging(settings.logging.level, settings.logging.json_format)
-    from livefit.server.modeling import configure_tensorflow
+    from livefit.server.training.modeling import configure_tensorflow
 
     configure_tensorflow(settings.tensorflow)
     return settings
@@ -93,8 +93,8 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from livefit.server.runtime import LearnerRuntime
-    from livefit.server.serve import run_server
+    from livefit.server.processes.runtime import LearnerRuntime
+    from livefit.server.processes.serve import run_server
 
     return run_server(settings, LearnerRuntime(settings))
 
@@ -103,9 +103,9 @@ def _replica(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings is None:
         return 2
-    from livefit.server.replica import ReplicaRuntime
-    from livefit.server.serve import run_server
-    from livefit.server.workers import WorkerSlot, run_workers
+    from livefit.server.processes.replica import ReplicaRuntime
+    from livefit.server.processes.serve import run_server
+    from livefit.server.processes.workers import WorkerSlot, run_workers
 
     if args.workers is not None:
         if args.workers < 1:

@@ -43,8 +43,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from livefit.server.broker import ManagedBroker
-from livefit.server.local_processes import (
+from livefit.server.messaging.broker import ManagedBroker
+from livefit.server.processes.local_processes import (
     LivefitProcess,
     LocalProcess,
     Mosquitto,
@@ -154,7 +154,7 @@ def _broker(
 ) -> tuple[str, str, ManagedBroker | None] | None:
     """(URL, MQTT protocol, what to stop or None) of the broker to use; None (and why said)
     if there is none to use."""
-    from livefit.server.broker import (
+    from livefit.server.messaging.broker import (
         DEFAULT_HOST,
         DEFAULT_PORT,
         BrokerAddress,
@@ -201,7 +201,7 @@ def _connect_once(
     """Connect to a broker the demo did not start, as its learner will: MQTT 5, or 3.1.1
     where the broker does not speak 5; None (and the broker's reason said) if it refuses."""
     from livefit.server.config import BrokerSettings
-    from livefit.server.mqtt import probe
+    from livefit.server.messaging.mqtt import probe
 
     settings, protocol = BrokerSettings(), "5"
     result = probe(address, settings, protocol)
@@ -221,7 +221,11 @@ def _run_children(
     broker: str, protocol: str,
 ) -> tuple[int, bool]:  # fmt: skip
     """Start learner and replica, run the traffic; (exit status, whether something failed)."""
-    from livefit.server.weight_keys import default_key_path, default_public_path, ensure_signing_key
+    from livefit.server.weights.weight_keys import (
+        default_key_path,
+        default_public_path,
+        ensure_signing_key,
+    )
 
     storage = workdir / "data"
     key_file, public_file = default_key_path(storage), default_public_path(storage)
@@ -515,7 +519,7 @@ def _clear_retained(broker: str, topic: str) -> None:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
-    from livefit.server.broker import parse_broker_url
+    from livefit.server.messaging.broker import parse_broker_url
 
     address = parse_broker_url(broker)
     client = mqtt.Client(CallbackAPIVersion.VERSION2)

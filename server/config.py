@@ -95,7 +95,7 @@ class HttpSettings(_Section):
     token: SecretStr | None = None  # bearer token for the weight download (and predictions)
     protect_predictions: bool = False  # require the token on prediction and model endpoints
     body_timeout_s: float = Field(10.0, gt=0)  # a request body must arrive within this
-    # Connection limits (server/connections.py): a request head must arrive within
+    # Connection limits (server/api/connections.py): a request head must arrive within
     # header_timeout_s (of the connection opening, or of a later request's first byte), an idle
     # connection is closed after keep_alive_timeout_s, a head over max_header_bytes gets 431,
     # and at most max_connections are open (the oldest idle or head-sending one makes room).
@@ -103,14 +103,14 @@ class HttpSettings(_Section):
     keep_alive_timeout_s: float = Field(5.0, gt=0)
     max_connections: int = Field(1000, ge=16)
     max_header_bytes: int = Field(65536, ge=1024)
-    # Serving processes behind http.port for `livefit replica` (server/workers.py); the
+    # Serving processes behind http.port for `livefit replica` (server/processes/workers.py); the
     # learner (`livefit serve`) serves from its own process and refuses more than 1.
     workers: int = Field(1, ge=1, le=64)
 
     def connection_protocol(self, runtime: Any = None) -> Any:
         """The uvicorn HTTP protocol class that enforces the connection limits and, given the
         runtime, refuses prediction requests its models cannot admit from their heads."""
-        from livefit.server.connections import protocol_class
+        from livefit.server.api.connections import protocol_class
 
         return protocol_class(self, runtime)
 
@@ -185,7 +185,8 @@ class ServeSettings(_Section):
     # queue while the previous batch runs). Measured: 3.3x the requests/s of 2 ms at 1 client,
     # the same or better at 64 (BENCHMARKS.md); Triton's default is also 0. "auto": chosen
     # per batch from the measured arrival rate and batch cost (0 unless waiting lowers the mean
-    # latency; server/batcher.py AutoTimeout), at most max_batch_timeout_ms. Not the default:
+    # latency; server/inference/batcher.py AutoTimeout), at most max_batch_timeout_ms. Not the
+    # default:
     # measured within noise of 0 at 1, 16 and 64 clients, where on the CPU benchmark model it
     # chooses 0 or under 1 ms anyway; its case (a GPU) is unmeasured (BENCHMARKS.md).
     batch_timeout_ms: float | Literal["auto"] = 0.0

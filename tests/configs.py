@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from livefit.server.local_processes import Mosquitto
+from livefit.server.processes.local_processes import Mosquitto
 
 # The small network the weight-stream and dashboard tests train (16 hidden units).
 SMALL_MLP = "builder_options = { hidden_units = [16] }\nlearning_rate = 0.01\nseed = 11"

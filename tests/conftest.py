@@ -14,7 +14,7 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from livefit.server.local_processes import Mosquitto, free_port
+from livefit.server.processes.local_processes import Mosquitto, free_port
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +41,7 @@ def amqtt_broker() -> Iterator[str]:
     pytest.importorskip("amqtt")
     port = free_port()
     code = (
-        "import sys, time\nfrom livefit.server.broker import EmbeddedAmqtt\n"
+        "import sys, time\nfrom livefit.server.messaging.broker import EmbeddedAmqtt\n"
         f"EmbeddedAmqtt(port={port})\nprint('ready', flush=True)\ntime.sleep(600)\n"
     )
     process = subprocess.Popen(

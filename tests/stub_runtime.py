@@ -11,16 +11,16 @@ import numpy as np
 
 from livefit.models import build_model
 from livefit.server.config import ModelSettings, Settings
+from livefit.server.inference.serving import ServedModel, ServingModel
 from livefit.server.metrics import Metrics
-from livefit.server.serving import ServedModel, ServingModel
 from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.weight_format import (
+from livefit.server.weights.weight_format import (
     WeightsMeta,
     architecture_fingerprint,
     encode_weights,
     sha256_hex,
 )
-from livefit.server.weight_publisher import EncodedWeights, WeightStore
+from livefit.server.weights.weight_publisher import EncodedWeights, WeightStore
 
 
 class HeldServingModel(ServingModel):

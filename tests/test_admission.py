@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from livefit.server.batcher import (
+from livefit.server.config import ModelSettings
+from livefit.server.inference.batcher import (
     BatchCost,
     DeadlineExceeded,
     Prediction,
@@ -26,9 +27,8 @@ from livefit.server.batcher import (
     RequestBatcher,
     Reservation,
 )
-from livefit.server.config import ModelSettings
+from livefit.server.inference.serving import ServedModel
 from livefit.server.metrics import Metrics
-from livefit.server.serving import ServedModel
 
 
 class TimedModel:

@@ -12,9 +12,9 @@ import httpx
 import numpy as np
 import pytest
 
-from livefit.server.batcher import ArrivalRate, AutoTimeout, BatchCost, RequestBatcher
 from livefit.server.config import ServeSettings
-from livefit.server.local_processes import LivefitProcess, Mosquitto
+from livefit.server.inference.batcher import ArrivalRate, AutoTimeout, BatchCost, RequestBatcher
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 
 
 def cost(per_row_s: float, per_batch_s: float) -> BatchCost:

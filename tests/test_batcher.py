@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import pytest
 
-from livefit.server.batcher import BatchStats, DeadlineExceeded, QueueFull, RequestBatcher
+from livefit.server.inference.batcher import BatchStats, DeadlineExceeded, QueueFull, RequestBatcher
 
 HUGE_MS = 1e9
 

@@ -6,11 +6,11 @@ import numpy as np
 
 from livefit.models import build_model
 from livefit.server.config import ModelSettings
+from livefit.server.inference.serving import ServingModel
+from livefit.server.ingestion.samples import Batch, SampleQueue
 from livefit.server.metrics import Metrics
-from livefit.server.samples import Batch, SampleQueue
-from livefit.server.serving import ServingModel
 from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.trainer import Trainer
+from livefit.server.training.trainer import Trainer
 
 SIZES = (1, 3, 17, 64, 5, 255, 256, 2, 100)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
 
 CONFIG = """
 [broker]

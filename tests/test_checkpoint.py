@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from livefit.server.checkpoint import Checkpoint, CheckpointStore
+from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
 
 
 def checkpoint(version: int) -> Checkpoint:

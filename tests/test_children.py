@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.local_processes import free_port
+from livefit.server.processes.local_processes import free_port
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("mosquitto") is None,
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 PARENT = """
 import sys, time
 from pathlib import Path
-from livefit.server.local_processes import Mosquitto
+from livefit.server.processes.local_processes import Mosquitto
 child = Mosquitto(Path(sys.argv[1]), int(sys.argv[2])).start()
 print(child.process.pid, flush=True)
 time.sleep(120)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from livefit.clients.payloads import encode_samples
-from livefit.server import codec
-from livefit.server.codec import REASONS, Rejection, SampleSpec, decode_message
+from livefit.server.messaging import codec
+from livefit.server.messaging.codec import REASONS, Rejection, SampleSpec, decode_message
 from livefit.wire import CONTENT_TYPES, RAW_DTYPES
 
 SPEC = SampleSpec(input_shape=(3,), target_shape=(1,), max_message_bytes=4096, max_samples=50)

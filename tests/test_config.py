@@ -216,7 +216,7 @@ def test_tensorflow_thread_pools_are_applied_before_the_first_op(tmp_path) -> No
     code = (
         "import tensorflow as tf\n"
         "from livefit.server.config import load_settings\n"
-        "from livefit.server.modeling import configure_tensorflow\n"
+        "from livefit.server.training.modeling import configure_tensorflow\n"
         f"configure_tensorflow(load_settings({str(config)!r}, environ={{}}).tensorflow)\n"
         "tf.constant(1.0) + 1.0\n"
         "print(tf.config.threading.get_intra_op_parallelism_threads(),"

@@ -31,9 +31,9 @@ from websockets.sync.client import ClientConnection, connect
 
 from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from livefit.server.dashboard import build_dashboard_router, render_page
-from livefit.server.local_processes import LivefitProcess, Mosquitto
+from livefit.server.api.dashboard import build_dashboard_router, render_page
 from livefit.server.metrics import Metrics
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 from tests import configs
 from tests.configs import SMALL_MLP, model
 from tests.inprocess import InProcessServer

@@ -22,7 +22,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.server.local_processes import Mosquitto, free_port
+from livefit.server.processes.local_processes import Mosquitto, free_port
 
 pytestmark = [
     pytest.mark.skipif(

@@ -30,10 +30,10 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
-from livefit.server.broker import parse_broker_url
 from livefit.server.config import Settings, load_settings
-from livefit.server.local_processes import LocalProcess, free_port, wait_listening
+from livefit.server.messaging.broker import parse_broker_url
 from livefit.server.metrics import Metrics
+from livefit.server.processes.local_processes import LocalProcess, free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -409,7 +409,7 @@ def test_replicas_verify_the_learners_weight_key_and_cannot_sign() -> None:
     signing_key_file points, and the public key into the one the replicas mount where
     verify_key_file points; no replica mounts the private key."""
     script = "\n".join(services()["weights-key-init"]["command"])
-    found = re.search(r"python -m livefit\.server\.weight_keys (\S+) (\S+)", script)
+    found = re.search(r"python -m livefit\.server\.weights\.weight_keys (\S+) (\S+)", script)
     assert found is not None, script
     private, public = found.groups()
     init = {m.target: m.source for m in mounts(services()["weights-key-init"])}

@@ -17,7 +17,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.server.local_processes import LivefitProcess, Mosquitto
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 from tests.configs import learner_config, model
 
 pytestmark = pytest.mark.e2e

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from livefit.server.broker import BrokerAddress, EmbeddedAmqtt
 from livefit.server.config import BrokerSettings
-from livefit.server.local_processes import free_port
+from livefit.server.messaging.broker import BrokerAddress, EmbeddedAmqtt
+from livefit.server.messaging.mqtt import MqttConnection
 from livefit.server.metrics import Metrics
-from livefit.server.mqtt import MqttConnection
+from livefit.server.processes.local_processes import free_port
 
 pytest.importorskip("amqtt")
 # amqtt's own modules warn on import (deprecated APIs); not ours to fix.

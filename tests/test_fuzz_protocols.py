@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from livefit.server.protocols import OIP_DATATYPES, RequestError, parse_oip, parse_tfserving
+from livefit.server.api.protocols import OIP_DATATYPES, RequestError, parse_oip, parse_tfserving
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SHAPES = [(2,), (1,), (2, 3)]

@@ -26,7 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.publish import PublishStats, SamplePublisher
 from livefit.clients.synthetic import LinearStream, stream_chunks
-from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
 from tests import configs
 from tests.configs import model
 

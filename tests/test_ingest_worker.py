@@ -19,14 +19,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from livefit.server.codec import SampleSpec
-from livefit.server.dedup import SequenceTracker
-from livefit.server.ingest import IngestWorker, Route
+from livefit.server.ingestion.dedup import SequenceTracker
+from livefit.server.ingestion.ingest import IngestWorker, Route
+from livefit.server.ingestion.samples import SampleQueue
+from livefit.server.ingestion.wal import WriteAheadLog
+from livefit.server.messaging.codec import SampleSpec
+from livefit.server.messaging.mqtt import RawMessage
 from livefit.server.metrics import Metrics
-from livefit.server.mqtt import RawMessage
-from livefit.server.samples import SampleQueue
-from livefit.server.storage_health import StorageHealth
-from livefit.server.wal import WriteAheadLog
+from livefit.server.storage.storage_health import StorageHealth
 
 TOPIC = "livefit/m/samples"
 
@@ -126,7 +126,7 @@ def test_an_exception_nobody_foresaw_is_a_rejection(monkeypatch: pytest.MonkeyPa
     def broken(*_: object) -> None:
         raise MemoryError("the decoder blew up")
 
-    monkeypatch.setattr("livefit.server.ingest.decode_message", broken)
+    monkeypatch.setattr("livefit.server.ingestion.ingest.decode_message", broken)
     worker._take(message(7, valid(1)))
     worker.flush()
     assert connection.acks == [7]

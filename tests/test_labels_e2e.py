@@ -27,7 +27,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.predict import PredictClient
-from livefit.server.local_processes import LivefitProcess, Mosquitto
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 from tests import configs
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 
-from livefit.server.codec import Rejection, SampleSpec
 from livefit.server.labels.ids import IdError, check_ids
 from livefit.server.labels.store import JoinStore, Policy, Shapes
 from livefit.server.labels.wire import (
@@ -18,6 +17,7 @@ from livefit.server.labels.wire import (
     decode_predictions,
     encode_predictions,
 )
+from livefit.server.messaging.codec import Rejection, SampleSpec
 
 SPEC = SampleSpec(input_shape=(2,), target_shape=(1,))
 SHAPES = Shapes(input=(2,), output=(1,), target=(1,))

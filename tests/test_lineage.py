@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from livefit.server.checkpoint import Checkpoint, CheckpointStore
 from livefit.server.config import ModelSettings
+from livefit.server.ingestion.samples import SampleChunk, SampleQueue
 from livefit.server.metrics import Metrics
-from livefit.server.samples import SampleChunk, SampleQueue
 from livefit.server.snapshot import SnapshotSlot
-from livefit.server.trainer import VERSION_BLOCK, Trainer
+from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
+from livefit.server.training.trainer import VERSION_BLOCK, Trainer
 
 SETTINGS = ModelSettings.model_validate(
     {"builder": "linear", "input_shape": [2], "output_shape": [1], "seed": 0,

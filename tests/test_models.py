@@ -203,7 +203,7 @@ def test_config_name_lists_are_what_keras_resolves() -> None:
 
     from livefit.models import names
     from livefit.server.config import ModelSettings
-    from livefit.server.modeling import make_loss, make_optimizer
+    from livefit.server.training.modeling import make_loss, make_optimizer
 
     assert set(losses.ALL_OBJECTS_DICT) == names.LOSSES | names.LOSS_BASES
     assert set(optimizers.ALL_OBJECTS_DICT) == names.OPTIMIZERS | names.OPTIMIZER_BASES

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from livefit.server.config import ModelSettings
+from livefit.server.ingestion.samples import Batch, SampleQueue
 from livefit.server.metrics import Metrics
-from livefit.server.samples import Batch, SampleQueue
 from livefit.server.snapshot import SnapshotSlot
-from livefit.server.trainer import Trainer
+from livefit.server.training.trainer import Trainer
 
 
 def trainer(optimizer: str = "adam", learning_rate: float = 0.01) -> Trainer:

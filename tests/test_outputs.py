@@ -14,12 +14,12 @@ import pytest
 from livefit.models import BUILTIN_BUILDERS, build_model
 from livefit.models.builders import output_activation_name
 from livefit.server.config import ConfigError, ModelSettings, load_settings
+from livefit.server.inference.serving import ServingModel
+from livefit.server.ingestion.samples import Batch, SampleQueue
 from livefit.server.metrics import Metrics
-from livefit.server.modeling import build_compiled, build_uncompiled
-from livefit.server.samples import Batch, SampleQueue
-from livefit.server.serving import ServingModel
 from livefit.server.snapshot import SnapshotSlot
-from livefit.server.trainer import Trainer
+from livefit.server.training.modeling import build_compiled, build_uncompiled
+from livefit.server.training.trainer import Trainer
 
 SHAPES = {"linear": [3], "mlp": [3], "lstm": [4, 3]}
 
@@ -214,7 +214,7 @@ def test_custom_builder_whose_output_does_not_fit_the_loss_is_warned_about(
     builder: str, loss: str, warned: str | None
 ) -> None:
     recorder = _Recorder()
-    logger = logging.getLogger("livefit.server.modeling")
+    logger = logging.getLogger("livefit.server.training.modeling")
     logger.addHandler(recorder)
     try:
         build_compiled(settings(builder=builder, input_shape=[5], output_shape=[1], loss=loss),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.local_processes import LivefitProcess, Mosquitto
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 from tests.configs import learner_config, model
 
 pytestmark = pytest.mark.e2e

@@ -14,10 +14,10 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from livefit.server.app import create_app
+from livefit.server.api.app import create_app
 from livefit.server.config import load_settings
-from livefit.server.local_processes import Mosquitto
-from livefit.server.runtime import LearnerRuntime
+from livefit.server.processes.local_processes import Mosquitto
+from livefit.server.processes.runtime import LearnerRuntime
 from tests.inprocess import InProcessServer
 from tests.linear import linear_forward
 
@@ -256,8 +256,8 @@ def test_predictions_are_served_by_plain_routes_and_documented() -> None:
     from prometheus_client import CollectorRegistry
     from starlette.routing import Match
 
+    from livefit.server.api.predict_api import build_predict_router
     from livefit.server.metrics import Metrics
-    from livefit.server.predict_api import build_predict_router
 
     router = build_predict_router(lambda: {}, Metrics(CollectorRegistry()))
     for path in ("/v1/models/m:predict", "/v2/models/m/infer"):

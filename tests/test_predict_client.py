@@ -1,6 +1,6 @@
 """The prediction clients against a real uvicorn on a free port, sync and asyncio, both protocols.
 
-The app speaks livefit's codecs (``livefit.server.protocols``) for a model "double" (outputs are
+The app speaks livefit's codecs (``livefit.server.api.protocols``) for a model "double" (outputs are
 twice the inputs, version 7) and scripts failures by model name to exercise retries: "flaky" is
 busy twice, "busy" once for 0.3 s, "stalled" once for 30 s, "dated" once with an HTTP-date,
 "down" and "unhinted" always; "bad" refuses, "slow" misses its deadline.
@@ -35,9 +35,9 @@ from livefit.clients.predict import (
     parse_retry_after,
     retry_delay_s,
 )
-from livefit.server import protocols
-from livefit.server.local_processes import free_port
-from livefit.server.protocols import ParsedRequest, RequestError
+from livefit.server.api import protocols
+from livefit.server.api.protocols import ParsedRequest, RequestError
+from livefit.server.processes.local_processes import free_port
 
 INPUT_SHAPE = (3,)
 VERSION = 7

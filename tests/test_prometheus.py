@@ -15,7 +15,7 @@ import yaml
 
 from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
 from tests.configs import learner_config
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
-from livefit.server.protocols import (
+from livefit.server.api.protocols import (
     OIP_DATATYPES,
     ParsedRequest,
     RequestError,

@@ -27,9 +27,9 @@ from livefit.clients import publish
 from livefit.clients.payloads import CONTENT_TYPES, encode_samples
 from livefit.clients.publish import PublishTimeout, RatePacer, SamplePublisher, parse_shape
 from livefit.clients.synthetic import LinearStream, SequenceStream, cycle_chunks, load_file
-from livefit.server.broker import BrokerAddress, parse_broker_url
-from livefit.server.codec import SampleSpec, decode_message
-from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.server.messaging.broker import BrokerAddress, parse_broker_url
+from livefit.server.messaging.codec import SampleSpec, decode_message
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
 
 # ---------------------------------------------------------------------------------------------
 # A plain paho subscriber that records what arrives.
@@ -182,7 +182,7 @@ def test_batch_with_mismatched_lengths_is_refused() -> None:
     ],
 )
 def test_server_codec_decodes_what_we_encode(fmt: str, raw: bool, batched: bool) -> None:
-    """Contract check against server/codec.py: same samples, weights and identifiers."""
+    """Contract check against server/messaging/codec.py: same samples, weights and identifiers."""
     stream = SequenceStream(5, 3, output_dim=2, seed=3)
     x, y = stream.sample(4)
     w = np.array([1.0, 0.5, 0.0, 2.0], dtype=np.float32)

@@ -14,7 +14,7 @@ import pytest
 
 from livefit.clients.publish import PublishStats, SamplePublisher
 from livefit.clients.synthetic import LinearStream, stream_chunks
-from livefit.server.local_processes import LivefitProcess, Mosquitto
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 from tests.configs import learner_config, model
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from livefit.server.local_processes import LivefitProcess, Mosquitto
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 from tests.test_weight_stream import ROWS, config, publish_samples, settle
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from livefit.server.samples import BLOCK_ROWS, QueueClosed, SampleChunk, SampleQueue
+from livefit.server.ingestion.samples import BLOCK_ROWS, QueueClosed, SampleChunk, SampleQueue
 
 
 def chunk(n: int, start: int = 0, ts: float | None = None) -> SampleChunk:

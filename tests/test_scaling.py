@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load, save
 
-from livefit.server.scaling import RunningStandardizer
+from livefit.server.training.scaling import RunningStandardizer
 
 
 def _random_batches(
@@ -175,10 +175,10 @@ def test_a_first_batch_of_two_samples_does_not_stall_learning() -> None:
     came out tens of times too large, and their gradients held Nadam's second moments up for
     the rest of a 5,000-sample stream (loss 8.6 at the end, 12 at sample 500)."""
     from livefit.server.config import ModelSettings
+    from livefit.server.ingestion.samples import Batch, SampleQueue
     from livefit.server.metrics import Metrics
-    from livefit.server.samples import Batch, SampleQueue
     from livefit.server.snapshot import SnapshotSlot
-    from livefit.server.trainer import Trainer
+    from livefit.server.training.trainer import Trainer
 
     settings = ModelSettings.model_validate(
         {"builder": "linear", "input_shape": [8], "output_shape": [1], "learning_rate": 0.05,

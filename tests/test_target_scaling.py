@@ -13,14 +13,14 @@ import pytest
 from livefit.models import build_model, weight_names
 from livefit.models.standardize import standardize_layer
 from livefit.models.target_scaling import TARGET_SCALING_LAYER, target_scaling_layer
-from livefit.server.checkpoint import CheckpointStore
 from livefit.server.config import ModelSettings
+from livefit.server.inference.serving import ServingModel
+from livefit.server.ingestion.samples import Batch, SampleQueue
 from livefit.server.metrics import Metrics
-from livefit.server.modeling import build_uncompiled
-from livefit.server.samples import Batch, SampleQueue
-from livefit.server.serving import ServingModel
 from livefit.server.snapshot import SnapshotSlot
-from livefit.server.trainer import Trainer
+from livefit.server.storage.checkpoint import CheckpointStore
+from livefit.server.training.modeling import build_uncompiled
+from livefit.server.training.trainer import Trainer
 
 W = np.array([[1.0], [-2.0], [0.5]])
 

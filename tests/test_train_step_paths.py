@@ -7,8 +7,8 @@ import keras
 import numpy as np
 
 from livefit.server.config import ModelSettings
-from livefit.server.modeling import build_compiled, make_loss
-from livefit.server.train_step import TrainStep
+from livefit.server.training.modeling import build_compiled, make_loss
+from livefit.server.training.train_step import TrainStep
 
 
 def step_pair() -> tuple[TrainStep, TrainStep]:

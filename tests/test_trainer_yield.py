@@ -8,10 +8,10 @@ import time
 import numpy as np
 
 from livefit.server.config import ModelSettings
+from livefit.server.ingestion.samples import SampleChunk, SampleQueue
 from livefit.server.metrics import Metrics
-from livefit.server.samples import SampleChunk, SampleQueue
 from livefit.server.snapshot import SnapshotSlot
-from livefit.server.trainer import Trainer
+from livefit.server.training.trainer import Trainer
 
 
 def run_trainer(yield_ms: float, busy_for_s: float) -> tuple[Trainer, float, float]:

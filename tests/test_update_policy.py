@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from livefit.models.standardize import standardize_layer
-from livefit.server.checkpoint import CheckpointStore
 from livefit.server.config import ModelSettings
+from livefit.server.ingestion.samples import Batch, SampleQueue
 from livefit.server.metrics import Metrics
-from livefit.server.samples import Batch, SampleQueue
 from livefit.server.snapshot import SnapshotSlot
-from livefit.server.trainer import Trainer
+from livefit.server.storage.checkpoint import CheckpointStore
+from livefit.server.training.trainer import Trainer
 
 
 def trainer(
@@ -130,7 +130,7 @@ def test_no_extra_steps_while_predictions_wait() -> None:
 
 
 def test_the_queue_says_how_much_a_batch_left_behind() -> None:
-    from livefit.server.samples import SampleChunk
+    from livefit.server.ingestion.samples import SampleChunk
 
     queue = SampleQueue(1000)
     x = np.zeros((100, 3), np.float32)

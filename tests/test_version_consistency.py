@@ -16,10 +16,10 @@ import numpy as np
 
 from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from livefit.server.app import create_app
+from livefit.server.api.app import create_app
 from livefit.server.config import load_settings
-from livefit.server.local_processes import Mosquitto
-from livefit.server.runtime import LearnerRuntime
+from livefit.server.processes.local_processes import Mosquitto
+from livefit.server.processes.runtime import LearnerRuntime
 from livefit.server.snapshot import Snapshot
 from tests.inprocess import InProcessServer
 from tests.linear import linear_forward

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.wal import WriteAheadLog
+from livefit.server.ingestion.wal import WriteAheadLog
 
 
 def fill(wal: WriteAheadLog, n: int, model: str = "m") -> list[int]:

@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from livefit.server.broker import parse_broker_url
 from livefit.server.config import ConfigError, Settings, WeightsSettings
-from livefit.server.weight_format import (
+from livefit.server.messaging.broker import parse_broker_url
+from livefit.server.weights.weight_format import (
     MAGIC,
     SIGNING_CONTEXT,
     open_envelope,
 )
-from livefit.server.weight_keys import (
+from livefit.server.weights.weight_keys import (
     Authenticator,
     SigningKey,
     default_key_path,
@@ -40,7 +40,7 @@ from livefit.server.weight_keys import (
     parse_verify_key,
     receiver_authenticator,
 )
-from livefit.server.weight_receiver import ReceivedWeights, WeightReceiver
+from livefit.server.weights.weight_receiver import ReceivedWeights, WeightReceiver
 from tests.weight_envelopes import Weights, envelope, forged, payload, signed_for
 
 TOPIC = "livefit/demo/weights"
@@ -276,7 +276,13 @@ def test_configured_signing_key_file(tmp_path: Path, signer: SigningKey) -> None
 
 def test_key_init_command_for_compose(tmp_path: Path) -> None:
     private, public = tmp_path / "signing" / "k", tmp_path / "verify" / "k.pub"
-    command = [sys.executable, "-m", "livefit.server.weight_keys", str(private), str(public)]
+    command = [
+        sys.executable,
+        "-m",
+        "livefit.server.weights.weight_keys",
+        str(private),
+        str(public),
+    ]
     first = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
@@ -294,7 +300,7 @@ def test_processes_starting_together_on_one_storage_share_one_key(tmp_path: Path
     storage = tmp_path / "data"
     script = (
         "import sys; from pathlib import Path\n"
-        "from livefit.server.weight_keys import *\n"
+        "from livefit.server.weights.weight_keys import *\n"
         "s = Path(sys.argv[1])\n"
         "key, made = ensure_signing_key(default_key_path(s), default_public_path(s))\n"
         "print(key.key_id, made)\n"

@@ -19,9 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from livefit.server.local_processes import LivefitProcess, Mosquitto
-from livefit.server.weight_format import seal, sha256_hex, signed_message
-from livefit.server.weight_keys import SigningKey
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.server.weights.weight_format import seal, sha256_hex, signed_message
+from livefit.server.weights.weight_keys import SigningKey
 from tests.configs import learner_config, model
 from tests.weight_envelopes import Weights, envelope, payload
 

@@ -15,16 +15,16 @@ import numpy as np
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.server.broker import parse_broker_url
 from livefit.server.config import BrokerSettings
-from livefit.server.local_processes import Mosquitto
+from livefit.server.messaging.broker import parse_broker_url
+from livefit.server.messaging.mqtt import MqttConnection
 from livefit.server.metrics import Metrics
-from livefit.server.mqtt import MqttConnection
+from livefit.server.processes.local_processes import Mosquitto
 from livefit.server.snapshot import Snapshot
-from livefit.server.weight_format import open_envelope
-from livefit.server.weight_keys import Authenticator, SigningKey
-from livefit.server.weight_publisher import WeightPublisher, WeightStore
-from livefit.server.weight_receiver import WeightReceiver
+from livefit.server.weights.weight_format import open_envelope
+from livefit.server.weights.weight_keys import Authenticator, SigningKey
+from livefit.server.weights.weight_publisher import WeightPublisher, WeightStore
+from livefit.server.weights.weight_receiver import WeightReceiver
 from tests.weight_envelopes import Weights
 
 TOPIC = "refresh/weights"

@@ -31,9 +31,9 @@ from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.clients.weights import WeightSubscriber
 from livefit.models import build_model
-from livefit.server.local_processes import LivefitProcess, Mosquitto, free_port
-from livefit.server.weight_format import sha256_hex
-from livefit.server.weight_keys import (
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.server.weights.weight_format import sha256_hex
+from livefit.server.weights.weight_keys import (
     SigningKey,
     default_key_path,
     default_public_path,

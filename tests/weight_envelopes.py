@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from livefit.models import build_model, weight_names
-from livefit.server.weight_format import (
+from livefit.server.weights.weight_format import (
     MAGIC,
     EnvelopeHeader,
     WeightsMeta,
@@ -18,7 +18,7 @@ from livefit.server.weight_format import (
     seal,
     sha256_hex,
 )
-from livefit.server.weight_keys import SigningKey
+from livefit.server.weights.weight_keys import SigningKey
 
 
 @dataclass

@@ -19,11 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from livefit.server.codec import Rejection, SampleSpec
+from livefit.server.api.predict_api import ApiError, error_response
+from livefit.server.inference.serving import ServedModel
 from livefit.server.labels.recorder import NotPublished
 from livefit.server.labels.wire import decode_labels
-from livefit.server.predict_api import ApiError, error_response
-from livefit.server.serving import ServedModel
+from livefit.server.messaging.codec import Rejection, SampleSpec
 
 PUBLISH_TIMEOUT_S = 10.0
 

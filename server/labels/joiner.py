@@ -34,8 +34,9 @@ from typing import Literal
 import msgpack
 import numpy as np
 
-from livefit.server.codec import Rejection, SampleSpec
 from livefit.server.config import ModelSettings
+from livefit.server.ingestion.samples import SampleChunk
+from livefit.server.ingestion.wal import WalRecord
 from livefit.server.labels.score import ServedScore
 from livefit.server.labels.store import OUTCOMES, Applied, JoinStore, Policy, Shapes
 from livefit.server.labels.wire import (
@@ -44,10 +45,9 @@ from livefit.server.labels.wire import (
     decode_labels,
     decode_predictions,
 )
+from livefit.server.messaging.codec import Rejection, SampleSpec
+from livefit.server.messaging.mqtt import RawMessage
 from livefit.server.metrics import Metrics
-from livefit.server.mqtt import RawMessage
-from livefit.server.samples import SampleChunk
-from livefit.server.wal import WalRecord
 
 log = logging.getLogger(__name__)
 EVENT_CONTENT_TYPE = "application/vnd.livefit.label-event+msgpack"  # its log records

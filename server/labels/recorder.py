@@ -29,12 +29,12 @@ import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from livefit.server.broker import BrokerAddress
 from livefit.server.config import BrokerSettings, Settings
 from livefit.server.labels.ids import RowId
 from livefit.server.labels.wire import PREDICTIONS_CONTENT_TYPE, encode_predictions
+from livefit.server.messaging.broker import BrokerAddress
+from livefit.server.messaging.mqtt import paho_client
 from livefit.server.metrics import Metrics
-from livefit.server.mqtt import paho_client
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_ROWS = 1024  # rows per prediction-record message at most

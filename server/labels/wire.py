@@ -25,7 +25,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from livefit.server.codec import (
+from livefit.server.labels.ids import IdError, RowId, check_id, check_ids
+from livefit.server.messaging.codec import (
     MAX_TS,
     Rejection,
     SampleSpec,
@@ -36,7 +37,6 @@ from livefit.server.codec import (
     _weights,
     decode_map,
 )
-from livefit.server.labels.ids import IdError, RowId, check_id, check_ids
 from livefit.wire import raw_buffer
 
 PREDICTIONS_CONTENT_TYPE = "application/msgpack"

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from livefit.server.batcher import RESERVATION_KEY
+from livefit.server.inference.batcher import RESERVATION_KEY
 
 if TYPE_CHECKING:
     from livefit.server.config import HttpSettings
@@ -383,8 +383,8 @@ def protocol_class(http: HttpSettings, runtime: Any = None) -> type[asyncio.Prot
     metrics = getattr(runtime, "metrics", None)
     admission = None
     if runtime is not None and metrics is not None:
-        from livefit.server.auth import TokenGuard
-        from livefit.server.predict_api import EarlyAdmission
+        from livefit.server.api.auth import TokenGuard
+        from livefit.server.api.predict_api import EarlyAdmission
 
         token = http.token_bytes() if http.protect_predictions else None
         guard = TokenGuard(token).check if token is not None else None

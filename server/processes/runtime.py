@@ -25,27 +25,31 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from livefit.models import weight_names
-from livefit.server.broker import ManagedBroker, resolve_broker
-from livefit.server.checkpoint import Checkpoint, CheckpointStore
-from livefit.server.codec import Rejection, SampleSpec, decode_message
 from livefit.server.config import ModelSettings, Settings
-from livefit.server.dedup import SequenceTracker
-from livefit.server.ingest import IngestWorker, Route
+from livefit.server.inference.serving import ServedModel, ServingModel
+from livefit.server.ingestion.dedup import SequenceTracker
+from livefit.server.ingestion.ingest import IngestWorker, Route
+from livefit.server.ingestion.samples import SampleQueue
+from livefit.server.ingestion.wal import WriteAheadLog
 from livefit.server.labels.joiner import LabelJoiner
 from livefit.server.labels.recorder import recorder_for
-from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
-from livefit.server.mqtt import MqttConnection, for_broker
-from livefit.server.process_runtime import ProcessRuntime
-from livefit.server.samples import SampleQueue
-from livefit.server.serving import ServedModel, ServingModel
+from livefit.server.messaging.broker import ManagedBroker, resolve_broker
+from livefit.server.messaging.codec import Rejection, SampleSpec, decode_message
+from livefit.server.messaging.mqtt import MqttConnection, for_broker
+from livefit.server.processes.process_runtime import ProcessRuntime
 from livefit.server.snapshot import SnapshotSlot
-from livefit.server.storage_health import StorageHealth
-from livefit.server.storage_lock import StorageLock
-from livefit.server.trainer import Trainer
-from livefit.server.wal import WriteAheadLog
-from livefit.server.weight_format import architecture_fingerprint
-from livefit.server.weight_keys import learner_signing_key
-from livefit.server.weight_publisher import WeightPublisher, WeightStore
+from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
+from livefit.server.storage.storage_health import StorageHealth
+from livefit.server.storage.storage_lock import StorageLock
+from livefit.server.training.modeling import (
+    build_uncompiled,
+    enable_gpu_memory_growth,
+    resolve_device,
+)
+from livefit.server.training.trainer import Trainer
+from livefit.server.weights.weight_format import architecture_fingerprint
+from livefit.server.weights.weight_keys import learner_signing_key
+from livefit.server.weights.weight_publisher import WeightPublisher, WeightStore
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import uvicorn
 
-from livefit.server.app import Runtime, create_app
+from livefit.server.api.app import Runtime, create_app
 from livefit.server.config import Settings
 from livefit.server.metrics_merge import WorkerMetrics
-from livefit.server.workers import WorkerSlot
+from livefit.server.processes.workers import WorkerSlot
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None =
     """Serve ``runtime`` until SIGINT or SIGTERM; then stop everything in order; 0 if clean,
     1 if the app failed to start, 2 if a check before start failed (message on stderr).
     As one of a worker group's processes (``worker``), on the socket the group bound."""
-    from livefit.server.storage_lock import StorageLocked
+    from livefit.server.storage.storage_lock import StorageLocked
 
     try:
         preflight = getattr(runtime, "preflight", None)
@@ -94,7 +94,7 @@ def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None =
         # uvicorn has no request-head timeout, and its limit_concurrency accepts every connection
         # (a descriptor each) to answer 503: livefit's protocol times heads, closes idle
         # connections and caps them (http.header_timeout_s, keep_alive_timeout_s,
-        # max_connections, max_header_bytes; see server/connections.py)
+        # max_connections, max_header_bytes; see server/api/connections.py)
         http=settings.http.connection_protocol(runtime),
     )
     server = _Server(config)

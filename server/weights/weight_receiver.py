@@ -43,10 +43,10 @@ import httpx
 import numpy as np
 import paho.mqtt.client as paho
 
-from livefit.server.broker import BrokerAddress
 from livefit.server.config import BrokerSettings
-from livefit.server.mqtt import ConnectionStatus, paho_client
-from livefit.server.weight_format import (
+from livefit.server.messaging.broker import BrokerAddress
+from livefit.server.messaging.mqtt import ConnectionStatus, paho_client
+from livefit.server.weights.weight_format import (
     EnvelopeHeader,
     WeightsMeta,
     WeightsRejected,
@@ -56,7 +56,7 @@ from livefit.server.weight_format import (
     decode_weights,
     open_envelope,
 )
-from livefit.server.weight_keys import Authenticator
+from livefit.server.weights.weight_keys import Authenticator
 
 log = logging.getLogger(__name__)
 OUTCOMES = (

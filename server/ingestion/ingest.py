@@ -33,14 +33,14 @@ from dataclasses import dataclass, replace
 
 from paho.mqtt.client import topic_matches_sub
 
-from livefit.server.codec import DecodedMessage, Rejection, SampleSpec, decode_message
-from livefit.server.dedup import SequenceTracker
+from livefit.server.ingestion.dedup import SequenceTracker
+from livefit.server.ingestion.samples import QueueClosed, SampleQueue
+from livefit.server.ingestion.wal import StorageError, WriteAheadLog
 from livefit.server.labels.joiner import LabelEvent, LabelJoiner
+from livefit.server.messaging.codec import DecodedMessage, Rejection, SampleSpec, decode_message
+from livefit.server.messaging.mqtt import MqttConnection, RawMessage
 from livefit.server.metrics import Metrics
-from livefit.server.mqtt import MqttConnection, RawMessage
-from livefit.server.samples import QueueClosed, SampleQueue
-from livefit.server.storage_health import LogLimiter, StorageHealth
-from livefit.server.wal import StorageError, WriteAheadLog
+from livefit.server.storage.storage_health import LogLimiter, StorageHealth
 
 log = logging.getLogger(__name__)
 DEAD_LETTER_PAYLOAD_LIMIT = 4096  # bytes of the original payload echoed in the report

@@ -21,8 +21,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from livefit.server.batcher import REFUSAL_REASONS, BatchCost, BatchStats, RequestBatcher
 from livefit.server.config import ModelSettings
+from livefit.server.inference.batcher import REFUSAL_REASONS, BatchCost, BatchStats, RequestBatcher
 from livefit.server.labels.recorder import PredictionRecorder
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import Snapshot

@@ -32,16 +32,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from livefit import __version__
-from livefit.server import protocols
-from livefit.server.batcher import (
-    RESERVATION_KEY,
-    DeadlineExceeded,
-    QueueFull,
-    Reservation,
-    retry_after,
-)
-from livefit.server.metrics import Metrics
-from livefit.server.openapi_docs import (
+from livefit.server.api import protocols
+from livefit.server.api.openapi_docs import (
     BINARY_HEADER_PARAM,
     BYTE_COUNT_PATTERN,
     DEADLINE_HEADER_PARAM,
@@ -52,8 +44,16 @@ from livefit.server.openapi_docs import (
     TFSERVING_RESPONSE,
     predict_openapi,
 )
-from livefit.server.protocols import ParsedRequest, RequestError
-from livefit.server.serving import NotReady, ServedModel
+from livefit.server.api.protocols import ParsedRequest, RequestError
+from livefit.server.inference.batcher import (
+    RESERVATION_KEY,
+    DeadlineExceeded,
+    QueueFull,
+    Reservation,
+    retry_after,
+)
+from livefit.server.inference.serving import NotReady, ServedModel
+from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 DEADLINE_HEADER = "x-deadline-ms"
@@ -157,7 +157,7 @@ class PredictHandlers:
             reservation.start()  # admitted from its head; the event loop has reached it
         try:
             model = self.lookup(request, name)
-            if reservation is None:  # not admitted from its head (server/connections.py)
+            if reservation is None:  # not admitted from its head (server/api/connections.py)
                 reservation = _shed_early(model, request)
             limit = model.settings.serve.max_request_bytes
             body = await _read_body(request, limit, self.body_timeout_s)
@@ -325,7 +325,7 @@ async def _run(
 
 class EarlyAdmission:
     """Refuses a prediction request from its head alone, at the HTTP protocol level
-    (``server/connections.py`` calls it once a request head has arrived), before any ASGI,
+    (``server/api/connections.py`` calls it once a request head has arrived), before any ASGI,
     routing or body work.
 
     Under overload most requests are refused; through the ASGI stack a refusal cost about as

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from livefit.server.local_processes import Mosquitto, is_listening
+from livefit.server.processes.local_processes import Mosquitto, is_listening
 
 log = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"

@@ -25,17 +25,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from livefit.server.latest_worker import LatestWorker
+from livefit.server.messaging.mqtt import MqttConnection
 from livefit.server.metrics import Metrics
-from livefit.server.mqtt import MqttConnection
 from livefit.server.snapshot import Snapshot
-from livefit.server.weight_format import (
+from livefit.server.weights.weight_format import (
     ENVELOPE_CONTENT_TYPE,
     EnvelopeHeader,
     WeightsMeta,
     encode_weights,
     sha256_hex,
 )
-from livefit.server.weight_keys import SigningKey
+from livefit.server.weights.weight_keys import SigningKey
 
 log = logging.getLogger(__name__)
 _REFRESH_POLL_S = 1.0

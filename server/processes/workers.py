@@ -14,7 +14,7 @@ Lifecycle promises:
   served (a bad key, an unreachable broker refusing it) stops the group, and the parent exits
   with that worker's status and its reason in the log; so does one that dies more than
   ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``;
-- no worker outlives its parent, even a SIGKILLed one (``server/children.py``).
+- no worker outlives its parent, even a SIGKILLed one (``server/processes/children.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from livefit.server.children import start_child, stop_children
+from livefit.server.processes.children import start_child, stop_children
 
 log = logging.getLogger(__name__)
 _INDEX, _COUNT, _FD, _DIR = (
@@ -151,7 +151,7 @@ class WorkerGroup:
 
 def run_workers(argv: Sequence[str], count: int, host: str, port: int) -> int:
     """Bind ``host:port``, run ``count`` workers of ``argv`` until SIGINT or SIGTERM."""
-    from livefit.server.serve import StartupError, bind_socket
+    from livefit.server.processes.serve import StartupError, bind_socket
 
     try:
         sock = bind_socket(host, port)

@@ -24,7 +24,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from livefit.server.samples import SampleChunk
+from livefit.server.ingestion.samples import SampleChunk
 from livefit.wire import JSON_TYPES, MSGPACK_TYPES, RAW_DTYPES
 
 REASONS = (

@@ -20,16 +20,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from livefit import __version__
-from livefit.server.auth import TokenGuard
+from livefit.server.api.auth import TokenGuard
+from livefit.server.api.dashboard import build_dashboard_router
+from livefit.server.api.predict_api import build_predict_router, error_response
+from livefit.server.api.weights_api import build_weights_router
 from livefit.server.config import Settings
-from livefit.server.dashboard import build_dashboard_router
+from livefit.server.inference.serving import ServedModel
 from livefit.server.labels.http import build_labels_router
 from livefit.server.metrics import Metrics
 from livefit.server.metrics_merge import WorkerMetrics
-from livefit.server.predict_api import build_predict_router, error_response
-from livefit.server.serving import ServedModel
-from livefit.server.weight_publisher import WeightStore
-from livefit.server.weights_api import build_weights_router
+from livefit.server.weights.weight_publisher import WeightStore
 
 log = logging.getLogger(__name__)
 

@@ -18,17 +18,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from livefit.server.checkpoint import Checkpoint, CheckpointStore, new_lineage_id
 from livefit.server.config import ModelSettings
+from livefit.server.ingestion.samples import Batch, QueueClosed, SampleQueue
 from livefit.server.latest_worker import LatestWorker
 from livefit.server.metrics import Metrics
-from livefit.server.modeling import build_compiled, make_loss
-from livefit.server.prequential import PrequentialScores
-from livefit.server.samples import Batch, QueueClosed, SampleQueue
 from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.storage_health import StorageHealth
-from livefit.server.train_step import TrainStep
-from livefit.server.update_policy import Learned, UpdatePolicy
+from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore, new_lineage_id
+from livefit.server.storage.storage_health import StorageHealth
+from livefit.server.training.modeling import build_compiled, make_loss
+from livefit.server.training.prequential import PrequentialScores
+from livefit.server.training.train_step import TrainStep
+from livefit.server.training.update_policy import Learned, UpdatePolicy
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1

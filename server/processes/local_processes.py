@@ -26,7 +26,7 @@ from typing import Self
 import httpx
 
 from livefit.clients.metrics import MetricsReader, SampleKey
-from livefit.server.children import start_child
+from livefit.server.processes.children import start_child
 
 LOOPBACK = "127.0.0.1"
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from livefit.server.predict_api import ApiError, Guard, error_response
-from livefit.server.weight_format import WEIGHTS_CONTENT_TYPE
-from livefit.server.weight_publisher import WeightStore
+from livefit.server.api.predict_api import ApiError, Guard, error_response
+from livefit.server.weights.weight_format import WEIGHTS_CONTENT_TYPE
+from livefit.server.weights.weight_publisher import WeightStore
 
 StoreLookup = Callable[[str], WeightStore | None]
 

@@ -28,11 +28,11 @@ import numpy as np
 from livefit.models.standardize import broadcast_statistic, standardize_layer
 from livefit.models.target_scaling import target_scaling_layer
 from livefit.server.config import ModelSettings
-from livefit.server.drift import DriftDetector
-from livefit.server.replay import ReplayBuffer, mix
-from livefit.server.samples import Batch
-from livefit.server.scaling import RunningStandardizer
-from livefit.server.train_step import StepResult, TrainStep
+from livefit.server.ingestion.samples import Batch
+from livefit.server.training.drift import DriftDetector
+from livefit.server.training.replay import ReplayBuffer, mix
+from livefit.server.training.scaling import RunningStandardizer
+from livefit.server.training.train_step import StepResult, TrainStep
 
 log = logging.getLogger(__name__)
 

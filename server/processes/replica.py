@@ -19,19 +19,23 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from livefit.models import weight_names
-from livefit.server.auth import TokenGuard
-from livefit.server.broker import BrokerAddress, resolve_broker
+from livefit.server.api.auth import TokenGuard
 from livefit.server.config import BrokerSettings, ConfigError, ModelSettings, Settings
+from livefit.server.inference.serving import ServedModel, ServingModel
 from livefit.server.labels.recorder import recorder_for
-from livefit.server.modeling import build_uncompiled, enable_gpu_memory_growth, resolve_device
-from livefit.server.mqtt import for_broker
-from livefit.server.process_runtime import ProcessRuntime
-from livefit.server.serving import ServedModel, ServingModel
+from livefit.server.messaging.broker import BrokerAddress, resolve_broker
+from livefit.server.messaging.mqtt import for_broker
+from livefit.server.processes.process_runtime import ProcessRuntime
 from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.weight_format import architecture_fingerprint, sha256_hex
-from livefit.server.weight_keys import Authenticator, receiver_authenticator
-from livefit.server.weight_publisher import EncodedWeights, VersionLog, WeightStore
-from livefit.server.weight_receiver import OUTCOMES, ReceivedWeights, WeightReceiver
+from livefit.server.training.modeling import (
+    build_uncompiled,
+    enable_gpu_memory_growth,
+    resolve_device,
+)
+from livefit.server.weights.weight_format import architecture_fingerprint, sha256_hex
+from livefit.server.weights.weight_keys import Authenticator, receiver_authenticator
+from livefit.server.weights.weight_publisher import EncodedWeights, VersionLog, WeightStore
+from livefit.server.weights.weight_receiver import OUTCOMES, ReceivedWeights, WeightReceiver
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ of the raw 32 bytes, as the learner logs it, or PEM text) or ``weights.verify_ke
 A shared ``weights.hmac_key`` still works, beside the signature: it is weaker (anyone holding
 it can forge). A receiver with neither refuses to start unless ``weights.allow_unsigned``.
 
-``python -m livefit.server.weight_keys PRIVATE [PUBLIC]`` creates a key pair (or keeps an
+``python -m livefit.server.weights.weight_keys PRIVATE [PUBLIC]`` creates a key pair (or keeps an
 existing private key) and writes its public key: compose's key init step.
 """
 
@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from livefit.server.config import ConfigError, Settings, WeightsSettings
-from livefit.server.weight_format import (
+from livefit.server.weights.weight_format import (
     ED25519_SIGNATURE_BYTES,
     Envelope,
     EnvelopeHeader,
@@ -354,8 +354,8 @@ def _wait_for_shared_key(path: Path, wait_s: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2) or args[0].startswith("-"):
-        print("usage: python -m livefit.server.weight_keys PRIVATE_KEY_FILE [PUBLIC_KEY_FILE]",
-              file=sys.stderr)  # fmt: skip
+        print("usage: python -m livefit.server.weights.weight_keys PRIVATE_KEY_FILE "
+              "[PUBLIC_KEY_FILE]", file=sys.stderr)  # fmt: skip
         return 2
     public = Path(args[1]) if len(args) == 2 else None
     key, created = ensure_signing_key(Path(args[0]), public)

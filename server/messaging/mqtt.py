@@ -21,8 +21,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from livefit.server.broker import BrokerAddress
 from livefit.server.config import BrokerSettings, TlsSettings
+from livefit.server.messaging.broker import BrokerAddress
 from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,8 @@
+"""HTTP: the FastAPI app (``app``), the prediction protocols (TF Serving REST and the Open
+Inference Protocol: ``protocols``, ``predict_api``, ``openapi_docs``), connection limits and
+admission from the request head (``connections``), the token guard (``auth``), the dashboard
+and the weights endpoints (``weights_api``).
+
+Imports: ``inference``, ``weights`` (the store it serves), ``labels``, ``config``, ``metrics``,
+``metrics_merge``.
+"""

@@ -1,0 +1,10 @@
+"""Wiring and lifecycle: the learner's runtime (``runtime``) and the replica's (``replica``), their
+common part (``process_runtime``), uvicorn in front (``serve``), replica worker groups
+(``workers``), child processes that die with their parent (``children``) and the toolkit that
+starts mosquitto and livefit processes for the demo, the bench and the tests
+(``local_processes``).
+
+Imports: every other package (this is where they are put together); nothing imports it but
+``livefit.cli``, the demo, the clients that start processes, and ``messaging.broker``
+(``children``).
+"""

@@ -1,0 +1,7 @@
+"""The trainer: minibatches into compiled steps (``trainer``, ``train_step``), the model and its
+device (``modeling``), input and target scaling (``scaling``), the update policy with replay
+and drift (``update_policy``, ``replay``, ``drift``) and prequential scores (``prequential``).
+
+Imports: ``ingestion.samples`` (the queue it drains), ``storage``, ``snapshot`` (what it hands
+to serving and the weight stream), ``latest_worker``, ``config``, ``metrics``. Never HTTP.
+"""
