@@ -1,12 +1,18 @@
 """What the learner's and a replica's background parts have in common: settings, a metrics
-registry labelled with the process's role, and a start that cleans up after itself."""
+registry labelled with the process's role, a start that cleans up after itself, and the one
+serving half both put in front of their weights."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry
 
-from livefit.server.config import Settings
+from livefit.server.config import ModelSettings, Settings
+from livefit.server.inference.serving import ServedModel, ServingModel
 from livefit.server.metrics import Metrics
+from livefit.server.snapshot import Snapshot, SnapshotSlot
+from livefit.server.training.modeling import build_uncompiled
 
 
 class ProcessRuntime:
@@ -34,3 +40,22 @@ class ProcessRuntime:
 
     def stop(self) -> None:
         raise NotImplementedError
+
+
+def serving_half(
+    name: str, settings: ModelSettings, device: str, slot: SnapshotSlot,
+    on_swap: Callable[[Snapshot], None],
+) -> ServedModel:  # fmt: skip
+    """Model ``name`` served from the newest snapshot in ``slot``: its own inference copy of
+    the network, warmed up at every batch size; ``on_swap`` hears each version it swaps in."""
+    serving = ServingModel(
+        name,
+        build_uncompiled(settings, device),
+        settings.input_shape,
+        settings.serve.batch_sizes(),
+        source=lambda: slot.latest,
+        device=device,
+        on_swap=on_swap,
+    )
+    serving.warm_up()
+    return ServedModel(name, settings, serving)

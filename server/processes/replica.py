@@ -21,14 +21,13 @@ from prometheus_client import CollectorRegistry
 from livefit.models import weight_names
 from livefit.server.api.auth import TokenGuard
 from livefit.server.config import BrokerSettings, ConfigError, ModelSettings, Settings
-from livefit.server.inference.serving import ServedModel, ServingModel
+from livefit.server.inference.serving import ServedModel
 from livefit.server.labels.recorder import recorder_for
 from livefit.server.messaging.broker import BrokerAddress, resolve_broker
 from livefit.server.messaging.mqtt import for_broker
-from livefit.server.processes.process_runtime import ProcessRuntime
+from livefit.server.processes.process_runtime import ProcessRuntime, serving_half
 from livefit.server.snapshot import Snapshot, SnapshotSlot
 from livefit.server.training.modeling import (
-    build_uncompiled,
     enable_gpu_memory_growth,
     resolve_device,
 )
@@ -97,17 +96,10 @@ class ReplicaRuntime(ProcessRuntime):
         for outcome in OUTCOMES:
             self.metrics.weights_received.labels(model=name, outcome=outcome)
         slot = SnapshotSlot()
-        serving = ServingModel(
-            name,
-            build_uncompiled(settings, device),
-            settings.input_shape,
-            settings.serve.batch_sizes(),
-            source=lambda: slot.latest,
-            device=device,
-            on_swap=lambda snapshot: self._swapped(name, snapshot),
+        served = serving_half(
+            name, settings, device, slot, lambda snapshot: self._swapped(name, snapshot)
         )
-        serving.warm_up()
-        served = ServedModel(name, settings, serving)
+        serving = served.serving
         slot.subscribe(served.snapshot_arrived)
         age = self.metrics.weights_age.labels(model=name)
         age.set_function(

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from livefit.models import weight_names
 from livefit.server.config import ModelSettings, Settings
-from livefit.server.inference.serving import ServedModel, ServingModel
+from livefit.server.inference.serving import ServedModel
 from livefit.server.ingestion.dedup import SequenceTracker
 from livefit.server.ingestion.ingest import IngestWorker, Route
 from livefit.server.ingestion.samples import SampleQueue
@@ -36,13 +36,12 @@ from livefit.server.labels.recorder import recorder_for
 from livefit.server.messaging.broker import ManagedBroker, resolve_broker
 from livefit.server.messaging.codec import Rejection, SampleSpec, decode_message
 from livefit.server.messaging.mqtt import MqttConnection, for_broker
-from livefit.server.processes.process_runtime import ProcessRuntime
+from livefit.server.processes.process_runtime import ProcessRuntime, serving_half
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
 from livefit.server.storage.storage_health import StorageHealth
 from livefit.server.storage.storage_lock import StorageLock
 from livefit.server.training.modeling import (
-    build_uncompiled,
     enable_gpu_memory_growth,
     resolve_device,
 )
@@ -310,17 +309,9 @@ class LearnerRuntime(ProcessRuntime):
         self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
     ) -> ServedModel:
         version_gauge = self.metrics.serving_version.labels(model=name)
-        serving = ServingModel(
-            name,
-            build_uncompiled(settings, device),
-            settings.input_shape,
-            settings.serve.batch_sizes(),
-            source=lambda: slot.latest,
-            device=device,
-            on_swap=lambda snapshot: version_gauge.set(snapshot.version),
+        return serving_half(
+            name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version)
         )
-        serving.warm_up()
-        return ServedModel(name, settings, serving)
 
     def _start_weight_stream(self, runtime: ModelRuntime, connection: MqttConnection) -> None:
         """Serving swaps and MQTT publishing follow every snapshot from now on."""
