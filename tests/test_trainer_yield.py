@@ -11,7 +11,7 @@ from livefit.server.config import ModelSettings
 from livefit.server.ingestion.samples import SampleChunk, SampleQueue
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import SnapshotSlot
-from livefit.server.training.trainer import Trainer
+from livefit.server.training.trainer import Trainer, TrainerHooks
 
 
 def run_trainer(yield_ms: float, busy_for_s: float) -> tuple[Trainer, float, float]:
@@ -23,10 +23,12 @@ def run_trainer(yield_ms: float, busy_for_s: float) -> tuple[Trainer, float, flo
     busy_until = time.monotonic() + busy_for_s
     queue = SampleQueue(100)
     metrics = Metrics()
-    trainer = Trainer(
-        "m", settings, queue, SnapshotSlot(), metrics, "/CPU:0",
-        serving_busy=lambda: time.monotonic() < busy_until,
-    )  # fmt: skip
+
+    class Busy(TrainerHooks):
+        def predictions_waiting(self) -> bool:
+            return time.monotonic() < busy_until
+
+    trainer = Trainer("m", settings, queue, SnapshotSlot(), metrics, "/CPU:0", hooks=Busy())
     trainer.warm_up()
     for i in range(5):
         x = np.full((1, 2), i, np.float32)

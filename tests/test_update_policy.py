@@ -15,7 +15,7 @@ from livefit.server.ingestion.samples import Batch, SampleQueue
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.storage.checkpoint import CheckpointStore
-from livefit.server.training.trainer import Trainer
+from livefit.server.training.trainer import Trainer, TrainerHooks
 
 
 def trainer(
@@ -25,9 +25,11 @@ def trainer(
         {"builder": "linear", "input_shape": [3], "output_shape": [1], "seed": 0, **overrides}
     )
     store = CheckpointStore(tmp_path, "m") if tmp_path is not None else None
-    on_drift = drifts.append if drifts is not None else None
+    hooks = TrainerHooks()
+    if drifts is not None:
+        hooks.drift_detected = drifts.append  # type: ignore[method-assign]
     instance = Trainer("m", settings, SampleQueue(10_000), SnapshotSlot(), Metrics(), "/CPU:0", store,
-                       on_drift=on_drift)  # fmt: skip
+                       hooks)  # fmt: skip
     instance.warm_up()
     return instance
 
@@ -121,7 +123,7 @@ def test_no_extra_steps_while_predictions_wait() -> None:
     t.train_batch(batch(rng.normal(size=(40, 3))))
     sizes = step_sizes(t)
     busy = [True]
-    t.serving_busy = lambda: busy[0]
+    t.hooks.predictions_waiting = lambda: busy[0]  # type: ignore[method-assign]
     t.train_batch(batch(rng.normal(size=(10, 3))))
     assert sizes == [10]  # requests queued: one plain step, predictions go first
     busy[0] = False

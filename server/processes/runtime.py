@@ -45,7 +45,7 @@ from livefit.server.training.modeling import (
     enable_gpu_memory_growth,
     resolve_device,
 )
-from livefit.server.training.trainer import Trainer
+from livefit.server.training.trainer import Trainer, TrainerHooks
 from livefit.server.weights.weight_format import architecture_fingerprint
 from livefit.server.weights.weight_keys import learner_signing_key
 from livefit.server.weights.weight_publisher import WeightPublisher, WeightStore
@@ -204,7 +204,7 @@ class LearnerRuntime(ProcessRuntime):
         for model, count in replayed.items():
             log.info("replayed %d samples of %s from the write-ahead log", count, model)
 
-    def _drift(self, name: str, detections: int) -> None:
+    def report_drift(self, name: str, detections: int) -> None:
         """Count a detected drift and report it on the model's events topic."""
         self.metrics.drift_detected.labels(model=name).inc()
         runtime = self.models.get(name)
@@ -224,20 +224,6 @@ class LearnerRuntime(ProcessRuntime):
             self.settings.events_topic(name), json.dumps(event).encode(), qos=1,
             content_type="application/json",
         )  # fmt: skip
-
-    @staticmethod
-    def _notes(runtime: ModelRuntime):
-        """Text state saved with each checkpoint of this model: the dedup sequence numbers,
-        the delayed labels' pending state."""
-        tracker = runtime.dedup if runtime.settings.dedup else None
-
-        def notes() -> dict[str, str]:
-            found = {"dedup": tracker.dumps()} if tracker is not None else {}
-            if runtime.labels is not None:
-                found.update(runtime.labels.notes())
-            return found
-
-        return notes
 
     def _truncate_log(self, checkpoint: Checkpoint) -> None:
         """After a checkpoint, drop log segments that every model's checkpoint is past."""
@@ -264,7 +250,6 @@ class LearnerRuntime(ProcessRuntime):
             dedup=SequenceTracker(),
         )
         self.metrics.init_model(name)
-        wal = self.wal
         runtime.trainer = Trainer(
             name,
             settings,
@@ -275,10 +260,7 @@ class LearnerRuntime(ProcessRuntime):
             checkpoints=CheckpointStore(
                 storage / "checkpoints" / name, name, settings.checkpoint.keep
             ),
-            frontier=(lambda trained: wal.frontier(name, trained)) if wal is not None else None,
-            notes=self._notes(runtime),
-            on_drift=lambda detections: self._drift(name, detections),
-            serving_busy=lambda: runtime.served is not None and runtime.served.busy(),
+            hooks=_ModelHooks(self, runtime),
             storage=self.storage_health,
         )
         runtime.trainer.on_checkpoint(self._truncate_log)
@@ -431,3 +413,31 @@ def _remove_temporary_files(storage: Path) -> None:
         removed += 1
     if removed:
         log.info("removed %d temporary files left by an interrupted write", removed)
+
+
+class _ModelHooks(TrainerHooks):
+    """What model ``runtime``'s trainer asks of the learner around it."""
+
+    def __init__(self, learner: LearnerRuntime, runtime: ModelRuntime) -> None:
+        self.learner = learner
+        self.runtime = runtime
+
+    def predictions_waiting(self) -> bool:
+        served = self.runtime.served
+        return served is not None and served.busy()
+
+    def log_frontier(self, trained_position: int) -> int:
+        wal = self.learner.wal
+        return wal.frontier(self.runtime.name, trained_position) if wal is not None else 0
+
+    def checkpoint_notes(self) -> dict[str, str]:
+        """The dedup sequence numbers and the delayed labels' pending state."""
+        runtime = self.runtime
+        tracker = runtime.dedup if runtime.settings.dedup else None
+        found = {"dedup": tracker.dumps()} if tracker is not None else {}
+        if runtime.labels is not None:
+            found.update(runtime.labels.notes())
+        return found
+
+    def drift_detected(self, detections: int) -> None:
+        self.learner.report_drift(self.runtime.name, detections)

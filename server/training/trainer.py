@@ -37,6 +37,27 @@ TRAINER_NICENESS = 5  # added to the trainer thread's OS niceness when it gives 
 VERSION_BLOCK = 1000  # versions claimed on disk at a time (see _reserve_versions)
 
 
+class TrainerHooks:
+    """What a trainer asks of the process around it. Each answer has a neutral default, so a
+    trainer on its own (a test, the bench) needs none; the learner's runtime overrides them."""
+
+    def predictions_waiting(self) -> bool:
+        """True while prediction requests wait for this model: the trainer gives way
+        (``train.yield_to_serving_ms``) and skips its extra steps."""
+        return False
+
+    def log_frontier(self, trained_position: int) -> int:
+        """The write-ahead-log position nobody needs any more, given what is trained."""
+        return 0
+
+    def checkpoint_notes(self) -> dict[str, str]:
+        """Small text state to save with each checkpoint (dedup, delayed labels)."""
+        return {}
+
+    def drift_detected(self, detections: int) -> None:
+        """Concept drift was detected (``detections`` so far)."""
+
+
 class Trainer:
     """Trains model ``name`` from ``queue`` and publishes snapshots into ``slot``."""
 
@@ -49,22 +70,17 @@ class Trainer:
         metrics: Metrics,
         device: str,
         checkpoints: CheckpointStore | None = None,
-        frontier: Callable[[int], int] | None = None,
-        notes: Callable[[], dict[str, str]] | None = None,
-        on_drift: Callable[[int], None] | None = None,
-        serving_busy: Callable[[], bool] | None = None,
+        hooks: TrainerHooks | None = None,
         storage: StorageHealth | None = None,
     ) -> None:
         self.name = name
-        self.serving_busy = serving_busy  # True while prediction requests wait for the model
+        self.hooks = hooks or TrainerHooks()
         self.settings = settings
         self.queue = queue
         self.slot = slot
         self.metrics = metrics
         self.device = device
         self.checkpoints = checkpoints
-        self.frontier = frontier  # WAL position needed by nobody, given trained_position
-        self.notes = notes  # small text state to save with each checkpoint
         self.version = 0
         self.lineage = new_lineage_id()  # replaced by the checkpoint dir's own in _restore
         self.samples_seen = 0
@@ -100,7 +116,9 @@ class Trainer:
             settings.resolved_target_shape(),
             device,
         )
-        self.policy = UpdatePolicy(settings, self.step, on_drift, seed=settings.seed)
+        self.policy = UpdatePolicy(
+            settings, self.step, self.hooks.drift_detected, seed=settings.seed
+        )
 
     def on_checkpoint(self, callback: Callable[[Checkpoint], None]) -> None:
         """Call ``callback(checkpoint)`` after each checkpoint is on disk (writer thread)."""
@@ -192,7 +210,7 @@ class Trainer:
             except QueueClosed:
                 break
             if batch is not None:
-                if yield_s > 0 and self.serving_busy is not None:
+                if yield_s > 0:
                     self._give_way(yield_s)
                 self._train_safely(batch)
             self._snapshot()
@@ -204,12 +222,12 @@ class Trainer:
         """Wait (at most ``limit_s``) while prediction requests are queued: on a small machine
         the trainer's Python work and TensorFlow's kernels otherwise hold the GIL and the cores
         the event loop needs, and predictions wait behind training steps."""
-        assert self.serving_busy is not None
-        if not self.serving_busy():
+        waiting = self.hooks.predictions_waiting
+        if not waiting():
             return
         started = time.perf_counter()
         deadline = started + limit_s
-        while self.serving_busy() and time.perf_counter() < deadline:
+        while waiting() and time.perf_counter() < deadline:
             time.sleep(_GIVE_WAY_POLL_S)
         self.metrics.train_yield_seconds.labels(model=self.name).inc(time.perf_counter() - started)
 
@@ -226,7 +244,7 @@ class Trainer:
         started = time.perf_counter()
         # Extra steps and replay spend time the trainer would otherwise wait: not while
         # prediction requests are queued for the model (predictions go first).
-        busy = self.serving_busy is not None and self.serving_busy()
+        busy = self.hooks.predictions_waiting()
         learned = self.policy.learn(batch, extras_allowed=not busy)
         result = learned.first
         elapsed = time.perf_counter() - started
@@ -326,11 +344,11 @@ class Trainer:
             model=self.name,
             version=self.version,
             samples_seen=self.samples_seen,
-            position=self.frontier(self.trained_position) if self.frontier else 0,
+            position=self.hooks.log_frontier(self.trained_position),
             weights=[np.array(w) for w in self.model.get_weights()],
             optimizer=self.step.optimizer_state(),
             extra=self.policy.state(),
-            notes=self.notes() if self.notes else {},
+            notes=self.hooks.checkpoint_notes(),
             lineage=self.lineage,
         )
         self.metrics.checkpoint_stall_seconds.labels(model=self.name).observe(
