@@ -136,6 +136,10 @@ def test_sigterm_stops_the_group_and_a_killed_parent_takes_its_workers(
         assert group.process is not None
         workers = children_of(group.process.pid)
         assert len(workers) == 2
+        deadline = time.monotonic() + 60  # both serve: SIGTERM meets two running servers
+        while len(per_worker(group, "livefit_serving_version", model="demo")) < 2:
+            assert time.monotonic() < deadline, group.log.read_text()[-3000:]
+            time.sleep(0.2)
         started = time.monotonic()
         assert group.stop(sig, timeout=45) == status
         deadline = time.monotonic() + 10
