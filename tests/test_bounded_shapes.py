@@ -40,4 +40,4 @@ def test_serving_function_is_traced_once_and_padding_never_leaks() -> None:
         outputs, version = serving.predict(rows)
         assert outputs.shape == (n, 1) and version == 1
         np.testing.assert_allclose(outputs, rows @ weights[0] + weights[1], rtol=1e-5, atol=1e-6)
-    assert serving._infer.experimental_get_tracing_count() == 1
+    assert serving._traced.experimental_get_tracing_count() == 1
