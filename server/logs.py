@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+
+# Set by a replica worker group for each worker (server/processes/workers.py): its lines say
+# which worker wrote them.
+WORKER_ENV = "LIVEFIT_WORKER_INDEX"
 
 
 class JsonFormatter(logging.Formatter):
@@ -17,6 +22,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        worker = os.environ.get(WORKER_ENV)
+        if worker is not None:
+            entry["worker"] = int(worker)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -28,7 +36,9 @@ def configure_logging(level: str = "INFO", json_format: bool = False) -> None:
     if json_format:
         handler.setFormatter(JsonFormatter())
     else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        worker = os.environ.get(WORKER_ENV)
+        who = f" [worker {worker}]" if worker is not None else ""
+        formatter = logging.Formatter(f"%(asctime)s %(levelname)s{who} %(name)s: %(message)s")
         formatter.converter = time.gmtime
         handler.setFormatter(formatter)
     root = logging.getLogger()

@@ -123,7 +123,9 @@ def test_a_killed_worker_is_started_again_while_the_other_serves(
         time.sleep(0.2)
     else:
         raise AssertionError(f"the killed worker was not back:\n{replica.log.read_text()[-3000:]}")
-    assert "exited with status -9; starting it again" in replica.log.read_text()
+    log = replica.log.read_text()
+    assert "exited with status -9; starting it again" in log
+    assert "[worker 0]" in log and "[worker 1]" in log  # each worker's lines say whose
 
 
 def test_sigterm_stops_the_group_and_a_killed_parent_takes_its_workers(

@@ -34,11 +34,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from livefit.server.logs import WORKER_ENV
 from livefit.server.processes.children import start_child, stop_children
 
 log = logging.getLogger(__name__)
 _INDEX, _COUNT, _FD, _DIR = (
-    "LIVEFIT_WORKER_INDEX", "LIVEFIT_WORKER_COUNT", "LIVEFIT_LISTEN_FD", "LIVEFIT_WORKER_DIR",
+    WORKER_ENV, "LIVEFIT_WORKER_COUNT", "LIVEFIT_LISTEN_FD", "LIVEFIT_WORKER_DIR",
 )  # fmt: skip
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 300.0
 STOP_GRACE_S = 30.0
