@@ -162,6 +162,8 @@ def run_workers(argv: Sequence[str], count: int, host: str, port: int) -> int:
         print(f"livefit: {exc}", file=sys.stderr)
         return 2
     group = WorkerGroup(argv, count, sock)
+    bound = sock.getsockname()
+    log.info("%d serving workers on %s:%d", count, bound[0], bound[1])
 
     def stop(signum: int, _frame: object) -> None:
         log.info("%s: stopping %d serving workers", signal.Signals(signum).name, count)
