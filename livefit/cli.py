@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="TOML config file (default: the bundled demo model)")
     serve.add_argument("--host", help="override http.host")
     serve.add_argument("--port", type=int, help="override http.port")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="override http.workers: 0 serves from the learner's own process; N >= 1 runs a "
+        "training process and N serving processes behind the port",
+    )
     serve.set_defaults(handler=_serve)
 
     replica = commands.add_parser(
@@ -86,15 +92,32 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings is None:
         return 2
-    if settings.http.workers > 1:
-        print(
-            f"livefit: http.workers = {settings.http.workers}: only `livefit replica` runs "
-            "several serving processes; the learner serves from its own (set it to 1)",
-            file=sys.stderr,
-        )
-        return 2
-    from livefit.server.processes.runtime import LearnerRuntime
+    if args.workers is not None:
+        if args.workers < 0:
+            print("livefit: --workers must be 0 or more", file=sys.stderr)
+            return 2
+        settings.http.workers = args.workers
+    from livefit.server.processes.learner_group import TrainingSlot, run_learner_group
     from livefit.server.processes.serve import run_server
+    from livefit.server.processes.workers import WorkerSlot
+
+    training = TrainingSlot.from_env()
+    if training is not None:  # a split learner's training process
+        from livefit.server.processes.training_process import run_training
+
+        return run_training(settings, training)
+    slot = WorkerSlot.from_env()
+    if slot is not None:  # one of a split learner's serving processes
+        from livefit.server.processes.learner_serving import LearnerServingRuntime
+
+        return run_server(settings, LearnerServingRuntime(settings, slot), slot)
+    workers = settings.http.learner_workers()
+    if workers >= 1:
+        argv = [sys.executable, "-m", "livefit", *args.command_line]
+        return run_learner_group(
+            argv, workers, settings.http.host, settings.http.port, list(settings.models)
+        )
+    from livefit.server.processes.runtime import LearnerRuntime
 
     return run_server(settings, LearnerRuntime(settings))
 
@@ -116,9 +139,10 @@ def _replica(args: argparse.Namespace) -> int:
     if slot is not None:  # one of a worker group's processes
         instance = f"{socket.gethostname()}-{settings.http.port}-w{slot.index}"
         return run_server(settings, ReplicaRuntime(settings, instance=instance), slot)
-    if settings.http.workers > 1:
+    workers = settings.http.replica_workers()
+    if workers > 1:
         argv = [sys.executable, "-m", "livefit", *args.command_line]
-        return run_workers(argv, settings.http.workers, settings.http.host, settings.http.port)
+        return run_workers(argv, workers, settings.http.host, settings.http.port)
     return run_server(settings, ReplicaRuntime(settings))
 
 

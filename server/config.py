@@ -103,9 +103,18 @@ class HttpSettings(_Section):
     keep_alive_timeout_s: float = Field(5.0, gt=0)
     max_connections: int = Field(1000, ge=16)
     max_header_bytes: int = Field(65536, ge=1024)
-    # Serving processes behind http.port for `livefit replica` (server/processes/workers.py); the
-    # learner (`livefit serve`) serves from its own process and refuses more than 1.
-    workers: int = Field(1, ge=1, le=64)
+    # Processes answering HTTP on http.port. `livefit replica`: that many whole replicas
+    # (server/processes/workers.py; 0 and 1 both mean one process). `livefit serve`: 0 serves
+    # predictions from the learner's own process; N >= 1 splits the learner into a training
+    # process and N serving processes (server/processes/learner_group.py). Unset: 1 replica
+    # process, and the learner in one process (measured as fast on 2 cores: BENCHMARKS.md).
+    workers: int | None = Field(None, ge=0, le=64)
+
+    def replica_workers(self) -> int:
+        return max(1, self.workers or 1)
+
+    def learner_workers(self) -> int:
+        return self.workers or 0
 
     def connection_protocol(self, runtime: Any = None) -> Any:
         """The uvicorn HTTP protocol class that enforces the connection limits and, given the

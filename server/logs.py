@@ -7,9 +7,18 @@ import logging
 import os
 import time
 
-# Set by a replica worker group for each worker (server/processes/workers.py): its lines say
-# which worker wrote them.
+# Set by a worker group for each serving worker (server/processes/workers.py), and for a split
+# learner's training process (learner_group.py): its lines say which process wrote them.
 WORKER_ENV = "LIVEFIT_WORKER_INDEX"
+TRAINING_ENV = "LIVEFIT_TRAINING_DIR"
+
+
+def process_label() -> str | None:
+    """``"0"``, ``"1"``... for a serving worker, ``"training"`` for a split learner's training
+    process, None for a process on its own."""
+    if os.environ.get(TRAINING_ENV):
+        return "training"
+    return os.environ.get(WORKER_ENV)
 
 
 class JsonFormatter(logging.Formatter):
@@ -22,9 +31,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        worker = os.environ.get(WORKER_ENV)
+        worker = process_label()
         if worker is not None:
-            entry["worker"] = int(worker)
+            entry["worker"] = int(worker) if worker.isdigit() else worker
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -36,8 +45,9 @@ def configure_logging(level: str = "INFO", json_format: bool = False) -> None:
     if json_format:
         handler.setFormatter(JsonFormatter())
     else:
-        worker = os.environ.get(WORKER_ENV)
+        worker = process_label()
         who = f" [worker {worker}]" if worker is not None else ""
+        who = " [training]" if worker == "training" else who
         formatter = logging.Formatter(f"%(asctime)s %(levelname)s{who} %(name)s: %(message)s")
         formatter.converter = time.gmtime
         handler.setFormatter(formatter)

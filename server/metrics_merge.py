@@ -1,5 +1,6 @@
-"""One ``/metrics`` for a group of serving processes: each worker's registry, labelled
-``worker="<index>"``, merged into one Prometheus text exposition.
+"""One ``/metrics`` for a group of processes: each one's registry, labelled ``worker="<index>"``
+(``worker="training"`` for a split learner's training process), merged into one Prometheus
+text exposition.
 
 Decision: no prometheus-client multiprocess mode. It needs every metric created in a
 multiprocess-aware way and a shared directory of mmap files, drops callback gauges
@@ -64,30 +65,32 @@ class _Fixed:
 
 
 class WorkerMetrics:
-    """The metrics side of worker ``index`` of ``count``: answers its registry's text on
-    ``<directory>/<index>.sock`` and builds the merged exposition of all workers."""
+    """The metrics side of one process of a group, labelled ``label``: answers its registry's
+    text on ``<directory>/<label>.sock`` and builds the merged exposition of itself and
+    ``peers`` (the other processes' labels: serving workers ``"0"``, ``"1"``...; a split
+    learner's training process ``"training"``)."""
 
     def __init__(
-        self, registry: CollectorRegistry, index: int, count: int, directory: Path
+        self, registry: CollectorRegistry, label: str, peers: Iterable[str], directory: Path
     ) -> None:
         self.registry = registry
-        self.index = index
-        self.count = count
+        self.label = label
+        self.peers = [peer for peer in peers if peer != label]
         self.directory = directory
         self._server: socketserver.UnixStreamServer | None = None
 
-    def path(self, index: int) -> Path:
-        return self.directory / f"{index}.sock"
+    def path(self, label: str) -> Path:
+        return self.directory / f"{label}.sock"
 
     def start(self) -> None:
-        """Answer peers from a daemon thread (the socket replaces one a dead worker left)."""
+        """Answer peers from a daemon thread (the socket replaces one a dead process left)."""
         registry = self.registry
 
         class Answer(socketserver.BaseRequestHandler):
             def handle(self) -> None:
                 self.request.sendall(generate_latest(registry))
 
-        path = self.path(self.index)
+        path = self.path(self.label)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         self._server = socketserver.ThreadingUnixStreamServer(str(path), Answer)
@@ -102,22 +105,21 @@ class WorkerMetrics:
             self._server.shutdown()
             self._server.server_close()
             with contextlib.suppress(FileNotFoundError):
-                self.path(self.index).unlink()
+                self.path(self.label).unlink()
 
     async def exposition(self) -> bytes:
-        """Every worker's metrics, merged; peers that do not answer in time are left out."""
-        peers = [i for i in range(self.count) if i != self.index]
-        answers = await asyncio.gather(*(self._ask(i) for i in peers))
-        parts = [(str(self.index), generate_latest(self.registry))]
-        parts += [(str(i), text) for i, text in zip(peers, answers, strict=True) if text]
+        """Every process's metrics, merged; peers that do not answer in time are left out."""
+        answers = await asyncio.gather(*(self._ask(peer) for peer in self.peers))
+        parts = [(self.label, generate_latest(self.registry))]
+        parts += [(peer, text) for peer, text in zip(self.peers, answers, strict=True) if text]
         missing = sum(1 for text in answers if not text)
-        parts.append((str(self.index), _unreachable(missing)))
+        parts.append((self.label, _unreachable(missing)))
         return merge_expositions(parts)
 
-    async def _ask(self, index: int) -> bytes | None:
+    async def _ask(self, label: str) -> bytes | None:
         try:
             async with asyncio.timeout(PEER_TIMEOUT_S):
-                reader, writer = await asyncio.open_unix_connection(str(self.path(index)))
+                reader, writer = await asyncio.open_unix_connection(str(self.path(label)))
                 chunks, size = [], 0
                 try:
                     while size <= MAX_PEER_BYTES and (chunk := await reader.read(1 << 16)):
@@ -127,13 +129,13 @@ class WorkerMetrics:
                     writer.close()
                 return b"".join(chunks) if size <= MAX_PEER_BYTES else None
         except (OSError, TimeoutError) as exc:
-            log.debug("worker %d did not answer for /metrics: %s", index, exc)
+            log.debug("process %s did not answer for /metrics: %s", label, exc)
             return None
 
 
 def _unreachable(count: int) -> bytes:
     return (
-        f"# HELP {WORKERS_UNREACHABLE} Serving workers left out of this scrape (no "
+        f"# HELP {WORKERS_UNREACHABLE} Processes of the group left out of this scrape (no "
         "answer in time: restarting or stopped)\n"
         f"# TYPE {WORKERS_UNREACHABLE} gauge\n"
         f"{WORKERS_UNREACHABLE} {count}\n"

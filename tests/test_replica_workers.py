@@ -3,8 +3,8 @@
 Both workers serve on the one port with the learner's newest weights, ``/metrics`` on either
 answers for both (each series labelled ``worker``); a SIGKILLed worker is started again while
 the other keeps serving; SIGTERM stops the group with status 0; a SIGKILLed parent takes its
-workers with it; a worker that cannot start stops the group with its status; the learner
-refuses ``http.workers`` above 1.
+workers with it; a worker that cannot start stops the group with its status. (The learner's
+own split into processes: ``test_learner_group.py``.)
 """
 
 from __future__ import annotations
@@ -166,15 +166,3 @@ def test_a_worker_that_cannot_start_stops_the_group(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode not in (0, None), done.stderr[-2000:]
     assert "before it served" in done.stderr, done.stderr[-2000:]
-
-
-def test_the_learner_refuses_several_workers(tmp_path: Path) -> None:
-    (tmp_path / "c.toml").write_text(
-        "[http]\nworkers = 2\n[models.demo]\ninput_shape = [8]\noutput_shape = [1]\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "livefit", "serve", "--config", str(tmp_path / "c.toml")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert "only `livefit replica` runs several serving processes" in done.stderr

@@ -91,6 +91,7 @@ def create_app(runtime: Runtime, group: WorkerMetrics | None = None) -> FastAPI:
             lambda: list(runtime.served()),
             getattr(runtime, "role", "learner"),
             lambda: _problems(runtime),
+            group.exposition if group is not None else None,
         )
     )
 

@@ -14,12 +14,12 @@ import html
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse
-from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from livefit.server.metrics import Metrics
@@ -44,6 +44,12 @@ SINGLE_VALUES = {
     "weights_age_seconds": "livefit_weights_age_seconds",
 }
 
+# What a split learner's training process reports and its serving processes do not.
+TRAINING_OWNED = {
+    "livefit_train_samples_total", "livefit_train_steps_total", "livefit_queue_depth",
+    "livefit_train_loss", "livefit_prequential_loss", "livefit_prequential_accuracy",
+    "livefit_model_version",
+}  # fmt: skip
 ModelSamples = dict[str, list[Sample]]  # sample name -> that model's samples of it
 
 
@@ -52,9 +58,12 @@ def build_dashboard_router(
     models: Callable[[], list[str]],
     role: str,
     problems: Callable[[], list[str]] = list,
+    group: Callable[[], Awaitable[bytes]] | None = None,
 ) -> APIRouter:
     """``GET /`` (the page, titled after ``role``) and ``GET /api/stats`` for ``models()``;
-    ``problems()``: why the process is not ready (readiness's list), shown on the page."""
+    ``problems()``: why the process is not ready (readiness's list), shown on the page. In a
+    group of processes, ``group()`` is the merged exposition the stats are read from (counters
+    summed over processes; a split learner's training figures from its training process)."""
     router = APIRouter()
     page = render_page(role)
 
@@ -66,7 +75,11 @@ def build_dashboard_router(
     @router.get("/api/stats")
     async def stats() -> JSONResponse:
         """Counters and gauges per model, as the dashboard polls them."""
-        body = collect_stats(metrics.registry, models(), role)
+        if group is not None:
+            merged = (await group()).decode("utf-8")
+            body = collect_stats(text_string_to_metric_families(merged), models(), role)
+        else:
+            body = collect_stats(metrics.registry.collect(), models(), role)
         body["problems"] = problems()
         return JSONResponse(body, headers=NO_STORE)
 
@@ -78,9 +91,10 @@ def render_page(role: str) -> str:
     return PAGE.replace("__ROLE__", html.escape(role))
 
 
-def collect_stats(registry: CollectorRegistry, models: list[str], role: str) -> dict[str, Any]:
-    """``{"role", "time" (epoch s), "models": {name: model_stats}}`` from one registry read."""
-    index = index_samples(registry.collect(), set(models))
+def collect_stats(families: Iterable[Any], models: list[str], role: str) -> dict[str, Any]:
+    """``{"role", "time" (epoch s), "models": {name: model_stats}}`` from one read of the
+    metric ``families`` (a registry's ``collect()``, or a group's merged exposition)."""
+    index = index_samples(families, set(models))
     return {
         "role": role,
         "time": time.time(),
@@ -122,9 +136,14 @@ def finite(value: float | None) -> float | None:
 
 
 def single(samples: ModelSamples, name: str) -> float | None:
-    """The value of the model's one sample called ``name``, or ``None``."""
+    """The value of the model's one sample called ``name``, or ``None``. In a split learner's
+    merged metrics, the training process's sample for what it owns (TRAINING_OWNED)."""
     found = samples.get(name)
-    return finite(found[0].value) if found else None
+    if not found:
+        return None
+    if name in TRAINING_OWNED:
+        found = [s for s in found if s.labels.get("worker") == "training"] or found
+    return finite(found[0].value)
 
 
 def total(found: list[Sample]) -> float | None:
@@ -133,15 +152,18 @@ def total(found: list[Sample]) -> float | None:
 
 
 def buckets(samples: ModelSamples, histogram: str) -> list[tuple[float, float]]:
-    """The histogram's cumulative buckets as sorted ``(upper bound, count)``, +Inf last."""
-    found = samples.get(f"{histogram}_bucket", [])
-    return sorted((float(s.labels["le"]), s.value) for s in found)
+    """The histogram's cumulative buckets as sorted ``(upper bound, count)``, +Inf last
+    (summed over the processes of a group)."""
+    summed: dict[float, float] = defaultdict(float)
+    for s in samples.get(f"{histogram}_bucket", []):
+        summed[float(s.labels["le"])] += s.value
+    return sorted(summed.items())
 
 
 def histogram_mean(samples: ModelSamples, histogram: str) -> float | None:
     """Sum over count of all observations, or ``None`` before the first one."""
-    count = single(samples, f"{histogram}_count")
-    summed = single(samples, f"{histogram}_sum")
+    count = total(samples.get(f"{histogram}_count", []))
+    summed = total(samples.get(f"{histogram}_sum", []))
     return finite(summed / count) if count and summed is not None else None
 
 

@@ -148,6 +148,9 @@ class ServedModel:
         self.serving = serving
         self.batcher: RequestBatcher | None = None
         self.recorder: PredictionRecorder | None = None  # prediction records (delayed labels)
+        # Told the queued rows whenever they change (on the event loop), beside the metric:
+        # a split learner's serving process marks its busy board with it.
+        self.on_queue_change: Callable[[int], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._refresh_queued = False
 
@@ -159,6 +162,17 @@ class ServedModel:
         """True while prediction requests wait in the batcher's queue (any thread may ask)."""
         batcher = self.batcher
         return batcher is not None and batcher.queued_rows > 0
+
+    def _queue_listener(self, gauge: Callable[[int], None]) -> Callable[[int], None]:
+        listener = self.on_queue_change
+        if listener is None:
+            return gauge
+
+        def changed(rows: int) -> None:
+            gauge(rows)
+            listener(rows)
+
+        return changed
 
     def start_batching(self, metrics: Metrics) -> None:
         """Create and start the request batcher on the running event loop."""
@@ -190,7 +204,7 @@ class ServedModel:
             batch_timeout_ms=serve.batch_timeout_ms,
             max_queue_rows=serve.max_queue_rows,
             on_batch=on_batch,
-            on_queue_change=queue_rows.set,
+            on_queue_change=self._queue_listener(queue_rows.set),
             max_queue_wait_ms=serve.max_queue_wait_ms,
             cost=cost,
             on_refuse=lambda reason: refused[reason].inc(),

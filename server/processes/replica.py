@@ -34,7 +34,8 @@ from livefit.server.training.modeling import (
 from livefit.server.weights.weight_format import architecture_fingerprint, sha256_hex
 from livefit.server.weights.weight_keys import Authenticator, receiver_authenticator
 from livefit.server.weights.weight_publisher import EncodedWeights, VersionLog, WeightStore
-from livefit.server.weights.weight_receiver import OUTCOMES, ReceivedWeights, WeightReceiver
+from livefit.server.weights.weight_receiver import WeightReceiver
+from livefit.server.weights.weight_verifier import OUTCOMES, ReceivedWeights, WeightVerifier
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class ReplicaModel:
     slot: SnapshotSlot
     served: ServedModel
     store: WeightStore
-    receiver: WeightReceiver | None = None
+    receiver: WeightVerifier | None = None  # a WeightReceiver on a replica
 
 
 class ReplicaRuntime(ProcessRuntime):
@@ -199,7 +200,7 @@ class ReplicaRuntime(ProcessRuntime):
                 found.append(f"model {name}: not connected to the MQTT broker")
                 continue
             if not receiver.connected.is_set():
-                found.append(f"model {name}: {receiver.status.reason()}")
+                found.append(f"model {name}: {receiver.not_connected_reason()}")
             if m.slot.latest is None:
                 refused = f"; refused: {receiver.last_refused}" if receiver.last_refused else ""
                 found.append(

@@ -122,11 +122,11 @@ class LearnerRuntime(ProcessRuntime):
             runtime.connection.add_subscription(self.settings.predictions_topic(name), qos=1)
             route = self._route(runtime, subscription)
             routes.append(route)
-            assert runtime.served is not None
-            runtime.served.recorder = recorder_for(
-                self.settings, name, address, self.metrics,
-                f"{self.settings.broker.client_id}-{name}-predictions", broker.protocol,
-            )  # fmt: skip
+            if runtime.served is not None:  # a split learner serves from other processes
+                runtime.served.recorder = recorder_for(
+                    self.settings, name, address, self.metrics,
+                    f"{self.settings.broker.client_id}-{name}-predictions", broker.protocol,
+                )  # fmt: skip
             runtime.ingest = self._ingest_worker(runtime, route)
         for runtime in self.models.values():
             assert runtime.connection is not None
@@ -260,7 +260,7 @@ class LearnerRuntime(ProcessRuntime):
             checkpoints=CheckpointStore(
                 storage / "checkpoints" / name, name, settings.checkpoint.keep
             ),
-            hooks=_ModelHooks(self, runtime),
+            hooks=self._hooks(runtime),
             storage=self.storage_health,
         )
         runtime.trainer.on_checkpoint(self._truncate_log)
@@ -287,9 +287,13 @@ class LearnerRuntime(ProcessRuntime):
             trained=lambda: trainer.trained_position if trainer is not None else 0,
         )
 
+    def _hooks(self, runtime: ModelRuntime) -> TrainerHooks:
+        return LearnerHooks(self, runtime)
+
     def _build_served(
         self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
-    ) -> ServedModel:
+    ) -> ServedModel | None:
+        """Model ``name``'s serving half in this process (None: served elsewhere)."""
         version_gauge = self.metrics.serving_version.labels(model=name)
         return serving_half(
             name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version)
@@ -297,7 +301,7 @@ class LearnerRuntime(ProcessRuntime):
 
     def _start_weight_stream(self, runtime: ModelRuntime, connection: MqttConnection) -> None:
         """Serving swaps and MQTT publishing follow every snapshot from now on."""
-        assert runtime.trainer is not None and runtime.served is not None
+        assert runtime.trainer is not None
         model = runtime.trainer.model
         names = weight_names(model)
         weights = runtime.settings.weights
@@ -316,7 +320,8 @@ class LearnerRuntime(ProcessRuntime):
             refresh_interval_s=weights.refresh_interval_s,
         )
         runtime.slot.subscribe(runtime.publisher.offer)
-        runtime.slot.subscribe(runtime.served.snapshot_arrived)
+        if runtime.served is not None:
+            runtime.slot.subscribe(runtime.served.snapshot_arrived)
         runtime.publisher.start()
         if runtime.slot.latest is not None:
             runtime.publisher.offer(runtime.slot.latest)
@@ -415,7 +420,7 @@ def _remove_temporary_files(storage: Path) -> None:
         log.info("removed %d temporary files left by an interrupted write", removed)
 
 
-class _ModelHooks(TrainerHooks):
+class LearnerHooks(TrainerHooks):
     """What model ``runtime``'s trainer asks of the learner around it."""
 
     def __init__(self, learner: LearnerRuntime, runtime: ModelRuntime) -> None:

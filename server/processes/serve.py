@@ -81,8 +81,9 @@ def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None =
         return 2
     group = None
     if worker is not None:
-        group = WorkerMetrics(runtime.metrics.registry, worker.index, worker.count,
-                              worker.directory)  # fmt: skip
+        group = WorkerMetrics(
+            runtime.metrics.registry, str(worker.index), worker.peers(), worker.directory
+        )
     app = create_app(runtime, group)
     config = uvicorn.Config(
         app,

@@ -38,9 +38,11 @@ from livefit.server.logs import WORKER_ENV
 from livefit.server.processes.children import start_child, stop_children
 
 log = logging.getLogger(__name__)
-_INDEX, _COUNT, _FD, _DIR = (
+_INDEX, _COUNT, _FD, _DIR, _KIND = (
     WORKER_ENV, "LIVEFIT_WORKER_COUNT", "LIVEFIT_LISTEN_FD", "LIVEFIT_WORKER_DIR",
+    "LIVEFIT_GROUP_KIND",
 )  # fmt: skip
+TRAINING = "training"  # a split learner's training process: its metrics label and marker name
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 300.0
 STOP_GRACE_S = 30.0
 
@@ -48,12 +50,14 @@ STOP_GRACE_S = 30.0
 @dataclass(frozen=True, slots=True)
 class WorkerSlot:
     """Who a worker process is: its index of ``count``, the inherited listening socket's
-    descriptor and the group's private directory (its metrics sockets)."""
+    descriptor, the group's private directory (metrics sockets, a learner's weight feed) and
+    whether the group is a replica's (``"replica"``) or a split learner's (``"learner"``)."""
 
     index: int
     count: int
     listen_fd: int
     directory: Path
+    kind: str = "replica"
 
     @classmethod
     def from_env(cls) -> WorkerSlot | None:
@@ -62,8 +66,18 @@ class WorkerSlot:
             return None
         return cls(
             int(os.environ[_INDEX]), int(os.environ[_COUNT]), int(os.environ[_FD]),
-            Path(os.environ[_DIR]),
+            Path(os.environ[_DIR]), os.environ.get(_KIND, "replica"),
         )  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that make a child this slot's worker."""
+        return {_INDEX: str(self.index), _COUNT: str(self.count), _FD: str(self.listen_fd),
+                _DIR: str(self.directory), _KIND: self.kind}  # fmt: skip
+
+    def peers(self) -> list[str]:
+        """The metrics labels of every process of the group."""
+        found = [str(i) for i in range(self.count)]
+        return [*found, TRAINING] if self.kind == "learner" else found
 
     def listening_socket(self) -> socket.socket:
         return socket.socket(fileno=self.listen_fd)
@@ -74,38 +88,52 @@ class WorkerSlot:
 
 
 @dataclass(slots=True)
-class _Worker:
+class GroupMember:
+    """One supervised process of a group: its slot, the running process, its recent restarts
+    and whether it got ready (served) since it last started."""
+
     slot: WorkerSlot
     process: subprocess.Popen[bytes] | None = None
     restarts: deque[float] = field(default_factory=deque)
     served: bool = False  # it started serving at least once
 
 
-class WorkerGroup:
-    """Starts and supervises the workers running ``argv`` (a ``livefit replica`` command)."""
+def restarts_in_window(restarts: deque[float], now: float) -> int:
+    """Record a restart at ``now``; how many fall within ``RESTART_WINDOW_S``."""
+    restarts.append(now)
+    while restarts and restarts[0] < now - RESTART_WINDOW_S:
+        restarts.popleft()
+    return len(restarts)
 
-    def __init__(self, argv: Sequence[str], count: int, sock: socket.socket) -> None:
+
+class WorkerGroup:
+    """Starts and supervises the workers running ``argv`` (a ``livefit replica`` command, or
+    ``livefit serve`` for a split learner's serving processes: ``kind="learner"``)."""
+
+    def __init__(
+        self, argv: Sequence[str], count: int, sock: socket.socket, kind: str = "replica"
+    ) -> None:
         self.argv = list(argv)
         self.sock = sock
         self.directory = Path(tempfile.mkdtemp(prefix="livefit-workers-"))
         self.workers = [
-            _Worker(WorkerSlot(i, count, sock.fileno(), self.directory)) for i in range(count)
+            GroupMember(WorkerSlot(i, count, sock.fileno(), self.directory, kind))
+            for i in range(count)
         ]
         self.stopping = threading.Event()
 
-    def start(self, worker: _Worker) -> None:
+    def start(self, worker: GroupMember) -> None:
         slot = worker.slot
-        env = dict(os.environ)
-        env.update({_INDEX: str(slot.index), _COUNT: str(slot.count),
-                    _FD: str(slot.listen_fd), _DIR: str(slot.directory)})  # fmt: skip
+        env = {**os.environ, **slot.env()}
         worker.process = start_child(self.argv, env=env, pass_fds=(slot.listen_fd,))
         log.info("serving worker %d started (pid %d)", slot.index, worker.process.pid)
 
     def run(self) -> int:
         """Start every worker and supervise them until stopped; the exit status."""
-        for worker in self.workers:
-            self.start(worker)
         try:
+            status = self._start_all()
+            if status is not None:
+                return status
             while not self.stopping.wait(0.2):
                 status = self._check()
                 if status is not None:
@@ -114,6 +142,12 @@ class WorkerGroup:
         finally:
             self._stop()
             shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _start_all(self) -> int | None:
+        """Start every process of the group; an exit status when the group cannot start."""
+        for worker in self.workers:
+            self.start(worker)
+        return None
 
     def _check(self) -> int | None:
         """Restart workers that died after serving; the group's exit status when it must end."""
@@ -128,11 +162,7 @@ class WorkerGroup:
                 log.error("serving worker %d exited with status %d before it served; stopping "
                           "(its log lines above say why)", index, code)  # fmt: skip
                 return code or 1
-            now = time.monotonic()
-            worker.restarts.append(now)
-            while worker.restarts and worker.restarts[0] < now - RESTART_WINDOW_S:
-                worker.restarts.popleft()
-            if len(worker.restarts) > MAX_RESTARTS:
+            if restarts_in_window(worker.restarts, time.monotonic()) > MAX_RESTARTS:
                 log.error("serving worker %d died %d times in %.0f s (last status %d); stopping",
                           index, len(worker.restarts), RESTART_WINDOW_S, code)  # fmt: skip
                 return 1

@@ -243,9 +243,13 @@ class WeightPublisher:
             snapshot.version, payload, sha256_hex(payload), snapshot.created_at, snapshot.lineage
         )
 
-    def seal(self, encoded: EncodedWeights, signed_at: float) -> tuple[bytes, str]:
-        """The signed envelope for ``encoded`` (inline, or a manifest when too large)."""
-        inline = len(encoded.payload) <= self.max_inline_bytes
+    def seal(
+        self, encoded: EncodedWeights, signed_at: float, *, inline: bool | None = None
+    ) -> tuple[bytes, str]:
+        """The signed envelope for ``encoded``: inline, or a manifest when over
+        ``max_inline_bytes`` (``inline`` given: that, whatever the size)."""
+        if inline is None:
+            inline = len(encoded.payload) <= self.max_inline_bytes
         header = EnvelopeHeader(
             kind="weights" if inline else "manifest",
             topic=self.topic,

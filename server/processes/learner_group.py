@@ -1,0 +1,172 @@
+"""``livefit serve`` with ``http.workers >= 1``: the learner split into one training process and
+``http.workers`` serving processes behind one port, supervised by the ``livefit serve`` parent.
+
+- The **training process** (``livefit serve`` again, told by ``LIVEFIT_TRAINING_DIR``) is the
+  learner without its HTTP side: it locks the storage, ingests over MQTT, logs, trains,
+  checkpoints and publishes weights on the weight topic. It also hands every snapshot, signed,
+  to its own serving processes over a Unix socket (``server/weights/local_feed.py``) with its
+  readiness, and answers its metrics on the group's metrics socket (``worker="training"``).
+- Each **serving process** is the replica's serving half (``learner_serving.py``) fed by that
+  socket instead of the broker: the prediction API, labels, the weights download, health,
+  the dashboard and one ``/metrics`` for the whole group. While its batcher holds requests it
+  says so on a shared-memory board (``server/inference/busy_board.py``) that the trainer reads
+  to give way, as it does in one process.
+
+Start: the parent binds the port (a taken port fails at once), starts the training process and
+waits until it listens on its weight feed (it holds the storage lock by then: a second learner
+on the same storage fails before any serving process starts or touches the broker), then starts
+the serving processes. Stop (SIGTERM or SIGINT): the training process first (stop ingesting,
+train what was accepted, checkpoint, publish: its serving processes get the final version),
+then the serving processes, which drain their requests. A process that dies after it was
+ready is started again (the serving processes keep serving the weights they hold while the
+training process restarts, and say so on readiness); one that dies before it was ready, or
+more than ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``, ends the group with its status. No
+process outlives a SIGKILLed parent (``children.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from livefit.server.inference.busy_board import BOARD_FILE, BusyBoard
+from livefit.server.logs import TRAINING_ENV
+from livefit.server.processes.children import start_child, stop_children
+from livefit.server.processes.workers import (
+    MAX_RESTARTS,
+    RESTART_WINDOW_S,
+    GroupMember,
+    WorkerGroup,
+    restarts_in_window,
+)
+from livefit.server.weights.local_feed import FEED_FILE
+
+log = logging.getLogger(__name__)
+_TRAINING_DIR, _TRAINING_WORKERS = TRAINING_ENV, "LIVEFIT_TRAINING_WORKERS"
+TRAINING_GRACE_S = 120.0  # the final training, checkpoint and publish of every model
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSlot:
+    """Who the training process is: the group's directory and how many serving processes
+    read its board."""
+
+    directory: Path
+    workers: int
+
+    @classmethod
+    def from_env(cls) -> TrainingSlot | None:
+        if _TRAINING_DIR not in os.environ:
+            return None
+        return cls(Path(os.environ[_TRAINING_DIR]), int(os.environ[_TRAINING_WORKERS]))
+
+    def env(self) -> dict[str, str]:
+        return {_TRAINING_DIR: str(self.directory), _TRAINING_WORKERS: str(self.workers)}
+
+    def ready_marker(self) -> Path:
+        """Exists once the training process feeds weights (``LocalWeightFeed.start``)."""
+        return self.directory / FEED_FILE
+
+    def board(self, models: Sequence[str], create: bool = False) -> BusyBoard:
+        return BusyBoard(self.directory / BOARD_FILE, self.workers, models, create=create)
+
+
+class LearnerGroup(WorkerGroup):
+    """The training process and the serving processes of one split learner."""
+
+    def __init__(
+        self, argv: Sequence[str], count: int, sock: socket.socket, models: Sequence[str]
+    ) -> None:
+        super().__init__(argv, count, sock, kind="learner")
+        self.slot = TrainingSlot(self.directory, count)
+        self.board = self.slot.board(models, create=True)
+        self.training = GroupMember(self.workers[0].slot)  # its slot is unused: only the record
+
+    def _start_training(self) -> None:
+        self.slot.ready_marker().unlink(missing_ok=True)
+        env = {**os.environ, **self.slot.env()}
+        self.training.process = start_child(self.argv, env=env)
+        log.info("training process started (pid %d)", self.training.process.pid)
+
+    def _start_all(self) -> int | None:
+        self._start_training()
+        process = self.training.process
+        assert process is not None
+        while not self.slot.ready_marker().exists():
+            code = process.poll()
+            if code is not None:
+                log.error("the training process exited with status %d before it was ready; "
+                          "stopping (its log lines above say why)", code)  # fmt: skip
+                return code or 1
+            if self.stopping.wait(0.1):
+                return None
+        self.training.served = True
+        log.info("training process ready; starting %d serving processes", len(self.workers))
+        return super()._start_all()
+
+    def _check(self) -> int | None:
+        process = self.training.process
+        assert process is not None
+        self.training.served = self.training.served or self.slot.ready_marker().exists()
+        code = process.poll()
+        if code is not None:
+            if not self.training.served:
+                log.error("the training process exited with status %d before it was ready; "
+                          "stopping", code)  # fmt: skip
+                return code or 1
+            if restarts_in_window(self.training.restarts, time.monotonic()) > MAX_RESTARTS:
+                restarts = len(self.training.restarts)
+                log.error("the training process died %d times in %.0f s (last status %d); "
+                          "stopping", restarts, RESTART_WINDOW_S, code)  # fmt: skip
+                return 1
+            log.warning("the training process exited with status %d; starting it again (the "
+                        "serving processes keep serving the weights they hold)", code)  # fmt: skip
+            self.training.served = False
+            self._start_training()
+        return super()._check()
+
+    def _stop(self) -> int:
+        """The training process first (its final weights reach the serving processes), then
+        the serving processes; 0 if all stopped cleanly."""
+        training = self.training.process
+        clean = True
+        if training is not None:
+            stop_children([training], TRAINING_GRACE_S)
+            clean = training.returncode in (0, -signal.SIGTERM)
+        return max(super()._stop(), 0 if clean else 1)
+
+
+def run_learner_group(argv: Sequence[str], count: int, host: str, port: int,
+                      models: Sequence[str]) -> int:  # fmt: skip
+    """Bind ``host:port``, run the split learner until SIGINT or SIGTERM; its exit status."""
+    from livefit.server.processes.serve import StartupError, bind_socket
+
+    try:
+        sock = bind_socket(host, port)
+    except StartupError as exc:
+        print(f"livefit: {exc}", file=sys.stderr)
+        return 2
+    group = LearnerGroup(argv, count, sock, models)
+    bound = sock.getsockname()
+    log.info("learner on %s:%d: one training process and %d serving processes",
+             bound[0], bound[1], count)  # fmt: skip
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("%s: stopping the learner (training first, then serving)",
+                 signal.Signals(signum).name)  # fmt: skip
+        group.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        return group.run()
+    finally:
+        group.board.close()
+        sock.close()

@@ -1,0 +1,154 @@
+"""A split learner's serving process: the replica's serving half, fed by the training process.
+
+The same models, batcher, prediction and labels API, weights download and verification as a
+replica (``replica.py``); the weights come over the group's local feed (``local_feed.py``)
+instead of the broker, and are verified with the learner's public key like any others. It is
+ready once the feed is connected, every model holds a version, and the training process
+reports itself ready (its problems are listed as ``training: ...``). While its batcher holds
+requests for a model it marks the group's busy board, so the trainer gives way.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from livefit.models import weight_names
+from livefit.server.api.auth import TokenGuard
+from livefit.server.config import Settings
+from livefit.server.inference.busy_board import BusyBoard
+from livefit.server.labels.recorder import recorder_for
+from livefit.server.messaging.broker import resolve_broker
+from livefit.server.messaging.mqtt import for_broker
+from livefit.server.processes.learner_group import TrainingSlot
+from livefit.server.processes.replica import ReplicaModel, ReplicaRuntime
+from livefit.server.processes.workers import WorkerSlot
+from livefit.server.weights.local_feed import LocalWeightSource
+from livefit.server.weights.weight_format import architecture_fingerprint
+from livefit.server.weights.weight_keys import Authenticator
+from livefit.server.weights.weight_verifier import WeightVerifier
+
+log = logging.getLogger(__name__)
+STATUS_STALE_S = 5.0  # no status from the training process for this long: say so
+FRAME_OVERHEAD_BYTES = 1 << 20  # the envelope around a payload of max_pull_bytes
+
+
+class LearnerServingRuntime(ReplicaRuntime):
+    """Serving process ``slot.index`` of a split learner."""
+
+    role = "learner"
+
+    def __init__(
+        self, settings: Settings, slot: WorkerSlot, registry: CollectorRegistry | None = None
+    ) -> None:
+        super().__init__(
+            settings, registry, f"{socket.gethostname()}-{settings.http.port}-w{slot.index}"
+        )
+        self.slot = slot
+        self.training = TrainingSlot(slot.directory, slot.count)
+        self.source: LocalWeightSource | None = None
+        self.board: BusyBoard | None = None
+        self._training_problems: list[str] = ["training: no word from the training process yet"]
+        self._status_at = time.monotonic()
+
+    def _start(self) -> None:
+        for name, model_settings in self.settings.models.items():
+            self.models[name] = self._build(name, model_settings)
+        auth = self._authenticators()
+        self.board = self.training.board(list(self.models))
+        self.board.claim(self.slot.index)
+        for replica_model in self.models.values():
+            replica_model.receiver = self._verifier(replica_model, auth[replica_model.name])
+            replica_model.receiver.start()
+            replica_model.served.on_queue_change = self._marker(replica_model.name)
+        self.source = LocalWeightSource(
+            self.training.ready_marker(),
+            {name: m.receiver.submit for name, m in self.models.items() if m.receiver},
+            self._training_status,
+            max(m.settings.weights.max_pull_bytes for m in self.models.values())
+            + FRAME_OVERHEAD_BYTES,
+        )
+        self.source.start()
+        self._start_recorders()
+
+    def _marker(self, name: str) -> Callable[[int], None]:
+        board, index = self.board, self.slot.index
+        assert board is not None
+
+        def queue_changed(rows: int) -> None:
+            board.set(index, name, rows > 0)
+
+        return queue_changed
+
+    def _start_recorders(self) -> None:
+        """Prediction records go over MQTT as on any serving process (delayed labels)."""
+        storage = Path(self.settings.storage.dir)
+        address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
+        broker = for_broker(address, self.settings.broker)
+        for replica_model in self.models.values():
+            replica_model.served.recorder = recorder_for(
+                self.settings, replica_model.name, address, self.metrics,
+                f"{self.settings.broker.client_id}-{replica_model.name}-predictions-"
+                f"w{self.slot.index}", broker.protocol,
+            )  # fmt: skip
+
+    def _verifier(self, replica_model: ReplicaModel, auth: Authenticator) -> WeightVerifier:
+        name = replica_model.name
+        model = replica_model.served.serving.model
+        names = weight_names(model)
+        counter = self.metrics.weights_received
+        weights = replica_model.settings.weights
+        return WeightVerifier(
+            name,
+            self.settings.weights_topic(name),
+            architecture_fingerprint(names, model.get_weights()),
+            lambda received: self._received(replica_model, received),
+            auth,
+            on_outcome=lambda outcome: counter.labels(model=name, outcome=outcome).inc(),
+            pull_headers=TokenGuard(self.settings.http.token_bytes()).headers(),
+            max_pull_bytes=weights.max_pull_bytes,
+            max_age_s=weights.max_age_s,
+        )
+
+    def _training_status(self, status: dict[str, object]) -> None:
+        problems = status.get("problems")
+        found = [str(p) for p in problems] if isinstance(problems, list) else ["bad status"]
+        self._training_problems = [f"training: {p}" for p in found]
+        self._status_at = time.monotonic()
+
+    def problems(self) -> list[str]:
+        """Why this serving process is not ready: its own reasons and the training process's."""
+        if not self.started:
+            return ["starting"]
+        source = self.source
+        if source is None or not source.connected.is_set():
+            reason = source.last_error if source is not None else "not started"
+            found = [f"training process: its weight feed is not connected ({reason})"]
+        else:
+            found = list(self._training_problems)
+            silent = time.monotonic() - self._status_at
+            if silent > STATUS_STALE_S:
+                found.append(f"training process: no status for {silent:.0f} s")
+        for name, m in self.models.items():
+            if m.slot.latest is None:
+                refused = m.receiver.last_refused if m.receiver is not None else None
+                found.append(
+                    f"model {name}: no weights yet from the training process"
+                    + (f"; refused: {refused}" if refused else "")
+                )
+        return found
+
+    def stop(self) -> None:
+        if self.source is not None:
+            self.source.stop()
+            self.source = None
+        super().stop()
+        if self.board is not None:
+            self.board.claim(self.slot.index)
+            self.board.close()
+            self.board = None

@@ -1,0 +1,137 @@
+"""A split learner's training process: the learner without its HTTP side.
+
+Everything ``LearnerRuntime`` does (storage lock, MQTT ingestion, write-ahead log, trainers,
+checkpoints, the weight topic), minus the serving half: its models are served by the group's
+serving processes (``learner_serving.py``), which it feeds every snapshot over the local weight
+feed, and whose busy board its trainers read to give way to queued predictions. Every
+``STATUS_INTERVAL_S`` it sends its readiness problems on the feed, and it answers its metrics on
+the group's metrics socket (``worker="training"``). SIGTERM or SIGINT stops it in the
+learner's order (stop ingesting, train what was accepted, checkpoint, publish); exit 0 then,
+2 when a check before start failed (the storage is locked by another learner), 1 when a part
+could not start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+
+from prometheus_client import CollectorRegistry
+
+from livefit.server.config import ModelSettings, Settings
+from livefit.server.inference.busy_board import BusyBoard
+from livefit.server.inference.serving import ServedModel
+from livefit.server.metrics_merge import WorkerMetrics
+from livefit.server.processes.learner_group import TrainingSlot
+from livefit.server.processes.runtime import LearnerHooks, LearnerRuntime, ModelRuntime
+from livefit.server.processes.workers import TRAINING
+from livefit.server.snapshot import SnapshotSlot
+from livefit.server.storage.storage_lock import StorageLocked
+from livefit.server.training.trainer import TrainerHooks
+from livefit.server.weights.local_feed import (
+    STATUS_INTERVAL_S,
+    STATUS_KEY,
+    LocalWeightFeed,
+    LocalWeightPublisher,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TrainingRuntime(LearnerRuntime):
+    """The learner's background parts, serving through the group's serving processes."""
+
+    def __init__(
+        self, settings: Settings, slot: TrainingSlot, registry: CollectorRegistry | None = None
+    ) -> None:
+        super().__init__(settings, registry)
+        self.slot = slot
+        self.feed = LocalWeightFeed(slot.directory)
+        self.board: BusyBoard | None = None
+        self.local: list[LocalWeightPublisher] = []
+
+    def _start(self) -> None:
+        self.board = self.slot.board(list(self.settings.models))
+        super()._start()
+        for runtime in self.models.values():
+            assert runtime.publisher is not None
+            local = LocalWeightPublisher(self.feed, runtime.publisher)
+            runtime.slot.subscribe(local.offer)
+            local.start()
+            if runtime.slot.latest is not None:
+                local.offer(runtime.slot.latest)
+            self.local.append(local)
+        self.send_status()
+        self.feed.start()  # the group's parent starts the serving processes once this exists
+
+    def _build_served(
+        self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
+    ) -> ServedModel | None:
+        return None
+
+    def _hooks(self, runtime: ModelRuntime) -> TrainerHooks:
+        return _TrainingHooks(self, runtime)
+
+    def send_status(self) -> None:
+        """Tell the serving processes why this learner is not ready (nothing when it is)."""
+        body = json.dumps({"problems": self.problems()}).encode()
+        self.feed.send(b"S", STATUS_KEY, body)
+
+    def stop(self) -> None:
+        super().stop()  # the trainers' final snapshots reach the local publishers here
+        for local in self.local:
+            local.stop()
+        self.local.clear()
+        self.feed.stop()
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+
+
+class _TrainingHooks(LearnerHooks):
+    """The learner's hooks; predictions wait when any serving process says so on the board."""
+
+    def __init__(self, training: TrainingRuntime, runtime: ModelRuntime) -> None:
+        super().__init__(training, runtime)
+        self.training = training
+
+    def predictions_waiting(self) -> bool:
+        board = self.training.board
+        return board is not None and board.busy(self.runtime.name)
+
+
+def run_training(settings: Settings, slot: TrainingSlot) -> int:
+    """Run the training process until SIGTERM or SIGINT; its exit status."""
+    runtime = TrainingRuntime(settings, slot)
+    stopping = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("%s: stopping the training process", signal.Signals(signum).name)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        runtime.preflight()
+    except StorageLocked as exc:
+        runtime.stop()
+        print(f"livefit: {exc}", file=sys.stderr)
+        return 2
+    try:
+        runtime.start()
+    except Exception:
+        log.exception("the training process could not start")
+        return 1
+    metrics = WorkerMetrics(runtime.metrics.registry, TRAINING, (), slot.directory)
+    metrics.start()
+    log.info("training process ready: %s", ", ".join(runtime.models))
+    try:
+        while not stopping.wait(STATUS_INTERVAL_S):
+            runtime.send_status()
+    finally:
+        metrics.stop()
+        runtime.stop()
+    return 0

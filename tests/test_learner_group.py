@@ -1,0 +1,209 @@
+"""``livefit serve --workers 2``: a training process and two serving processes behind one port,
+as real processes with a real mosquitto, attacked as README's guarantees say they hold.
+
+- Every sample trains once in the training process; both serving processes serve its versions
+  (fed over the local socket, verified with the learner's key); one ``/metrics`` answers for the
+  three processes and the dashboard reads the group's figures.
+- SIGKILL of each process kind: a serving process comes back while the other serves; the
+  training process comes back, the serving processes keep answering with the weights they hold
+  and readiness says the training side is down meanwhile; no acknowledged sample is lost.
+- SIGTERM stops the training process first (every accepted sample trained and checkpointed)
+  and the group exits 0; a SIGKILLed parent takes every process with it.
+- A second split learner on the same storage exits 2 before any serving process starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
+from tests.test_replica_workers import children_of, per_worker, predict_on_new_connections
+from tests.test_weight_stream import config, publish_samples
+
+pytestmark = pytest.mark.e2e
+WORKERS = "[http]\nworkers = 2\n"
+
+
+def split_config(broker: Mosquitto, storage: Path) -> str:
+    return WORKERS + config(broker, storage)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
+    mosquitto = Mosquitto(tmp_path_factory.mktemp("group-broker")).start()
+    try:
+        yield mosquitto
+    finally:
+        mosquitto.stop()
+
+
+def trained(learner: LivefitProcess) -> float:
+    return learner.metric("livefit_train_samples_total", model="demo", worker="training")
+
+
+def wait_trained(learner: LivefitProcess, count: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while (seen := trained(learner)) < count:
+        assert time.monotonic() < deadline, f"trained {seen} of {count}:\n{learner.tail(40)}"
+        time.sleep(0.2)
+    assert seen == count, f"trained {seen}, published {count}"
+
+
+def wait_both_serve(learner: LivefitProcess, timeout: float = 30) -> int:
+    """The model version both serving processes serve once they caught up; returns it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        version = learner.metric("livefit_model_version", model="demo", worker="training")
+        served = per_worker(learner, "livefit_serving_version", model="demo")
+        if version > 0 and served.get("0") == version and served.get("1") == version:
+            return int(version)
+        assert time.monotonic() < deadline, f"{served} != {version}:\n{learner.tail(40)}"
+        time.sleep(0.1)
+
+
+def processes(learner: LivefitProcess) -> list[int]:
+    assert learner.process is not None
+    return children_of(learner.process.pid)
+
+
+def test_the_training_process_feeds_both_serving_processes(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    with LivefitProcess(split_config(broker, tmp_path / "data"), tmp_path).start() as learner:
+        assert len(processes(learner)) == 3  # training and two serving processes
+        publish_samples(broker, 2000)
+        wait_trained(learner, 2000)
+        version = wait_both_serve(learner)
+        codes = predict_on_new_connections(learner, 20)
+        assert codes == [200] * 20
+        answered = per_worker(learner, "livefit_predict_requests_total", model="demo", code="200")
+        assert sum(answered.values()) >= 20 and set(answered) >= {"0", "1"}, answered
+        stats = httpx.get(f"{learner.url}/api/stats", timeout=10).json()["models"]["demo"]
+        assert stats["train_samples_total"] == 2000  # the training process's figure
+        assert stats["model_version"] >= version
+        assert stats["predict_requests_total"] >= 20  # summed over the serving processes
+        assert per_worker(learner, "livefit_workers_unreachable") in ({"0": 0.0}, {"1": 0.0})
+        # the weight download (replicas' pulls) answers from a serving process
+        weights = httpx.get(f"{learner.url}/v1/models/demo/weights", timeout=10)
+        assert weights.status_code == 200 and len(weights.content) > 100
+        log = learner.log.read_text()
+        assert "[training]" in log and "[worker 0]" in log and "[worker 1]" in log
+
+
+def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_path: Path) -> None:
+    with LivefitProcess(split_config(broker, tmp_path / "data"), tmp_path).start() as learner:
+        publish_samples(broker, 1000)
+        wait_trained(learner, 1000)
+        wait_both_serve(learner)
+        training_pid = _training_pid(learner)
+        serving = [pid for pid in processes(learner) if pid != training_pid]
+
+        # a serving process: started again while the other answers
+        os.kill(serving[0], signal.SIGKILL)
+        codes = predict_on_new_connections(learner, 10)
+        assert codes.count(200) >= 5, codes
+        _wait(lambda: len(processes(learner)) == 3 and serving[0] not in processes(learner))
+        wait_both_serve(learner, timeout=60)
+
+        # the training process: the serving processes keep answering with what they hold,
+        # readiness says why it is not ready, and the restarted one trains on
+        os.kill(training_pid, signal.SIGKILL)
+        _wait(lambda: _ready_problems(learner) != [], timeout=10)
+        assert any("training" in p for p in _ready_problems(learner)), _ready_problems(learner)
+        assert predict_on_new_connections(learner, 4) == [200] * 4
+        publish_samples(broker, 1000, seed=1)  # while the training process is down or starting
+        _wait(lambda: _training_pid(learner) not in (None, training_pid), timeout=30)
+        wait_trained(learner, 2000, timeout=120)  # restored 1000 (checkpoint + log) + 1000 new
+        _wait(lambda: _ready_problems(learner) == [], timeout=60)
+        wait_both_serve(learner, timeout=60)
+        log = learner.log.read_text()
+        assert "training process exited with status -9; starting it again" in log
+        assert "serving worker" in log and "exited with status -9; starting it again" in log
+
+
+def test_sigterm_trains_what_was_accepted_then_stops_serving(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    storage = tmp_path / "data"
+    learner = LivefitProcess(split_config(broker, storage), tmp_path / "a").start()
+    pids = processes(learner)
+    publish_samples(broker, 3000)
+    assert learner.stop(signal.SIGTERM, timeout=90) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    log = learner.log.read_text()
+    # in order: the training process's last checkpoint, then the serving processes stopped
+    checkpoint = log.rindex("[training] livefit.server.training.trainer: checkpoint demo")
+    assert checkpoint < log.index("[worker 0] uvicorn.error: Shutting down")
+    # nothing left to replay: whatever the broker handed over was trained and checkpointed
+    again = LivefitProcess(config(broker, storage), tmp_path / "b").start()
+    try:
+        seen = again.metric("livefit_model_samples", model="demo")
+        replayed = again.metric("livefit_wal_replayed_samples_total", model="demo")
+        assert replayed == 0 and seen > 0, (seen, replayed)
+        wait = time.monotonic() + 90
+        while again.metric("livefit_model_samples", model="demo") < 3000:
+            assert time.monotonic() < wait, again.tail(30)  # the rest, redelivered by the broker
+            time.sleep(0.2)
+        assert again.metric("livefit_model_samples", model="demo") == 3000
+    finally:
+        again.stop()
+
+
+def test_a_killed_parent_takes_every_process(broker: Mosquitto, tmp_path: Path) -> None:
+    learner = LivefitProcess(split_config(broker, tmp_path / "data"), tmp_path).start()
+    pids = processes(learner)
+    assert len(pids) == 3
+    assert learner.stop(signal.SIGKILL, timeout=30) == -signal.SIGKILL
+    _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=10)
+
+
+def test_a_second_learner_on_the_same_storage_exits_before_serving(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    text = split_config(broker, tmp_path / "data")
+    with LivefitProcess(text, tmp_path / "first").start() as first:
+        (tmp_path / "second.toml").write_text(text)
+        done = subprocess.run(
+            [sys.executable, "-m", "livefit", "serve", "--config", str(tmp_path / "second.toml"),
+             "--port", str(free_port())],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert "livefit.lock" in done.stderr or "in use" in done.stderr, done.stderr[-3000:]
+        assert "serving worker 0 started" not in done.stderr  # nothing served, nothing connected
+        assert predict_on_new_connections(first, 3) == [200] * 3
+
+
+def _training_pid(learner: LivefitProcess) -> int | None:
+    for pid in processes(learner):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if b"LIVEFIT_TRAINING_DIR=" in environ:
+            return pid
+    return None
+
+
+def _ready_problems(learner: LivefitProcess) -> list[str]:
+    try:
+        response = httpx.get(f"{learner.url}/v2/health/ready", timeout=5)
+    except httpx.TransportError:
+        return ["unreachable"]
+    return list(response.json().get("problems", [])) if response.status_code != 200 else []
+
+
+def _wait(condition, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
