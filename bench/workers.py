@@ -1,9 +1,13 @@
-"""Benchmark, serving workers: ``livefit replica --workers 1`` and ``--workers 2`` against an
-HTTP ceiling with the same number of worker processes.
+"""Benchmark, serving workers: ``livefit replica --workers N`` and the split learner
+``livefit serve --workers N`` (N = 1, 2) against an HTTP ceiling with as many serving
+processes; the learner in one process (``--workers 0``, the default) beside them.
 
-One learner (the shared fleet's, model ``mlp``) publishes its weights; two replica groups
-follow it, one with one worker and one with two, each group a parent that binds the port and
-supervises its workers (``server/processes/workers.py``). The ceiling is the serving benchmark's: a
+One learner (the shared fleet's, model ``mlp``) publishes its weights; replica groups follow
+it, each group a parent that binds the port and supervises its workers
+(``server/processes/workers.py``). Each split learner (``server/processes/learner_group.py``:
+a training process and N serving processes fed over a local socket) and the one-process
+learner run the same model on their own mosquitto and storage, idle (no samples arrive: what
+is measured is the serving path). The ceiling is the serving benchmark's: a
 FastAPI endpoint on the same uvicorn stack that reads the body and answers a constant response
 of livefit's size, run as one or two processes sharing one socket the same way. The load is
 the serving benchmark's (N keep-alive connections, closed loop, the one-row TF Serving body,
@@ -14,6 +18,7 @@ and a ratio pairing the runs of one round. The load generator runs on the same c
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +31,7 @@ from bench.load import LoadResult, run_load
 from bench.models import MLP
 from bench.procs import http_server, livefit_server
 from bench.serving import rotate
-from livefit.server.processes.local_processes import HttpProcess, free_port, running
+from livefit.server.processes.local_processes import HttpProcess, Mosquitto, free_port, running
 
 TARGETS = {64: 0.7, 1: 0.5}  # livefit ÷ ceiling (req/s) at this many clients (issue #18)
 
@@ -36,11 +41,13 @@ def run(ctx: Context) -> BenchResult:
     rounds, duration = ctx.sizes["rounds"], ctx.sizes["duration"]
     result = BenchResult(
         name="workers",
-        title="Serving workers: replica --workers 1 and 2 against the HTTP ceiling",
+        title="Serving workers: replica and learner --workers N against the HTTP ceiling",
         what=__doc__.split("\n", 2)[2].strip(),
         sides={
             "livefit replica --workers N": "N serving processes behind one port, each a whole "
             "replica of the learner's mlp, default settings",
+            "livefit serve --workers N": "the learner of the same mlp: N >= 1, a training "
+            "process and N serving processes; 0, one process (the default); idle",
             "HTTP ceiling, N processes": "constant response of livefit's size, FastAPI on the "
             "same uvicorn stack, N processes sharing one socket, no model",
         },
@@ -57,6 +64,8 @@ def run(ctx: Context) -> BenchResult:
     for n in clients:
         for w in workers:
             result.rows.append(_row(n, w, runs))
+        for w in (0, *workers):
+            result.rows.append(_row(n, w, runs, "learner"))
     result.extra["runs"] = {k: [r.to_json() for r in v] for k, v in runs.items()}
     broken = sum(r.socket_errors for k, v in runs.items() if "livefit" in k for r in v)
     result.check("livefit: no socket error", broken == 0, f"{broken} errors")
@@ -89,14 +98,18 @@ def _measure(
 
 @contextmanager
 def _servers(ctx: Context, config: Path, workers: list[int]) -> Iterator[dict[str, HttpProcess]]:
-    """A replica group and a ceiling per worker count, started and ready; the ceilings answer
-    the bytes livefit answers."""
+    """A replica group, a split learner and a ceiling per worker count, and a one-process
+    learner, started and ready; the ceilings answer the bytes livefit answers."""
     work = ctx.workdir / "workers"
     work.mkdir(parents=True, exist_ok=True)
     groups: dict[str, HttpProcess] = {}
+    brokers = [Mosquitto(work / f"broker-{w}") for w in (0, *workers)]
     for w in workers:
         text = config.read_text().replace("[storage]", f"[http]\nworkers = {w}\n\n[storage]", 1)
         groups[f"livefit/{w}"] = livefit_server(f"replica-w{w}", text, work, command="replica")
+    for w, broker in zip((0, *workers), brokers, strict=True):
+        text = _own_learner(config.read_text(), broker, work / f"learner-{w}", w)
+        groups[f"learner/{w}"] = livefit_server(f"learner-w{w}", text, work)
     ceilings: dict[str, HttpProcess] = {}
     for w in workers:
         port = free_port()
@@ -105,7 +118,9 @@ def _servers(ctx: Context, config: Path, workers: list[int]) -> Iterator[dict[st
                 str(work / "constant.json"), "--workers", str(w)]  # fmt: skip
         ceilings[f"ceiling/{w}"] = http_server(f"ceiling-w{w}", argv, work, port, "/health")
     ctx.step(f"starting replica groups and HTTP ceilings with {workers} workers")
-    with running(*groups.values(), *ceilings.values()):
+    with running(*brokers, *groups.values(), *ceilings.values()):
+        for broker in brokers:
+            broker.start()
         for group in groups.values():
             group.start(ready_timeout_s=None)
         for group in groups.values():
@@ -120,9 +135,20 @@ def _servers(ctx: Context, config: Path, workers: list[int]) -> Iterator[dict[st
         yield {**groups, **ceilings}
 
 
-def _row(n: int, w: int, runs: dict[str, list[LoadResult]]) -> Row:
-    mine, ceiling = runs[f"{n}/livefit/{w}"], runs[f"{n}/ceiling/{w}"]
-    row = Row(case={"clients": n, "workers": w})
+def _own_learner(text: str, broker: Mosquitto, storage: Path, workers: int) -> str:
+    """The fleet learner's config on ``broker`` and ``storage``, with ``workers``."""
+    text = re.sub(r'(?m)^url = ".*"$', f'url = "{broker.url}"', text, count=1)
+    text = re.sub(r'(?m)^dir = ".*"$', f'dir = "{storage}"', text, count=1)
+    text = re.sub(r'(?m)^client_id = "(.*)"$', rf'client_id = "\1-split{workers}"', text, count=1)
+    return text.replace("[storage]", f"[http]\nworkers = {workers}\n\n[storage]", 1)
+
+
+def _row(n: int, w: int, runs: dict[str, list[LoadResult]], side: str = "livefit") -> Row:
+    """``side`` ("livefit": the replica group, "learner": the split learner, 0 workers: the
+    one-process learner) against the ceiling with as many serving processes."""
+    mine, ceiling = runs[f"{n}/{side}/{w}"], runs[f"{n}/ceiling/{max(w, 1)}"]
+    kind = {"livefit": "replica", "learner": "serve"}[side]
+    row = Row(case={"clients": n, "command": f"{kind} --workers {w}"})
     row.figures["livefit req/s"] = Spread.of([r.ok_rps for r in mine], "req/s")
     row.figures["ceiling req/s"] = Spread.of([r.ok_rps for r in ceiling], "req/s")
     row.figures["livefit p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
@@ -137,7 +163,7 @@ def _row(n: int, w: int, runs: dict[str, list[LoadResult]]) -> Row:
 
 BENCHMARK = Benchmark(
     name="workers",
-    summary="replica --workers 1 and 2 against an HTTP ceiling with as many processes",
+    summary="replica and split learner --workers 1 and 2 against an HTTP ceiling",
     run=run,
     sizes=Sizes(
         quick={"workers": (1, 2), "clients": [64], "rounds": 1, "duration": 1.0},
