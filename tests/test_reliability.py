@@ -1,9 +1,17 @@
 """Real failures, bounded in time: a learner killed with SIGKILL, a broker restarted, a corrupt
 checkpoint. Nothing a publisher had acknowledged may be lost, and versions never go backwards.
+
+Each test runs against both layouts of the learner: one process (the default) and split
+(``http.workers = 1``: a training process and a serving process under a parent). In the split
+layout SIGKILL goes to the parent (the whole learner dies), SIGSTOP to the training process
+(the one holding the MQTT session), and the training figures are read from its series
+(``worker="training"``) on the merged ``/metrics``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import signal
 import threading
@@ -21,12 +29,42 @@ pytestmark = pytest.mark.e2e
 MESSAGE_SAMPLES = 10
 
 
-def config(broker: Mosquitto, storage: Path, name: str) -> str:
+LAYOUTS = {"one process": "", "split": "[http]\nworkers = 1\n"}
+
+
+@pytest.fixture(params=list(LAYOUTS))
+def layout(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def config(broker: Mosquitto, storage: Path, name: str, layout: str) -> str:
     demo = model(
         lines="learning_rate = 0.01\ndedup = true", train="max_batch_size = 64",
         weights="publish_interval_s = 0.2", checkpoint="interval_s = 1.0",
     )  # fmt: skip
-    return learner_config(broker, storage, f"{name}-{broker.port}", demo)
+    return LAYOUTS[layout] + learner_config(broker, storage, f"{name}-{broker.port}", demo)
+
+
+def metric(server: LivefitProcess, name: str, **labels: str) -> float:
+    """A learner's sample: the one with exactly ``labels``, or a split learner's training
+    process's (``worker="training"``); 0.0 when neither exists yet."""
+    samples = server.metrics()
+    for found in (labels, {**labels, "worker": "training"}):
+        value = samples.get((name, tuple(sorted(found.items()))))
+        if value is not None:
+            return value
+    return 0.0
+
+
+def learner_pid(server: LivefitProcess) -> int:
+    """The process holding the MQTT session: the learner, or a split learner's training one."""
+    assert server.process is not None
+    for task in Path(f"/proc/{server.process.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            environ = Path(f"/proc/{child}/environ").read_bytes()
+            if b"LIVEFIT_TRAINING_DIR=" in environ:
+                return int(child)
+    return server.process.pid
 
 
 class StreamingPublisher(threading.Thread):
@@ -53,7 +91,7 @@ class StreamingPublisher(threading.Thread):
 
 
 def lineage(server: LivefitProcess) -> float:
-    return server.metric("livefit_model_samples", model="demo")
+    return metric(server, "livefit_model_samples", model="demo")
 
 
 def wait_trained(server: LivefitProcess, count: int, timeout: float = 120.0) -> float:
@@ -64,8 +102,10 @@ def wait_trained(server: LivefitProcess, count: int, timeout: float = 120.0) -> 
     return lineage(server)
 
 
-def test_sigkill_ten_times_loses_nothing(own_broker: Mosquitto, tmp_path: Path) -> None:
-    text = config(own_broker, tmp_path / "data", "sigkill")
+def test_sigkill_ten_times_loses_nothing(
+    own_broker: Mosquitto, tmp_path: Path, layout: str
+) -> None:
+    text = config(own_broker, tmp_path / "data", "sigkill", layout)
     rng = random.Random(5)
     publisher = StreamingPublisher(own_broker, count=12_000, rate=250)
     server = LivefitProcess(text, tmp_path).start()
@@ -74,10 +114,10 @@ def test_sigkill_ten_times_loses_nothing(own_broker: Mosquitto, tmp_path: Path) 
     try:
         for _ in range(10):
             time.sleep(rng.uniform(0.3, 2.5))
-            before = server.metric("livefit_model_version", model="demo")
+            before = metric(server, "livefit_model_version", model="demo")
             assert server.stop(signal.SIGKILL) == -signal.SIGKILL
             server = LivefitProcess(text, tmp_path).start()
-            versions.append((before, server.metric("livefit_model_version", model="demo")))
+            versions.append((before, metric(server, "livefit_model_version", model="demo")))
         publisher.join(120)
         assert publisher.error is None and publisher.stats is not None
         assert publisher.stats.samples == 12_000
@@ -92,8 +132,12 @@ def test_sigkill_ten_times_loses_nothing(own_broker: Mosquitto, tmp_path: Path) 
     assert 12_000 <= trained <= 12_000 + 10 * MESSAGE_SAMPLES, trained
 
 
-def test_broker_restarted_twice_loses_nothing(own_broker: Mosquitto, tmp_path: Path) -> None:
-    server = LivefitProcess(config(own_broker, tmp_path / "data", "outage"), tmp_path).start()
+def test_broker_restarted_twice_loses_nothing(
+    own_broker: Mosquitto, tmp_path: Path, layout: str
+) -> None:
+    server = LivefitProcess(
+        config(own_broker, tmp_path / "data", "outage", layout), tmp_path
+    ).start()
     publisher = StreamingPublisher(own_broker, count=20_000, rate=2500)
     publisher.start()
     try:
@@ -104,9 +148,9 @@ def test_broker_restarted_twice_loses_nothing(own_broker: Mosquitto, tmp_path: P
         assert publisher.error is None and publisher.stats is not None
         assert publisher.stats.samples == 20_000
         trained = wait_trained(server, 20_000)
-        assert server.metric("livefit_broker_connects_total") >= 3
-        assert server.metric("livefit_broker_disconnects_total") >= 2
-        duplicates = server.metric("livefit_ingest_duplicates_total", model="demo")
+        assert metric(server, "livefit_broker_connects_total") >= 3
+        assert metric(server, "livefit_broker_disconnects_total") >= 2
+        duplicates = metric(server, "livefit_ingest_duplicates_total", model="demo")
     finally:
         publisher.join(120)
         assert server.stop() == 0
@@ -115,8 +159,10 @@ def test_broker_restarted_twice_loses_nothing(own_broker: Mosquitto, tmp_path: P
     assert trained == 20_000, (trained, duplicates)
 
 
-def test_corrupt_newest_checkpoint_falls_back(own_broker: Mosquitto, tmp_path: Path) -> None:
-    text = config(own_broker, tmp_path / "data", "corrupt")
+def test_corrupt_newest_checkpoint_falls_back(
+    own_broker: Mosquitto, tmp_path: Path, layout: str
+) -> None:
+    text = config(own_broker, tmp_path / "data", "corrupt", layout)
     server = LivefitProcess(text, tmp_path).start()
     try:
         for count in (500, 1000):  # two checkpoints: one at 1 s, one at the clean stop
@@ -140,12 +186,12 @@ def test_corrupt_newest_checkpoint_falls_back(own_broker: Mosquitto, tmp_path: P
 
 
 def test_backpressure_slows_ingestion_and_drops_nothing(
-    own_broker: Mosquitto, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path, layout: str
 ) -> None:
     """A trainer slower than the stream: the queue stays within its capacity, the broker holds
     the rest, and every sample is trained."""
     text = (
-        config(own_broker, tmp_path / "data", "backpressure")
+        config(own_broker, tmp_path / "data", "backpressure", layout)
         .replace("max_batch_size = 64", "max_batch_size = 8\nqueue_capacity = 100")
         .replace(
             'builder = "linear"\ninput_shape = [8]',
@@ -162,7 +208,7 @@ def test_backpressure_slows_ingestion_and_drops_nothing(
     depths = []
     try:
         while publisher.is_alive() or lineage(server) < 6000:
-            depths.append(server.metric("livefit_queue_depth", model="demo"))
+            depths.append(metric(server, "livefit_queue_depth", model="demo"))
             if len(depths) > 600:
                 break
             time.sleep(0.05)
@@ -178,13 +224,13 @@ def test_backpressure_slows_ingestion_and_drops_nothing(
 
 
 def test_sigstop_of_learner_then_broker_loses_nothing(
-    own_broker: Mosquitto, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path, layout: str
 ) -> None:
     """A frozen learner (SIGSTOP past 1.5x its keepalive: the broker usually drops it and keeps
     its session's messages, or still holds the connection when it wakes up), then a frozen
     broker (publisher and learner both wait on it): after SIGCONT every acknowledged sample is
     trained, once, either way."""
-    text = config(own_broker, tmp_path / "data", "sigstop").replace(
+    text = config(own_broker, tmp_path / "data", "sigstop", layout).replace(
         "[storage]", "keepalive_s = 5\n[storage]"
     )
     server = LivefitProcess(text, tmp_path).start()
@@ -192,10 +238,11 @@ def test_sigstop_of_learner_then_broker_loses_nothing(
     publisher.start()
     try:
         time.sleep(1.0)
-        assert server.process is not None and own_broker.process is not None
-        server.process.send_signal(signal.SIGSTOP)
+        assert own_broker.process is not None
+        frozen = learner_pid(server)
+        os.kill(frozen, signal.SIGSTOP)
         time.sleep(10.0)  # mosquitto may drop it after 7.5 s
-        server.process.send_signal(signal.SIGCONT)
+        os.kill(frozen, signal.SIGCONT)
         time.sleep(1.0)
         own_broker.process.send_signal(signal.SIGSTOP)
         time.sleep(3.0)
@@ -204,12 +251,14 @@ def test_sigstop_of_learner_then_broker_loses_nothing(
         assert publisher.error is None and publisher.stats is not None
         assert publisher.stats.samples == 8_000
         trained = wait_trained(server, 8_000)
-        drops = server.metric("livefit_broker_disconnects_total")
+        drops = metric(server, "livefit_broker_disconnects_total")
     finally:
         publisher.join(120)
         for process in (server.process, own_broker.process):
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGCONT)
+        with contextlib.suppress(OSError, NameError):
+            os.kill(frozen, signal.SIGCONT)
         assert server.stop() == 0
     print(f"SIGSTOP of learner (10 s) and broker (3 s): 8,000 published, {trained:.0f} trained, "
           f"{drops:.0f} disconnects seen by the learner")  # fmt: skip
