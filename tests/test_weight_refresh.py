@@ -88,3 +88,51 @@ def test_idle_learner_re_signs_its_newest_snapshot(broker: Mosquitto) -> None:
     time.sleep(max(0.0, headers[0].signed_at + 1.05 - time.time()))
     late._process(received[0])
     assert outcomes[-1] == "expired"
+
+
+def test_the_topic_gets_at_most_one_snapshot_per_interval_and_the_last_on_stop(
+    broker: Mosquitto,
+) -> None:
+    """The trainer hands snapshots over every ``serve_interval_s`` (50 ms); the weight topic
+    gets the newest once per ``publish_interval_s`` and, on stop, the very last one."""
+    weights, key, metrics = Weights.of("linear"), SigningKey.generate(), Metrics()
+    received: list[bytes] = []
+    lock = threading.Lock()
+
+    def on_message(_c: object, _u: object, message: paho.MQTTMessage) -> None:
+        with lock:
+            received.append(bytes(message.payload))
+
+    topic = f"{TOPIC}/rate-{time.time_ns()}"
+    listener = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+    listener.on_message = on_message
+    listener.connect("127.0.0.1", broker.port)
+    listener.subscribe(topic, qos=1)
+    listener.loop_start()
+    settings = BrokerSettings.model_validate({"client_id": f"rate-{time.time_ns()}"})
+    connection = MqttConnection(parse_broker_url(broker.url), settings, metrics)
+    publisher = WeightPublisher(
+        "demo", topic, weights.names, weights.fingerprint, connection, metrics, WeightStore(2),
+        key, max_inline_bytes=1 << 20, publish_interval_s=0.5,
+    )  # fmt: skip
+    arrays = tuple(np.asarray(a) for a in weights.arrays)
+    offered = 0
+    try:
+        connection.start()
+        assert connection.wait_connected(10)
+        publisher.start()
+        started = time.monotonic()
+        while time.monotonic() - started < 1.2:  # 24 snapshots, 50 ms apart
+            offered += 1
+            publisher.offer(Snapshot("demo", offered, arrays, time.time(), offered, "e" * 32))
+            time.sleep(0.05)
+    finally:
+        publisher.stop()
+        connection.stop()
+        time.sleep(0.5)
+        listener.disconnect()
+        listener.loop_stop()
+    versions = [open_envelope(message).header.version for message in received]
+    # 1.2 s at one per 0.5 s: the first at once, one or two more, and the last on stop
+    assert 2 <= len(versions) <= 4, versions
+    assert versions == sorted(versions) and versions[-1] == offered, (versions, offered)

@@ -318,6 +318,7 @@ class LearnerRuntime(ProcessRuntime):
             max_inline_bytes=weights.max_inline_bytes,
             hmac_key=weights.key_bytes(),
             refresh_interval_s=weights.refresh_interval_s,
+            publish_interval_s=weights.publish_interval_s,
         )
         runtime.slot.subscribe(runtime.publisher.offer)
         if runtime.served is not None:

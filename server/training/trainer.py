@@ -1,9 +1,12 @@
 """One trainer thread per model: queue -> dynamic minibatch -> prequential score -> train step.
 
-The trainer owns its Keras model; no other thread touches it. Every ``publish_interval_s``
+The trainer owns its Keras model; no other thread touches it. Every ``serve_interval_s``
 (and only when the weights changed) it copies them into a ``Snapshot`` for everything
-downstream. Every ``checkpoint.interval_s`` it copies weights and optimizer state (the only
-pause, measured in ``livefit_checkpoint_stall_seconds``) and a background thread writes them.
+downstream: the learner's own serving swaps each one in, the weight topic's publisher sends
+at most one per ``publish_interval_s`` (the newest). The interval stretches to 20 times what
+the copy took, so copying a large model never takes more than about 5 % of the trainer's time.
+Every ``checkpoint.interval_s`` it copies weights and optimizer state (the only pause,
+measured in ``livefit_checkpoint_stall_seconds``) and a background thread writes them.
 On stop it trains what was already accepted, hands over a final snapshot and writes a final
 checkpoint. A step whose loss, gradients or new weights are not finite is rolled back.
 """
@@ -33,6 +36,7 @@ from livefit.server.training.update_policy import Learned, UpdatePolicy
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
 _GIVE_WAY_POLL_S = 0.0002
+_COPY_SHARE = 20.0  # a snapshot interval is at least this many times the copy it costs
 TRAINER_NICENESS = 5  # added to the trainer thread's OS niceness when it gives way to serving
 VERSION_BLOCK = 1000  # versions claimed on disk at a time (see _reserve_versions)
 
@@ -106,6 +110,7 @@ class Trainer:
         self._newest_published_at: float | None = None
         self._last_snapshot_at = 0.0
         self._snapshot_version = -1
+        self._copy_s = 0.0  # what the last snapshot's copy of the weights took
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.model = build_compiled(settings, device)
@@ -294,11 +299,12 @@ class Trainer:
 
     def _snapshot(self, force: bool = False) -> None:
         now = time.monotonic()
-        interval = self.settings.weights.publish_interval_s
+        interval = max(self.settings.weights.serve_interval_s, _COPY_SHARE * self._copy_s)
         if self.version == self._snapshot_version:
             return
         if not force and now - self._last_snapshot_at < interval:
             return
+        started = time.perf_counter()
         snapshot = Snapshot(
             model=self.name,
             version=self.version,
@@ -308,6 +314,7 @@ class Trainer:
             newest_published_at=self._newest_published_at,
             lineage=self.lineage,
         )
+        self._copy_s = time.perf_counter() - started
         self._last_snapshot_at = now
         self._snapshot_version = self.version
         self.slot.publish(snapshot)

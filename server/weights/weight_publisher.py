@@ -163,7 +163,10 @@ class WeightPublisher:
         max_inline_bytes: int,
         hmac_key: bytes | None = None,
         refresh_interval_s: float = 3600.0,
+        publish_interval_s: float = 0.0,
     ) -> None:
+        """Snapshots offered faster than ``publish_interval_s`` wait (only the newest): the
+        topic gets at most one per interval, and the last one always goes out on ``stop``."""
         self.model = model
         self.topic = topic
         self.names = names
@@ -176,8 +179,11 @@ class WeightPublisher:
         self.max_inline_bytes = max_inline_bytes
         self.refresh_interval_s = refresh_interval_s
         self.published_version: int | None = None
+        self.publish_interval_s = publish_interval_s
+        self._published_at = -float("inf")  # monotonic time of the last publish
+        self._stopping = False
         self._worker: LatestWorker[Snapshot] = LatestWorker(
-            f"weights-{model}", self._publish_safely, ready=connection.connected.is_set
+            f"weights-{model}", self._publish_safely, ready=self._due
         )
         self._last_info: Any = None
         self._send_lock = threading.Lock()
@@ -190,6 +196,12 @@ class WeightPublisher:
     def offer(self, snapshot: Snapshot) -> None:
         """Hand a new snapshot over (called from the trainer thread; returns at once)."""
         self._worker.offer(snapshot)
+
+    def _due(self) -> bool:
+        """Connected, and the interval since the last publish passed (or stopping)."""
+        if not self.connection.connected.is_set():
+            return False
+        return self._stopping or time.monotonic() - self._published_at >= self.publish_interval_s
 
     def start(self) -> None:
         self._worker.start()
@@ -204,6 +216,7 @@ class WeightPublisher:
         if self._refresher is not None:
             self._refresher.join(timeout)
             self._refresher = None
+        self._stopping = True
         self._worker.stop(timeout)
         if self._last_info is not None:
             try:
@@ -222,6 +235,7 @@ class WeightPublisher:
     def publish(self, snapshot: Snapshot) -> EncodedWeights:
         """Encode, keep and publish ``snapshot``; returns what was encoded."""
         started = time.perf_counter()
+        self._published_at = time.monotonic()
         encoded = self.encode(snapshot)
         self.store.add(encoded)
         kind = self._send(encoded)
