@@ -8,6 +8,7 @@ dict as a sub-table (``[models.<name>.train]``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,3 +49,13 @@ def toml_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return repr(value)
+
+
+def relocated(text: str, broker_url: str, storage: str, workers: int) -> str:
+    """``text`` (a config this module wrote) for another broker and storage directory, with
+    ``http.workers`` set and a client id of its own: the same models as another learner, run
+    beside it without sharing anything."""
+    text = re.sub(r'(?m)^url = ".*"$', f'url = "{broker_url}"', text, count=1)
+    text = re.sub(r'(?m)^dir = ".*"$', f'dir = "{storage}"', text, count=1)
+    text = re.sub(r'(?m)^client_id = "(.*)"$', rf'client_id = "\1-w{workers}"', text, count=1)
+    return text.replace("[storage]", f"[http]\nworkers = {workers}\n\n[storage]", 1)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import time
 from dataclasses import dataclass
 
@@ -33,8 +32,8 @@ import numpy as np
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.models import MLP, ModelSpec
-from bench.procs import livefit_server
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, running
+from bench.procs import own_learner
+from livefit.server.processes.local_processes import LivefitProcess, running
 
 MODEL = "fresh"
 
@@ -46,13 +45,8 @@ def run(ctx: Context) -> BenchResult:
         assert fleet.replica is not None
         target = _Target(fleet.learner, fleet.replica.url, {"model": MODEL})
         _measure(ctx, result, "learner + replica", target, fleet.broker.url, probes)
-        work = ctx.workdir / "split"
-        broker = Mosquitto(work / "broker")
         text = fleet.learner.config.read_text()
-        text = re.sub(r'(?m)^url = ".*"$', f'url = "{broker.url}"', text, count=1)
-        text = re.sub(r'(?m)^dir = ".*"$', f'dir = "{work / "data"}"', text, count=1)
-        text = text.replace("[storage]", "[http]\nworkers = 1\n\n[storage]", 1)
-        split = livefit_server("split-learner", text, work)
+        broker, split = own_learner(text, ctx.workdir / "split", "split-learner", 1)
         with running(broker, split):
             broker.start()
             split.start(ready_timeout_s=240)

@@ -11,14 +11,13 @@ The order alternates between rounds; the ratio pairs the two runs of a round.
 
 from __future__ import annotations
 
-import re
 import time
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP, ModelSpec
-from bench.procs import ToolProcess, livefit_server
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, running
+from bench.procs import ToolProcess, own_learner
+from livefit.server.processes.local_processes import LivefitProcess, running
 
 CLIENTS = 64
 MODEL = "busy"
@@ -30,13 +29,8 @@ def run(ctx: Context) -> BenchResult:
     result = _result(MLP, rounds, duration)
     with ctx.fleet(MODEL) as fleet:
         _measure(ctx, result, "serve", fleet.learner, fleet.broker.url, rounds, duration)
-        work = ctx.workdir / "split"
-        broker = Mosquitto(work / "broker")
         text = fleet.learner.config.read_text()
-        text = re.sub(r'(?m)^url = ".*"$', f'url = "{broker.url}"', text, count=1)
-        text = re.sub(r'(?m)^dir = ".*"$', f'dir = "{work / "data"}"', text, count=1)
-        text = text.replace("[storage]", "[http]\nworkers = 1\n\n[storage]", 1)
-        split = livefit_server("split-learner", text, work)
+        broker, split = own_learner(text, ctx.workdir / "split", "split-learner", 1)
         with running(broker, split):
             broker.start()
             split.start(ready_timeout_s=240)

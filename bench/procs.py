@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.config import relocated
 from bench.harness import REPO
 from livefit.server.processes import local_processes
 from livefit.server.processes.children import start_child
@@ -25,6 +26,7 @@ from livefit.server.processes.local_processes import (
     HttpProcess,
     LivefitProcess,
     LocalProcess,
+    Mosquitto,
     quiet_env,
 )
 
@@ -149,3 +151,14 @@ class ToolProcess(LocalProcess):
             self.reader.join()
             self.reader = None
         return code
+
+
+def own_learner(
+    config_text: str, workdir: Path, name: str, workers: int
+) -> tuple[Mosquitto, LivefitProcess]:
+    """A mosquitto and a learner (not started) of the models in ``config_text`` (another
+    learner's), on that broker and their own storage under ``workdir``, with ``http.workers``
+    ``workers`` (0: one process; N: a training process and N serving processes)."""
+    broker = Mosquitto(workdir / f"{name}-broker")
+    text = relocated(config_text, broker.url, str(workdir / f"{name}-data"), workers)
+    return broker, livefit_server(name, text, workdir)

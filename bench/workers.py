@@ -18,7 +18,6 @@ and a ratio pairing the runs of one round. The load generator runs on the same c
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,9 +28,9 @@ import httpx
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP
-from bench.procs import http_server, livefit_server
+from bench.procs import http_server, livefit_server, own_learner
 from bench.serving import rotate
-from livefit.server.processes.local_processes import HttpProcess, Mosquitto, free_port, running
+from livefit.server.processes.local_processes import HttpProcess, free_port, running
 
 TARGETS = {64: 0.7, 1: 0.5}  # livefit ÷ ceiling (req/s) at this many clients (issue #18)
 
@@ -103,13 +102,13 @@ def _servers(ctx: Context, config: Path, workers: list[int]) -> Iterator[dict[st
     work = ctx.workdir / "workers"
     work.mkdir(parents=True, exist_ok=True)
     groups: dict[str, HttpProcess] = {}
-    brokers = [Mosquitto(work / f"broker-{w}") for w in (0, *workers)]
+    brokers = []
     for w in workers:
         text = config.read_text().replace("[storage]", f"[http]\nworkers = {w}\n\n[storage]", 1)
         groups[f"livefit/{w}"] = livefit_server(f"replica-w{w}", text, work, command="replica")
-    for w, broker in zip((0, *workers), brokers, strict=True):
-        text = _own_learner(config.read_text(), broker, work / f"learner-{w}", w)
-        groups[f"learner/{w}"] = livefit_server(f"learner-w{w}", text, work)
+    for w in (0, *workers):
+        broker, groups[f"learner/{w}"] = own_learner(config.read_text(), work, f"learner-w{w}", w)
+        brokers.append(broker)
     ceilings: dict[str, HttpProcess] = {}
     for w in workers:
         port = free_port()
@@ -133,14 +132,6 @@ def _servers(ctx: Context, config: Path, workers: list[int]) -> Iterator[dict[st
         for ceiling in ceilings.values():
             ceiling.start(ready_timeout_s=120)
         yield {**groups, **ceilings}
-
-
-def _own_learner(text: str, broker: Mosquitto, storage: Path, workers: int) -> str:
-    """The fleet learner's config on ``broker`` and ``storage``, with ``workers``."""
-    text = re.sub(r'(?m)^url = ".*"$', f'url = "{broker.url}"', text, count=1)
-    text = re.sub(r'(?m)^dir = ".*"$', f'dir = "{storage}"', text, count=1)
-    text = re.sub(r'(?m)^client_id = "(.*)"$', rf'client_id = "\1-split{workers}"', text, count=1)
-    return text.replace("[storage]", f"[http]\nworkers = {workers}\n\n[storage]", 1)
 
 
 def _row(n: int, w: int, runs: dict[str, list[LoadResult]], side: str = "livefit") -> Row:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from typing import Any
 
 from livefit import __version__
 
@@ -88,15 +89,27 @@ def _settings(args: argparse.Namespace):
     return settings
 
 
+MAX_WORKERS = 64  # as http.workers allows
+
+
+def _apply_workers(args: argparse.Namespace, settings: Any, minimum: int) -> bool:
+    """``--workers`` into ``settings.http.workers``; False (message on stderr) when out of
+    ``minimum``..``MAX_WORKERS``."""
+    if args.workers is None:
+        return True
+    if not minimum <= args.workers <= MAX_WORKERS:
+        print(f"livefit: --workers must be {minimum} to {MAX_WORKERS}", file=sys.stderr)
+        return False
+    settings.http.workers = args.workers
+    return True
+
+
 def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings is None:
         return 2
-    if args.workers is not None:
-        if args.workers < 0:
-            print("livefit: --workers must be 0 or more", file=sys.stderr)
-            return 2
-        settings.http.workers = args.workers
+    if not _apply_workers(args, settings, minimum=0):
+        return 2
     from livefit.server.processes.learner_group import TrainingSlot, run_learner_group
     from livefit.server.processes.serve import run_server
     from livefit.server.processes.workers import WorkerSlot
@@ -130,11 +143,8 @@ def _replica(args: argparse.Namespace) -> int:
     from livefit.server.processes.serve import run_server
     from livefit.server.processes.workers import WorkerSlot, run_workers
 
-    if args.workers is not None:
-        if args.workers < 1:
-            print("livefit: --workers must be at least 1", file=sys.stderr)
-            return 2
-        settings.http.workers = args.workers
+    if not _apply_workers(args, settings, minimum=1):
+        return 2
     slot = WorkerSlot.from_env()
     if slot is not None:  # one of a worker group's processes
         instance = f"{socket.gethostname()}-{settings.http.port}-w{slot.index}"

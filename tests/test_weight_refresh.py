@@ -30,10 +30,10 @@ from tests.weight_envelopes import Weights
 TOPIC = "refresh/weights"
 
 
-def test_idle_learner_re_signs_its_newest_snapshot(broker: Mosquitto) -> None:
-    weights, key, metrics = Weights.of("linear"), SigningKey.generate(), Metrics()
-    received: list[bytes] = []
-    arrived = threading.Condition()
+def _listen(
+    broker: Mosquitto, topic: str, received: list[bytes], arrived: threading.Condition
+) -> paho.Client:
+    """A plain paho subscriber appending every message on ``topic`` to ``received``."""
 
     def on_message(_c: object, _u: object, message: paho.MQTTMessage) -> None:
         with arrived:
@@ -43,10 +43,22 @@ def test_idle_learner_re_signs_its_newest_snapshot(broker: Mosquitto) -> None:
     listener = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
     listener.on_message = on_message
     listener.connect("127.0.0.1", broker.port)
-    listener.subscribe(TOPIC, qos=1)
+    listener.subscribe(topic, qos=1)
     listener.loop_start()
+    return listener
+
+
+def _connection(broker: Mosquitto, metrics: Metrics) -> MqttConnection:
     settings = BrokerSettings.model_validate({"client_id": f"refresh-{time.time_ns()}"})
-    connection = MqttConnection(parse_broker_url(broker.url), settings, metrics)
+    return MqttConnection(parse_broker_url(broker.url), settings, metrics)
+
+
+def test_idle_learner_re_signs_its_newest_snapshot(broker: Mosquitto) -> None:
+    weights, key, metrics = Weights.of("linear"), SigningKey.generate(), Metrics()
+    received: list[bytes] = []
+    arrived = threading.Condition()
+    listener = _listen(broker, TOPIC, received, arrived)
+    connection = _connection(broker, metrics)
     publisher = WeightPublisher(
         "demo", TOPIC, weights.names, weights.fingerprint, connection, metrics, WeightStore(2),
         key, max_inline_bytes=1 << 20, refresh_interval_s=0.3,
@@ -97,20 +109,9 @@ def test_the_topic_gets_at_most_one_snapshot_per_interval_and_the_last_on_stop(
     gets the newest once per ``publish_interval_s`` and, on stop, the very last one."""
     weights, key, metrics = Weights.of("linear"), SigningKey.generate(), Metrics()
     received: list[bytes] = []
-    lock = threading.Lock()
-
-    def on_message(_c: object, _u: object, message: paho.MQTTMessage) -> None:
-        with lock:
-            received.append(bytes(message.payload))
-
     topic = f"{TOPIC}/rate-{time.time_ns()}"
-    listener = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
-    listener.on_message = on_message
-    listener.connect("127.0.0.1", broker.port)
-    listener.subscribe(topic, qos=1)
-    listener.loop_start()
-    settings = BrokerSettings.model_validate({"client_id": f"rate-{time.time_ns()}"})
-    connection = MqttConnection(parse_broker_url(broker.url), settings, metrics)
+    listener = _listen(broker, topic, received, threading.Condition())
+    connection = _connection(broker, metrics)
     publisher = WeightPublisher(
         "demo", topic, weights.names, weights.fingerprint, connection, metrics, WeightStore(2),
         key, max_inline_bytes=1 << 20, publish_interval_s=0.5,

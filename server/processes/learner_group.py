@@ -30,7 +30,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from livefit.server.processes.workers import (
     GroupMember,
     WorkerGroup,
     restarts_in_window,
+    run_group,
 )
 from livefit.server.weights.local_feed import FEED_FILE
 
@@ -88,6 +88,9 @@ class LearnerGroup(WorkerGroup):
         self.slot = TrainingSlot(self.directory, count)
         self.board = self.slot.board(models, create=True)
         self.training = GroupMember(self.workers[0].slot)  # its slot is unused: only the record
+
+    def close(self) -> None:
+        self.board.close()
 
     def _start_training(self) -> None:
         self.slot.ready_marker().unlink(missing_ok=True)
@@ -143,30 +146,9 @@ class LearnerGroup(WorkerGroup):
         return max(super()._stop(), 0 if clean else 1)
 
 
-def run_learner_group(argv: Sequence[str], count: int, host: str, port: int,
-                      models: Sequence[str]) -> int:  # fmt: skip
+def run_learner_group(
+    argv: Sequence[str], count: int, host: str, port: int, models: Sequence[str]
+) -> int:
     """Bind ``host:port``, run the split learner until SIGINT or SIGTERM; its exit status."""
-    from livefit.server.processes.serve import StartupError, bind_socket
-
-    try:
-        sock = bind_socket(host, port)
-    except StartupError as exc:
-        print(f"livefit: {exc}", file=sys.stderr)
-        return 2
-    group = LearnerGroup(argv, count, sock, models)
-    bound = sock.getsockname()
-    log.info("learner on %s:%d: one training process and %d serving processes",
-             bound[0], bound[1], count)  # fmt: skip
-
-    def stop(signum: int, _frame: object) -> None:
-        log.info("%s: stopping the learner (training first, then serving)",
-                 signal.Signals(signum).name)  # fmt: skip
-        group.stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        return group.run()
-    finally:
-        group.board.close()
-        sock.close()
+    describe = f"the learner (a training process and {count} serving processes)"
+    return run_group(lambda sock: LearnerGroup(argv, count, sock, models), host, port, describe)

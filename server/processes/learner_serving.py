@@ -18,8 +18,6 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from livefit.models import weight_names
-from livefit.server.api.auth import TokenGuard
 from livefit.server.config import Settings
 from livefit.server.inference.busy_board import BusyBoard
 from livefit.server.labels.recorder import recorder_for
@@ -29,7 +27,6 @@ from livefit.server.processes.learner_group import TrainingSlot
 from livefit.server.processes.replica import ReplicaModel, ReplicaRuntime
 from livefit.server.processes.workers import WorkerSlot
 from livefit.server.weights.local_feed import LocalWeightSource
-from livefit.server.weights.weight_format import architecture_fingerprint
 from livefit.server.weights.weight_keys import Authenticator
 from livefit.server.weights.weight_verifier import WeightVerifier
 
@@ -98,22 +95,8 @@ class LearnerServingRuntime(ReplicaRuntime):
             )  # fmt: skip
 
     def _verifier(self, replica_model: ReplicaModel, auth: Authenticator) -> WeightVerifier:
-        name = replica_model.name
-        model = replica_model.served.serving.model
-        names = weight_names(model)
-        counter = self.metrics.weights_received
-        weights = replica_model.settings.weights
-        return WeightVerifier(
-            name,
-            self.settings.weights_topic(name),
-            architecture_fingerprint(names, model.get_weights()),
-            lambda received: self._received(replica_model, received),
-            auth,
-            on_outcome=lambda outcome: counter.labels(model=name, outcome=outcome).inc(),
-            pull_headers=TokenGuard(self.settings.http.token_bytes()).headers(),
-            max_pull_bytes=weights.max_pull_bytes,
-            max_age_s=weights.max_age_s,
-        )
+        """The replica's verification, fed by the local feed (nothing is ever pulled)."""
+        return WeightVerifier(**self._verification(replica_model, auth))
 
     def _training_status(self, status: dict[str, object]) -> None:
         problems = status.get("problems")

@@ -15,6 +15,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -128,29 +129,36 @@ class ReplicaRuntime(ProcessRuntime):
         self, replica_model: ReplicaModel, address: BrokerAddress, broker: BrokerSettings,
         auth: Authenticator,
     ) -> WeightReceiver:  # fmt: skip
+        weights = replica_model.settings.weights
+        return WeightReceiver(
+            address,
+            **self._verification(replica_model, auth),
+            broker=broker,
+            client_id=f"{broker.client_id}-replica-{self.instance}-{replica_model.name}",
+            # Pulls go to the learner this replica is configured for, never to a URL a message
+            # names; the bearer token goes only there.
+            pull_url=weights.pull_url or self.settings.http.public_url,
+            pull_timeout_s=weights.pull_timeout_s,
+        )
+
+    def _verification(self, replica_model: ReplicaModel, auth: Authenticator) -> dict[str, Any]:
+        """What a verifier of ``replica_model``'s weights needs, whatever carries them."""
         name = replica_model.name
         model = replica_model.served.serving.model
         names = weight_names(model)
         counter = self.metrics.weights_received
         weights = replica_model.settings.weights
-        return WeightReceiver(
-            address=address,
-            model=name,
-            topic=self.settings.weights_topic(name),
-            fingerprint=architecture_fingerprint(names, model.get_weights()),
-            on_weights=lambda received: self._received(replica_model, received),
-            auth=auth,
-            on_outcome=lambda outcome: counter.labels(model=name, outcome=outcome).inc(),
-            broker=broker,
-            client_id=f"{broker.client_id}-replica-{self.instance}-{name}",
-            # Pulls go to the learner this replica is configured for, never to a URL a message
-            # names; the bearer token goes only there.
-            pull_url=weights.pull_url or self.settings.http.public_url,
-            pull_timeout_s=weights.pull_timeout_s,
-            pull_headers=TokenGuard(self.settings.http.token_bytes()).headers(),
-            max_pull_bytes=weights.max_pull_bytes,
-            max_age_s=weights.max_age_s,
-        )
+        return {
+            "model": name,
+            "topic": self.settings.weights_topic(name),
+            "fingerprint": architecture_fingerprint(names, model.get_weights()),
+            "on_weights": lambda received: self._received(replica_model, received),
+            "auth": auth,
+            "on_outcome": lambda outcome: counter.labels(model=name, outcome=outcome).inc(),
+            "pull_headers": TokenGuard(self.settings.http.token_bytes()).headers(),
+            "max_pull_bytes": weights.max_pull_bytes,
+            "max_age_s": weights.max_age_s,
+        }
 
     def _received(self, replica_model: ReplicaModel, received: ReceivedWeights) -> None:
         meta = received.meta

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,6 +143,9 @@ class WorkerGroup:
             self._stop()
             shutil.rmtree(self.directory, ignore_errors=True)
 
+    def close(self) -> None:
+        """Release what the group holds beside its processes (nothing here)."""
+
     def _start_all(self) -> int | None:
         """Start every process of the group; an exit status when the group cannot start."""
         for worker in self.workers:
@@ -184,6 +187,16 @@ class WorkerGroup:
 
 def run_workers(argv: Sequence[str], count: int, host: str, port: int) -> int:
     """Bind ``host:port``, run ``count`` workers of ``argv`` until SIGINT or SIGTERM."""
+    return run_group(
+        lambda sock: WorkerGroup(argv, count, sock), host, port, f"{count} serving workers"
+    )
+
+
+def run_group(
+    make: Callable[[socket.socket], WorkerGroup], host: str, port: int, describe: str
+) -> int:
+    """Bind ``host:port`` (status 2 at once when taken), run the group ``make`` builds on that
+    socket until SIGINT or SIGTERM; the group's exit status. ``describe`` names it in logs."""
     from livefit.server.processes.serve import StartupError, bind_socket
 
     try:
@@ -191,12 +204,12 @@ def run_workers(argv: Sequence[str], count: int, host: str, port: int) -> int:
     except StartupError as exc:
         print(f"livefit: {exc}", file=sys.stderr)
         return 2
-    group = WorkerGroup(argv, count, sock)
+    group = make(sock)
     bound = sock.getsockname()
-    log.info("%d serving workers on %s:%d", count, bound[0], bound[1])
+    log.info("%s on %s:%d", describe, bound[0], bound[1])
 
     def stop(signum: int, _frame: object) -> None:
-        log.info("%s: stopping %d serving workers", signal.Signals(signum).name, count)
+        log.info("%s: stopping %s", signal.Signals(signum).name, describe)
         group.stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
@@ -204,4 +217,5 @@ def run_workers(argv: Sequence[str], count: int, host: str, port: int) -> int:
     try:
         return group.run()
     finally:
+        group.close()
         sock.close()
