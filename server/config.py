@@ -253,7 +253,7 @@ class WeightsSettings(_Section):
     # learner's own serving (in its process, or its serving processes) one per
     # serve_interval_s, stretched to 20x the time a snapshot's copy takes (server/training).
     publish_interval_s: float = Field(0.5, gt=0, le=3600)
-    serve_interval_s: float = Field(0.05, gt=0, le=3600)
+    serve_interval_s: float = Field(0.15, gt=0, le=3600)
     topic: str | None = None
     # Learner: Ed25519 private key (PEM, or raw/base64/hex seed); default
     # <storage.dir>/keys/weights-signing.key, created on first start.
