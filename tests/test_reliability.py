@@ -1,8 +1,9 @@
 """Real failures, bounded in time: a learner killed with SIGKILL, a broker restarted, a corrupt
 checkpoint. Nothing a publisher had acknowledged may be lost, and versions never go backwards.
 
-Each test runs against both layouts of the learner: one process (the default) and split
-(``http.workers = 1``: a training process and a serving process under a parent). In the split
+Each test runs against both layouts of the learner: one process (the default) here, and split
+(``http.workers = 1``: a training process and a serving process under a parent) in
+``test_reliability_split.py``. In the split
 layout SIGKILL goes to the parent (the whole learner dies), SIGSTOP to the training process
 (the one holding the MQTT session), and the training figures are read from its series
 (``worker="training"``) on the merged ``/metrics``.
@@ -36,9 +37,11 @@ LAYOUTS = {"one process": "", "split": "[http]\nworkers = 1\n"}
 KILLS = {"one process": 10, "split": 4}
 
 
-@pytest.fixture(params=list(LAYOUTS))
-def layout(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+@pytest.fixture
+def layout() -> str:
+    """The one-process learner here; ``test_reliability_split.py`` runs these tests again with
+    the split learner (a file of its own, so the two halves run on different test workers)."""
+    return "one process"
 
 
 def config(broker: Mosquitto, storage: Path, name: str, layout: str) -> str:
