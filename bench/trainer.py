@@ -27,7 +27,8 @@ from bench.models import MLP, ModelSpec
 CHUNKS = (1, 100)
 SIDES = {
     "livefit": "`Trainer` + `SampleQueue` (default settings: prequential scoring, metrics, "
-    "snapshot every 0.5 s), `train.max_batch_size` = the batch size, `max_wait_ms` = 0",
+    "a snapshot every 0.15 s: `weights.serve_interval_s`), `train.max_batch_size` = the batch "
+    "size, `max_wait_ms` = 0",
     "raw step": "`tf.function` (fixed input signature) of forward, `GradientTape` and "
     "`optimizer.apply` on pre-built tensors of the batch size: the hardware limit",
     "per-message": "`model.train_on_batch(x[i:i+1], y[i:i+1])` per sample (compiled Keras model)",

@@ -207,3 +207,18 @@ def _wait(condition, timeout: float = 60) -> None:  # type: ignore[no-untyped-de
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.1)
+
+
+@pytest.mark.parametrize("workers", ["-1", "65"])
+def test_workers_out_of_range_are_refused_before_anything_starts(
+    tmp_path: Path, workers: str
+) -> None:
+    (tmp_path / "c.toml").write_text("[models.demo]\ninput_shape = [8]\noutput_shape = [1]\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "livefit", "serve", "--config", str(tmp_path / "c.toml"),
+         "--workers", workers, "--port", str(free_port())],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--workers must be 0 to 64" in done.stderr
+    assert not (tmp_path / "livefit-data").exists()

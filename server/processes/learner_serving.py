@@ -54,8 +54,7 @@ class LearnerServingRuntime(ReplicaRuntime):
         self._status_at = time.monotonic()
 
     def _start(self) -> None:
-        for name, model_settings in self.settings.models.items():
-            self.models[name] = self._build(name, model_settings)
+        self._build_models()  # GPU memory grown as needed: the training process shares it
         auth = self._authenticators()
         self.board = self.training.board(list(self.models))
         self.board.claim(self.slot.index)

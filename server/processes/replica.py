@@ -67,10 +67,7 @@ class ReplicaRuntime(ProcessRuntime):
         self._version_logs: dict[str, VersionLog] = {}
 
     def _start(self) -> None:
-        enable_gpu_memory_growth()
-        self.metrics.watch_gpus()
-        for name, model_settings in self.settings.models.items():
-            self.models[name] = self._build(name, model_settings)
+        self._build_models()
         auth = self._authenticators()  # a missing key fails here, before any connection
         storage = Path(self.settings.storage.dir)
         address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
@@ -91,6 +88,14 @@ class ReplicaRuntime(ProcessRuntime):
             if not replica_model.receiver.connected.wait(max(0.0, deadline - time.monotonic())):
                 log.warning("replica not connected to %s yet; retrying in the background", address)
                 break
+
+    def _build_models(self) -> None:
+        """Every configured model, built and warmed (GPU memory grown as needed, not taken
+        whole: a learner or other processes may share the GPU)."""
+        enable_gpu_memory_growth()
+        self.metrics.watch_gpus()
+        for name, model_settings in self.settings.models.items():
+            self.models[name] = self._build(name, model_settings)
 
     def _build(self, name: str, settings: ModelSettings) -> ReplicaModel:
         device = resolve_device(settings.device)

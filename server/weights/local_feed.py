@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from livefit.server.snapshot import Snapshot
 from livefit.server.weights.weight_publisher import WeightPublisher
@@ -101,6 +102,7 @@ class LocalWeightFeed:
         self._connections: set[_Connection] = set()
         self._lock = threading.Lock()
         self._server: socket.socket | None = None
+        self._acceptor: threading.Thread | None = None
         self._stopping = threading.Event()
 
     def start(self) -> None:
@@ -113,7 +115,10 @@ class LocalWeightFeed:
         server.listen(64)
         os.replace(tmp, self.path)  # whole and listening, or absent
         self._server = server
-        threading.Thread(target=self._accept, name="local-weights-accept", daemon=True).start()
+        self._acceptor = threading.Thread(
+            target=self._accept, name="local-weights-accept", daemon=True
+        )
+        self._acceptor.start()
 
     def _accept(self) -> None:
         assert self._server is not None
@@ -147,8 +152,13 @@ class LocalWeightFeed:
         self._stopping.set()
         if self._server is not None:
             with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)  # wakes accept(); close alone does not
+            with contextlib.suppress(OSError):
                 self._server.close()
             self._server = None
+        if self._acceptor is not None:
+            self._acceptor.join(timeout)
+            self._acceptor = None
         self.path.unlink(missing_ok=True)
         with self._lock:
             connections = list(self._connections)
@@ -257,8 +267,11 @@ class LocalWeightSource:
                     self._sock = sock
                     self.connected.set()
                     self._read(sock)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError) as exc:  # closed, or a frame that does not parse
                 self.last_error = str(exc) or type(exc).__name__
+            except Exception as exc:  # never let the feed's thread die: reconnect instead
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("local weight feed: a frame could not be handled")
             finally:
                 self._sock = None
                 if self.connected.is_set():
@@ -270,18 +283,24 @@ class LocalWeightSource:
     def _read(self, sock: socket.socket) -> None:
         reader = sock.makefile("rb")
         while not self._stopping.is_set():
-            head = reader.read(_HEAD.size)
-            if len(head) < _HEAD.size:
-                raise ValueError("the training process closed the feed")
-            kind, name_size = _HEAD.unpack(head)
-            name = reader.read(name_size).decode("utf-8")
-            (size,) = _SIZE.unpack(reader.read(_SIZE.size))
+            kind, name_size = _HEAD.unpack(_exactly(reader, _HEAD.size))
+            name = _exactly(reader, name_size).decode("utf-8")
+            (size,) = _SIZE.unpack(_exactly(reader, _SIZE.size))
             if size > self.max_frame_bytes:
                 raise ValueError(f"a frame of {size} bytes, over {self.max_frame_bytes}")
-            body = reader.read(size)
-            if len(body) < size:
-                raise ValueError("the training process closed the feed mid-frame")
+            body = _exactly(reader, size)
             if kind == b"S":
-                self.on_status(json.loads(body))
+                status = json.loads(body)
+                if not isinstance(status, dict):
+                    raise ValueError(f"a status frame that is not a JSON object: {body[:64]!r}")
+                self.on_status(status)
             elif kind == b"W" and name in self.deliver:
                 self.deliver[name](body)
+
+
+def _exactly(reader: Any, size: int) -> bytes:
+    """``size`` bytes from ``reader``; ValueError when the feed closes before them."""
+    data = reader.read(size)
+    if len(data) < size:
+        raise ValueError("the training process closed the feed")
+    return bytes(data)
