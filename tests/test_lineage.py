@@ -145,3 +145,26 @@ def test_a_directory_with_no_version_history_starts_a_new_lineage(tmp_path: Path
     second, _, _ = trainer(tmp_path)
     assert second.version == 0 and second.lineage != first.lineage
     second.stop()
+
+
+def test_a_checkpoint_is_the_served_snapshot_plus_optimizer_state(tmp_path: Path) -> None:
+    """One copy of the weights leaves the trainer: the checkpoint at version v holds the very
+    arrays of the snapshot serving got at v (not a second ``get_weights`` copy), beside the
+    optimizer state, and both round-trip through the file."""
+    t, queue, slot = trainer(tmp_path)
+    written: list[Checkpoint] = []
+    t.on_checkpoint(written.append)
+    t.start()
+    feed(queue, 20)
+    t.stop()
+    assert written, "no checkpoint was written"
+    final = written[-1]
+    snapshot = slot.latest
+    assert snapshot is not None and snapshot.version == final.version == t.version
+    assert all(a is b for a, b in zip(final.weights, snapshot.weights, strict=True))
+    assert final.lineage == snapshot.lineage and final.samples_seen == snapshot.samples_seen
+    on_disk = CheckpointStore(tmp_path, "m").load_latest()
+    assert on_disk is not None and on_disk.version == final.version
+    for a, b in zip(on_disk.weights, snapshot.weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert len(on_disk.optimizer) == len(t.step.optimizer_state()) > 0

@@ -2,5 +2,5 @@
 reports (``storage_health``) and the lock that keeps a second learner off the same directory
 (``storage_lock``).
 
-Imports: ``metrics`` only.
+Imports: ``metrics``; ``snapshot`` for types only (a checkpoint is made from a snapshot).
 """

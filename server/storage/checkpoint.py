@@ -29,11 +29,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
+
+if TYPE_CHECKING:
+    from livefit.server.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 PREFIX = "ckpt-"
@@ -54,6 +58,33 @@ class Checkpoint:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # small text state (e.g. dedup JSON)
     lineage: str = ""  # the history ``version`` counts in (see module docstring)
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        snapshot: Snapshot,
+        *,
+        position: int,
+        optimizer: list[np.ndarray],
+        extra: dict[str, np.ndarray] | None = None,
+        notes: dict[str, str] | None = None,
+    ) -> Checkpoint:
+        """A checkpoint of ``snapshot``'s weights plus the training state beside them.
+
+        The weights are the snapshot's own arrays (immutable, shared with serving and the
+        weight stream): one copy of the weights leaves the trainer, whoever reads it.
+        ``optimizer`` must be taken at ``snapshot.version`` (on the trainer's thread)."""
+        return cls(
+            model=snapshot.model,
+            version=snapshot.version,
+            samples_seen=snapshot.samples_seen,
+            position=position,
+            weights=list(snapshot.weights),
+            optimizer=optimizer,
+            extra=extra or {},
+            notes=notes or {},
+            lineage=snapshot.lineage,
+        )
 
 
 class CheckpointError(Exception):

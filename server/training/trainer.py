@@ -110,6 +110,7 @@ class Trainer:
         self._newest_published_at: float | None = None
         self._last_snapshot_at = 0.0
         self._snapshot_version = -1
+        self._last_snapshot: Snapshot | None = None
         self._copy_s = 0.0  # what the last snapshot's copy of the weights took
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -297,13 +298,16 @@ class Trainer:
         m.model_samples.labels(model=name).set(self.samples_seen)
         m.queue_depth.labels(model=name).set(len(self.queue))
 
-    def _snapshot(self, force: bool = False) -> None:
+    def _snapshot(self, force: bool = False) -> Snapshot | None:
+        """Hand a copy of the weights to the slot, at most every ``serve_interval_s``
+        (stretched to ``_COPY_SHARE`` times the copy's cost) unless ``force``; returns the
+        snapshot at the current version, or None when none was due."""
         now = time.monotonic()
         interval = max(self.settings.weights.serve_interval_s, _COPY_SHARE * self._copy_s)
         if self.version == self._snapshot_version:
-            return
+            return self._last_snapshot
         if not force and now - self._last_snapshot_at < interval:
-            return
+            return None
         started = time.perf_counter()
         snapshot = Snapshot(
             model=self.name,
@@ -317,7 +321,9 @@ class Trainer:
         self._copy_s = time.perf_counter() - started
         self._last_snapshot_at = now
         self._snapshot_version = self.version
+        self._last_snapshot = snapshot
         self.slot.publish(snapshot)
+        return snapshot
 
     def _reserve_versions(self) -> None:
         """Claim the next block of versions on disk before using the first of them.
@@ -347,16 +353,15 @@ class Trainer:
         if not final and time.monotonic() - self._last_checkpoint_at < interval:
             return
         started = time.perf_counter()
-        checkpoint = Checkpoint(
-            model=self.name,
-            version=self.version,
-            samples_seen=self.samples_seen,
+        snapshot = self._snapshot(force=True)  # the checkpoint reuses its copy of the weights
+        if snapshot is None:  # cannot happen: a forced snapshot always exists
+            raise RuntimeError(f"no snapshot of {self.name} v{self.version} to checkpoint")
+        checkpoint = Checkpoint.from_snapshot(
+            snapshot,
             position=self.hooks.log_frontier(self.trained_position),
-            weights=[np.array(w) for w in self.model.get_weights()],
             optimizer=self.step.optimizer_state(),
             extra=self.policy.state(),
             notes=self.hooks.checkpoint_notes(),
-            lineage=self.lineage,
         )
         self.metrics.checkpoint_stall_seconds.labels(model=self.name).observe(
             time.perf_counter() - started
