@@ -478,6 +478,15 @@ class TensorFlowSettings(_Section):
     inter_op_threads: int = Field(0, ge=0, le=1024)
 
 
+class ProcessSettings(_Section):
+    """Operating-system settings of a split learner's processes (``http.workers`` >= 1)."""
+
+    # Added to the training process's niceness (every thread: ingestion, trainers, TensorFlow's
+    # pools). When training and serving both want the cores, the kernel gives them to the
+    # serving processes first; an idle machine still trains at full speed. 0: equal shares.
+    training_niceness: int = Field(10, ge=0, le=19)
+
+
 class Settings(_Section):
     """The whole livefit configuration."""
 
@@ -486,6 +495,7 @@ class Settings(_Section):
     storage: StorageSettings = StorageSettings()
     logging: LoggingSettings = LoggingSettings()
     tensorflow: TensorFlowSettings = TensorFlowSettings()
+    processes: ProcessSettings = ProcessSettings()
     models: dict[str, ModelSettings]
 
     @field_validator("models")

@@ -97,6 +97,17 @@ def test_the_training_process_feeds_both_serving_processes(
         assert weights.status_code == 200 and len(weights.content) > 100
         log = learner.log.read_text()
         assert "[training]" in log and "[worker 0]" in log and "[worker 1]" in log
+        # processes.training_niceness (default 10): every training thread yields the cores to
+        # serving (ingestion, trainer and TensorFlow's pools), no serving thread does
+        assert learner.process is not None
+        base = _thread_niceness(learner.process.pid)[0]  # the parent's (CI may run niced)
+        training_pid = _training_pid(learner)
+        assert training_pid is not None
+        # (the trainer thread adds its own +5 while it gives way: 15)
+        assert min(_thread_niceness(training_pid)) == min(base + 10, 19)
+        for pid in processes(learner):
+            if pid != training_pid:
+                assert set(_thread_niceness(pid)) == {base}, pid
 
 
 def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_path: Path) -> None:
@@ -192,6 +203,18 @@ def _training_pid(learner: LivefitProcess) -> int | None:
         if b"LIVEFIT_TRAINING_DIR=" in environ:
             return pid
     return None
+
+
+def _thread_niceness(pid: int) -> list[int]:
+    """The niceness of each thread of ``pid`` (field 19 of /proc/<pid>/task/<tid>/stat)."""
+    values = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        values.append(int(stat.rsplit(")", 1)[1].split()[16]))
+    return values
 
 
 def _ready_problems(learner: LivefitProcess) -> list[str]:

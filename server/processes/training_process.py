@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -103,8 +104,28 @@ class _TrainingHooks(LearnerHooks):
         return board is not None and board.busy(self.runtime.name)
 
 
+def lower_priority(increment: int) -> None:
+    """Add ``increment`` to the niceness of every thread of this process (Linux keeps it per
+    thread, and a new thread inherits its creator's), so that ingestion, the trainers and
+    TensorFlow's pools all yield the cores to the serving processes. Best effort: logged and
+    skipped where the platform refuses."""
+    if increment <= 0:
+        return
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [threading.get_native_id()]
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+        except OSError as exc:
+            log.warning("could not lower the priority of thread %d: %s", tid, exc)
+    log.info("training process niceness +%d (processes.training_niceness)", increment)
+
+
 def run_training(settings: Settings, slot: TrainingSlot) -> int:
     """Run the training process until SIGTERM or SIGINT; its exit status."""
+    lower_priority(settings.processes.training_niceness)  # before any part starts a thread
     runtime = TrainingRuntime(settings, slot)
     stopping = threading.Event()
 
