@@ -2,10 +2,11 @@
 
 One ``livefit serve`` (default settings: one process) on a mosquitto started here, then the
 same learner split into a training process and one serving process (``http.workers = 1``) on
-its own mosquitto. Each round measures the
-same 64-client prediction load twice: with the trainer idle, and while a publisher process
-streams 100-sample msgpack messages as fast as it can (started a second before the load, so
-the trainer is busy throughout; stopped after, and the backlog drained before the next run).
+its own mosquitto, at its default ``processes.training_niceness`` (10) and at 0. Each round
+measures the same 64-client prediction load twice: with the trainer idle, and while a
+publisher process streams 100-sample msgpack messages as fast as it can (started a second
+before the load, so the trainer is busy throughout; stopped after, and the backlog drained
+before the next run).
 The order alternates between rounds; the ratio pairs the two runs of a round.
 """
 
@@ -21,6 +22,12 @@ from livefit.server.processes.local_processes import LivefitProcess, running
 
 CLIENTS = 64
 MODEL = "busy"
+# The split learner at its defaults, and with the training process at the serving processes'
+# priority (processes.training_niceness = 0, the layout before that setting): side by side.
+SPLIT_SIDES = (
+    ("serve --workers 1", ""),
+    ("serve --workers 1, training_niceness 0", "\n[processes]\ntraining_niceness = 0\n"),
+)
 
 
 def run(ctx: Context) -> BenchResult:
@@ -30,11 +37,13 @@ def run(ctx: Context) -> BenchResult:
     with ctx.fleet(MODEL) as fleet:
         _measure(ctx, result, "serve", fleet.learner, fleet.broker.url, rounds, duration)
         text = fleet.learner.config.read_text()
-        broker, split = own_learner(text, ctx.workdir / "split", "split-learner", 1)
-        with running(broker, split):
-            broker.start()
-            split.start(ready_timeout_s=240)
-            _measure(ctx, result, "serve --workers 1", split, broker.url, rounds, duration)
+        for command, extra in SPLIT_SIDES:
+            name = "split-learner" + ("-nice0" if extra else "")
+            broker, split = own_learner(text + extra, ctx.workdir / name, name, 1)
+            with running(broker, split):
+                broker.start()
+                split.start(ready_timeout_s=240)
+                _measure(ctx, result, command, split, broker.url, rounds, duration)
     return result
 
 
@@ -108,7 +117,8 @@ def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
             "seconds per run": duration,
             "rounds": rounds,
             "servers": "`livefit serve`, default settings (one process); the same with "
-            "`http.workers = 1` (a training process and a serving process), on its own broker",
+            "`http.workers = 1` (a training process and a serving process), on its own broker, "
+            "at the default `processes.training_niceness` (10) and at 0",
         },
     )
 
