@@ -1,5 +1,6 @@
 """HTTP: the FastAPI app (``app``), the prediction protocols (TF Serving REST and the Open
-Inference Protocol: ``protocols``, ``predict_api``, ``openapi_docs``), connection limits and
+Inference Protocol: ``protocols``, which re-exports ``tfserving``, ``oip``, ``oip_tensors`` and
+``protocol_common``; ``predict_api``, ``openapi_docs``), connection limits and
 admission from the request head (``connections``), the token guard (``auth``), the dashboard
 and the weights endpoints (``weights_api``).
 
