@@ -22,15 +22,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from livefit.clients.pacing import Chunks, RatePacer, _messages
 from livefit.clients.predict import PredictClient, PredictError
-from livefit.clients.publish import (
-    BrokerConnectionError,
-    Chunks,
-    PublishError,
-    RatePacer,
-    SamplePublisher,
-    _messages,
-)
+from livefit.clients.publisher import BrokerConnectionError, PublishError, SamplePublisher
 
 
 class DelayedLabelStream:

@@ -1,0 +1,396 @@
+"""SamplePublisher: sample messages to one MQTT topic with a bounded in-flight window.
+
+It keeps at most ``window`` messages unacknowledged (paho has 65,535 message ids and no flow
+control of its own), paces to a rate in samples per second (``pacing.RatePacer``), stamps every
+message with ``ts``, ``source`` and an increasing ``seq``, and sets the MQTT 5 ContentType. The
+errors it raises and the ``PublishStats`` of a stream live here too. It owns the paho client;
+the CLI (``publish``) and the rejection watcher (``rejections``) only borrow it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from livefit.clients.pacing import Chunks, RatePacer, _messages
+from livefit.clients.payloads import CONTENT_TYPES, Format, encode_samples
+from livefit.server.messaging.broker import parse_broker_url
+
+MAX_WINDOW = 65_535  # paho's message ids; beyond this publish() fails with MQTT_ERR_QUEUE_SIZE
+_PROTOCOLS = {"5": MQTTProtocolVersion.MQTTv5, "3.1.1": MQTTProtocolVersion.MQTTv311}
+
+
+class BrokerConnectionError(ConnectionError):
+    """The broker could not be reached, or refused the connection; the message says which."""
+
+
+class ProtocolUnsupported(BrokerConnectionError):
+    """The broker refused the MQTT version (amqtt refuses MQTT 5)."""
+
+
+class PublishError(RuntimeError):
+    """A message could not be handed to the broker."""
+
+
+class PublishTimeout(PublishError, TimeoutError):
+    """Messages stayed unacknowledged: no PUBACK arrived for the publisher's ack timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishStats:
+    """What one publish_stream call sent; ``seconds`` runs until the last acknowledgement."""
+
+    samples: int
+    messages: int
+    seconds: float
+    rejected: int = 0  # PUBACKs with a failure reason code (MQTT 5), e.g. not authorized
+    dropped: int = 0  # QoS 0 messages lost to a disconnection
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        line = (
+            f"published {self.samples} samples in {self.messages} messages in "
+            f"{self.seconds:.2f} s ({self.samples_per_s:,.0f} samples/s)"
+        )
+        if self.rejected or self.dropped:
+            line += f"; {self.rejected} rejected by the broker, {self.dropped} dropped"
+        return line
+
+
+class SamplePublisher:
+    """Publishes sample messages to one topic with at most ``window`` of them unacknowledged.
+
+    Use as a context manager (connect, then flush and disconnect on exit) or call connect(),
+    publish()/publish_stream(), flush() and close(). close() always stops paho's thread.
+    """
+
+    def __init__(
+        self,
+        broker_url: str,
+        topic: str,
+        *,
+        fmt: Format = "msgpack",
+        raw: bool = False,
+        qos: int = 1,
+        window: int = 1000,
+        source: str | None = None,
+        protocol: Literal["5", "3.1.1"] = "5",
+        client_id: str = "",
+        connect_timeout_s: float = 10.0,
+        ack_timeout_s: float = 60.0,
+        ca_certs: str | None = None,
+        fall_back_to_311: bool = False,
+    ) -> None:
+        """``fall_back_to_311``: with ``protocol`` 5, speak MQTT 3.1.1 to a broker that refuses
+        5 as unsupported (``protocol`` then says which was used)."""
+        if fmt not in CONTENT_TYPES:
+            raise ValueError(f"format must be one of {sorted(CONTENT_TYPES)}, got {fmt!r}")
+        if raw and fmt != "msgpack":
+            raise ValueError("raw buffers need the msgpack format")
+        if qos not in (0, 1):
+            raise ValueError(f"qos must be 0 or 1, got {qos}")
+        if not 1 <= window <= MAX_WINDOW:
+            raise ValueError(f"window must be between 1 and {MAX_WINDOW}, got {window}")
+        self.address = parse_broker_url(broker_url)
+        self.topic, self.fmt, self.raw, self.qos, self.window = topic, fmt, raw, qos, window
+        self.source = source
+        self.protocol = protocol
+        self.fall_back_to_311 = fall_back_to_311
+        self.client_id = client_id
+        self.connect_timeout_s = connect_timeout_s
+        self.ack_timeout_s = ack_timeout_s
+        self.ca_certs = ca_certs
+        self._client: mqtt.Client | None = None
+        self._lock = threading.Condition()
+        self._in_flight = 0
+        self._max_in_flight = 0
+        self._limit = window  # lowered to the broker's Receive Maximum on connect
+        self._acks = 0
+        self._rejected = 0
+        self._dropped = 0
+        self._seq = 0
+        self._connected = threading.Event()
+        self._connack: ReasonCode | None = None
+        self._properties = self._publish_properties()
+
+    @property
+    def in_flight(self) -> int:
+        """Messages handed to paho and not yet acknowledged (QoS 1) or written (QoS 0)."""
+        return self._in_flight
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most messages ever in flight at once; never more than ``window``."""
+        return self._max_in_flight
+
+    @property
+    def client(self) -> mqtt.Client:
+        """The connected paho client; RuntimeError before connect() or after close()."""
+        if self._client is None:
+            raise RuntimeError("SamplePublisher is not connected: call connect() first")
+        return self._client
+
+    def connect(self) -> None:
+        """Connect and start paho's thread; BrokerConnectionError within connect_timeout_s."""
+        if self._client is not None:
+            raise RuntimeError("SamplePublisher is already connected")
+        self._connected.clear()
+        self._connack = None
+        client = self._make_client()
+        try:
+            client.connect(self.address.host, self.address.port, keepalive=30)
+        except OSError as exc:
+            raise BrokerConnectionError(
+                f"cannot reach the MQTT broker at {self.address}: {exc}"
+            ) from exc
+        client.loop_start()
+        self._client = client
+        try:
+            self._await_connack()
+        except ProtocolUnsupported:
+            if self.protocol != "5" or not self.fall_back_to_311:
+                raise
+            self.protocol = "3.1.1"  # as the learner does with such a broker
+            self._properties = self._publish_properties()
+            self.connect()
+
+    def publish(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        *,
+        batched: bool,
+        w: float | np.ndarray | None = None,
+        id: str | None = None,
+    ) -> int:
+        """Send one message (one sample, or a batch); block while ``window`` are in flight.
+
+        Returns the message's ``seq``. Raises PublishTimeout when the window stays full for
+        ack_timeout_s, PublishError when paho refuses the message.
+        """
+        client = self.client
+        self._acquire_slot()
+        try:
+            seq = self._seq
+            payload = encode_samples(
+                x,
+                y,
+                fmt=self.fmt,
+                batched=batched,
+                raw=self.raw,
+                w=w,
+                ts=time.time(),
+                source=self.source,
+                seq=seq,
+                id=id,
+            )
+            self._seq += 1
+            info = client.publish(self.topic, payload, qos=self.qos, properties=self._properties)
+        except BaseException:
+            self._release_slot()
+            raise
+        self._check_result(info.rc)
+        return seq
+
+    def publish_payload(self, payload: bytes) -> None:
+        """Send one ready-made message (delayed labels) under the same window and QoS."""
+        client = self.client
+        self._acquire_slot()
+        try:
+            info = client.publish(self.topic, payload, qos=self.qos, properties=self._properties)
+        except BaseException:
+            self._release_slot()
+            raise
+        self._check_result(info.rc)
+
+    def publish_stream(
+        self,
+        chunks: Chunks,
+        *,
+        batch: int = 1,
+        rate: float = 0.0,
+        on_progress: Callable[[int], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> PublishStats:
+        """Publish every sample of ``chunks`` (pairs x [n, ...], y [n, ...]) and wait for acks.
+
+        ``batch`` samples go in one message (1: single-sample messages); ``rate`` > 0 caps
+        samples/s. ``on_progress`` gets the sample count of each message sent.
+        """
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        pacer = RatePacer(rate) if rate > 0 else None
+        rejected, dropped = self._rejected, self._dropped
+        start = time.monotonic()
+        samples = messages = 0
+        for xs, ys in _messages(chunks, batch):
+            if stop is not None and stop.is_set():
+                break
+            if pacer is not None:
+                pacer.wait(samples)
+            if batch == 1:
+                self.publish(xs[0], ys[0], batched=False)
+            else:
+                self.publish(xs, ys, batched=True)
+            samples, messages = samples + len(xs), messages + 1
+            if on_progress is not None:
+                on_progress(len(xs))
+        if not self.flush():
+            raise self._timeout("at the end of the stream")
+        seconds = time.monotonic() - start
+        return PublishStats(
+            samples, messages, seconds, self._rejected - rejected, self._dropped - dropped
+        )
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until nothing is in flight; False if no ack came for timeout_s (ack_timeout_s)."""
+        with self._lock:
+            return self._wait_for(lambda: self._in_flight == 0, timeout_s)
+
+    def close(self) -> None:
+        """Disconnect and stop paho's thread; unacknowledged messages are abandoned."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.disconnect()
+            client.loop_stop()
+
+    def __enter__(self) -> SamplePublisher:
+        self.connect()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            if exc_type is None and not self.flush():
+                raise self._timeout("on exit")
+        finally:
+            self.close()
+
+    def _publish_properties(self) -> Properties | None:
+        if self.protocol != "5":
+            return None
+        properties = Properties(PacketTypes.PUBLISH)
+        properties.ContentType = CONTENT_TYPES[self.fmt]
+        return properties
+
+    def _make_client(self) -> mqtt.Client:
+        version = _PROTOCOLS[self.protocol]
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, self.client_id, protocol=version)
+        client.connect_timeout = self.connect_timeout_s
+        client.max_inflight_messages_set(self.window)  # paho's default of 20 throttles QoS 1
+        if self.address.username is not None:
+            client.username_pw_set(self.address.username, self.address.password)
+        if self.address.tls:
+            client.tls_set(ca_certs=self.ca_certs)
+        client.on_connect = self._on_connect
+        client.on_publish = self._on_publish
+        client.on_disconnect = self._on_disconnect
+        return client
+
+    def _await_connack(self) -> None:
+        answered = self._connected.wait(self.connect_timeout_s)
+        reason = self._connack
+        if answered and reason is not None and not reason.is_failure:
+            return
+        self.close()
+        if not answered:
+            raise BrokerConnectionError(
+                f"no answer (CONNACK) from the MQTT broker at {self.address} "
+                f"within {self.connect_timeout_s:g} s"
+            )
+        if getattr(reason, "value", None) == 0x84:
+            raise ProtocolUnsupported(
+                f"the MQTT broker at {self.address} refused us: {reason} (MQTT {self.protocol}; "
+                "amqtt speaks 3.1.1 only: --mqtt-version 3.1.1)"
+            )
+        raise BrokerConnectionError(f"the MQTT broker at {self.address} refused us: {reason}")
+
+    # paho callbacks: run on paho's thread, only update counters under the lock.
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        _userdata: Any,
+        _flags: Any,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if not reason_code.is_failure:
+            # paho ignores the broker's Receive Maximum; exceeding it is a protocol error.
+            receive_max = getattr(properties, "ReceiveMaximum", MAX_WINDOW)
+            with self._lock:
+                self._limit = min(self.window, receive_max)
+                self._lock.notify_all()
+        self._connack = reason_code
+        self._connected.set()
+
+    def _on_publish(
+        self, _client: Any, _userdata: Any, _mid: int, reason_code: ReasonCode, _props: Any
+    ) -> None:
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            self._acks += 1
+            if reason_code.is_failure:
+                self._rejected += 1
+            self._lock.notify_all()
+
+    def _on_disconnect(self, *_: Any) -> None:
+        if self.qos == 0:  # paho drops unsent QoS 0 packets on reconnect; they never get acked
+            with self._lock:
+                self._dropped += self._in_flight
+                self._in_flight = 0
+                self._lock.notify_all()
+
+    def _acquire_slot(self) -> None:
+        with self._lock:
+            if not self._wait_for(lambda: self._in_flight < self._limit, None):
+                raise self._timeout(f"with the window of {self.window} full")
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+
+    def _release_slot(self, dropped: int = 0) -> None:
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            self._dropped += dropped
+            self._lock.notify_all()
+
+    def _wait_for(self, condition: Callable[[], bool], timeout_s: float | None) -> bool:
+        """With the lock held: wait until ``condition``; False after timeout_s without an ack."""
+        timeout_s = self.ack_timeout_s if timeout_s is None else timeout_s
+        acks, progress_at = self._acks, time.monotonic()
+        while not condition():
+            if self._acks != acks:
+                acks, progress_at = self._acks, time.monotonic()
+            remaining = progress_at + timeout_s - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._lock.wait(remaining)
+        return True
+
+    def _check_result(self, rc: MQTTErrorCode) -> None:
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+            return
+        if rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+            if self.qos == 1:
+                return  # paho keeps it and sends it after reconnecting; on_publish follows
+            self._release_slot(dropped=1)
+            return
+        self._release_slot()
+        raise PublishError(f"paho refused the message: {mqtt.error_string(rc)}")
+
+    def _timeout(self, when: str) -> PublishTimeout:
+        return PublishTimeout(
+            f"{self._in_flight} messages unacknowledged {when}: no PUBACK from the broker at "
+            f"{self.address} for {self.ack_timeout_s:g} s"
+        )

@@ -1,0 +1,47 @@
+"""The demo's stop request: SIGINT and SIGTERM set an event instead of raising
+KeyboardInterrupt, so every part of the demo winds down and prints its summary; a second
+signal kills the children (the ones registered in ``children``) at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from livefit.server.processes.local_processes import LocalProcess
+
+
+class _Stop:
+    """Set by SIGINT/SIGTERM instead of raising KeyboardInterrupt; a second signal kills the
+    children at once."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal: int | None = None
+        self.children: list[LocalProcess] = []
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.event.is_set():  # asked twice: no more waiting
+            for child in self.children:
+                child.kill()
+            return
+        self.signal = signum
+        self.event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self.event.wait(seconds)
