@@ -1,13 +1,19 @@
-"""Benchmark 6, memory: the learner's RSS over a long run of training and predicting.
+"""Benchmark 6, memory: the learner's RSS, all its processes together, over a long run.
 
-One ``livefit serve`` (default settings) on a mosquitto started here; at the same time a
-publisher process streams the samples (100-sample msgpack messages, paced to last about as
-long as the requests) and a 16-client load (``bench.loadgen``, bounded by count) sends the
-prediction requests. The learner's resident set size is sampled every
-0.25 s. Warm-up is the first quarter of the run (TensorFlow's allocator pools, the weight
-store's ``keep_versions`` payloads, Python's arenas all fill then); growth is the median RSS of
-the last tenth of the run over the median of the tenth after warm-up. ``--soak`` runs
-1,000,000 samples and 200,000 requests.
+Two learners of the same model, one after the other, each on a mosquitto started here: one
+``livefit serve`` (default settings: one process), then the same learner split
+(``http.workers = 1``: a parent supervising a training process and a serving process). For
+each, a publisher process streams the samples (100-sample msgpack messages, paced to last
+about as long as the requests) while a 16-client load (``bench.loadgen``, bounded by count)
+sends the prediction requests. Every 0.25 s the resident set size of the learner's process and
+of all its descendants (listed again at each sample: a child may restart) is read and summed;
+each process is told apart by its role (the environment its parent starts it with). Warm-up is
+the first quarter of the run (TensorFlow's allocator pools, the weight store's
+``keep_versions`` payloads, Python's arenas all fill then); growth is the median total RSS of
+the last tenth of the run over the median of the tenth after warm-up. A sum of RSS counts the
+pages processes share (the Python and TensorFlow libraries, mapped by each) once per process;
+the proportional set size (PSS: shared pages divided among their processes), read once at the
+end, is what they take together. ``--soak`` runs 1,000,000 samples and 200,000 requests.
 """
 
 from __future__ import annotations
@@ -18,37 +24,108 @@ import time
 import numpy as np
 import psutil
 
+from bench.config import learner_config
+from bench.fleet import bench_tables
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.load import run_load
 from bench.models import MLP
-from bench.procs import ToolProcess
-from livefit.server.processes.local_processes import LivefitProcess
+from bench.procs import ToolProcess, own_learner
+from livefit.server.logs import TRAINING_ENV, WORKER_ENV
+from livefit.server.processes.local_processes import LivefitProcess, running
 
 CLIENTS = 16
 MODEL = "soak"
 EXPECTED_RPS = 1500  # about livefit's requests/s here at 16 clients while training
+MAIN = "main"  # the role of the process the bench starts: the whole learner, or the supervisor
+LAYOUTS = {  # command -> http.workers
+    "serve": 0,
+    "serve --workers 1": 1,
+}
 
 
-class RssSampler:
-    """Samples one process's RSS in a thread until stopped: [(seconds since start, bytes)]."""
+def role_of(process: psutil.Process, root_pid: int) -> str | None:
+    """``main`` for the learner's own process; ``training`` and ``serving <i>`` for a split
+    learner's children, told by the variables their parent sets; None for any other (or for a
+    child not yet past ``exec``, whose environment is still its parent's)."""
+    if process.pid == root_pid:
+        return MAIN
+    try:
+        env = process.environ()
+    except psutil.AccessDenied:
+        return None
+    if TRAINING_ENV in env:
+        return "training"
+    if WORKER_ENV in env:
+        return f"serving {env[WORKER_ENV]}"
+    return None
+
+
+class TreeRssSampler:
+    """Samples the RSS of a process and all its descendants in a thread until stopped.
+
+    ``samples``: [(seconds since start, {role: bytes})], the descendants listed again at each
+    sample (a restarted child is a new pid); ``pids``: every pid seen, by role."""
 
     def __init__(self, pid: int, every_s: float = 0.25) -> None:
-        self.process = psutil.Process(pid)
+        self.root = psutil.Process(pid)
         self.every_s = every_s
-        self.samples: list[tuple[float, int]] = []
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.pids: dict[str, set[int]] = {}
+        self._roles: dict[tuple[int, float], str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def tree(self) -> list[tuple[str, psutil.Process]]:
+        """The root and its descendants now, each with its role."""
+        found = []
+        for process in [self.root, *self.root.children(recursive=True)]:
+            try:
+                key = (process.pid, process.create_time())
+                role = self._roles.get(key)
+                if role is None:  # known roles are kept, unknown ones asked again
+                    role = role_of(process, self.root.pid)
+                    if role is not None:
+                        self._roles[key] = role
+                    else:
+                        role = process.name()
+            except psutil.NoSuchProcess:  # exited since it was listed
+                continue
+            found.append((role, process))
+        return found
+
+    def read(self) -> dict[str, int]:
+        """RSS by role now (bytes); a role held by several processes is their sum."""
+        rss: dict[str, int] = {}
+        for role, process in self.tree():
+            try:
+                rss[role] = rss.get(role, 0) + process.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+            self.pids.setdefault(role, set()).add(process.pid)
+        return rss
+
+    def pss(self) -> dict[str, int]:
+        """Proportional set size by role now (bytes): each shared page divided among the
+        processes that map it (``/proc/<pid>/smaps_rollup``); slower than ``read``."""
+        pss: dict[str, int] = {}
+        for role, process in self.tree():
+            try:
+                pss[role] = pss.get(role, 0) + process.memory_full_info().pss
+            except psutil.NoSuchProcess:
+                continue
+        return pss
 
     def _run(self) -> None:
         started = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.samples.append((time.monotonic() - started, self.process.memory_info().rss))
-            except psutil.Error:
+                rss = self.read()
+            except psutil.NoSuchProcess:  # the root itself is gone
                 return
+            self.samples.append((time.monotonic() - started, rss))
             self._stop.wait(self.every_s)
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> TreeRssSampler:
         self._thread.start()
         return self
 
@@ -65,42 +142,82 @@ def run(ctx: Context) -> BenchResult:
         name="memory",
         title="Memory: learner RSS over a long run",
         what=__doc__.split("\n", 2)[2].strip(),
-        sides={"livefit": "`livefit serve`, default settings, training and serving at once"},
+        sides={
+            "serve": "`livefit serve`, default settings (one process), training and serving at "
+            "once; `main` is that process",
+            "serve --workers 1": "the same learner with `http.workers = 1`: `main` is the "
+            "supervisor, `training` the training process, `serving 0` the serving process; "
+            "RSS and PSS are their sums",
+        },
         settings={
             "model": spec.describe(),
             "samples": samples,
             "requests": requests,
             "clients": CLIENTS,
-            "sampling": "RSS every 0.25 s (psutil)",
+            "sampling": "RSS of the process tree every 0.25 s (psutil), PSS once at the end",
         },
     )
     with ctx.fleet(MODEL) as fleet:
-        learner = fleet.learner
-        url = f"{learner.url}/v1/models/{MODEL}:predict"
-        base = learner.metric("livefit_train_samples_total", model=MODEL)
-        with RssSampler(learner.pid) as sampler:
-            served = _workload(
-                ctx, learner, fleet.broker.url, url, spec.request_body(), samples, requests, base
-            )
-        trained = learner.metric("livefit_train_samples_total", model=MODEL) - base
-    series = sampler.samples
-    row = _row(series, samples, requests)
+        _measure(ctx, result, "serve", fleet.learner, fleet.broker.url, samples, requests)
+    # The split learner gets the one-process learner's config of a full run (the shared fleet
+    # of a quick run holds every benchmark's models), on its own broker and storage.
+    text = learner_config("mqtt://127.0.0.1:1", "-", "bench-memory", bench_tables((MODEL,)))
+    command = "serve --workers 1"
+    broker, split = own_learner(text, ctx.workdir / "split", "split-learner", LAYOUTS[command])
+    with running(broker, split):
+        broker.start()
+        split.start(ready_timeout_s=240)
+        _measure(ctx, result, command, split, broker.url, samples, requests)
+    return result
+
+
+def _measure(
+    ctx: Context, result: BenchResult, command: str, learner: LivefitProcess, broker_url: str,
+    samples: int, requests: int,
+) -> None:  # fmt: skip
+    """One layout's run: a row, its checks, its series in ``extra``."""
+    spec = MLP
+    labels = {"model": MODEL, **({"worker": "training"} if LAYOUTS[command] else {})}
+    url = f"{learner.url}/v1/models/{MODEL}:predict"
+    base = learner.metric("livefit_train_samples_total", **labels)
+    with TreeRssSampler(learner.pid) as sampler:
+        served = _workload(
+            ctx, learner, broker_url, url, spec.request_body(), samples, requests, base, labels
+        )
+        pss = sampler.pss()
+    trained = learner.metric("livefit_train_samples_total", **labels) - base
+    row = _row(sampler.samples, pss, command, samples, requests)
     result.rows.append(row)
-    result.check("every sample was trained", trained == samples, f"{trained:.0f} of {samples}")
     result.check(
-        "every request was answered 200",
+        f"{command}: every sample was trained", trained == samples, f"{trained:.0f} of {samples}"
+    )
+    result.check(
+        f"{command}: every request was answered 200",
         served[1] == 0,
         f"{served[0]} answered, {served[1]} errors",
     )
-    result.extra["rss_mib"] = [
-        (round(t, 2), round(b / 2**20, 1)) for t, b in series[:: max(1, len(series) // 400)]
-    ]
-    ctx.step(
-        f"RSS after warm-up {row.figures['RSS after warm-up MiB'].median:.0f} MiB, at end "
-        f"{row.figures['RSS at end MiB'].median:.0f} MiB: growth "
-        f"{row.figures['growth %'].median:+.2f}%"
+    restarted = {role: sorted(pids) for role, pids in sampler.pids.items() if len(pids) > 1}
+    result.check(
+        f"{command}: no process restarted during the run",
+        not restarted,
+        ", ".join(f"{role}: {_processes(len(pids))}" for role, pids in sampler.pids.items()),
     )
-    return result
+    roles = sorted({r for _, rss in sampler.samples for r in rss}, key=_role_order)
+    series = sampler.samples[:: max(1, len(sampler.samples) // 400)]
+    result.extra.setdefault("rss_mib", {})[command] = {
+        "columns": ["s", "total", *roles],
+        "series": [
+            [round(t, 2), _mib(sum(rss.values())), *(_mib(rss.get(r, 0)) for r in roles)]
+            for t, rss in series
+        ],
+        "pss_at_end": {role: _mib(b) for role, b in pss.items()},
+    }
+    ctx.step(
+        f"{command}: total RSS after warm-up {row.figures['RSS after warm-up MiB'].median:.0f}"
+        f" MiB, at end {row.figures['RSS at end MiB'].median:.0f} MiB: growth "
+        f"{row.figures['growth %'].median:+.2f}%; PSS at end "
+        f"{row.figures['PSS at end MiB'].median:.0f} MiB"
+    )
 
 
 def _workload(
@@ -112,8 +229,10 @@ def _workload(
     samples: int,
     requests: int,
     base: float,
+    labels: dict[str, str],
 ) -> tuple[int, int]:
-    """Publish ``samples`` and send ``requests`` at once; wait until every sample is trained."""
+    """Publish ``samples`` and send ``requests`` at once; wait until every sample is trained
+    (``livefit_train_samples_total`` with ``labels``, from ``base``)."""
     # Paced so that training goes on for about as long as the requests do.
     rate = samples / max(5.0, requests / EXPECTED_RPS)
     args = [
@@ -130,7 +249,8 @@ def _workload(
         "--rate",
         f"{rate:.0f}",
     ]
-    with ToolProcess("bench.stream_publisher", args, ctx.workdir / "publisher.log") as pub:
+    log = ctx.workdir / f"publisher-{learner.name}.log"
+    with ToolProcess("bench.stream_publisher", args, log) as pub:
         pub.start()
         pub.wait_for("start", 60)
         load = run_load(
@@ -145,37 +265,61 @@ def _workload(
         ctx.step(f"{load.requests:,} requests answered at {load.rps:,.0f} req/s")
         pub.wait_for("end", max(120.0, samples / 1000))
     deadline = time.monotonic() + 120
-    while learner.metric("livefit_train_samples_total", model=MODEL) - base < samples:
+    while learner.metric("livefit_train_samples_total", **labels) - base < samples:
         if time.monotonic() > deadline:
             break
         time.sleep(0.2)
     return load.requests, load.errors
 
 
-def _row(series: list[tuple[float, int]], samples: int, requests: int) -> Row:
+def _row(
+    series: list[tuple[float, dict[str, int]]], pss: dict[str, int], command: str,
+    samples: int, requests: int,
+) -> Row:  # fmt: skip
+    """The total RSS's figures and its growth target; each role's RSS at the end."""
     times = np.asarray([t for t, _ in series])
-    rss = np.asarray([b for _, b in series], dtype=np.float64) / 2**20
+    rss = np.asarray([sum(r.values()) for _, r in series], dtype=np.float64) / 2**20
     end = times[-1]
-    after_warmup = rss[(times >= 0.25 * end) & (times < 0.35 * end)]
-    last = rss[times >= 0.9 * end]
-    base, final = float(np.median(after_warmup)), float(np.median(last))
-    row = Row(case={"samples": f"{samples:,}", "requests": f"{requests:,}"})
+    after_warmup = (times >= 0.25 * end) & (times < 0.35 * end)
+    last = times >= 0.9 * end
+    base, final = float(np.median(rss[after_warmup])), float(np.median(rss[last]))
+    row = Row(case={"samples": f"{samples:,}", "requests": f"{requests:,}", "command": command})
     row.figures["RSS at start MiB"] = Spread.of([float(rss[0])], "MiB")
     row.figures["RSS after warm-up MiB"] = Spread.of([base], "MiB")
     row.figures["RSS at end MiB"] = Spread.of([final], "MiB")
     row.figures["peak MiB"] = Spread.of([float(rss.max())], "MiB")
     row.figures["growth %"] = Spread.of([100.0 * (final / base - 1.0)], "%")
+    row.figures["PSS at end MiB"] = Spread.of([_mib(sum(pss.values()))], "MiB")
+    roles = sorted({r for _, by_role in series for r in by_role}, key=_role_order)
+    for role in roles:
+        at_end = [by_role.get(role, 0) / 2**20 for t, by_role in series if t >= 0.9 * end]
+        row.figures[f"{role} RSS at end MiB"] = Spread.of([float(np.median(at_end))], "MiB")
     row.target("growth %", "<", 5.0, "growth < 5% after warm-up")
     return row
 
 
+def _role_order(role: str) -> tuple[int, str]:
+    """``main``, ``training``, the serving processes, anything else."""
+    rank = {MAIN: 0, "training": 1}.get(role, 2 if role.startswith("serving ") else 3)
+    return rank, role
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" + ("" if count == 1 else "es")
+
+
+def _mib(size: float) -> float:
+    return round(size / 2**20, 1)
+
+
 BENCHMARK = Benchmark(
     name="memory",
-    summary="learner RSS growth over a long run of training and predicting",
+    summary="learner RSS growth (all its processes) over a long run, one process and split",
     run=run,
     sizes=Sizes(
         quick={"samples": 20_000, "requests": 2_000},
         full={"samples": 300_000, "requests": 30_000},
         soak={"samples": 1_000_000, "requests": 200_000},
     ),
+    explained_always=True,
 )
