@@ -83,6 +83,12 @@ def _settings(args: argparse.Namespace):
     if args.port is not None:
         settings.http.port = args.port
     configure_logging(settings.logging.level, settings.logging.json_format)
+    return settings
+
+
+def _with_tensorflow(settings: Any) -> Any:
+    """Import TensorFlow and size its thread pools, in a process that runs models (a worker
+    group's parent only supervises: without TensorFlow it takes about 60 MiB, not 600)."""
     from livefit.server.training.modeling import configure_tensorflow
 
     configure_tensorflow(settings.tensorflow)
@@ -111,25 +117,27 @@ def _serve(args: argparse.Namespace) -> int:
     if not _apply_workers(args, settings, minimum=0):
         return 2
     from livefit.server.processes.learner_group import TrainingSlot, run_learner_group
-    from livefit.server.processes.serve import run_server
     from livefit.server.processes.workers import WorkerSlot
 
     training = TrainingSlot.from_env()
-    if training is not None:  # a split learner's training process
-        from livefit.server.processes.training_process import run_training
-
-        return run_training(settings, training)
     slot = WorkerSlot.from_env()
-    if slot is not None:  # one of a split learner's serving processes
-        from livefit.server.processes.learner_serving import LearnerServingRuntime
-
-        return run_server(settings, LearnerServingRuntime(settings, slot), slot)
     workers = settings.http.learner_workers()
-    if workers >= 1:
+    if training is None and slot is None and workers >= 1:  # the split learner's parent
         argv = [sys.executable, "-m", "livefit", *args.command_line]
         return run_learner_group(
             argv, workers, settings.http.host, settings.http.port, list(settings.models)
         )
+    _with_tensorflow(settings)
+    if training is not None:  # a split learner's training process
+        from livefit.server.processes.training_process import run_training
+
+        return run_training(settings, training)
+    from livefit.server.processes.serve import run_server
+
+    if slot is not None:  # one of a split learner's serving processes
+        from livefit.server.processes.learner_serving import LearnerServingRuntime
+
+        return run_server(settings, LearnerServingRuntime(settings, slot), slot)
     from livefit.server.processes.runtime import LearnerRuntime
 
     return run_server(settings, LearnerRuntime(settings))
@@ -139,20 +147,22 @@ def _replica(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings is None:
         return 2
-    from livefit.server.processes.replica import ReplicaRuntime
-    from livefit.server.processes.serve import run_server
     from livefit.server.processes.workers import WorkerSlot, run_workers
 
     if not _apply_workers(args, settings, minimum=1):
         return 2
     slot = WorkerSlot.from_env()
+    workers = settings.http.replica_workers()
+    if slot is None and workers > 1:  # the worker group's parent
+        argv = [sys.executable, "-m", "livefit", *args.command_line]
+        return run_workers(argv, workers, settings.http.host, settings.http.port)
+    _with_tensorflow(settings)
+    from livefit.server.processes.replica import ReplicaRuntime
+    from livefit.server.processes.serve import run_server
+
     if slot is not None:  # one of a worker group's processes
         instance = f"{socket.gethostname()}-{settings.http.port}-w{slot.index}"
         return run_server(settings, ReplicaRuntime(settings, instance=instance), slot)
-    workers = settings.http.replica_workers()
-    if workers > 1:
-        argv = [sys.executable, "-m", "livefit", *args.command_line]
-        return run_workers(argv, workers, settings.http.host, settings.http.port)
     return run_server(settings, ReplicaRuntime(settings))
 
 

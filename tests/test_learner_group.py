@@ -100,6 +100,9 @@ def test_the_training_process_feeds_both_serving_processes(
         # processes.training_niceness (default 10): every training thread yields the cores to
         # serving (ingestion, trainer and TensorFlow's pools), no serving thread does
         assert learner.process is not None
+        # the parent only supervises: it never loads TensorFlow (about 550 MiB of RSS)
+        maps = Path(f"/proc/{learner.process.pid}/maps").read_text()
+        assert "libtensorflow" not in maps, "the supervisor loaded TensorFlow"
         base = _thread_niceness(learner.process.pid)[0]  # the parent's (CI may run niced)
         training_pid = _training_pid(learner)
         assert training_pid is not None

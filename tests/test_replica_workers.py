@@ -95,6 +95,8 @@ def test_both_workers_serve_the_learners_weights_and_report_on_one_metrics(
     assert sorted(answered) == ["0", "1"] and sum(answered.values()) >= 40
     assert min(answered.values()) > 0, f"one worker answered nothing: {answered}"
     assert per_worker(replica, "livefit_workers_unreachable") in ({"0": 0.0}, {"1": 0.0})
+    assert replica.process is not None  # the parent only supervises: no TensorFlow loaded
+    assert "libtensorflow" not in Path(f"/proc/{replica.process.pid}/maps").read_text()
     if shutil.which("promtool"):  # the merged exposition is valid Prometheus text
         text = httpx.get(f"{replica.url}/metrics", timeout=10).text
         lint = subprocess.run(

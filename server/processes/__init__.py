@@ -1,6 +1,6 @@
 """Wiring and lifecycle: the learner's runtime (``runtime``) and the replica's (``replica``), their
-common part (``process_runtime``), uvicorn in front (``serve``), replica worker groups
-(``workers``), the split learner (``learner_group`` supervising ``training_process`` and
+common part (``process_runtime``), uvicorn in front (``serve``; the socket it binds first,
+``listening``), replica worker groups (``workers``), the split learner (``learner_group`` supervising ``training_process`` and
 ``learner_serving``), child processes that die with their parent (``children``) and the toolkit that
 starts mosquitto and livefit processes for the demo, the bench and the tests
 (``local_processes``).

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 from collections.abc import Iterator
 
@@ -23,6 +22,7 @@ import uvicorn
 from livefit.server.api.app import Runtime, create_app
 from livefit.server.config import Settings
 from livefit.server.metrics_merge import WorkerMetrics
+from livefit.server.processes.listening import StartupError, bind_socket
 from livefit.server.processes.workers import WorkerSlot
 
 log = logging.getLogger(__name__)
@@ -37,28 +37,6 @@ class _Server(uvicorn.Server):
             yield
             self._captured_signals.clear()
 
-
-class StartupError(Exception):
-    """A check before start failed; the message says what and what to do (no traceback)."""
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """The listening socket, bound now; ``StartupError`` naming the address if it is taken."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-    except OSError as exc:
-        raise StartupError(f"cannot listen on {host}:{port}: {exc}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError as exc:
-        sock.close()
-        hint = " (another livefit or another program listens there; set http.port)"
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}") from None
-    sock.set_inheritable(True)
-    return sock
 
 
 def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None = None) -> int:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from livefit.server.logs import WORKER_ENV
 from livefit.server.processes.children import start_child, stop_children
+from livefit.server.processes.listening import StartupError, bind_socket
 
 log = logging.getLogger(__name__)
 _INDEX, _COUNT, _FD, _DIR, _KIND = (
@@ -197,8 +198,6 @@ def run_group(
 ) -> int:
     """Bind ``host:port`` (status 2 at once when taken), run the group ``make`` builds on that
     socket until SIGINT or SIGTERM; the group's exit status. ``describe`` names it in logs."""
-    from livefit.server.processes.serve import StartupError, bind_socket
-
     try:
         sock = bind_socket(host, port)
     except StartupError as exc:
