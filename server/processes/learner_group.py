@@ -19,8 +19,10 @@ the serving processes. Stop (SIGTERM or SIGINT): the training process first (sto
 train what was accepted, checkpoint, publish: its serving processes get the final version),
 then the serving processes, which drain their requests. A process that dies after it was
 ready is started again (the serving processes keep serving the weights they hold while the
-training process restarts, and say so on readiness); one that dies before it was ready, or
-more than ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``, ends the group with its status. No
+training process restarts, and say so on readiness), also when its replacement dies while
+starting; one that was never ready since the group started (a bad key, a locked storage), or
+that dies more than ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``, ends the group with its
+status. No
 process outlives a SIGKILLed parent (``children.py``).
 """
 
@@ -110,17 +112,17 @@ class LearnerGroup(WorkerGroup):
                 return code or 1
             if self.stopping.wait(0.1):
                 return None
-        self.training.served = True
+        self.training.mark_served(True)
         log.info("training process ready; starting %d serving processes", len(self.workers))
         return super()._start_all()
 
     def _check(self) -> int | None:
         process = self.training.process
         assert process is not None
-        self.training.served = self.training.served or self.slot.ready_marker().exists()
+        self.training.mark_served(self.slot.ready_marker().exists())
         code = process.poll()
         if code is not None:
-            if not self.training.served:
+            if self.training.dies_fatally():
                 log.error("the training process exited with status %d before it was ready; "
                           "stopping", code)  # fmt: skip
                 return code or 1

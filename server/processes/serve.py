@@ -38,7 +38,6 @@ class _Server(uvicorn.Server):
             self._captured_signals.clear()
 
 
-
 def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None = None) -> int:
     """Serve ``runtime`` until SIGINT or SIGTERM; then stop everything in order; 0 if clean,
     1 if the app failed to start, 2 if a check before start failed (message on stderr).

@@ -10,10 +10,11 @@ id, its own batcher), on its own GIL. ``/metrics`` on any worker answers for all
 Lifecycle promises:
 - SIGTERM or SIGINT to the parent stops every worker gracefully (each drains its requests)
   and the parent exits 0 when they all did;
-- a worker that dies after it started serving is started again; one that dies before it ever
-  served (a bad key, an unreachable broker refusing it) stops the group, and the parent exits
-  with that worker's status and its reason in the log; so does one that dies more than
-  ``MAX_RESTARTS`` times in ``RESTART_WINDOW_S``;
+- a worker that dies after it started serving is started again (also when its replacement
+  dies while starting); one whose slot never served (a bad key, an unreachable broker
+  refusing it) stops the group, and the parent exits with that worker's status and its
+  reason in the log; so does one that dies more than ``MAX_RESTARTS`` times in
+  ``RESTART_WINDOW_S``;
 - no worker outlives its parent, even a SIGKILLed one (``server/processes/children.py``).
 """
 
@@ -90,13 +91,24 @@ class WorkerSlot:
 
 @dataclass(slots=True)
 class GroupMember:
-    """One supervised process of a group: its slot, the running process, its recent restarts
-    and whether it got ready (served) since it last started."""
+    """One supervised process of a group: its slot, the running process, its recent restarts,
+    whether it got ready (served) since it last started, and whether this slot ever did."""
 
     slot: WorkerSlot
     process: subprocess.Popen[bytes] | None = None
     restarts: deque[float] = field(default_factory=deque)
-    served: bool = False  # it started serving at least once
+    served: bool = False  # the running process got ready
+    ever_served: bool = False  # some process of this slot got ready since the group started
+
+    def mark_served(self, ready: bool) -> None:
+        self.served = self.served or ready
+        self.ever_served = self.ever_served or self.served
+
+    def dies_fatally(self) -> bool:
+        """A death that ends the group at once: a slot that never got ready (a bad key, a
+        refusing broker). A restarted process that dies while it starts (a second OOM kill)
+        counts towards ``MAX_RESTARTS`` like any other death of a slot that once served."""
+        return not self.ever_served
 
 
 def restarts_in_window(restarts: deque[float], now: float) -> int:
@@ -157,12 +169,12 @@ class WorkerGroup:
         """Restart workers that died after serving; the group's exit status when it must end."""
         for worker in self.workers:
             assert worker.process is not None
-            worker.served = worker.served or worker.slot.started_marker().exists()
+            worker.mark_served(worker.slot.started_marker().exists())
             code = worker.process.poll()
             if code is None:
                 continue
             index = worker.slot.index
-            if not worker.served:
+            if worker.dies_fatally():
                 log.error("serving worker %d exited with status %d before it served; stopping "
                           "(its log lines above say why)", index, code)  # fmt: skip
                 return code or 1
