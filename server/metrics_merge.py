@@ -88,7 +88,10 @@ class WorkerMetrics:
 
         class Answer(socketserver.BaseRequestHandler):
             def handle(self) -> None:
-                self.request.sendall(generate_latest(registry))
+                try:
+                    self.request.sendall(generate_latest(registry))
+                except OSError as exc:  # the asking process gave up (this one was stopped)
+                    log.debug("metrics peer went away before the answer: %s", exc)
 
         path = self.path(self.label)
         with contextlib.suppress(FileNotFoundError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -65,6 +68,8 @@ def stop_children(children: Sequence[subprocess.Popen[Any]], grace_s: float) -> 
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(max(0.0, deadline - time.monotonic()))
         if child.poll() is None:
+            log.warning("pid %d still running %.0f s after SIGTERM; sending SIGKILL",
+                        child.pid, grace_s)  # fmt: skip
             with contextlib.suppress(OSError):
                 child.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
