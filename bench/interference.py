@@ -37,7 +37,7 @@ def run(ctx: Context) -> BenchResult:
     with ctx.fleet(MODEL) as fleet:
         _measure(ctx, result, "serve", fleet.learner, fleet.broker.url, rounds, duration)
         text = fleet.learner.config.read_text()
-        for command, extra in SPLIT_SIDES:
+        for command, extra in SPLIT_SIDES[:1] if ctx.quick else SPLIT_SIDES:  # quick: harness
             name = "split-learner" + ("-nice0" if extra else "")
             broker, split = own_learner(text + extra, ctx.workdir / name, name, 1)
             with running(broker, split):
