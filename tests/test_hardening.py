@@ -2,6 +2,19 @@
 disk, a second learner on the same storage, port or client id, one model flooded beside
 another, and the broker configuration the Quickstart installs. Each test is bounded in time
 and targets only 127.0.0.1.
+
+The poison-message test also runs against the split learner (``test_hardening_split.py``,
+``tests/layouts.py``): there the messages go through the training process and readiness is
+answered by a serving process. The others do not depend on the layout, and run once:
+- a full disk: the training process is the one-process learner's code (``LearnerRuntime``:
+  WAL, checkpoints, storage health), and a serving process reports the training process's
+  readiness problems as they are (``test_learner_group.py``: the training process killed);
+- a second learner on the same storage: ``test_learner_group.py`` starts one beside a split
+  learner (exit 2, nothing served, the parent's pid named); on the same port or client id: the
+  port is bound by ``livefit serve`` itself in both layouts, the client id is the training
+  process's (the serving processes' prediction recorders have their own);
+- a flooded model, the broker's drops: the trainers and the ingestion of the training process
+  are the one-process learner's.
 """
 
 from __future__ import annotations
@@ -29,6 +42,7 @@ from livefit.clients.synthetic import LinearStream, stream_chunks
 from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
 from tests import configs
 from tests.configs import model
+from tests.layouts import ONE_PROCESS, metric, with_layout
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
@@ -52,8 +66,14 @@ def publish_samples(
         return publisher.publish_stream(chunks, batch=batch)
 
 
+@pytest.fixture
+def layout() -> str:
+    """The one-process learner; ``test_hardening_split.py`` overrides this with the split one."""
+    return ONE_PROCESS
+
+
 def trained(server: LivefitProcess, model: str = "demo") -> float:
-    return server.metric("livefit_model_samples", model=model)
+    return metric(server, "livefit_model_samples", model=model)
 
 
 def wait_trained(server: LivefitProcess, count: int, model: str = "demo", timeout: float = 120.0):
@@ -111,9 +131,11 @@ def rejected(server: LivefitProcess, model: str = "demo") -> float:
 
 
 def test_poison_messages_end_acknowledged_and_training_goes_on(
-    own_broker: Mosquitto, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path, layout: str
 ) -> None:
-    text = learner_config(own_broker, tmp_path / "data", f"poison-{own_broker.port}")
+    text = with_layout(
+        learner_config(own_broker, tmp_path / "data", f"poison-{own_broker.port}"), layout
+    )
     server = LivefitProcess(text, tmp_path).start()
     reports: list[dict] = []
     listener = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
@@ -141,6 +163,8 @@ def test_poison_messages_end_acknowledged_and_training_goes_on(
     log = server.log.read_text()
     assert "Traceback" not in log
     assert log.count("rejected a message") < 50  # one line per reason per 10 s, with counts
+    if layout != ONE_PROCESS:
+        return  # acknowledging is the ingestion's, the same code in a training process: once
     again = LivefitProcess(text, tmp_path).start()  # same session: nothing left to redeliver
     try:
         time.sleep(2.0)

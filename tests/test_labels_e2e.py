@@ -9,6 +9,13 @@ under both policies; hostile labels are dead-lettered and acknowledged; `livefit
 --label-delay` streams predictions and later labels; and, last, a learner
 killed with SIGKILL holding pending predictions and early labels joins them after its restart,
 each once.
+
+The join test also runs against the split learner (``test_labels_split.py``,
+``tests/layouts.py``): there the learner's predictions are recorded by a serving process and
+joined by the training process, over the broker like a replica's. The others run once: ids,
+expiry, hostile labels and the restart are the joiner's and the ingestion's, in the training
+process the one-process learner's code (``LearnerRuntime``); a serving process records
+predictions and forwards HTTP labels with the replica's code, which the replica here runs.
 """
 
 from __future__ import annotations
@@ -27,8 +34,9 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.predict import PredictClient
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, stop_all
 from tests import configs
+from tests.layouts import ONE_PROCESS, metric, with_layout
 
 pytestmark = pytest.mark.e2e
 ROW = [0.5, -1.0]
@@ -52,25 +60,35 @@ def config(broker: Mosquitto, storage: Path) -> str:
 
 
 @pytest.fixture(scope="module")
+def layout() -> str:
+    """The one-process learner; ``test_labels_split.py`` overrides this with the split one."""
+    return ONE_PROCESS
+
+
+@pytest.fixture(scope="module")
 def fleet(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, layout: str
 ) -> Iterator[tuple[Mosquitto, LivefitProcess, LivefitProcess, str]]:
+    """A broker, the learner (``layout``), a replica, and the learner's config."""
     workdir = tmp_path_factory.mktemp("labels")
     broker = Mosquitto(workdir / "mosquitto")
     broker.start()
     text = config(broker, workdir / "data")
-    learner = LivefitProcess(text, workdir).start()
-    replica = LivefitProcess(text, workdir, command="replica").start()
-    try:
-        yield broker, learner, replica, text
+    learner = LivefitProcess(with_layout(text, layout), workdir)
+    replica = LivefitProcess(text, workdir, command="replica")
+    try:  # side by side: the replica waits for the learner's key, then for its weights
+        learner.start(ready_timeout_s=None)
+        replica.start(ready_timeout_s=None)
+        learner.wait_ready()
+        replica.wait_ready()
+        yield broker, learner, replica, with_layout(text, layout)
     finally:
-        replica.stop()
-        learner.stop()
+        stop_all([learner, replica])
         broker.stop()
 
 
 def outcome(server: LivefitProcess, model: str, name: str) -> float:
-    return server.metric("livefit_labels_total", model=model, outcome=name)
+    return metric(server, "livefit_labels_total", model=model, outcome=name)
 
 
 def wait_for(read, value: float, timeout: float = 30.0) -> float:
@@ -122,14 +140,14 @@ def test_ids_are_echoed_in_both_protocols_and_checked(fleet) -> None:
 def test_learner_and_replica_predictions_join_in_both_orders(fleet) -> None:
     broker, learner, replica, _ = fleet
     joined = outcome(learner, "joins", "joined")
-    trained = learner.metric("livefit_train_samples_total", model="joins")
-    pending = learner.metric("livefit_pending_predictions", model="joins")
+    trained = metric(learner, "livefit_train_samples_total", model="joins")
+    pending = metric(learner, "livefit_pending_predictions", model="joins")
     with PredictClient(learner.url) as on_learner, PredictClient(replica.url, protocol="v2") as r:
         assert on_learner.predict("joins", [ROW] * 3, ids=["l1", "l2", "l3"]).ids == [
             "l1", "l2", "l3",
         ]  # fmt: skip
         assert r.predict("joins", [ROW] * 2, ids=["r1", 42]).ids == ["r1", 42]
-        wait_for(lambda: learner.metric("livefit_pending_predictions", model="joins"), 5)
+        wait_for(lambda: metric(learner, "livefit_pending_predictions", model="joins"), 5)
         # labels after their predictions: over MQTT (one, and a batch) and over HTTP (replica)
         publish(broker, "livefit/joins/labels", [b'{"id": "l1", "y": [1.0]}'])
         publish(
@@ -140,25 +158,27 @@ def test_learner_and_replica_predictions_join_in_both_orders(fleet) -> None:
         r.label("joins", "r1", [4.0])
         # a label before its prediction: waits, then joins when the prediction comes
         on_learner.labels("joins", ["early"], [[5.0]])
-        wait_for(lambda: learner.metric("livefit_pending_labels", model="joins"), 1)
+        wait_for(lambda: metric(learner, "livefit_pending_labels", model="joins"), 1)
         on_learner.predict("joins", [ROW], ids=["early"])
         # and a label for an id already joined
         on_learner.label("joins", "l1", [9.0])
     assert wait_for(lambda: outcome(learner, "joins", "joined"), joined + 5) == joined + 5
     assert wait_for(lambda: outcome(learner, "joins", "duplicate"), 1) == 1
     assert wait_for(
-        lambda: learner.metric("livefit_train_samples_total", model="joins"), trained + 5
+        lambda: metric(learner, "livefit_train_samples_total", model="joins"), trained + 5
     ) == trained + 5  # fmt: skip
-    assert learner.metric("livefit_pending_predictions", model="joins") == pending + 1  # "l3"
-    assert learner.metric("livefit_served_score", model="joins", metric="mae", window="sliding") > 0
-    assert learner.metric("livefit_label_delay_seconds_count", model="joins") >= 5
+    assert metric(learner, "livefit_pending_predictions", model="joins") == pending + 1  # "l3"
+    assert (
+        metric(learner, "livefit_served_score", model="joins", metric="mae", window="sliding") > 0
+    )
+    assert metric(learner, "livefit_label_delay_seconds_count", model="joins") >= 5
     assert replica.metric("livefit_prediction_records_total", model="joins", outcome="sent") == 2
 
 
 @pytest.mark.parametrize("name", ["drop", "dflt"])
 def test_expiry_by_count_and_by_ttl(fleet, name: str) -> None:
     _, learner, _, _ = fleet
-    trained = learner.metric("livefit_train_samples_total", model=name)
+    trained = metric(learner, "livefit_train_samples_total", model=name)
     with PredictClient(learner.url) as client:
         client.predict(name, [ROW] * 7, ids=[f"{name}-{i}" for i in range(7)])
         assert wait_for(lambda: outcome(learner, name, "expired"), 2) == 2  # max_pending = 5
@@ -168,9 +188,9 @@ def test_expiry_by_count_and_by_ttl(fleet, name: str) -> None:
     assert outcome(learner, name, "late") == 1
     learned = 1 + (6 if name == "dflt" else 0)  # the join, and the default labels
     assert wait_for(
-        lambda: learner.metric("livefit_train_samples_total", model=name), trained + learned
+        lambda: metric(learner, "livefit_train_samples_total", model=name), trained + learned
     ) == trained + learned  # fmt: skip
-    assert learner.metric("livefit_pending_predictions", model=name) == 0
+    assert metric(learner, "livefit_pending_predictions", model=name) == 0
 
 
 def test_bad_labels_are_dead_lettered_and_acknowledged(fleet) -> None:
@@ -232,14 +252,14 @@ def test_restart_keeps_pending_predictions_and_early_labels(fleet) -> None:
         time.sleep(1.5)
         client.predict("joins", [ROW] * 2, ids=["k4", "k5"])  # in the log after it
         client.labels("joins", ["e0", "e1"], [[1.0], [2.0]])  # early labels
-        assert wait_for(lambda: learner.metric("livefit_pending_labels", model="joins"), 2) == 2
-    pending = learner.metric("livefit_pending_predictions", model="joins")
+        assert wait_for(lambda: metric(learner, "livefit_pending_labels", model="joins"), 2) == 2
+    pending = metric(learner, "livefit_pending_predictions", model="joins")
     joined = outcome(learner, "joins", "joined")
     learner.stop(signal.SIGKILL)
     again = LivefitProcess(text, learner.workdir).start()
     try:
-        assert again.metric("livefit_pending_predictions", model="joins") == pending
-        assert again.metric("livefit_pending_labels", model="joins") == 2
+        assert metric(again, "livefit_pending_predictions", model="joins") == pending
+        assert metric(again, "livefit_pending_labels", model="joins") == 2
         with PredictClient(again.url) as client:
             client.labels("joins", ["k0", "k1", "k2", "k3", "k4", "k5"], [[1.0]] * 6)
             client.predict("joins", [ROW] * 2, ids=["e0", "e1"])
@@ -269,14 +289,14 @@ def test_predictions_with_ids_never_wait_for_a_frozen_broker(
             own_broker.process.send_signal(signal.SIGSTOP)
             for i in range(300):  # the broker stays frozen until all 300 are answered
                 assert client.predict("joins", [ROW], ids=[f"f{i}"]) is not None
-        sent = learner.metric("livefit_prediction_records_total", model="joins", outcome="sent")
-        dropped = learner.metric(
-            "livefit_prediction_records_total", model="joins", outcome="dropped"
+        sent = metric(learner, "livefit_prediction_records_total", model="joins", outcome="sent")
+        dropped = metric(
+            learner, "livefit_prediction_records_total", model="joins", outcome="dropped"
         )
         assert sent + dropped == 301, (sent, dropped)
         own_broker.process.send_signal(signal.SIGCONT)
         pending = wait_for(
-            lambda: learner.metric("livefit_pending_predictions", model="joins"), sent
+            lambda: metric(learner, "livefit_pending_predictions", model="joins"), sent
         )
         assert pending == sent, (pending, sent, dropped)
     finally:

@@ -201,6 +201,9 @@ def test_a_second_learner_on_the_same_storage_exits_before_serving(
         )  # fmt: skip
         assert done.returncode == 2, done.stderr[-3000:]
         assert "livefit.lock" in done.stderr or "in use" in done.stderr, done.stderr[-3000:]
+        # It names the `livefit serve` to stop (the parent), not the training process that
+        # holds the lock: stopping that one would only get it started again.
+        assert f"(pid {first.pid} on " in done.stderr, done.stderr[-3000:]
         assert "serving worker 0 started" not in done.stderr  # nothing served, nothing connected
         assert predict_on_new_connections(first, 3) == [200] * 3
 

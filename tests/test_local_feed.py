@@ -6,6 +6,7 @@
   object, a frame cut short), the receiving side refuses it without allocating what a frame
   claims, keeps its thread alive and reconnects. Every forged or broken envelope is refused by
   the same verifier replicas use, counted by outcome, and never reaches the model.
+- The weights download of a serving process waits for a version the feed has not brought yet.
 """
 
 from __future__ import annotations
@@ -18,16 +19,22 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi import FastAPI
 
+from livefit.server.api.weights_api import build_weights_router
 from livefit.server.weights.local_feed import (
     FEED_FILE,
     LocalWeightFeed,
     LocalWeightSource,
     encode_frame,
 )
+from livefit.server.weights.weight_format import sha256_hex
 from livefit.server.weights.weight_keys import Authenticator, SigningKey
+from livefit.server.weights.weight_publisher import EncodedWeights, WeightStore
 from livefit.server.weights.weight_verifier import WeightVerifier
+from tests.inprocess import InProcessServer
 from tests.weight_envelopes import Weights, envelope, forged
 
 
@@ -148,3 +155,45 @@ def test_every_broken_envelope_on_the_feed_is_refused_by_the_verifier(directory:
         source.stop()
         feed.stop()
         verifier.stop()
+
+
+def test_a_pull_of_a_version_still_on_its_way_waits_for_it() -> None:
+    """A split learner's serving process can be asked for the version a manifest named before
+    the local feed brought it: the download waits for it (``wait_newer_s``); a version that a
+    newer one overtook, or that never comes, is 404; without the wait (the one-process learner,
+    replicas) a version not held is 404 at once."""
+    store = WeightStore(4)
+
+    def add(version: int) -> None:
+        payload = b"weights v%d" % version
+        store.add(EncodedWeights(version, payload, sha256_hex(payload), time.time(), "l" * 32))
+
+    def server(wait_newer_s: float) -> InProcessServer:
+        app = FastAPI()
+        app.include_router(build_weights_router(lambda _: store, lambda: ["demo"],
+                                                wait_newer_s=wait_newer_s))  # fmt: skip
+        return InProcessServer(app).start()
+
+    def get(at: InProcessServer, version: int) -> tuple[httpx.Response, float]:
+        started = time.monotonic()
+        answer = httpx.get(f"{at.url}/v1/models/demo/weights?version={version}", timeout=10)
+        return answer, time.monotonic() - started
+
+    add(1)
+    waiting, short, plain = server(5.0), server(0.3), server(0.0)
+    arriving = threading.Timer(0.3, add, (2,))
+    try:
+        arriving.start()
+        answer, _ = get(waiting, 2)
+        assert answer.status_code == 200 and answer.content == b"weights v2"
+        add(4)  # version 3 was overtaken: it will never come
+        answer, took = get(waiting, 3)
+        assert answer.status_code == 404 and took < 1.0
+        answer, took = get(plain, 5)
+        assert answer.status_code == 404 and took < 1.0
+        answer, took = get(short, 5)
+        assert answer.status_code == 404 and 0.3 <= took < 2.0
+    finally:
+        arriving.join()
+        for each in (waiting, short, plain):
+            each.stop()

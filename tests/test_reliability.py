@@ -1,12 +1,12 @@
 """Real failures, bounded in time: a learner killed with SIGKILL, a broker restarted, a corrupt
 checkpoint. Nothing a publisher had acknowledged may be lost, and versions never go backwards.
 
-Each test runs against both layouts of the learner: one process (the default) here, and split
-(``http.workers = 1``: a training process and a serving process under a parent) in
-``test_reliability_split.py``. In the split
-layout SIGKILL goes to the parent (the whole learner dies), SIGSTOP to the training process
-(the one holding the MQTT session), and the training figures are read from its series
-(``worker="training"``) on the merged ``/metrics``.
+Each test runs against both layouts of the learner (``tests/layouts.py``): one process (the
+default) here, and split (``http.workers = 1``: a training process and a serving process under
+a parent) in ``test_reliability_split.py``. In the split layout SIGKILL goes to the parent
+(the whole learner dies), SIGSTOP to the training process (the one holding the MQTT session),
+and the training figures are read from its series (``worker="training"``) on the merged
+``/metrics``.
 """
 
 from __future__ import annotations
@@ -25,23 +25,23 @@ from livefit.clients.publish import PublishStats, SamplePublisher
 from livefit.clients.synthetic import LinearStream, stream_chunks
 from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 from tests.configs import learner_config, model
+from tests.layouts import ONE_PROCESS, SPLIT, learner_pid, metric, with_layout
 
 pytestmark = pytest.mark.e2e
 MESSAGE_SAMPLES = 10
 
 
-LAYOUTS = {"one process": "", "split": "[http]\nworkers = 1\n"}
 # SIGKILLs of the whole learner: a split learner restarts two TensorFlow processes each time
 # (about twice as long), so it is killed 4 times (the kinds of process one at a time:
 # test_learner_group.py)
-KILLS = {"one process": 10, "split": 4}
+KILLS = {ONE_PROCESS: 10, SPLIT: 4}
 
 
 @pytest.fixture
 def layout() -> str:
     """The one-process learner here; ``test_reliability_split.py`` runs these tests again with
     the split learner (a file of its own, so the two halves run on different test workers)."""
-    return "one process"
+    return ONE_PROCESS
 
 
 def config(broker: Mosquitto, storage: Path, name: str, layout: str) -> str:
@@ -49,29 +49,7 @@ def config(broker: Mosquitto, storage: Path, name: str, layout: str) -> str:
         lines="learning_rate = 0.01\ndedup = true", train="max_batch_size = 64",
         weights="publish_interval_s = 0.2", checkpoint="interval_s = 1.0",
     )  # fmt: skip
-    return LAYOUTS[layout] + learner_config(broker, storage, f"{name}-{broker.port}", demo)
-
-
-def metric(server: LivefitProcess, name: str, **labels: str) -> float:
-    """A learner's sample: the one with exactly ``labels``, or a split learner's training
-    process's (``worker="training"``); 0.0 when neither exists yet."""
-    samples = server.metrics()
-    for found in (labels, {**labels, "worker": "training"}):
-        value = samples.get((name, tuple(sorted(found.items()))))
-        if value is not None:
-            return value
-    return 0.0
-
-
-def learner_pid(server: LivefitProcess) -> int:
-    """The process holding the MQTT session: the learner, or a split learner's training one."""
-    assert server.process is not None
-    for task in Path(f"/proc/{server.process.pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            environ = Path(f"/proc/{child}/environ").read_bytes()
-            if b"LIVEFIT_TRAINING_DIR=" in environ:
-                return int(child)
-    return server.process.pid
+    return with_layout(learner_config(broker, storage, f"{name}-{broker.port}", demo), layout)
 
 
 class StreamingPublisher(threading.Thread):

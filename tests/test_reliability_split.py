@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.layouts import SPLIT
 from tests.test_reliability import (  # noqa: F401  (collected here, with this file's layout)
     test_backpressure_slows_ingestion_and_drops_nothing,
     test_broker_restarted_twice_loses_nothing,
@@ -21,4 +22,4 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def layout() -> str:
-    return "split"
+    return SPLIT

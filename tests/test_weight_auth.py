@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -28,6 +29,9 @@ from livefit.server.messaging.broker import parse_broker_url
 from livefit.server.weights.weight_format import (
     MAGIC,
     SIGNING_CONTEXT,
+    WeightsMeta,
+    decode_weights,
+    encode_weights,
     open_envelope,
 )
 from livefit.server.weights.weight_keys import (
@@ -326,3 +330,23 @@ def test_processes_starting_together_on_one_storage_share_one_key(tmp_path: Path
         default_key_path(storage).name,
         default_public_path(storage).name,
     ], "no temporary file is left behind"
+
+
+def test_one_snapshot_always_encodes_to_the_same_bytes(weights: Weights) -> None:
+    """A split learner encodes each snapshot twice (the weight topic, its serving processes):
+    the payload a manifest signs must be the one its serving processes answer a pull with.
+    safetensors writes its metadata in hash-map order, so the header is made canonical."""
+    meta = WeightsMeta(model="demo", version=7, samples_seen=70, created_at=time.time(),
+                       newest_published_at=time.time(), fingerprint=weights.fingerprint,
+                       lineage=L1)  # fmt: skip
+    payloads = {encode_weights(weights.names, weights.arrays, meta) for _ in range(20)}
+    assert len(payloads) == 1
+    (data,) = payloads
+    size = int.from_bytes(data[:8], "little")
+    header = data[8 : 8 + size]
+    canonical = json.dumps(json.loads(header), sort_keys=True, separators=(",", ":"))
+    assert size % 8 == 0 and header.decode().rstrip(" ") == canonical
+    names, arrays, decoded = decode_weights(data)
+    assert names == list(weights.names) and decoded == meta
+    for got, want in zip(arrays, weights.arrays, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -9,6 +9,15 @@ are refused and counted while the replica keeps serving, and the learner's next 
 still taken; a WeightSubscriber in a plain Python process follows the learner; a replica with
 no key refuses to start. Over MQTT 3.1.1, a replica and a WeightSubscriber follow a learner
 restarted with new storage (a new lineage) and refuse the old lineage's snapshot replayed.
+
+The large-model test (a manifest, then a pull from the learner's HTTP) also runs against the
+split learner (``test_weight_stream_split.py``, ``tests/layouts.py``): there the weights are
+served by a serving process that got them over the local feed, not by the process that
+published the manifest. The other tests run once: the weight topic, its key and its
+signatures are the training process's, which is the one-process learner's code
+(``LearnerRuntime``), and replicas, forged weights and ``WeightSubscriber`` do not see which
+layout published them; the split learner's serving processes are checked to serve the training
+process's version in ``test_learner_group.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from livefit.clients.synthetic import LinearStream
 from livefit.clients.weights import WeightSubscriber
 from livefit.models import build_model
 from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
-from livefit.server.weights.weight_format import sha256_hex
+from livefit.server.weights.weight_format import open_envelope, sha256_hex
 from livefit.server.weights.weight_keys import (
     SigningKey,
     default_key_path,
@@ -40,6 +49,7 @@ from livefit.server.weights.weight_keys import (
     parse_signing_key,
 )
 from tests.configs import SMALL_MLP, learner_config, model
+from tests.layouts import ONE_PROCESS, metric, with_layout
 from tests.weight_envelopes import Weights, forged
 
 pytestmark = pytest.mark.e2e
@@ -63,12 +73,17 @@ def publish_samples(broker: Mosquitto, count: int, seed: int = 0, topic: str = "
 
 
 def settle(learner: LivefitProcess, trained: int) -> int:
-    """Wait until the learner trained ``trained`` samples and published its final version."""
-    assert learner.wait_for_metric("livefit_train_samples_total", trained, model="demo") == trained
+    """Wait until the learner (either layout) trained ``trained`` samples and published its
+    final version."""
+    deadline = time.monotonic() + 60
+    while metric(learner, "livefit_train_samples_total", model="demo") < trained:
+        assert time.monotonic() < deadline, "the learner did not train every sample"
+        time.sleep(0.1)
+    assert metric(learner, "livefit_train_samples_total", model="demo") == trained
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        version = learner.metric("livefit_model_version", model="demo")
-        if learner.metric("livefit_published_version", model="demo") == version:
+        version = metric(learner, "livefit_model_version", model="demo")
+        if metric(learner, "livefit_published_version", model="demo") == version:
             return int(version)
         time.sleep(0.05)
     raise AssertionError("learner did not publish its latest version")
@@ -162,6 +177,13 @@ def cluster(
 @pytest.fixture(autouse=True)
 def no_leaked_threads() -> Iterator[None]:
     yield
+
+
+@pytest.fixture
+def layout() -> str:
+    """The one-process learner; ``test_weight_stream_split.py`` overrides this with the split
+    one."""
+    return ONE_PROCESS
 
 
 def test_replicas_follow_the_learner_and_agree(
@@ -287,26 +309,42 @@ def test_weight_subscriber_in_a_plain_process(
     np.testing.assert_allclose(answer["outputs"], outputs, rtol=1e-5)
 
 
-def test_large_model_goes_through_manifest_and_http_pull(broker: Mosquitto, tmp_path: Path) -> None:
-    """Manifest, then a pull from the configured learner URL, with the bearer token."""
-    extra = 'max_inline_bytes = 1024\ntopic = "large/weights"'
-    head = '[http]\ntoken = "pull-token-5"'
+def test_large_model_goes_through_manifest_and_http_pull(
+    broker: Mosquitto, tmp_path: Path, layout: str
+) -> None:
+    """Manifest, then a pull from the configured learner URL, with the bearer token. What the
+    learner's HTTP serves for a version is the payload its manifest signed (same sha256), in
+    the same lineage; a split learner's serving process too, though it encoded the snapshot
+    apart and may get it after the manifest went out."""
+    topic, token = "large/weights", "pull-token-5"
+    extra = f'max_inline_bytes = 1024\ntopic = "{topic}"'
+    head = f'[http]\ntoken = "{token}"'
     text = config(broker, tmp_path / "data", extra=extra, head=head)
     text = text.replace("[models.demo]", '[models.demo]\ntopic = "large/samples"')
-    learner = LivefitProcess(text, tmp_path).start()
+    learner = LivefitProcess(with_layout(text, layout), tmp_path).start()
     replica = LivefitProcess(text + f'pull_url = "{learner.url}"\n', tmp_path, command="replica")
+    mqtt = Mqtt(broker)
     try:
         replica.start()
         with SamplePublisher(broker.url, "large/samples", fmt="msgpack") as publisher:
             x, y = LinearStream(input_dim=8, seed=2).sample(500)
             publisher.publish(x, y, batched=True)
         latest = settle(learner, 500)
-        assert learner.metric("livefit_weights_published_total", model="demo", kind="manifest") >= 1
-        assert learner.metric("livefit_weights_payload_bytes", model="demo") > 1024
+        published = metric(learner, "livefit_weights_published_total", model="demo",
+                           kind="manifest")  # fmt: skip
+        assert published >= 1
+        assert metric(learner, "livefit_weights_payload_bytes", model="demo") > 1024
         assert wait_serving(replica, latest) == latest
         assert predict(replica) == predict(learner)
         assert outcome(replica, "pull_failed") == 0
+        signed = open_envelope(mqtt.retained(topic)).header
+        assert (signed.kind, signed.version) == ("manifest", latest)
+        served = httpx.get(f"{learner.url}/v1/models/demo/weights?version={latest}",
+                           headers={"Authorization": f"Bearer {token}"}, timeout=10)  # fmt: skip
+        assert served.headers["x-weights-sha256"] == sha256_hex(served.content) == signed.sha256
+        assert lineage_of(replica, token) == lineage_of(learner, token) == signed.lineage
     finally:
+        mqtt.close()
         replica.stop()
         assert learner.stop() == 0
 

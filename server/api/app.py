@@ -82,8 +82,11 @@ def create_app(runtime: Runtime, group: WorkerMetrics | None = None) -> FastAPI:
         build_predict_router(runtime.served, runtime.metrics, predict_guard, http.body_timeout_s)
     )
     app.include_router(build_labels_router(runtime.served, predict_guard, http.body_timeout_s))
+    wait_newer = getattr(runtime, "wait_newer_weights_s", 0.0)  # a split learner's serving
     app.include_router(
-        build_weights_router(runtime.weight_store, lambda: list(runtime.served()), guard.check)
+        build_weights_router(
+            runtime.weight_store, lambda: list(runtime.served()), guard.check, wait_newer
+        )
     )
     app.include_router(
         build_dashboard_router(

@@ -3,10 +3,17 @@
 Replicas pull from here when a snapshot is too large to publish inline (the manifest on MQTT
 names the version, and binds it by size and sha256 in its signed header); people and tools can
 fetch weights the same way. Headers carry the version, lineage and sha256 (also as the ETag).
+
+A split learner's serving process gets each snapshot over its local feed a moment after the
+training process names it on the weight topic: a replica pulling the version a manifest named
+can ask before it arrived. There (``wait_newer_s`` > 0) a ``?version=N`` newer than every kept
+version waits for it up to ``wait_newer_s``, and is 404 only if it did not come (or a newer one
+came instead).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from fastapi import APIRouter, Request
@@ -14,13 +21,16 @@ from fastapi.responses import Response
 
 from livefit.server.api.predict_api import ApiError, Guard, error_response
 from livefit.server.weights.weight_format import WEIGHTS_CONTENT_TYPE
-from livefit.server.weights.weight_publisher import WeightStore
+from livefit.server.weights.weight_publisher import EncodedWeights, WeightStore
 
 StoreLookup = Callable[[str], WeightStore | None]
 
 
 def build_weights_router(
-    store_for: StoreLookup, models: Callable[[], list[str]], guard: Guard | None = None
+    store_for: StoreLookup,
+    models: Callable[[], list[str]],
+    guard: Guard | None = None,
+    wait_newer_s: float = 0.0,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -38,6 +48,8 @@ def build_weights_router(
             )
         store = store_for(name)
         item = store.get(version) if store is not None else None
+        if item is None and store is not None and version is not None and wait_newer_s > 0:
+            item = await _arriving(store, version, wait_newer_s)
         if item is None:
             if version is None:
                 return error_response(503, f"model {name} has no weights yet", {"Retry-After": "1"})
@@ -57,3 +69,17 @@ def build_weights_router(
         )
 
     return router
+
+
+async def _arriving(store: WeightStore, version: int, timeout: float) -> EncodedWeights | None:
+    """``version`` once the store has it; None when a version at least as new came without it,
+    or ``timeout`` passed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        newest = store.get()
+        if newest is not None and newest.version >= version:
+            return store.get(version)
+        if loop.time() >= deadline:
+            return None
+        await asyncio.sleep(0.02)

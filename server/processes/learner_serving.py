@@ -33,12 +33,16 @@ from livefit.server.weights.weight_verifier import WeightVerifier
 log = logging.getLogger(__name__)
 STATUS_STALE_S = 5.0  # no status from the training process for this long: say so
 FRAME_OVERHEAD_BYTES = 1 << 20  # the envelope around a payload of max_pull_bytes
+# A pull of a version newer than any held waits this long for it (weights_api.py): the weight
+# topic's manifest can reach a replica before the local feed brings the version here.
+WAIT_NEWER_WEIGHTS_S = 5.0
 
 
 class LearnerServingRuntime(ReplicaRuntime):
     """Serving process ``slot.index`` of a split learner."""
 
     role = "learner"
+    wait_newer_weights_s = WAIT_NEWER_WEIGHTS_S
 
     def __init__(
         self, settings: Settings, slot: WorkerSlot, registry: CollectorRegistry | None = None

@@ -76,6 +76,7 @@ class LearnerRuntime(ProcessRuntime):
     """Owns the broker connection, the ingest worker and one trainer per model."""
 
     role = "learner"
+    lock_owner_pid: int | None = None  # the storage lock names this pid (None: this process)
 
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
         super().__init__(settings, registry)
@@ -88,7 +89,7 @@ class LearnerRuntime(ProcessRuntime):
     def preflight(self) -> None:
         """The cheap checks that must pass before anything else starts: raises
         ``StorageLocked`` naming the other process when the storage dir is in use."""
-        self.storage_lock.acquire(self.settings.http.port)
+        self.storage_lock.acquire(self.settings.http.port, self.lock_owner_pid)
         _remove_temporary_files(Path(self.settings.storage.dir))
 
     def _start(self) -> None:

@@ -36,8 +36,11 @@ class StorageLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self, http_port: int | None = None) -> StorageLock:
-        """Lock, or raise ``StorageLocked`` at once (never waits)."""
+    def acquire(self, http_port: int | None = None, owner_pid: int | None = None) -> StorageLock:
+        """Lock, or raise ``StorageLocked`` at once (never waits). ``owner_pid``: the process
+        the file names as the holder when it is not this one (a split learner's training
+        process names the ``livefit serve`` that started it: stopping that one stops the
+        learner; stopping the training process would only get it restarted)."""
         if self._fd is not None:
             return self
         try:
@@ -61,7 +64,7 @@ class StorageLock:
             os.close(fd)
             raise
         owner = {
-            "pid": os.getpid(),
+            "pid": owner_pid or os.getpid(),
             "host": socket.gethostname(),
             "http_port": http_port,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

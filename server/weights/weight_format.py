@@ -4,7 +4,11 @@ A snapshot is one safetensors file (never pickle). Tensor keys are
 ``"{index:04d}:{variable path}"`` so the order of ``model.weights`` survives; the safetensors
 metadata (strings only) carries the model name, lineage, version, samples seen, creation
 time, the newest sample time and the architecture fingerprint. This is also what
-``GET /v1/models/{name}/weights`` serves.
+``GET /v1/models/{name}/weights`` serves. Its JSON header is canonical (keys sorted, no
+spaces, padded with spaces to 8 bytes), so one snapshot always encodes to the same bytes and
+sha256: a split learner encodes each snapshot twice, once for the weight topic and once for its
+serving processes, and the two must match (safetensors itself writes the metadata in hash-map
+order, different from one call to the next).
 
 On MQTT every message is an *envelope*, so that verification needs nothing from the
 transport (it works over MQTT 3.1.1 and brokers without MQTT 5 properties)::
@@ -135,7 +139,18 @@ def encode_weights(names: Sequence[str], arrays: Sequence[np.ndarray], meta: Wei
         else repr(meta.newest_published_at),
         "fingerprint": meta.fingerprint,
     }
-    return bytes(st_save(tensors, metadata=metadata))
+    return _canonical_header(bytes(st_save(tensors, metadata=metadata)))
+
+
+def _canonical_header(payload: bytes) -> bytes:
+    """``payload`` with its safetensors header rewritten canonically (sorted keys, compact,
+    space-padded to a multiple of 8 bytes); the tensor data and its offsets are unchanged."""
+    size = int.from_bytes(payload[:8], "little")
+    header = json.dumps(
+        json.loads(payload[8 : 8 + size]), sort_keys=True, separators=(",", ":")
+    ).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + payload[8 + size :]
 
 
 def decode_weights(payload: bytes) -> tuple[list[str], list[np.ndarray], WeightsMeta]:
