@@ -194,7 +194,7 @@ class ServeSettings(_Section):
     # queue while the previous batch runs). Measured: 3.3x the requests/s of 2 ms at 1 client,
     # the same or better at 64 (BENCHMARKS.md); Triton's default is also 0. "auto": chosen
     # per batch from the measured arrival rate and batch cost (0 unless waiting lowers the mean
-    # latency; server/inference/batcher.py AutoTimeout), at most max_batch_timeout_ms. Not the
+    # latency; server/inference/batch_cost.py AutoTimeout), at most max_batch_timeout_ms. Not the
     # default:
     # measured within noise of 0 at 1, 16 and 64 clients, where on the CPU benchmark model it
     # chooses 0 or under 1 ms anyway; its case (a GPU) is unmeasured (BENCHMARKS.md).
