@@ -1,7 +1,9 @@
 """HTTP: the FastAPI app (``app``), the prediction protocols (TF Serving REST and the Open
 Inference Protocol: ``protocols``, which re-exports ``tfserving``, ``oip``, ``oip_tensors`` and
-``protocol_common``; ``predict_api``, ``openapi_docs``), connection limits and
-admission from the request head (``connections``), the token guard (``auth``), the dashboard
+``protocol_common``; ``openapi_docs``), the prediction routes (``predict_api``, which
+re-exports ``predict_request``: a request's parts, ``predict_handlers``: what the routes do,
+and ``early_admission``: the refusal from the request head), connection limits and admission
+from the request head (``connections``), the token guard (``auth``), the dashboard
 (``dashboard``: its routes; ``dashboard_stats``, ``dashboard_page``) and the weights endpoints
 (``weights_api``).
 

@@ -21,7 +21,7 @@ So livefit runs uvicorn with its own subclass of uvicorn's httptools protocol (i
   request (see ``ConnectionTable``).
 * **Head size** (``http.max_header_bytes``): a head that grows past it gets 431 and is closed.
 * **Admission from the head** (with a runtime): a prediction request its model cannot admit
-  (``predict_api.EarlyAdmission``) is answered 429 as soon as its head has arrived, without
+  (``early_admission.EarlyAdmission``) is answered 429 as soon as its head has arrived, without
   the ASGI app; its body is read and dropped (within ``http.body_timeout_s``) and the
   connection kept alive. An admitted one holds its place in the model's queue and goes
   straight to its endpoint.

@@ -12,6 +12,10 @@ the storage lock.
 Each model has its own MQTT session (client id ``<broker.client_id>-<model>``), receive window
 and ingest worker: a model whose trainer cannot keep up holds back only its own stream, and the
 others keep their latency. All models share one write-ahead log.
+
+This module owns that order (``LearnerRuntime``) and readiness; what each model runs and how
+it is built is ``learner_models``' (``ModelRuntime``, ``LearnerHooks``, re-exported here), the
+log's replay and truncation ``learner_log``'s.
 """
 
 from __future__ import annotations
@@ -19,60 +23,31 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from livefit.models import weight_names
-from livefit.server.config import ModelSettings, Settings
+from livefit.server.config import Settings
 from livefit.server.inference.serving import ServedModel
-from livefit.server.ingestion.dedup import SequenceTracker
-from livefit.server.ingestion.ingest import IngestWorker, Route
-from livefit.server.ingestion.samples import SampleQueue
+from livefit.server.ingestion.ingest import Route
 from livefit.server.ingestion.wal import WriteAheadLog
-from livefit.server.labels.joiner import LabelJoiner
 from livefit.server.labels.recorder import recorder_for
-from livefit.server.messaging.broker import ManagedBroker, resolve_broker
-from livefit.server.messaging.codec import Rejection, SampleSpec, decode_message
+from livefit.server.messaging.broker import BrokerAddress, ManagedBroker, resolve_broker
 from livefit.server.messaging.mqtt import MqttConnection, for_broker
-from livefit.server.processes.process_runtime import ProcessRuntime, serving_half
-from livefit.server.snapshot import SnapshotSlot
-from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
+from livefit.server.processes.learner_log import LearnerLog, _remove_temporary_files
+from livefit.server.processes.learner_models import LearnerHooks, LearnerModels, ModelRuntime
+from livefit.server.processes.process_runtime import ProcessRuntime
 from livefit.server.storage.storage_health import StorageHealth
 from livefit.server.storage.storage_lock import StorageLock
-from livefit.server.training.modeling import (
-    enable_gpu_memory_growth,
-    resolve_device,
-)
-from livefit.server.training.trainer import Trainer, TrainerHooks
-from livefit.server.weights.weight_format import architecture_fingerprint
-from livefit.server.weights.weight_keys import learner_signing_key
-from livefit.server.weights.weight_publisher import WeightPublisher, WeightStore
+from livefit.server.training.modeling import enable_gpu_memory_growth
+from livefit.server.weights.weight_publisher import WeightStore
+
+__all__ = ["LearnerHooks", "LearnerRuntime", "ModelRuntime"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ModelRuntime:
-    """Everything livefit runs for one configured model."""
-
-    name: str
-    settings: ModelSettings
-    device: str
-    queue: SampleQueue
-    slot: SnapshotSlot
-    trainer: Trainer | None = None
-    served: ServedModel | None = None
-    store: WeightStore | None = None
-    publisher: WeightPublisher | None = None
-    dedup: SequenceTracker | None = None  # (source, seq) numbers: dedup, or only counting gaps
-    connection: MqttConnection | None = None
-    ingest: IngestWorker | None = None
-    labels: LabelJoiner | None = None  # joins its delayed labels to its predictions
-
-
-class LearnerRuntime(ProcessRuntime):
+class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
     """Owns the broker connection, the ingest worker and one trainer per model."""
 
     role = "learner"
@@ -109,6 +84,28 @@ class LearnerRuntime(ProcessRuntime):
         if self.wal is not None:
             restored = [m.trainer.trained_position for m in self.models.values() if m.trainer]
             self.wal.open(start_after=max(restored, default=0))
+        routes = self._sessions(address)
+        for runtime in self.models.values():
+            assert runtime.connection is not None
+            self._start_weight_stream(runtime, runtime.connection)
+        for runtime in self.models.values():
+            assert runtime.trainer is not None
+            runtime.trainer.start()
+        self._replay(routes)
+        for runtime in self.models.values():
+            assert runtime.ingest is not None and runtime.connection is not None
+            runtime.ingest.start()
+            runtime.connection.start()
+        deadline = time.monotonic() + self.settings.broker.connect_timeout_s
+        for runtime in self.models.values():
+            assert runtime.connection is not None
+            if not runtime.connection.wait_connected(max(0.0, deadline - time.monotonic())):
+                log.warning("not connected to %s yet; paho keeps retrying", address)
+                break
+
+    def _sessions(self, address: BrokerAddress) -> list[Route]:
+        """One MQTT session per model (samples, labels and predictions subscribed), with its
+        ingest route and worker, and its prediction recorder where it serves here."""
         protocol = self.managed_broker.protocol if self.managed_broker else None
         broker = for_broker(address, self.settings.broker, protocol)
         routes = []
@@ -129,81 +126,7 @@ class LearnerRuntime(ProcessRuntime):
                     f"{self.settings.broker.client_id}-{name}-predictions", broker.protocol,
                 )  # fmt: skip
             runtime.ingest = self._ingest_worker(runtime, route)
-        for runtime in self.models.values():
-            assert runtime.connection is not None
-            self._start_weight_stream(runtime, runtime.connection)
-        for runtime in self.models.values():
-            assert runtime.trainer is not None
-            runtime.trainer.start()
-        self._replay(routes)
-        for runtime in self.models.values():
-            assert runtime.ingest is not None and runtime.connection is not None
-            runtime.ingest.start()
-            runtime.connection.start()
-        deadline = time.monotonic() + self.settings.broker.connect_timeout_s
-        for runtime in self.models.values():
-            assert runtime.connection is not None
-            if not runtime.connection.wait_connected(max(0.0, deadline - time.monotonic())):
-                log.warning("not connected to %s yet; paho keeps retrying", address)
-                break
-
-    def _ingest_worker(self, runtime: ModelRuntime, route: Route) -> IngestWorker:
-        assert runtime.connection is not None
-        storage = self.settings.storage
-        worker = IngestWorker(
-            runtime.connection,
-            route,
-            self.metrics,
-            self.wal,
-            storage.wal_group_max,
-            commit_window_s=storage.wal_commit_window_ms / 1000.0 if self.wal is not None else 0.0,
-            storage=self.storage_health,
-            stall_after_s=runtime.settings.stall_after_s,
-        )
-        stalled = self.metrics.ingest_stalled.labels(model=runtime.name)
-        stalled.set_function(lambda: float(worker.stalled()))
-        return worker
-
-    def _replay(self, routes: list[Route]) -> None:
-        """Queue what was accepted (and acknowledged) before a crash but not yet checkpointed."""
-        if self.wal is None:
-            return
-        by_model = {route.model: route for route in routes}
-        replayed: dict[str, int] = {}
-        for record in self.wal.replay():
-            route = by_model.get(record.model)
-            runtime = self.models.get(record.model)
-            if route is None or runtime is None or runtime.trainer is None:
-                continue
-            if record.position <= runtime.trainer.trained_position:
-                continue
-            if route.labels is not None and route.labels.owns_record(record):
-                chunk = route.labels.replay(record)
-                if chunk is not None:
-                    route.queue.put(chunk)
-                continue
-            try:
-                decoded = decode_message(record.payload, route.spec, record.content_type)
-            except Rejection as exc:  # the model's shapes changed since: cannot train on it
-                log.warning(
-                    "log record %d no longer fits %s: %s", record.position, record.model, exc
-                )
-                continue
-            tracker = route.sequences
-            if tracker is not None and decoded.source is not None and decoded.seq is not None:
-                # Logged records were de-duplicated before they were logged: replay them all.
-                # (The checkpoint's dedup state already holds them; skipping would lose them.)
-                tracker.check(decoded.source, decoded.seq)
-                tracker.commit()
-            chunk = decoded.chunk
-            route.queue.put(replace(chunk, position=record.position))
-            replayed[record.model] = replayed.get(record.model, 0) + len(chunk)
-            self.metrics.wal_replayed_samples.labels(model=record.model).inc(len(chunk))
-        for route in routes:
-            for chunk in route.labels.leftover() if route.labels is not None else ():
-                route.queue.put(chunk)
-        for model, count in replayed.items():
-            log.info("replayed %d samples of %s from the write-ahead log", count, model)
+        return routes
 
     def report_drift(self, name: str, detections: int) -> None:
         """Count a detected drift and report it on the model's events topic."""
@@ -226,108 +149,6 @@ class LearnerRuntime(ProcessRuntime):
             content_type="application/json",
         )  # fmt: skip
 
-    def _truncate_log(self, checkpoint: Checkpoint) -> None:
-        """After a checkpoint, drop log segments that every model's checkpoint is past."""
-        if self.wal is None:
-            return
-        frontiers = [
-            m.trainer.checkpointed_position for m in self.models.values() if m.trainer is not None
-        ]
-        removed = self.wal.truncate(min(frontiers, default=0))
-        if removed:
-            log.info("write-ahead log: %d old segments removed", removed)
-
-    def _build_model(self, name: str, settings: ModelSettings, storage: Path) -> ModelRuntime:
-        # The weight-signing key first (made on first start): a replica started beside this
-        # learner on the same storage dir waits for its public key.
-        learner_signing_key(settings.weights, storage, name)
-        device = resolve_device(settings.device)
-        runtime = ModelRuntime(
-            name=name,
-            settings=settings,
-            device=device,
-            queue=SampleQueue(settings.train.queue_capacity),
-            slot=SnapshotSlot(),
-            dedup=SequenceTracker(),
-        )
-        self.metrics.init_model(name)
-        runtime.trainer = Trainer(
-            name,
-            settings,
-            runtime.queue,
-            runtime.slot,
-            self.metrics,
-            device,
-            checkpoints=CheckpointStore(
-                storage / "checkpoints" / name, name, settings.checkpoint.keep
-            ),
-            hooks=self._hooks(runtime),
-            storage=self.storage_health,
-        )
-        runtime.trainer.on_checkpoint(self._truncate_log)
-        runtime.trainer.warm_up()
-        restored = runtime.trainer.restored_from
-        if runtime.dedup and settings.dedup and restored and "dedup" in restored.notes:
-            runtime.dedup.loads(restored.notes["dedup"])
-        runtime.labels = self._label_joiner(runtime)
-        if restored is not None:
-            runtime.labels.restore(restored.notes)
-        runtime.served = self._build_served(name, settings, device, runtime.slot)
-        self.metrics.model_ready.labels(model=name).set(1)
-        log.info("model %s built on %s (%s builder)", name, device, settings.builder)
-        return runtime
-
-    def _label_joiner(self, runtime: ModelRuntime) -> LabelJoiner:
-        trainer, name = runtime.trainer, runtime.name
-        return LabelJoiner(
-            runtime.name,
-            runtime.settings,
-            self._spec(runtime.settings),
-            (self.settings.labels_topic(name), self.settings.predictions_topic(name)),
-            self.metrics,
-            trained=lambda: trainer.trained_position if trainer is not None else 0,
-        )
-
-    def _hooks(self, runtime: ModelRuntime) -> TrainerHooks:
-        return LearnerHooks(self, runtime)
-
-    def _build_served(
-        self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
-    ) -> ServedModel | None:
-        """Model ``name``'s serving half in this process (None: served elsewhere)."""
-        version_gauge = self.metrics.serving_version.labels(model=name)
-        return serving_half(
-            name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version)
-        )
-
-    def _start_weight_stream(self, runtime: ModelRuntime, connection: MqttConnection) -> None:
-        """Serving swaps and MQTT publishing follow every snapshot from now on."""
-        assert runtime.trainer is not None
-        model = runtime.trainer.model
-        names = weight_names(model)
-        weights = runtime.settings.weights
-        runtime.store = WeightStore(weights.keep_versions)
-        runtime.publisher = WeightPublisher(
-            model=runtime.name,
-            topic=self.settings.weights_topic(runtime.name),
-            names=names,
-            fingerprint=architecture_fingerprint(names, model.get_weights()),
-            connection=connection,
-            metrics=self.metrics,
-            store=runtime.store,
-            signer=learner_signing_key(weights, self.settings.storage.dir, runtime.name),
-            max_inline_bytes=weights.max_inline_bytes,
-            hmac_key=weights.key_bytes(),
-            refresh_interval_s=weights.refresh_interval_s,
-            publish_interval_s=weights.publish_interval_s,
-        )
-        runtime.slot.subscribe(runtime.publisher.offer)
-        if runtime.served is not None:
-            runtime.slot.subscribe(runtime.served.snapshot_arrived)
-        runtime.publisher.start()
-        if runtime.slot.latest is not None:
-            runtime.publisher.offer(runtime.slot.latest)
-
     def weight_store(self, name: str) -> WeightStore | None:
         runtime = self.models.get(name)
         return runtime.store if runtime is not None else None
@@ -335,28 +156,6 @@ class LearnerRuntime(ProcessRuntime):
     def served(self) -> dict[str, ServedModel]:
         """The models the prediction API answers for."""
         return {name: m.served for name, m in self.models.items() if m.served is not None}
-
-    def _route(self, runtime: ModelRuntime, subscription: str) -> Route:
-        s = runtime.settings
-        return Route(
-            model=runtime.name,
-            subscription=subscription,
-            spec=self._spec(s),
-            queue=runtime.queue,
-            dead_letter_topic=self.settings.dead_letter_topic(runtime.name),
-            sequences=runtime.dedup,
-            drop_duplicates=s.dedup,
-            labels=runtime.labels,
-        )
-
-    @staticmethod
-    def _spec(s: ModelSettings) -> SampleSpec:
-        return SampleSpec(
-            input_shape=tuple(s.input_shape),
-            target_shape=tuple(s.resolved_target_shape()),
-            max_message_bytes=s.max_message_bytes,
-            max_samples=s.max_samples_per_message,
-        )
 
     def ready(self) -> bool:
         """True when every model is warmed up, connected, learning, and storage works."""
@@ -409,42 +208,3 @@ class LearnerRuntime(ProcessRuntime):
             self.managed_broker = None
         self.storage_lock.release()
         self.started = False
-
-
-def _remove_temporary_files(storage: Path) -> None:
-    """Delete what an interrupted atomic write left (``*.tmp`` beside checkpoints and marks):
-    only whole files are ever renamed into place, so nothing else reads them."""
-    removed = 0
-    for leftover in (storage / "checkpoints").glob("*/*.tmp"):
-        leftover.unlink(missing_ok=True)
-        removed += 1
-    if removed:
-        log.info("removed %d temporary files left by an interrupted write", removed)
-
-
-class LearnerHooks(TrainerHooks):
-    """What model ``runtime``'s trainer asks of the learner around it."""
-
-    def __init__(self, learner: LearnerRuntime, runtime: ModelRuntime) -> None:
-        self.learner = learner
-        self.runtime = runtime
-
-    def predictions_waiting(self) -> bool:
-        served = self.runtime.served
-        return served is not None and served.busy()
-
-    def log_frontier(self, trained_position: int) -> int:
-        wal = self.learner.wal
-        return wal.frontier(self.runtime.name, trained_position) if wal is not None else 0
-
-    def checkpoint_notes(self) -> dict[str, str]:
-        """The dedup sequence numbers and the delayed labels' pending state."""
-        runtime = self.runtime
-        tracker = runtime.dedup if runtime.settings.dedup else None
-        found = {"dedup": tracker.dumps()} if tracker is not None else {}
-        if runtime.labels is not None:
-            found.update(runtime.labels.notes())
-        return found
-
-    def drift_detected(self, detections: int) -> None:
-        self.learner.report_drift(self.runtime.name, detections)

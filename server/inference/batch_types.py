@@ -1,0 +1,52 @@
+"""What goes through the batcher: the model call's signature (``PredictFn``), a queued request
+(``_Pending``), its answer (``Prediction``) or its ``DeadlineExceeded``, and the report after
+each model call (``BatchStats``).
+
+This module owns these plain types and nothing else; ``batcher`` uses and re-exports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PredictFn = Callable[[np.ndarray], tuple[np.ndarray, int]]
+
+
+class DeadlineExceeded(Exception):
+    """The request's deadline passed before it was served (HTTP 504)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What a request gets back: its own rows' outputs and the version that computed them."""
+
+    outputs: np.ndarray
+    version: int
+    queue_seconds: float
+
+
+@dataclass(slots=True)
+class _Pending:
+    rows: np.ndarray
+    future: asyncio.Future[Prediction]
+    enqueued_at: float
+    deadline: float
+    taken_at: float = field(default=0.0)
+
+    @property
+    def size(self) -> int:
+        return int(self.rows.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """Reported after each model call: rows, requests, and how long the call took."""
+
+    rows: int
+    requests: int
+    seconds: float
+    queue_seconds: list[float]
