@@ -133,8 +133,8 @@ def _result(spec: ModelSpec, probes: int) -> BenchResult:
 
 def _probe(target: _Target, http: httpx.Client, publisher, x, y) -> tuple[float, bool]:  # type: ignore[no-untyped-def]
     learner, labels = target.learner, target.labels
-    v0 = learner.metric("livefit_model_version", **labels)
-    trained0 = learner.metric("livefit_train_samples_total", **labels)
+    v0 = _present(learner, "livefit_model_version", labels)
+    trained0 = _present(learner, "livefit_train_samples_total", labels)
     body = json.dumps({"instances": [x.tolist()]}).encode()
     url = f"{target.serving_url}/v1/models/{MODEL}:predict"
     started = time.time()
@@ -144,9 +144,22 @@ def _probe(target: _Target, http: httpx.Client, publisher, x, y) -> tuple[float,
         answer = http.post(url, content=body, headers={"content-type": "application/json"})
         if answer.status_code == 200 and int(answer.json()["model_version"]) > v0:
             seconds = time.time() - started
-            trained = learner.metric("livefit_train_samples_total", **labels)
+            trained = _present(learner, "livefit_train_samples_total", labels)
             return seconds, trained == trained0 + 1
     return float("inf"), False
+
+
+def _present(learner: LivefitProcess, name: str, labels: dict[str, str]) -> float:
+    """The sample's value once a scrape has it. A split learner's merged ``/metrics`` leaves
+    out a process that did not answer in time, and a missing series must not read as 0 (a
+    version of 0 would make any answer look fresh)."""
+    key = (name, tuple(sorted(labels.items())))
+    deadline = time.monotonic() + 30.0
+    while (value := learner.metrics().get(key)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}{labels} missing from {learner.url}/metrics for 30 s")
+        time.sleep(0.05)
+    return value
 
 
 def _percentile(values: list[float], q: float) -> Spread:

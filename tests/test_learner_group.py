@@ -97,20 +97,23 @@ def test_the_training_process_feeds_both_serving_processes(
         assert weights.status_code == 200 and len(weights.content) > 100
         log = learner.log.read_text()
         assert "[training]" in log and "[worker 0]" in log and "[worker 1]" in log
-        # processes.training_niceness (default 10): every training thread yields the cores to
-        # serving (ingestion, trainer and TensorFlow's pools), no serving thread does
         assert learner.process is not None
         # the parent only supervises: it never loads TensorFlow (about 550 MiB of RSS)
         maps = Path(f"/proc/{learner.process.pid}/maps").read_text()
         assert "libtensorflow" not in maps, "the supervisor loaded TensorFlow"
-        base = _thread_niceness(learner.process.pid)[0]  # the parent's (CI may run niced)
+        base = _thread_niceness(learner.process.pid)[learner.process.pid]  # CI may run niced
         training_pid = _training_pid(learner)
         assert training_pid is not None
-        # (the trainer thread adds its own +5 while it gives way: 15)
-        assert min(_thread_niceness(training_pid)) == min(base + 10, 19)
+        # processes.training_niceness (default 10): the threads that train (ingestion, trainer,
+        # TensorFlow's pools...) yield the cores; its main thread (status, metrics answers)
+        # does not, so a machine busy with other work does not make readiness flap
+        threads = _thread_niceness(training_pid)
+        assert threads[training_pid] == base, threads
+        lowered = [tid for tid, nice in threads.items() if nice >= min(base + 10, 19)]
+        assert len(lowered) >= 3, threads  # (the trainer adds its own +5 while giving way)
         for pid in processes(learner):
             if pid != training_pid:
-                assert set(_thread_niceness(pid)) == {base}, pid
+                assert set(_thread_niceness(pid).values()) == {base}, pid
 
 
 def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_path: Path) -> None:
@@ -219,15 +222,15 @@ def _training_pid(learner: LivefitProcess) -> int | None:
     return None
 
 
-def _thread_niceness(pid: int) -> list[int]:
-    """The niceness of each thread of ``pid`` (field 19 of /proc/<pid>/task/<tid>/stat)."""
-    values = []
+def _thread_niceness(pid: int) -> dict[int, int]:
+    """{thread id: niceness} of ``pid``'s threads (field 19 of /proc/<pid>/task/<tid>/stat)."""
+    values = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
         except OSError:  # the thread ended
             continue
-        values.append(int(stat.rsplit(")", 1)[1].split()[16]))
+        values[int(task.name)] = int(stat.rsplit(")", 1)[1].split()[16])
     return values
 
 

@@ -68,8 +68,7 @@ class TrainingRuntime(LearnerRuntime):
             if runtime.slot.latest is not None:
                 local.offer(runtime.slot.latest)
             self.local.append(local)
-        self.send_status()
-        self.feed.start()  # the group's parent starts the serving processes once this exists
+        self.send_status()  # queued until the feed starts (run_training, at full priority)
 
     def _build_served(
         self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
@@ -107,28 +106,46 @@ class _TrainingHooks(LearnerHooks):
         return board is not None and board.busy(self.runtime.name)
 
 
-def lower_priority(increment: int) -> None:
-    """Add ``increment`` to the niceness of every thread of this process (Linux keeps it per
-    thread, and a new thread inherits its creator's), so that ingestion, the trainers and
-    TensorFlow's pools all yield the cores to the serving processes. Best effort: logged and
-    skipped where the platform refuses."""
+def lower_thread_priority(increment: int) -> None:
+    """Add ``increment`` to the calling thread's niceness (Linux keeps it per thread, and a new
+    thread inherits its creator's). Best effort: logged and skipped where refused."""
     if increment <= 0:
         return
+    tid = threading.get_native_id()
     try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:
-        threads = [threading.get_native_id()]
-    for tid in threads:
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+    except OSError as exc:
+        log.warning("could not lower the training threads' priority: %s", exc)
+
+
+def start_lowered(runtime: TrainingRuntime, increment: int) -> None:
+    """``runtime.start()`` on a thread ``increment`` nicer than this one, so that every thread
+    it starts (ingestion, the trainers and the pools of TensorFlow, whose context it creates,
+    checkpoint writers, weight publishers) yields the cores to the serving processes. The
+    calling thread keeps its priority, and with it the control plane it runs afterwards (the
+    status it sends, the local feed, its metrics answers): a lowered process starved by other
+    work on the machine would otherwise miss its status deadline and its metrics scrapes, and
+    readiness would flap. Raises what ``start`` raised."""
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        lower_thread_priority(increment)
         try:
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
-        except OSError as exc:
-            log.warning("could not lower the priority of thread %d: %s", tid, exc)
-    log.info("training process niceness +%d (processes.training_niceness)", increment)
+            runtime.start()
+        except BaseException as exc:  # handed to the caller
+            failure.append(exc)
+
+    starter = threading.Thread(target=start, name="livefit-training-start")
+    starter.start()
+    starter.join()
+    if failure:
+        raise failure[0]
+    if increment > 0:
+        log.info("training threads at niceness +%d (processes.training_niceness)", increment)
 
 
 def run_training(settings: Settings, slot: TrainingSlot) -> int:
     """Run the training process until SIGTERM or SIGINT; its exit status."""
-    lower_priority(settings.processes.training_niceness)  # before any part starts a thread
     runtime = TrainingRuntime(settings, slot)
     stopping = threading.Event()
 
@@ -145,10 +162,11 @@ def run_training(settings: Settings, slot: TrainingSlot) -> int:
         print(f"livefit: {exc}", file=sys.stderr)
         return 2
     try:
-        runtime.start()
+        start_lowered(runtime, settings.processes.training_niceness)
     except Exception:
         log.exception("the training process could not start")
         return 1
+    runtime.feed.start()  # the parent starts the serving processes once it exists
     metrics = WorkerMetrics(runtime.metrics.registry, TRAINING, (), slot.directory)
     metrics.start()
     log.info("training process ready: %s", ", ".join(runtime.models))
