@@ -133,7 +133,8 @@ class TensorFlowSettings(_Section):
 class ProcessSettings(_Section):
     """Operating-system settings of a split learner's processes (``http.workers`` >= 1)."""
 
-    # Added to the training process's niceness (every thread: ingestion, trainers, TensorFlow's
-    # pools). When training and serving both want the cores, the kernel gives them to the
-    # serving processes first; an idle machine still trains at full speed. 0: equal shares.
+    # Added to the niceness of the training process's threads that train (ingestion, trainers,
+    # TensorFlow's pools; not the main thread's status and metrics answers). When training and
+    # serving both want the cores, the kernel gives them to the serving processes first; an
+    # idle machine still trains at full speed. 0: equal shares.
     training_niceness: int = Field(10, ge=0, le=19)
