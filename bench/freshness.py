@@ -32,8 +32,8 @@ import numpy as np
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.models import MLP, ModelSpec
-from bench.procs import own_learner
-from livefit.server.processes.local_processes import LivefitProcess, running
+from bench.procs import started_own_learner
+from livefit.server.processes.local_processes import LivefitProcess
 
 MODEL = "fresh"
 
@@ -46,10 +46,10 @@ def run(ctx: Context) -> BenchResult:
         target = _Target(fleet.learner, fleet.replica.url, {"model": MODEL})
         _measure(ctx, result, "learner + replica", target, fleet.broker.url, probes)
         text = fleet.learner.config.read_text()
-        broker, split = own_learner(text, ctx.workdir / "split", "split-learner", 1)
-        with running(broker, split):
-            broker.start()
-            split.start(ready_timeout_s=240)
+        with started_own_learner(text, ctx.workdir / "split", "split-learner", 1) as (
+            broker,
+            split,
+        ):
             labels = {"model": MODEL, "worker": "training"}
             target = _Target(split, split.url, labels)
             _measure(ctx, result, "split learner's own serving process", target, broker.url,

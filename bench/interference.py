@@ -17,8 +17,8 @@ import time
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP, ModelSpec
-from bench.procs import ToolProcess, own_learner
-from livefit.server.processes.local_processes import LivefitProcess, running
+from bench.procs import ToolProcess, started_own_learner
+from livefit.server.processes.local_processes import LivefitProcess
 
 CLIENTS = 64
 MODEL = "busy"
@@ -39,10 +39,7 @@ def run(ctx: Context) -> BenchResult:
         text = fleet.learner.config.read_text()
         for command, extra in SPLIT_SIDES[:1] if ctx.quick else SPLIT_SIDES:  # quick: harness
             name = "split-learner" + ("-nice0" if extra else "")
-            broker, split = own_learner(text + extra, ctx.workdir / name, name, 1)
-            with running(broker, split):
-                broker.start()
-                split.start(ready_timeout_s=240)
+            with started_own_learner(text + extra, ctx.workdir / name, name, 1) as (broker, split):
                 _measure(ctx, result, command, split, broker.url, rounds, duration)
     return result
 

@@ -29,9 +29,9 @@ from bench.fleet import bench_tables
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.load import run_load
 from bench.models import MLP
-from bench.procs import ToolProcess, own_learner
+from bench.procs import ToolProcess, started_own_learner
 from livefit.server.logs import TRAINING_ENV, WORKER_ENV
-from livefit.server.processes.local_processes import LivefitProcess, running
+from livefit.server.processes.local_processes import LivefitProcess
 
 CLIENTS = 16
 MODEL = "soak"
@@ -163,10 +163,11 @@ def run(ctx: Context) -> BenchResult:
     # of a quick run holds every benchmark's models), on its own broker and storage.
     text = learner_config("mqtt://127.0.0.1:1", "-", "bench-memory", bench_tables((MODEL,)))
     command = "serve --workers 1"
-    broker, split = own_learner(text, ctx.workdir / "split", "split-learner", LAYOUTS[command])
-    with running(broker, split):
-        broker.start()
-        split.start(ready_timeout_s=240)
+    workers = LAYOUTS[command]
+    with started_own_learner(text, ctx.workdir / "split", "split-learner", workers) as (
+        broker,
+        split,
+    ):
         _measure(ctx, result, command, split, broker.url, samples, requests)
     return result
 

@@ -9,12 +9,13 @@ in the run's work directory, and the last lines are shown when a process fails t
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,16 @@ def own_learner(
     broker = Mosquitto(workdir / f"{name}-broker")
     text = relocated(config_text, broker.url, str(workdir / f"{name}-data"), workers)
     return broker, livefit_server(name, text, workdir)
+
+
+@contextlib.contextmanager
+def started_own_learner(
+    config_text: str, workdir: Path, name: str, workers: int
+) -> Iterator[tuple[Mosquitto, LivefitProcess]]:
+    """``own_learner``'s broker and learner, started (the learner given 240 s to be ready:
+    a split one starts two TensorFlow processes), and stopped on leaving."""
+    broker, learner = own_learner(config_text, workdir, name, workers)
+    with local_processes.running(broker, learner):
+        broker.start()
+        learner.start(ready_timeout_s=240)
+        yield broker, learner
