@@ -37,10 +37,12 @@ def run(ctx: Context) -> BenchResult:
     with ctx.fleet(MODEL) as fleet:
         _measure(ctx, result, "serve", fleet.learner, fleet.broker.url, rounds, duration)
         text = fleet.learner.config.read_text()
-        for command, extra in SPLIT_SIDES[:1] if ctx.quick else SPLIT_SIDES:  # quick: harness
-            name = "split-learner" + ("-nice0" if extra else "")
-            with started_own_learner(text + extra, ctx.workdir / name, name, 1) as (broker, split):
-                _measure(ctx, result, command, split, broker.url, rounds, duration)
+    # Each learner is measured alone: the one before is stopped with its backlog (the last
+    # saturated run is not drained), which would otherwise train beside the next one.
+    for command, extra in SPLIT_SIDES[:1] if ctx.quick else SPLIT_SIDES:  # quick: harness
+        name = "split-learner" + ("-nice0" if extra else "")
+        with started_own_learner(text + extra, ctx.workdir / name, name, 1) as (broker, split):
+            _measure(ctx, result, command, split, broker.url, rounds, duration)
     return result
 
 
