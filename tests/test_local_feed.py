@@ -17,13 +17,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
-from livefit.server.api.weights_api import build_weights_router
+from livefit.server.api.weights_api import MAX_WAITING, build_weights_router
 from livefit.server.weights.local_feed import (
     FEED_FILE,
     LocalWeightFeed,
@@ -180,7 +181,7 @@ def test_a_pull_of_a_version_still_on_its_way_waits_for_it() -> None:
         return answer, time.monotonic() - started
 
     add(1)
-    waiting, short, plain = server(5.0), server(0.3), server(0.0)
+    waiting, short, plain, flood = server(5.0), server(0.3), server(0.0), server(2.0)
     arriving = threading.Timer(0.3, add, (2,))
     try:
         arriving.start()
@@ -193,7 +194,14 @@ def test_a_pull_of_a_version_still_on_its_way_waits_for_it() -> None:
         assert answer.status_code == 404 and took < 1.0
         answer, took = get(short, 5)
         assert answer.status_code == 404 and 0.3 <= took < 2.0
+        # a flood of pulls for versions that never come: MAX_WAITING wait, the rest are 404 at
+        # once (they used to poll the store every 20 ms each, for 5 s)
+        with ThreadPoolExecutor(MAX_WAITING + 8) as pool:
+            answers = list(pool.map(lambda v: get(flood, v), range(10**6, 10**6 + 40)))
+        quick = [took for answer, took in answers if answer.status_code == 404 and took < 1.0]
+        assert all(answer.status_code == 404 for answer, _ in answers)
+        assert len(quick) >= 40 - MAX_WAITING, sorted(took for _, took in answers)
     finally:
         arriving.join()
-        for each in (waiting, short, plain):
+        for each in (waiting, short, plain, flood):
             each.stop()

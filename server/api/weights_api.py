@@ -8,7 +8,8 @@ A split learner's serving process gets each snapshot over its local feed a momen
 training process names it on the weight topic: a replica pulling the version a manifest named
 can ask before it arrived. There (``wait_newer_s`` > 0) a ``?version=N`` newer than every kept
 version waits for it up to ``wait_newer_s``, and is 404 only if it did not come (or a newer one
-came instead).
+came instead). At most ``MAX_WAITING`` requests wait at once; past that a version not held is
+404 at once, so requests for versions that will never come cannot pile up polling the store.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from livefit.server.weights.weight_format import WEIGHTS_CONTENT_TYPE
 from livefit.server.weights.weight_publisher import EncodedWeights, WeightStore
 
 StoreLookup = Callable[[str], WeightStore | None]
+MAX_WAITING = 16  # pulls waiting for a version on its way, per serving process
+POLL_S = 0.02
 
 
 def build_weights_router(
@@ -33,6 +36,7 @@ def build_weights_router(
     wait_newer_s: float = 0.0,
 ) -> APIRouter:
     router = APIRouter()
+    waiting = [0]  # requests in _arriving now (one event loop: no lock needed)
 
     @router.get("/v1/models/{name}/weights")
     async def weights(name: str, request: Request, version: int | None = None) -> Response:
@@ -48,8 +52,18 @@ def build_weights_router(
             )
         store = store_for(name)
         item = store.get(version) if store is not None else None
-        if item is None and store is not None and version is not None and wait_newer_s > 0:
-            item = await _arriving(store, version, wait_newer_s)
+        if (
+            item is None
+            and store is not None
+            and version is not None
+            and wait_newer_s > 0
+            and waiting[0] < MAX_WAITING
+        ):
+            waiting[0] += 1
+            try:
+                item = await _arriving(store, version, wait_newer_s)
+            finally:
+                waiting[0] -= 1
         if item is None:
             if version is None:
                 return error_response(503, f"model {name} has no weights yet", {"Retry-After": "1"})
@@ -82,4 +96,4 @@ async def _arriving(store: WeightStore, version: int, timeout: float) -> Encoded
             return store.get(version)
         if loop.time() >= deadline:
             return None
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(POLL_S)
