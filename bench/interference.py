@@ -2,7 +2,7 @@
 
 One ``livefit serve`` (default settings: one process) on a mosquitto started here, then the
 same learner split into a training process and one serving process (``http.workers = 1``) on
-its own mosquitto, at its default ``processes.training_niceness`` (10) and at 0. Each round
+its own mosquitto, at its default ``processes.training_niceness`` (0) and at 10. Each round
 measures the same 64-client prediction load twice: with the trainer idle, and while a
 publisher process streams 100-sample msgpack messages as fast as it can (started a second
 before the load, so the trainer is busy throughout; stopped after, and the backlog drained
@@ -22,11 +22,11 @@ from livefit.server.processes.local_processes import LivefitProcess
 
 CLIENTS = 64
 MODEL = "busy"
-# The split learner at its defaults, and with the training process at the serving processes'
-# priority (processes.training_niceness = 0, the layout before that setting): side by side.
+# The split learner at its defaults, and with its training threads yielding to serving
+# (processes.training_niceness = 10): side by side.
 SPLIT_SIDES = (
     ("serve --workers 1", ""),
-    ("serve --workers 1, training_niceness 0", "\n[processes]\ntraining_niceness = 0\n"),
+    ("serve --workers 1, training_niceness 10", "\n[processes]\ntraining_niceness = 10\n"),
 )
 
 
@@ -40,7 +40,7 @@ def run(ctx: Context) -> BenchResult:
     # Each learner is measured alone: the one before is stopped with its backlog (the last
     # saturated run is not drained), which would otherwise train beside the next one.
     for command, extra in SPLIT_SIDES[:1] if ctx.quick else SPLIT_SIDES:  # quick: harness
-        name = "split-learner" + ("-nice0" if extra else "")
+        name = "split-learner" + ("-nice10" if extra else "")
         with started_own_learner(text + extra, ctx.workdir / name, name, 1) as (broker, split):
             _measure(ctx, result, command, split, broker.url, rounds, duration)
     return result
@@ -117,7 +117,7 @@ def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
             "rounds": rounds,
             "servers": "`livefit serve`, default settings (one process); the same with "
             "`http.workers = 1` (a training process and a serving process), on its own broker, "
-            "at the default `processes.training_niceness` (10) and at 0",
+            "at the default `processes.training_niceness` (0) and at 10",
         },
     )
 

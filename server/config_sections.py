@@ -136,5 +136,6 @@ class ProcessSettings(_Section):
     # Added to the niceness of the training process's threads that train (ingestion, trainers,
     # TensorFlow's pools; not the main thread's status and metrics answers). When training and
     # serving both want the cores, the kernel gives them to the serving processes first; an
-    # idle machine still trains at full speed. 0: equal shares.
-    training_niceness: int = Field(10, ge=0, le=19)
+    # idle machine still trains at full speed. Default 0 (equal shares): at 10 the training
+    # threads starved whenever anything else saturated the machine (BENCHMARKS "interference").
+    training_niceness: int = Field(0, ge=0, le=19)

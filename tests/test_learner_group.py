@@ -78,7 +78,8 @@ def processes(learner: LivefitProcess) -> list[int]:
 def test_the_training_process_feeds_both_serving_processes(
     broker: Mosquitto, tmp_path: Path
 ) -> None:
-    with LivefitProcess(split_config(broker, tmp_path / "data"), tmp_path).start() as learner:
+    niced = "[processes]\ntraining_niceness = 10\n" + split_config(broker, tmp_path / "data")
+    with LivefitProcess(niced, tmp_path).start() as learner:
         assert len(processes(learner)) == 3  # training and two serving processes
         publish_samples(broker, 2000)
         wait_trained(learner, 2000)
@@ -104,8 +105,8 @@ def test_the_training_process_feeds_both_serving_processes(
         base = _thread_niceness(learner.process.pid)[learner.process.pid]  # CI may run niced
         training_pid = _training_pid(learner)
         assert training_pid is not None
-        # processes.training_niceness (default 10): the threads that train (ingestion, trainer,
-        # TensorFlow's pools...) yield the cores; its main thread (status, metrics answers)
+        # processes.training_niceness (10 here; default 0): the threads that train (ingestion,
+        # trainer, TensorFlow's pools) yield the cores; its main thread (status, metrics answers)
         # does not, so a machine busy with other work does not make readiness flap
         threads = _thread_niceness(training_pid)
         assert threads[training_pid] == base, threads
