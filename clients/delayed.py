@@ -24,7 +24,8 @@ import numpy as np
 
 from livefit.clients.pacing import Chunks, RatePacer, _messages
 from livefit.clients.predict import PredictClient, PredictError
-from livefit.clients.publisher import BrokerConnectionError, PublishError, SamplePublisher
+from livefit.clients.publish_results import BrokerConnectionError, PublishError
+from livefit.clients.publisher import SamplePublisher
 
 
 class DelayedLabelStream:

@@ -31,15 +31,15 @@ from rich.text import Text
 
 from livefit.clients.pacing import Chunks, RatePacer
 from livefit.clients.publish_args import add_arguments, parse_shape
-from livefit.clients.publisher import (
-    MAX_WINDOW,
+from livefit.clients.publish_results import (
     BrokerConnectionError,
     ProtocolUnsupported,
     PublishError,
     PublishStats,
     PublishTimeout,
-    SamplePublisher,
 )
+from livefit.clients.publish_window import MAX_WINDOW
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.rejections import RejectionWatcher
 from livefit.clients.synthetic import cycle_chunks, load_file, stream_chunks, stream_for_shape
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from livefit.clients.payloads import CONTENT_TYPES
-from livefit.clients.publisher import MAX_WINDOW
+from livefit.clients.publish_window import MAX_WINDOW
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,8 +3,9 @@
 It keeps at most ``window`` messages unacknowledged (paho has 65,535 message ids and no flow
 control of its own), paces to a rate in samples per second (``pacing.RatePacer``), stamps every
 message with ``ts``, ``source`` and an increasing ``seq``, and sets the MQTT 5 ContentType. The
-errors it raises and the ``PublishStats`` of a stream live here too. It owns the paho client;
-the CLI (``publish``) and the rejection watcher (``rejections``) only borrow it.
+window is its base class's (``publish_window``); the errors it raises and the ``PublishStats`` of
+a stream are ``publish_results``'. It owns the paho client; the CLI (``publish``) and the
+rejection watcher (``rejections``) only borrow it.
 """
 
 from __future__ import annotations
@@ -12,65 +13,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from livefit.clients.pacing import Chunks, RatePacer, _messages
 from livefit.clients.payloads import CONTENT_TYPES, Format, encode_samples
+from livefit.clients.publish_results import BrokerConnectionError, ProtocolUnsupported, PublishStats
+from livefit.clients.publish_window import MAX_WINDOW, PublishWindow
 from livefit.server.messaging.broker import parse_broker_url
 
-MAX_WINDOW = 65_535  # paho's message ids; beyond this publish() fails with MQTT_ERR_QUEUE_SIZE
 _PROTOCOLS = {"5": MQTTProtocolVersion.MQTTv5, "3.1.1": MQTTProtocolVersion.MQTTv311}
 
 
-class BrokerConnectionError(ConnectionError):
-    """The broker could not be reached, or refused the connection; the message says which."""
-
-
-class ProtocolUnsupported(BrokerConnectionError):
-    """The broker refused the MQTT version (amqtt refuses MQTT 5)."""
-
-
-class PublishError(RuntimeError):
-    """A message could not be handed to the broker."""
-
-
-class PublishTimeout(PublishError, TimeoutError):
-    """Messages stayed unacknowledged: no PUBACK arrived for the publisher's ack timeout."""
-
-
-@dataclass(frozen=True, slots=True)
-class PublishStats:
-    """What one publish_stream call sent; ``seconds`` runs until the last acknowledgement."""
-
-    samples: int
-    messages: int
-    seconds: float
-    rejected: int = 0  # PUBACKs with a failure reason code (MQTT 5), e.g. not authorized
-    dropped: int = 0  # QoS 0 messages lost to a disconnection
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else 0.0
-
-    def summary(self) -> str:
-        line = (
-            f"published {self.samples} samples in {self.messages} messages in "
-            f"{self.seconds:.2f} s ({self.samples_per_s:,.0f} samples/s)"
-        )
-        if self.rejected or self.dropped:
-            line += f"; {self.rejected} rejected by the broker, {self.dropped} dropped"
-        return line
-
-
-class SamplePublisher:
+class SamplePublisher(PublishWindow):
     """Publishes sample messages to one topic with at most ``window`` of them unacknowledged.
 
     Use as a context manager (connect, then flush and disconnect on exit) or call connect(),
@@ -114,27 +75,11 @@ class SamplePublisher:
         self.ack_timeout_s = ack_timeout_s
         self.ca_certs = ca_certs
         self._client: mqtt.Client | None = None
-        self._lock = threading.Condition()
-        self._in_flight = 0
-        self._max_in_flight = 0
-        self._limit = window  # lowered to the broker's Receive Maximum on connect
-        self._acks = 0
-        self._rejected = 0
-        self._dropped = 0
+        self._init_window(window)
         self._seq = 0
         self._connected = threading.Event()
         self._connack: ReasonCode | None = None
         self._properties = self._publish_properties()
-
-    @property
-    def in_flight(self) -> int:
-        """Messages handed to paho and not yet acknowledged (QoS 1) or written (QoS 0)."""
-        return self._in_flight
-
-    @property
-    def max_in_flight(self) -> int:
-        """The most messages ever in flight at once; never more than ``window``."""
-        return self._max_in_flight
 
     @property
     def client(self) -> mqtt.Client:
@@ -334,63 +279,3 @@ class SamplePublisher:
                 self._lock.notify_all()
         self._connack = reason_code
         self._connected.set()
-
-    def _on_publish(
-        self, _client: Any, _userdata: Any, _mid: int, reason_code: ReasonCode, _props: Any
-    ) -> None:
-        with self._lock:
-            self._in_flight = max(0, self._in_flight - 1)
-            self._acks += 1
-            if reason_code.is_failure:
-                self._rejected += 1
-            self._lock.notify_all()
-
-    def _on_disconnect(self, *_: Any) -> None:
-        if self.qos == 0:  # paho drops unsent QoS 0 packets on reconnect; they never get acked
-            with self._lock:
-                self._dropped += self._in_flight
-                self._in_flight = 0
-                self._lock.notify_all()
-
-    def _acquire_slot(self) -> None:
-        with self._lock:
-            if not self._wait_for(lambda: self._in_flight < self._limit, None):
-                raise self._timeout(f"with the window of {self.window} full")
-            self._in_flight += 1
-            self._max_in_flight = max(self._max_in_flight, self._in_flight)
-
-    def _release_slot(self, dropped: int = 0) -> None:
-        with self._lock:
-            self._in_flight = max(0, self._in_flight - 1)
-            self._dropped += dropped
-            self._lock.notify_all()
-
-    def _wait_for(self, condition: Callable[[], bool], timeout_s: float | None) -> bool:
-        """With the lock held: wait until ``condition``; False after timeout_s without an ack."""
-        timeout_s = self.ack_timeout_s if timeout_s is None else timeout_s
-        acks, progress_at = self._acks, time.monotonic()
-        while not condition():
-            if self._acks != acks:
-                acks, progress_at = self._acks, time.monotonic()
-            remaining = progress_at + timeout_s - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._lock.wait(remaining)
-        return True
-
-    def _check_result(self, rc: MQTTErrorCode) -> None:
-        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
-            return
-        if rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
-            if self.qos == 1:
-                return  # paho keeps it and sends it after reconnecting; on_publish follows
-            self._release_slot(dropped=1)
-            return
-        self._release_slot()
-        raise PublishError(f"paho refused the message: {mqtt.error_string(rc)}")
-
-    def _timeout(self, when: str) -> PublishTimeout:
-        return PublishTimeout(
-            f"{self._in_flight} messages unacknowledged {when}: no PUBACK from the broker at "
-            f"{self.address} for {self.ack_timeout_s:g} s"
-        )

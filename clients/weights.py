@@ -31,8 +31,9 @@ import numpy as np
 from livefit.models import weight_names
 from livefit.server.config import BrokerSettings
 from livefit.server.messaging.broker import parse_broker_url
+from livefit.server.weights.receiver_auth import Authenticator
 from livefit.server.weights.weight_format import WeightsMeta, architecture_fingerprint
-from livefit.server.weights.weight_keys import Authenticator, VerifyKey, parse_verify_key
+from livefit.server.weights.weight_keys import VerifyKey, parse_verify_key
 from livefit.server.weights.weight_receiver import (
     DEFAULT_MAX_PULL_BYTES,
     ReceivedWeights,

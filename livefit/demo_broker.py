@@ -68,7 +68,7 @@ def _connect_once(
     """Connect to a broker the demo did not start, as its learner will: MQTT 5, or 3.1.1
     where the broker does not speak 5; None (and the broker's reason said) if it refuses."""
     from livefit.server.config import BrokerSettings
-    from livefit.server.messaging.mqtt import probe
+    from livefit.server.messaging.probe import probe
 
     settings, protocol = BrokerSettings(), "5"
     result = probe(address, settings, protocol)

@@ -29,6 +29,7 @@ class _Progress:
         self.first_loss: float | None = None
         self.latest: dict[str, float] = {}
         self.previous: tuple[float, dict[str, float]] | None = None
+        self.first: tuple[float, dict[str, float]] | None = None
         self.rates: dict[str, float] = {}
 
     def poll(self) -> None:
@@ -50,15 +51,21 @@ class _Progress:
                     values[key] = values.get(key, 0.0) + sample.value
         now = time.monotonic()
         if self.previous is not None:
-            then, before = self.previous
-            for key in ("livefit_train_samples_total", "livefit_predict_batch_size_count",
-                        "livefit_predict_requests_total:200"):  # fmt: skip
-                self.rates[key] = (values.get(key, 0) - before.get(key, 0)) / max(now - then, 1e-6)
+            self.rates = _rates(self.previous, (now, values))
         self.previous = (now, values)
+        if self.first is None:
+            self.first = (now, values)
         self.latest = values
         loss = self.loss
         if self.first_loss is None and loss is not None and loss > 0:
             self.first_loss = loss
+
+    def whole_run_rates(self) -> dict[str, float]:
+        """The rates from the first poll to the latest (the live view's are since the one
+        before: a moment, which says little once the stream has ended)."""
+        if self.first is None or self.previous is None:
+            return {}
+        return _rates(self.first, self.previous)
 
     def get(self, key: str) -> float:
         return self.latest.get(key, 0.0)
@@ -75,17 +82,35 @@ class _Progress:
         return self.get(numerator) / max(self.get(denominator), 1.0)
 
 
+RATE_KEYS = (
+    "livefit_train_samples_total", "livefit_predict_batch_size_count",
+    "livefit_predict_requests_total:200",
+)  # fmt: skip
+
+
+def _rates(
+    start: tuple[float, dict[str, float]], end: tuple[float, dict[str, float]]
+) -> dict[str, float]:
+    """Per second of ``RATE_KEYS`` between two polls, each (monotonic time, values)."""
+    (then, before), (now, after) = start, end
+    return {k: (after.get(k, 0) - before.get(k, 0)) / max(now - then, 1e-6) for k in RATE_KEYS}
+
+
 def _loss_text(loss: float | None, digits: int = 5) -> str:
     return "-" if loss is None else f"{loss:.{digits}f}"
 
 
-def _table(progress: _Progress, predictor: _Predictor, title: str) -> Table:
+def _table(
+    progress: _Progress, predictor: _Predictor, title: str, rates: dict[str, float] | None = None
+) -> Table:
+    """The demo's figures; ``rates`` replaces the live rates (the summary's whole-run ones)."""
     table = Table(title=title, show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     p = progress
+    rates = p.rates if rates is None else rates
     table.add_row("samples trained", f"{p.get('livefit_train_samples_total'):,.0f}")
-    table.add_row("training samples/s", f"{p.rates.get('livefit_train_samples_total', 0):,.0f}")
+    table.add_row("training samples/s", f"{rates.get('livefit_train_samples_total', 0):,.0f}")
     table.add_row(
         "mean train batch",
         f"{p.ratio('livefit_train_batch_size_sum', 'livefit_train_batch_size_count'):.1f}",
@@ -94,7 +119,7 @@ def _table(progress: _Progress, predictor: _Predictor, title: str) -> Table:
     table.add_row("model version", f"{p.get('livefit_model_version'):,.0f}")
     table.add_row("serving version (learner)", f"{p.get('livefit_serving_version'):,.0f}")
     table.add_row("replica version", f"{p.replica_version:,.0f}")
-    table.add_row("predictions/s", f"{p.rates.get('livefit_predict_requests_total:200', 0):,.0f}")
+    table.add_row("predictions/s", f"{rates.get('livefit_predict_requests_total:200', 0):,.0f}")
     table.add_row(
         "mean predict batch",
         f"{p.ratio('livefit_predict_batch_size_sum', 'livefit_predict_batch_size_count'):.1f}",
@@ -137,7 +162,8 @@ def _summary(
 ) -> bool:  # fmt: skip
     """Print the final table and a few lines (each under 80 columns); True if it learned."""
     progress.poll()
-    console.print(_table(progress, predictor, f"livefit demo: summary after {elapsed:.0f} s"))
+    title = f"livefit demo: summary after {elapsed:.0f} s"
+    console.print(_table(progress, predictor, title, progress.whole_run_rates()))
     first, last = progress.first_loss, progress.loss
     learned = first is not None and last is not None and last < first
     console.print(

@@ -20,7 +20,7 @@ from livefit.server.weights.weight_format import (
     encode_weights,
     sha256_hex,
 )
-from livefit.server.weights.weight_publisher import EncodedWeights, WeightStore
+from livefit.server.weights.weight_store import EncodedWeights, WeightStore
 
 
 class HeldServingModel(ServingModel):

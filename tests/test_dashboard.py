@@ -32,7 +32,7 @@ from websockets.sync.client import ClientConnection, connect
 from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.server.api.dashboard import build_dashboard_router, render_page
-from livefit.server.metrics import Metrics
+from livefit.server.metrics import GROUPS, Metrics
 from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 from tests import configs
 from tests.configs import SMALL_MLP, model
@@ -50,6 +50,7 @@ def reject_constant(name: str) -> float:
 def fill_metrics() -> Metrics:
     """ "demo" with hand-picked values, "idle" at zero, "healthy" with no error, no "ghost"."""
     metrics = Metrics()
+    metrics.export(*GROUPS)  # a one-process learner's parts, and a replica's
     metrics.init_model("demo")
     metrics.init_model("idle")
     metrics.predict_requests.labels(model="healthy", code="200").inc(5)

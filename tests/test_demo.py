@@ -256,6 +256,18 @@ def test_the_demo_runs_over_mqtt_311(amqtt_broker: str, tmp_path: Path, demos: l
     assert replica is not None and int(replica[1].replace(",", "")) > 0, demo.output
     served = re.search(r"^([\d,]+) predictions served", demo.output, re.MULTILINE)
     assert served is not None and int(served[1].replace(",", "")) > 0, demo.output
+    # the summary's rate is the whole run's (samples trained over the seconds it ran), not
+    # the last half second's, which is about 0 once the publisher has sent everything
+    seconds = summary_figure(demo.output, r"summary after (\d+) s")
+    trained = summary_figure(demo.output, r"samples trained\s*[│|]?\s*([\d,]+)")
+    rate = summary_figure(demo.output, r"training samples/s\s*[│|]?\s*([\d,]+)")
+    assert 0.6 * trained / seconds <= rate <= 1.5 * trained / seconds, demo.output
+
+
+def summary_figure(output: str, pattern: str) -> float:
+    found = re.findall(pattern, output)
+    assert found, f"no {pattern!r} in:\n{output}"
+    return float(found[-1].replace(",", ""))
 
 
 def test_a_broker_refusing_the_demo_says_why_at_once(tmp_path: Path, demos: list[Demo]) -> None:

@@ -32,7 +32,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from livefit.server.config import Settings, load_settings
 from livefit.server.messaging.broker import parse_broker_url
-from livefit.server.metrics import Metrics
+from livefit.server.metrics import GROUPS, Metrics
 from livefit.server.processes.local_processes import LocalProcess, free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,7 +236,9 @@ def exported_series() -> set[str]:
         "info": ("_info",),
     }
     names: set[str] = set()
-    for family in Metrics().registry.collect():
+    metrics = Metrics()
+    metrics.export(*GROUPS)  # the families of every part some livefit process runs
+    for family in metrics.registry.collect():
         names.update(family.name + s for s in suffixes.get(family.type, ("",)))
     return names
 

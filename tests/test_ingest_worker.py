@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from livefit.server.ingestion.dedup import SequenceTracker
-from livefit.server.ingestion.ingest import IngestWorker, Route
+from livefit.server.ingestion.ingest import IngestWorker
+from livefit.server.ingestion.route import Route
 from livefit.server.ingestion.samples import SampleQueue
 from livefit.server.ingestion.wal import WriteAheadLog
 from livefit.server.messaging.codec import SampleSpec

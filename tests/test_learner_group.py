@@ -70,6 +70,16 @@ def wait_both_serve(learner: LivefitProcess, timeout: float = 30) -> int:
         time.sleep(0.1)
 
 
+def series_by_worker(learner: LivefitProcess) -> dict[str, set[str]]:
+    """The names of the samples each process of the group exports, by its worker label."""
+    names: dict[str, set[str]] = {}
+    for name, pairs in learner.metrics():
+        worker = dict(pairs).get("worker")
+        if worker is not None:
+            names.setdefault(worker, set()).add(name)
+    return names
+
+
 def processes(learner: LivefitProcess) -> list[int]:
     assert learner.process is not None
     return children_of(learner.process.pid)
@@ -93,6 +103,16 @@ def test_the_training_process_feeds_both_serving_processes(
         assert stats["model_version"] >= version
         assert stats["predict_requests_total"] >= 20  # summed over the serving processes
         assert per_worker(learner, "livefit_workers_unreachable") in ({"0": 0.0}, {"1": 0.0})
+        # each process exports the series of the parts it runs, and no other process's at 0
+        names = series_by_worker(learner)
+        training, serving = {"livefit_broker_connected", "livefit_train_samples_total",
+                             "livefit_model_version", "livefit_ingest_messages_total",
+                             "livefit_published_version"}, {
+                             "livefit_serving_version", "livefit_predict_requests_total",
+                             "livefit_http_connections", "livefit_weights_received_total"}  # fmt: skip
+        assert training <= names["training"] and not serving & names["training"], names
+        for worker in ("0", "1"):
+            assert serving <= names[worker] and not training & names[worker], names[worker]
         # the weight download (replicas' pulls) answers from a serving process
         weights = httpx.get(f"{learner.url}/v1/models/demo/weights", timeout=10)
         assert weights.status_code == 200 and len(weights.content) > 100

@@ -18,7 +18,8 @@ from livefit.server.ingestion.samples import SampleChunk, SampleQueue
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
-from livefit.server.training.trainer import VERSION_BLOCK, Trainer
+from livefit.server.training.checkpointing import VERSION_BLOCK
+from livefit.server.training.trainer import Trainer
 
 SETTINGS = ModelSettings.model_validate(
     {"builder": "linear", "input_shape": [2], "output_shape": [1], "seed": 0,

@@ -31,9 +31,10 @@ from livefit.server.weights.local_feed import (
     LocalWeightSource,
     encode_frame,
 )
+from livefit.server.weights.receiver_auth import Authenticator
 from livefit.server.weights.weight_format import sha256_hex
-from livefit.server.weights.weight_keys import Authenticator, SigningKey
-from livefit.server.weights.weight_publisher import EncodedWeights, WeightStore
+from livefit.server.weights.weight_keys import SigningKey
+from livefit.server.weights.weight_store import EncodedWeights, WeightStore
 from livefit.server.weights.weight_verifier import WeightVerifier
 from tests.inprocess import InProcessServer
 from tests.weight_envelopes import Weights, envelope, forged

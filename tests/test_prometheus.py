@@ -58,6 +58,49 @@ def no_leaked_threads() -> Iterator[None]:
     yield
 
 
+# Families each process must and must not export: a process exports the families of the parts
+# it runs, so a replica (no broker connection of its own, no trainer) has no series saying
+# "disconnected" or "version 0" for an alert to fire on, and a learner none of a replica's.
+OWNED = {
+    "learner": (
+        {"livefit_broker_connected", "livefit_train_samples_total", "livefit_model_version",
+         "livefit_ingest_messages_total", "livefit_predict_requests_total",
+         "livefit_serving_version", "livefit_published_version", "livefit_http_connections",
+         "livefit_pending_predictions", "livefit_prediction_records_total",
+         "livefit_model_ready"},
+        {"livefit_weights_received_total", "livefit_weights_age_seconds"},
+    ),
+    "replica": (
+        {"livefit_predict_requests_total", "livefit_serving_version",
+         "livefit_weights_received_total", "livefit_weights_age_seconds",
+         "livefit_http_connections", "livefit_model_ready"},
+        {"livefit_broker_connected", "livefit_broker_connects_total", "livefit_train_samples_total",
+         "livefit_train_steps_total", "livefit_model_version", "livefit_ingest_messages_total",
+         "livefit_queue_depth", "livefit_published_version", "livefit_checkpoints_total",
+         "livefit_pending_predictions", "livefit_labels_total", "livefit_storage_healthy"},
+    ),
+}  # fmt: skip
+
+
+def families(text: str) -> set[str]:
+    """The metric names a Prometheus text exposition declares (its ``# TYPE`` lines)."""
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            names.add(line.split()[2])  # a counter's is its samples' name, with _total
+    return names
+
+
+@pytest.mark.parametrize("role", ["learner", "replica"])
+def test_each_process_exports_the_families_of_the_parts_it_runs(
+    pair: dict[str, LivefitProcess], role: str
+) -> None:
+    declared = families(httpx.get(f"{pair[role].url}/metrics", timeout=10).text)
+    required, foreign = OWNED[role]
+    assert required <= declared, f"missing: {sorted(required - declared)}"
+    assert not foreign & declared, f"foreign families: {sorted(foreign & declared)}"
+
+
 @needs_prometheus
 @pytest.mark.parametrize("role", ["learner", "replica"])
 def test_promtool_lints_a_live_scrape(pair: dict[str, LivefitProcess], role: str) -> None:

@@ -11,7 +11,8 @@ from livefit.server.config import ModelSettings
 from livefit.server.ingestion.samples import SampleChunk, SampleQueue
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import SnapshotSlot
-from livefit.server.training.trainer import Trainer, TrainerHooks
+from livefit.server.training.hooks import TrainerHooks
+from livefit.server.training.trainer import Trainer
 
 
 def run_trainer(yield_ms: float, busy_for_s: float) -> tuple[Trainer, float, float]:

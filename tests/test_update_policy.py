@@ -15,7 +15,8 @@ from livefit.server.ingestion.samples import Batch, SampleQueue
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.storage.checkpoint import CheckpointStore
-from livefit.server.training.trainer import Trainer, TrainerHooks
+from livefit.server.training.hooks import TrainerHooks
+from livefit.server.training.trainer import Trainer
 
 
 def trainer(

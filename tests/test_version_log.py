@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from livefit.server.weights.weight_publisher import VersionLog
+from livefit.server.weights.version_log import VersionLog
 
 
 def test_versions_are_summarised_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:

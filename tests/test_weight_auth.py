@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from livefit.server.config import ConfigError, Settings, WeightsSettings
 from livefit.server.messaging.broker import parse_broker_url
+from livefit.server.weights.receiver_auth import Authenticator, receiver_authenticator
 from livefit.server.weights.weight_format import (
     MAGIC,
     SIGNING_CONTEXT,
@@ -35,14 +36,12 @@ from livefit.server.weights.weight_format import (
     open_envelope,
 )
 from livefit.server.weights.weight_keys import (
-    Authenticator,
     SigningKey,
     default_key_path,
     default_public_path,
     ensure_signing_key,
     learner_signing_key,
     parse_verify_key,
-    receiver_authenticator,
 )
 from livefit.server.weights.weight_receiver import ReceivedWeights, WeightReceiver
 from tests.weight_envelopes import Weights, envelope, forged, payload, signed_for

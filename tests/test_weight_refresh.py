@@ -21,10 +21,12 @@ from livefit.server.messaging.mqtt import MqttConnection
 from livefit.server.metrics import Metrics
 from livefit.server.processes.local_processes import Mosquitto
 from livefit.server.snapshot import Snapshot
+from livefit.server.weights.receiver_auth import Authenticator
 from livefit.server.weights.weight_format import open_envelope
-from livefit.server.weights.weight_keys import Authenticator, SigningKey
-from livefit.server.weights.weight_publisher import WeightPublisher, WeightStore
+from livefit.server.weights.weight_keys import SigningKey
+from livefit.server.weights.weight_publisher import WeightPublisher
 from livefit.server.weights.weight_receiver import WeightReceiver
+from livefit.server.weights.weight_store import WeightStore
 from tests.weight_envelopes import Weights
 
 TOPIC = "refresh/weights"
@@ -137,3 +139,25 @@ def test_the_topic_gets_at_most_one_snapshot_per_interval_and_the_last_on_stop(
     # 1.2 s at one per 0.5 s: the first at once, one or two more, and the last on stop
     assert 2 <= len(versions) <= 4, versions
     assert versions == sorted(versions) and versions[-1] == offered, (versions, offered)
+
+
+def test_a_snapshot_is_encoded_once_for_the_topic_and_the_local_feed(broker: Mosquitto) -> None:
+    """A split learner hands the same snapshot to the weight topic and to its local feed; the
+    second asks for the encoding the first made (equal bytes, the same object), and a newer
+    snapshot is encoded anew."""
+    weights, key, metrics = Weights.of("linear"), SigningKey.generate(), Metrics()
+    publisher = WeightPublisher(
+        "demo", TOPIC, weights.names, weights.fingerprint, _connection(broker, metrics), metrics,
+        WeightStore(2), key, max_inline_bytes=1 << 20,
+    )  # fmt: skip
+    arrays = tuple(np.asarray(a) for a in weights.arrays)
+    first = Snapshot("demo", 7, arrays, time.time(), 70, lineage="d" * 32)
+    encoded = publisher.encode(first)
+    assert publisher.encode(first) is encoded
+    second = Snapshot("demo", 8, arrays, time.time(), 80, lineage="d" * 32)
+    again = publisher.encode(second)
+    assert again is not encoded and again.version == 8 and again.sha256 != encoded.sha256
+    # an equal snapshot that is another object (another trainer hand-over) is encoded anew
+    assert (
+        publisher.encode(Snapshot("demo", 8, arrays, second.created_at, 80, "d" * 32)) is not again
+    )

@@ -39,159 +39,31 @@ So livefit runs uvicorn with its own subclass of uvicorn's httptools protocol (i
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import math
-import resource
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from uvicorn._types import ASGI3Application
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from livefit.server.api.connection_limits import (
+    CLOSE_REASONS,
+    FD_RESERVE,
+    ConnectionLimits,
+    close_response,
+    effective_max_connections,
+)
+from livefit.server.api.connection_table import Admission, ConnectionTable
 from livefit.server.inference.batcher import RESERVATION_KEY
 
 if TYPE_CHECKING:
     from livefit.server.config import HttpSettings
-    from livefit.server.metrics import Metrics
 
-log = logging.getLogger(__name__)
-FD_RESERVE = 128  # descriptors kept for everything else (broker, log, checkpoints, TensorFlow)
-CLOSE_REASONS = (
-    "header_timeout", "idle", "evicted", "refused", "header_too_large", "body_timeout",
-)  # fmt: skip
-
-
-def _response(status: int, reason: str, message: str, extra: str = "") -> bytes:
-    body = json.dumps({"error": message}).encode()
-    return (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n{extra}\r\n"
-    ).encode() + body
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    header_timeout_s: float
-    keep_alive_timeout_s: float
-    max_connections: int
-    max_header_bytes: int
-    body_timeout_s: float = 10.0
-
-    @classmethod
-    def from_settings(cls, http: HttpSettings) -> ConnectionLimits:
-        return cls(
-            http.header_timeout_s,
-            http.keep_alive_timeout_s,
-            effective_max_connections(http.max_connections),
-            http.max_header_bytes,
-            http.body_timeout_s,
-        )
-
-
-def effective_max_connections(wanted: int) -> int:
-    """``wanted``, lowered (with a warning) to leave ``FD_RESERVE`` descriptors of the soft
-    RLIMIT_NOFILE for the rest of the process."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or wanted <= soft - FD_RESERVE:
-        return wanted
-    fitted = max(16, soft - FD_RESERVE)
-    log.warning(
-        "http.max_connections=%d does not fit the open-file limit of %d (ulimit -n); using %d "
-        "(raise the limit, e.g. LimitNOFILE= or docker --ulimit nofile=, for more)",
-        wanted, soft, fitted,
-    )  # fmt: skip
-    return fitted
-
-
-Admission = Callable[
-    [bytes, bytes, list[tuple[bytes, bytes]], dict[str, Any]], "bytes | ASGI3Application | None"
-]
+__all__ = [
+    "CLOSE_REASONS", "FD_RESERVE", "Admission", "ConnectionLimits", "ConnectionTable",
+    "LimitedHttpProtocol", "effective_max_connections", "protocol_class",
+]  # fmt: skip
 NO_DEADLINE = math.inf
 HEAD, DRAIN, IDLE = 1, 2, 3  # what a connection's deadline is for
-
-
-class ConnectionTable:
-    """The open connections of one server: the evictable ones (no request in progress) in the
-    order they became so, oldest first, and one sweep that closes those past their deadline.
-
-    Deadlines are checked by a sweep a few times a second rather than a timer per request
-    (uvicorn arms and cancels one per request): under overload the server handles thousands
-    of requests a second, and the timers cost more than the refusals. A timeout therefore
-    acts up to a sweep interval late (a quarter of the shortest timeout, at most 0.5 s).
-    ``admission(method, url, headers, scope)`` answers a request from its head alone (a whole
-    response) or returns None."""
-
-    def __init__(
-        self, limits: ConnectionLimits, metrics: Metrics | None = None,
-        admission: Admission | None = None,
-    ) -> None:  # fmt: skip
-        self.limits = limits
-        self.admission = admission
-        self.members: set[LimitedHttpProtocol] = set()
-        self.evictable: OrderedDict[LimitedHttpProtocol, None] = OrderedDict()
-        shortest = min(limits.header_timeout_s, limits.keep_alive_timeout_s, limits.body_timeout_s)
-        self.sweep_interval_s = min(0.5, max(0.01, shortest / 4))
-        self._sweeping: asyncio.TimerHandle | None = None
-        self._gauge = metrics.http_connections if metrics is not None else None
-        self._closed = (
-            {r: metrics.http_connections_closed.labels(reason=r) for r in CLOSE_REASONS}
-            if metrics is not None
-            else {}
-        )
-
-    def opened(self, conn: LimitedHttpProtocol) -> bool:
-        """Take ``conn`` in, evicting the oldest evictable connection at the cap; False when
-        every connection is busy (``conn`` must then be refused)."""
-        if len(self.members) >= self.limits.max_connections:
-            if not self.evictable:
-                self.count("refused")
-                return False
-            victim, _ = self.evictable.popitem(last=False)
-            self.members.discard(victim)
-            self.count("evicted")
-            victim.evict()
-        self.members.add(conn)
-        self.evictable[conn] = None
-        self._changed()
-        if self._sweeping is None:
-            self._sweeping = conn.loop.call_later(self.sweep_interval_s, self._sweep, conn.loop)
-        return True
-
-    def closed(self, conn: LimitedHttpProtocol) -> None:
-        self.evictable.pop(conn, None)
-        if conn in self.members:
-            self.members.discard(conn)
-            self._changed()
-
-    def busy(self, conn: LimitedHttpProtocol) -> None:
-        self.evictable.pop(conn, None)
-
-    def idle(self, conn: LimitedHttpProtocol) -> None:
-        if conn in self.members:
-            self.evictable[conn] = None
-            self.evictable.move_to_end(conn)
-
-    def count(self, reason: str) -> None:
-        counter = self._closed.get(reason)
-        if counter is not None:
-            counter.inc()
-
-    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
-        now = time.monotonic()
-        for conn in [c for c in self.members if c.deadline <= now]:
-            conn.expire()
-        if self.members:
-            self._sweeping = loop.call_later(self.sweep_interval_s, self._sweep, loop)
-        else:
-            self._sweeping = None  # restarted by the next connection
-
-    def _changed(self) -> None:
-        if self._gauge is not None:
-            self._gauge.set(len(self.members))
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
@@ -199,14 +71,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     ``protocol_class``."""
 
     table: ClassVar[ConnectionTable]
-    REFUSED = _response(
+    REFUSED = close_response(
         503,
         "Service Unavailable",
         "too many connections, each with a request in progress; retry shortly",
         "retry-after: 1\r\n",
     )
-    HEAD_TIMEOUT = _response(408, "Request Timeout", "request head not received in time")
-    HEAD_TOO_LARGE = _response(
+    HEAD_TIMEOUT = close_response(408, "Request Timeout", "request head not received in time")
+    HEAD_TOO_LARGE = close_response(
         431, "Request Header Fields Too Large", "request head larger than http.max_header_bytes"
     )
 

@@ -49,6 +49,7 @@ class EarlyAdmission:
         self.served = served
         self.metrics = metrics
         self.token = token
+        metrics.export("serving")
         # The same endpoints the app routes to (its own instance), called without the app's
         # middleware and routing: an admitted prediction's ASGI work drops by about half.
         handlers = PredictHandlers(served, metrics, guard, body_timeout_s)

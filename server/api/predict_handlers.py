@@ -62,6 +62,7 @@ class PredictHandlers:
         self.served = served
         self.metrics = metrics
         self.guard = guard
+        metrics.export("serving")
         self.body_timeout_s = body_timeout_s
         self._observed: dict[tuple[str, int], tuple[Any, Any]] = {}
 

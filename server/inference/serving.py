@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from livefit.server.config import ModelSettings
+from livefit.server.flat_call import flat_caller
 from livefit.server.inference.batcher import REFUSAL_REASONS, BatchCost, BatchStats, RequestBatcher
 from livefit.server.labels.recorder import PredictionRecorder
 from livefit.server.metrics import Metrics
@@ -67,6 +68,7 @@ class ServingModel:
         with tf.device(device):
             self._infer = traced.get_concrete_function()  # one trace; it cannot retrace
         self._traced = traced
+        self._call = _flat_call(self._infer, tuple(input_shape))
 
     @property
     def version(self) -> int | None:
@@ -81,13 +83,13 @@ class ServingModel:
         time the smallest and largest sizes (the batch cost's starting point)."""
         with tf.device(self.device):
             for size in self.batch_sizes:
-                self._infer(np.zeros((size, *self.input_shape), dtype=np.float32))
+                self._call(np.zeros((size, *self.input_shape), dtype=np.float32))
             for size in {self.batch_sizes[0], self.batch_sizes[-1]}:
                 rows = np.zeros((size, *self.input_shape), dtype=np.float32)
                 times = []
                 for _ in range(3):
                     started = time.perf_counter()
-                    np.asarray(self._infer(rows))
+                    np.asarray(self._call(rows))
                     times.append(time.perf_counter() - started)
                 self.warm_timings[size] = sorted(times)[1]
 
@@ -127,7 +129,7 @@ class ServingModel:
             padded[:n] = rows
             rows = padded
         with tf.device(self.device):
-            out = self._infer(rows)
+            out = self._call(rows)
         return np.asarray(out)[:n]
 
     def _check_thread(self) -> None:
@@ -137,6 +139,25 @@ class ServingModel:
             self._owner = ident
         elif self._owner != ident:
             raise RuntimeError(f"serving model {self.name} used from two threads")
+
+
+def _flat_call(
+    function: tf.types.experimental.ConcreteFunction, input_shape: tuple[int, ...]
+) -> Callable[[np.ndarray], tf.Tensor]:
+    """``function`` as a call on one float32 array of shape (N, *input_shape), through its
+    flat entry (``flat_call``: 65-80 us of a 210-280 us 1-row call of the 64x64 MLP saved,
+    measured side by side). Anything else (another dtype or shape, or a TensorFlow without
+    that entry) goes through the public call, which checks it."""
+    flat = flat_caller(function)
+    if flat is None:  # a TensorFlow whose private entry moved: the public call, slower
+        return function
+
+    def call(rows: np.ndarray) -> tf.Tensor:
+        if rows.dtype != np.float32 or rows.shape[1:] != input_shape:
+            return function(rows)
+        return flat([rows])  # one output: _call_flat returns it as it is, not in a list
+
+    return call
 
 
 class ServedModel:
@@ -176,6 +197,7 @@ class ServedModel:
 
     def start_batching(self, metrics: Metrics) -> None:
         """Create and start the request batcher on the running event loop."""
+        metrics.export("serving", "admission")
         serve = self.settings.serve
         name = self.name
         batch_size = metrics.predict_batch_size.labels(model=name)

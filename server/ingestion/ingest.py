@@ -18,7 +18,8 @@ and predictions topics take the same way as events for its ``LabelJoiner`` (``la
 in the same group, acknowledged once durable, then joined; the samples a join makes are queued
 like any others. Without a WAL
 (``storage.wal = false``) messages are acknowledged once queued, and a crash can lose what was
-queued but not yet trained.
+queued but not yet trained. The commit is ``group_commit``'s (the worker's base class); where a
+model's messages go is its ``route``.
 """
 
 from __future__ import annotations
@@ -29,15 +30,13 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, replace
 
 from paho.mqtt.client import topic_matches_sub
 
-from livefit.server.ingestion.dedup import SequenceTracker
-from livefit.server.ingestion.samples import QueueClosed, SampleQueue
-from livefit.server.ingestion.wal import StorageError, WriteAheadLog
-from livefit.server.labels.joiner import LabelEvent, LabelJoiner
-from livefit.server.messaging.codec import DecodedMessage, Rejection, SampleSpec, decode_message
+from livefit.server.ingestion.group_commit import POLL_S, GroupCommit, Held
+from livefit.server.ingestion.route import Route
+from livefit.server.ingestion.wal import WriteAheadLog
+from livefit.server.messaging.codec import DecodedMessage, Rejection, decode_message
 from livefit.server.messaging.mqtt import MqttConnection, RawMessage
 from livefit.server.metrics import Metrics
 from livefit.server.storage.storage_health import LogLimiter, StorageHealth
@@ -45,43 +44,9 @@ from livefit.server.storage.storage_health import LogLimiter, StorageHealth
 log = logging.getLogger(__name__)
 DEAD_LETTER_PAYLOAD_LIMIT = 4096  # bytes of the original payload echoed in the report
 LOGGED_PAYLOAD_BYTES = 64  # bytes of a rejected payload shown in the log line
-_POLL_S = 0.1
-_RETRY_MIN_S, _RETRY_MAX_S = 0.05, 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Where one model's samples go: its subscription, shapes, queue and dead-letter topic.
-
-    ``sequences`` follows (source, seq) numbers: it drops duplicates when ``drop_duplicates``
-    (the model's ``dedup`` setting) and otherwise only counts what is missing."""
-
-    model: str
-    subscription: str
-    spec: SampleSpec
-    queue: SampleQueue
-    dead_letter_topic: str
-    sequences: SequenceTracker | None = None
-    drop_duplicates: bool = False
-    labels: LabelJoiner | None = None  # its delayed labels (labels and predictions topics)
-
-
-@dataclass(slots=True)
-class _Held:
-    """A handled message waiting for the group commit: ack it, then queue its samples (or
-    apply its label event). A tick has no message: it is logged and applied, never acked."""
-
-    message: RawMessage | None
-    decoded: DecodedMessage | None = None  # None: rejected, duplicate or unrouted (ack only)
-    event: LabelEvent | None = None
-    position: int | None = None  # the event's log position, once durable
-
-    @property
-    def logged(self) -> bool:
-        return self.decoded is not None or self.event is not None
-
-
-class IngestWorker:
+class IngestWorker(GroupCommit):
     """Drains one MQTT connection's inbox into its model's queue."""
 
     def __init__(
@@ -98,12 +63,13 @@ class IngestWorker:
         self.connection = connection
         self.route = route
         self.metrics = metrics
+        metrics.export("ingestion", "ingest_sequence", "ingest_health", "errors")
         self.wal = wal
         self.group_max = group_max
         self.commit_window_s = commit_window_s
         self.storage = storage or StorageHealth(metrics)
         self.stall_after_s = stall_after_s
-        self._held: list[_Held] = []
+        self._held: list[Held] = []
         self._in_hand: RawMessage | None = None
         self._group_started = 0.0  # when the first message of the held group was taken
         self._last_finished_at = time.time()  # when a message was last acknowledged
@@ -153,7 +119,7 @@ class IngestWorker:
         empty until ``commit_window_s`` after the group's first message (at once with 0)."""
         inbox = self.connection.inbox
         while not self._stopping.is_set():
-            wait = _POLL_S
+            wait = POLL_S
             if self._held:
                 wait = self._group_started + self.commit_window_s - time.monotonic()
             try:
@@ -177,7 +143,7 @@ class IngestWorker:
         try:
             self.handle(message)
         except Exception as exc:  # a bug or a case nobody foresaw: reject, never get stuck
-            self._held.append(_Held(message))
+            self._held.append(Held(message))
             self.metrics.internal_errors.labels(component="ingest").inc()
             try:
                 self._reject(message, Rejection("internal", f"{type(exc).__name__}: {exc}"[:300]))
@@ -200,7 +166,7 @@ class IngestWorker:
         if event is not None:
             if not self._held:
                 self._group_started = time.monotonic()
-            self._held.append(_Held(None, event=event))
+            self._held.append(Held(None, event=event))
 
     def _flush_safely(self) -> None:
         try:
@@ -220,27 +186,27 @@ class IngestWorker:
         route = self.route_for(message.topic)
         if route is None:
             log.warning("message on %s matches no model; acknowledged and dropped", message.topic)
-            self._held.append(_Held(message))
+            self._held.append(Held(message))
             return
         if route.labels is not None and route.labels.owns(message.topic):
             try:
                 event = route.labels.decode(message)
             except Rejection as rejection:
                 self._reject(message, rejection)
-                self._held.append(_Held(message))
+                self._held.append(Held(message))
                 return
-            self._held.append(_Held(message, event=event))
+            self._held.append(Held(message, event=event))
             return
         try:
             decoded = decode_message(message.payload, route.spec, message.content_type)
         except Rejection as rejection:
             self._reject(message, rejection)
-            self._held.append(_Held(message))
+            self._held.append(Held(message))
             return
         if self._is_duplicate(decoded):
-            self._held.append(_Held(message))
+            self._held.append(Held(message))
             return
-        self._held.append(_Held(message, decoded))
+        self._held.append(Held(message, decoded))
 
     def _is_duplicate(self, decoded: DecodedMessage) -> bool:
         route = self.route
@@ -251,128 +217,6 @@ class IngestWorker:
             self.metrics.ingest_duplicates.labels(model=route.model).inc()
             return True
         return False
-
-    # committing --------------------------------------------------------------------------------
-    def flush(self) -> None:
-        """Log the held group durably, then ack each message and queue its samples."""
-        if not self._held:
-            return
-        held = self._held
-        if self.wal is not None and not self._log(held):
-            self._held = []
-            self._forget_pending()  # stopping with the group not durable: the broker has it
-            return
-        self._held = []
-        if self.wal is not None:  # durable now: remember sequence numbers, ack in order
-            self._commit_sequences()
-            for item in held:
-                self._ack(item.message)
-        for index, item in enumerate(held):
-            if not self._deliver(item):
-                # Stopping: the rest are in the log (replayed at start) or with the broker.
-                log.info("ingest stopped with %d messages not queued", len(held) - index)
-                self._forget_pending()
-                return
-            if self.wal is None:
-                self._ack(item.message)
-        if self.wal is None:
-            self._commit_sequences()
-
-    def _log(self, held: list[_Held]) -> bool:
-        """Write the accepted messages of ``held`` to the log, retrying with back-off while
-        storage fails; set their positions. False if stopped before they were durable."""
-        accepted = [item for item in held if item.logged]
-        if not accepted:
-            return True
-        assert self.wal is not None
-        records = [self._record(item) for item in accepted]
-        delay = _RETRY_MIN_S
-        while True:
-            started = time.perf_counter()
-            try:
-                positions = self.wal.write_group(records)
-            except StorageError as exc:
-                self.storage.failed(exc.op, exc.cause)
-            else:
-                self.metrics.wal_commit_seconds.observe(time.perf_counter() - started)
-                self.storage.recovered("wal_open")
-                self.storage.recovered("wal_write")
-                self.storage.recovered("wal_fsync")
-                break
-            if self._stopping.wait(delay):
-                return False
-            delay = min(delay * 2, _RETRY_MAX_S)
-        for item, position in zip(accepted, positions, strict=True):
-            item.position = position
-            if item.decoded is not None:
-                chunk = replace(item.decoded.chunk, position=position)
-                item.decoded = replace(item.decoded, chunk=chunk)
-        return True
-
-    def _record(self, item: _Held) -> tuple[str, bytes, str | None]:
-        """The log record of a held sample message or label event."""
-        if item.event is not None:
-            assert self.route.labels is not None
-            return (self.route.model, *self.route.labels.wal_record(item.event))
-        assert item.message is not None
-        return self.route.model, item.message.payload, item.message.content_type
-
-    def _deliver(self, item: _Held) -> bool:
-        """Queue a held message's samples, or apply its label event and queue what it made.
-        False when stopping first."""
-        if item.decoded is not None:
-            return self._enqueue(item.decoded)
-        if item.event is None or self.route.labels is None:
-            return True
-        try:
-            chunk = self.route.labels.apply(item.event, item.position)
-        except Exception:  # a bug: the event is logged (replayed at start); the stream goes on
-            self.metrics.internal_errors.labels(component="labels").inc()
-            log.exception("applying a delayed-label event of %s failed", self.route.model)
-            return True
-        if chunk is None:
-            return True
-        return self._enqueue(DecodedMessage(chunk), counted=False)
-
-    def _ack(self, message: RawMessage | None) -> None:
-        if message is None:
-            return
-        self.connection.ack(message)
-        self._last_finished_at = time.time()
-
-    def _commit_sequences(self) -> None:
-        tracker = self.route.sequences
-        if tracker is None:
-            return
-        gaps = tracker.commit()
-        model = self.route.model
-        if gaps:
-            self.metrics.ingest_seq_gaps.labels(model=model).inc(gaps)
-        self.metrics.ingest_seq_missing.labels(model=model).set(tracker.missing)
-
-    def _forget_pending(self) -> None:
-        if self.route.sequences is not None:
-            self.route.sequences.discard_pending()
-
-    def _enqueue(self, decoded: DecodedMessage, counted: bool = True) -> bool:
-        """Put the samples on the model's queue, waiting while it is full (backpressure);
-        ``counted``: count it as an accepted sample message."""
-        route = self.route
-        while not self._stopping.is_set():
-            try:
-                if route.queue.put(decoded.chunk, timeout=_POLL_S):
-                    break
-            except QueueClosed:
-                return False
-        else:
-            return False
-        n = len(decoded.chunk)
-        m = self.metrics
-        if counted:
-            m.ingest_messages.labels(model=route.model, outcome="accepted", reason="none").inc()
-        m.ingest_samples.labels(model=route.model).inc(n)
-        m.queue_depth.labels(model=route.model).set(len(route.queue))
-        return True
 
     # rejecting ---------------------------------------------------------------------------------
     def _reject(self, message: RawMessage, rejection: Rejection) -> None:

@@ -81,6 +81,7 @@ class LabelJoiner:
         self.spec = spec
         self.labels_topic, self.predictions_topic = topics
         self.metrics = metrics
+        metrics.export("labels")
         self.trained = trained
         self.output_shape = tuple(settings.output_shape)
         labels = settings.labels

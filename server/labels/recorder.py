@@ -33,7 +33,7 @@ from livefit.server.config import BrokerSettings, Settings
 from livefit.server.labels.ids import RowId
 from livefit.server.labels.wire import PREDICTIONS_CONTENT_TYPE, encode_predictions
 from livefit.server.messaging.broker import BrokerAddress
-from livefit.server.messaging.mqtt import paho_client
+from livefit.server.messaging.paho_client import paho_client
 from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class PredictionRecorder:
         self.protocol = protocol or broker.protocol
         self.max_rows = max_rows
         self.source = client_id
+        metrics.export("prediction_records")
         self._sent = metrics.prediction_records.labels(model=model, outcome="sent")
         self._dropped = metrics.prediction_records.labels(model=model, outcome="dropped")
         self._buffer: deque[_Record] = deque()

@@ -26,17 +26,15 @@ import msgpack
 import numpy as np
 
 from livefit.server.labels.ids import IdError, RowId, check_id, check_ids
-from livefit.server.messaging.codec import (
+from livefit.server.messaging.codec import Rejection, SampleSpec, decode_map
+from livefit.server.messaging.codec_fields import (
     MAX_TS,
-    Rejection,
-    SampleSpec,
-    _optional_number,
-    _shape_targets,
-    _short,
-    _to_array,
-    _weights,
-    decode_map,
+    optional_number,
+    sample_weights,
+    shape_targets,
+    to_array,
 )
+from livefit.server.messaging.rejection import short
 from livefit.wire import raw_buffer
 
 PREDICTIONS_CONTENT_TYPE = "application/msgpack"
@@ -70,7 +68,7 @@ def decode_labels(payload: bytes, spec: SampleSpec, content_type: str | None = N
     except Rejection:
         raise
     except Exception as exc:  # a bug; the message is still counted, reported and acknowledged
-        raise Rejection("internal", f"{type(exc).__name__}: {_short(exc)}") from exc
+        raise Rejection("internal", f"{type(exc).__name__}: {short(exc)}") from exc
 
 
 def decode_predictions(
@@ -82,7 +80,7 @@ def decode_predictions(
     except Rejection:
         raise
     except Exception as exc:
-        raise Rejection("internal", f"{type(exc).__name__}: {_short(exc)}") from exc
+        raise Rejection("internal", f"{type(exc).__name__}: {short(exc)}") from exc
 
 
 def encode_predictions(
@@ -116,12 +114,12 @@ def _decode_labels(payload: bytes, spec: SampleSpec, content_type: str | None) -
         ids = check_ids(raw_ids, n, "id") if batched else [check_id(raw_ids, "id")]
     except IdError as exc:
         raise Rejection("bad_schema", str(exc)) from None
-    y = _to_array(document["y"], "y", spec.max_message_bytes)
-    y = _shape_targets(y, spec.target_shape, n, batched)
+    y = to_array(document["y"], "y", spec.max_message_bytes)
+    y = shape_targets(y, spec.target_shape, n, batched)
     if not np.isfinite(y).all():
         raise Rejection("non_finite", "y must be finite (no NaN or infinity)")
-    w = _weights(document.get("w"), n, batched, spec.max_message_bytes)
-    return LabelBatch(ids, y, w, _optional_number(document, "ts"))
+    w = sample_weights(document.get("w"), n, batched, spec.max_message_bytes)
+    return LabelBatch(ids, y, w, optional_number(document, "ts"))
 
 
 def _decode_predictions(
@@ -144,7 +142,7 @@ def _decode_predictions(
 
 
 def _rows(value: Any, name: str, shape: tuple[int, ...], n: int, limit: int) -> np.ndarray:
-    array = _to_array(value, name, limit)
+    array = to_array(value, name, limit)
     if array.shape != (n, *shape):
         raise Rejection(
             "bad_shape", f"{name} has shape {list(array.shape)}; expected {[n, *shape]}"

@@ -4,11 +4,12 @@ Callbacks stay tiny: ``on_message`` only puts the raw message on the inbox; ``on
 checks the reason code and (re)subscribes. Messages are acknowledged by the ingest worker once
 they are accepted into a model's queue (or rejected and reported), so a full queue stops the
 acks, and the broker (which honours our MQTT 5 Receive Maximum) stops sending: backpressure.
+The paho client is built by ``paho_client``; connection failures are counted and explained by
+``connection_status``; one-off probes of a broker are ``probe``'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -17,202 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from livefit.server.config import BrokerSettings, TlsSettings
+from livefit.server.config import BrokerSettings
 from livefit.server.messaging.broker import BrokerAddress
+from livefit.server.messaging.connection_status import ConnectionStatus
+from livefit.server.messaging.paho_client import paho_client
 from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: a client with the same id connected
 QUICK_DROP_S = 5.0  # a connection lost sooner than this after CONNACK counts as a quick drop
-UNREACHABLE_LOG_MAX_S = 60.0  # failed attempts are logged at 0, 1, 2, 4 ... 60, 60 ... s apart
-
-
-def apply_credentials(client: paho.Client, address: BrokerAddress, tls: TlsSettings) -> None:
-    """Username/password from the URL, and TLS (CA, client certificate) for ``mqtts://``."""
-    if address.username:
-        client.username_pw_set(address.username, address.password)
-    if address.tls:
-        client.tls_set(ca_certs=tls.ca_file, certfile=tls.cert_file, keyfile=tls.key_file)
-        client.tls_insecure_set(tls.insecure)
-
-
-def paho_client(
-    client_id: str,
-    address: BrokerAddress,
-    settings: BrokerSettings,
-    *,
-    protocol: str | None = None,
-    persistent: bool,
-    manual_ack: bool = False,
-) -> paho.Client:
-    """A paho client with every broker setting applied: protocol, reconnect back-off, TLS and
-    credentials. ``persistent``: the broker keeps the session across disconnects (MQTT 3.1.1
-    clean_session false; MQTT 5 sets clean_start and the expiry at connect)."""
-    v5 = (protocol or settings.protocol) == "5"
-    client = paho.Client(
-        CallbackAPIVersion.VERSION2,
-        client_id=client_id,
-        protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
-        clean_session=None if v5 else not persistent,
-        manual_ack=manual_ack,
-        reconnect_on_failure=True,
-    )
-    client.suppress_exceptions = True
-    client.reconnect_delay_set(
-        min_delay=max(1, round(settings.reconnect_min_s)),
-        max_delay=max(1, round(settings.reconnect_max_s)),
-    )
-    apply_credentials(client, address, settings.tls)
-    return client
-
-
-REFUSAL_HINTS = {
-    0x84: 'the broker does not speak MQTT 5 (amqtt: 3.1.1 only); set broker.protocol = "3.1.1"',
-    0x86: "check the user and password in broker.url (or LIVEFIT_BROKER__URL)",
-    0x87: "check the user and password in broker.url and the broker's ACL",
-    0x85: "the broker refuses this client id (broker.client_id)",
-}  # fmt: skip
-
-
-class ConnectionStatus:
-    """Whether one client is connected, and why not: its failed attempts since the last
-    connection, counted, and logged at the first failure, then 1, 2, 4 ... up to 60 s apart
-    (at once again when the failure changes, e.g. from unreachable to refused)."""
-
-    def __init__(
-        self, address: BrokerAddress, client_id: str, settings: BrokerSettings, what: str = ""
-    ) -> None:
-        self.address = address
-        self.client_id = client_id
-        self.retry_s = max(1, round(settings.reconnect_max_s))
-        self.what = what  # e.g. "weight stream of demo: "; empty for the learner's samples
-        self.connected = threading.Event()
-        self.failures = 0
-        self.refusal: str | None = None  # the broker's answer when it refused the last attempt
-        self._logged_at = 0.0
-        self._gap = 0.0
-
-    def failed(self, refusal: Any = None) -> None:
-        """An attempt failed: nothing answered (``refusal`` None) or the broker refused it
-        (``refusal``: the CONNACK reason code)."""
-        text = _refusal_text(refusal) if refusal is not None else None
-        changed = text != self.refusal
-        self.failures += 1
-        self.refusal = text
-        self.connected.clear()
-        now = time.monotonic()
-        if not changed and self.failures > 1 and now - self._logged_at < self._gap:
-            return
-        self._gap = 1.0 if changed or not self._gap else min(self._gap * 2, UNREACHABLE_LOG_MAX_S)
-        self._logged_at = now
-        attempts = "attempt" if self.failures == 1 else "attempts"
-        if text is None:
-            log.warning(
-                "%sMQTT broker at %s unreachable for client id %r (%d connection %s failed); "
-                "retrying every %d s at most",
-                self.what, self.address, self.client_id, self.failures, attempts, self.retry_s,
-            )  # fmt: skip
-        else:
-            log.error(
-                "%sMQTT broker at %s refused the connection for client id %r: %s (%d connection "
-                "%s failed); retrying every %d s at most",
-                self.what, self.address, self.client_id, text, self.failures, attempts,
-                self.retry_s,
-            )  # fmt: skip
-
-    def succeeded(self) -> int:
-        """Connected; returns how many attempts had failed before."""
-        failed, self.failures, self.refusal, self._gap = self.failures, 0, None, 0.0
-        self.connected.set()
-        return failed
-
-    def reason(self) -> str:
-        """Why there is no connection, for readiness and the dashboard."""
-        attempts = "attempt" if self.failures == 1 else "attempts"
-        if self.refusal is not None:
-            return (
-                f"MQTT broker at {self.address} refused the connection: {self.refusal} "
-                f"({self.failures} connection {attempts} failed)"
-            )
-        if self.failures:
-            return (
-                f"MQTT broker at {self.address} unreachable "
-                f"({self.failures} connection {attempts} failed)"
-            )
-        return f"not connected to the MQTT broker at {self.address}"
-
-
-def _refusal_text(reason: Any) -> str:
-    """paho's reason ("Not authorized") with what to do about it."""
-    hint = REFUSAL_HINTS.get(getattr(reason, "value", -1))
-    if hint is None and str(reason) in ("Not authorized", "Bad user name or password"):
-        hint = REFUSAL_HINTS[0x86]
-    return f"{reason}; {hint}" if hint else str(reason)
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
-    """One connection attempt: connected, refused (with the broker's reason), or no answer."""
-
-    connected: bool
-    refused: Any = None  # the CONNACK reason code when the broker refused
-    error: str = ""  # why nothing answered
-
-    def describe(self) -> str:
-        if self.connected:
-            return "connected"
-        return _refusal_text(self.refused) if self.refused is not None else self.error
-
-
-def probe(
-    address: BrokerAddress, settings: BrokerSettings, protocol: str, timeout_s: float = 3.0
-) -> ProbeResult:
-    """Connect once with ``protocol`` and a clean session, then disconnect."""
-    client = paho_client("", address, settings, protocol=protocol, persistent=False)
-    client.connect_timeout = timeout_s
-    answers: list[Any] = []
-    client.on_connect = lambda _c, _u, _f, reason, _p: answers.append(reason)
-    try:
-        client.connect(address.host, address.port, keepalive=max(5, settings.keepalive_s))
-        deadline = time.monotonic() + timeout_s
-        while not answers and time.monotonic() < deadline:
-            if client.loop(0.1) not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_AGAIN):
-                break
-    except (OSError, ValueError) as exc:
-        return ProbeResult(False, error=str(exc) or type(exc).__name__)
-    finally:
-        with contextlib.suppress(Exception):
-            client.disconnect()
-    if not answers:
-        return ProbeResult(False, error=f"no answer to CONNECT within {timeout_s:g} s")
-    if answers[0].is_failure:
-        return ProbeResult(False, refused=answers[0])
-    return ProbeResult(True)
-
-
-def for_broker(
-    address: BrokerAddress, settings: BrokerSettings, protocol: str | None = None
-) -> BrokerSettings:
-    """The broker settings every client of this process uses with the broker at ``address``:
-    ``settings`` with ``protocol`` (a broker livefit started says what it speaks), or with
-    MQTT 3.1.1 where ``settings`` say 5 and the broker refuses 5 as unsupported (an amqtt),
-    with a warning."""
-    if protocol is not None or settings.protocol != "5":
-        return settings.model_copy(update={"protocol": protocol or settings.protocol})
-    first = probe(address, settings, "5", timeout_s=min(3.0, settings.connect_timeout_s))
-    if first.refused is None or getattr(first.refused, "value", None) != 0x84:
-        return settings
-    if probe(address, settings, "3.1.1", timeout_s=min(3.0, settings.connect_timeout_s)).connected:
-        log.warning(
-            "MQTT broker at %s does not speak MQTT 5 (an amqtt?); using MQTT 3.1.1 "
-            '(set broker.protocol = "3.1.1" to say so)', address,
-        )  # fmt: skip
-        return settings.model_copy(update={"protocol": "3.1.1"})
-    return settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +58,7 @@ class MqttConnection:
         self.address = address
         self.settings = settings
         self.metrics = metrics
+        metrics.export("broker", "errors")
         self.protocol = protocol or settings.protocol
         self.inbox: queue.Queue[RawMessage] = queue.Queue(maxsize=settings.receive_maximum * 2)
         self._stopping = threading.Event()

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from livefit.server.ingestion.ingest import Route
+from livefit.server.ingestion.route import Route
 from livefit.server.ingestion.wal import WriteAheadLog
 from livefit.server.messaging.codec import Rejection, decode_message
 from livefit.server.metrics import Metrics

@@ -13,13 +13,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from livefit.models import weight_names
 from livefit.server.config import ModelSettings, Settings
 from livefit.server.inference.serving import ServedModel
 from livefit.server.ingestion.dedup import SequenceTracker
-from livefit.server.ingestion.ingest import IngestWorker, Route
+from livefit.server.ingestion.ingest import IngestWorker
+from livefit.server.ingestion.route import Route
 from livefit.server.ingestion.samples import SampleQueue
 from livefit.server.ingestion.wal import WriteAheadLog
 from livefit.server.labels.joiner import LabelJoiner
@@ -30,14 +30,13 @@ from livefit.server.processes.process_runtime import serving_half
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
 from livefit.server.storage.storage_health import StorageHealth
+from livefit.server.training.hooks import TrainerHooks
 from livefit.server.training.modeling import resolve_device
-from livefit.server.training.trainer import Trainer, TrainerHooks
+from livefit.server.training.trainer import Trainer
 from livefit.server.weights.weight_format import architecture_fingerprint
 from livefit.server.weights.weight_keys import learner_signing_key
-from livefit.server.weights.weight_publisher import WeightPublisher, WeightStore
-
-if TYPE_CHECKING:
-    from livefit.server.processes.runtime import LearnerRuntime
+from livefit.server.weights.weight_publisher import WeightPublisher
+from livefit.server.weights.weight_store import WeightStore
 
 log = logging.getLogger("livefit.server.processes.runtime")  # the name its lines always had
 
@@ -70,6 +69,7 @@ class LearnerModels:
     wal: WriteAheadLog | None
     storage_health: StorageHealth
     _truncate_log: Callable[[Checkpoint], None]  # LearnerLog's
+    report_drift: Callable[[str, int], None]  # LearnerRuntime's
 
     def _build_model(self, name: str, settings: ModelSettings, storage: Path) -> ModelRuntime:
         # The weight-signing key first (made on first start): a replica started beside this
@@ -129,6 +129,7 @@ class LearnerModels:
         self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
     ) -> ServedModel | None:
         """Model ``name``'s serving half in this process (None: served elsewhere)."""
+        self.metrics.export("serving")
         version_gauge = self.metrics.serving_version.labels(model=name)
         return serving_half(
             name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version)
@@ -205,7 +206,7 @@ class LearnerModels:
 class LearnerHooks(TrainerHooks):
     """What model ``runtime``'s trainer asks of the learner around it."""
 
-    def __init__(self, learner: LearnerRuntime, runtime: ModelRuntime) -> None:
+    def __init__(self, learner: LearnerModels, runtime: ModelRuntime) -> None:
         self.learner = learner
         self.runtime = runtime
 

@@ -22,12 +22,12 @@ from livefit.server.config import Settings
 from livefit.server.inference.busy_board import BusyBoard
 from livefit.server.labels.recorder import recorder_for
 from livefit.server.messaging.broker import resolve_broker
-from livefit.server.messaging.mqtt import for_broker
+from livefit.server.messaging.probe import for_broker
 from livefit.server.processes.learner_group import TrainingSlot
 from livefit.server.processes.replica import ReplicaModel, ReplicaRuntime
 from livefit.server.processes.workers import WorkerSlot
 from livefit.server.weights.local_feed import LocalWeightSource
-from livefit.server.weights.weight_keys import Authenticator
+from livefit.server.weights.receiver_auth import Authenticator
 from livefit.server.weights.weight_verifier import WeightVerifier
 
 log = logging.getLogger(__name__)

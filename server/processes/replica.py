@@ -25,17 +25,18 @@ from livefit.server.config import BrokerSettings, ConfigError, ModelSettings, Se
 from livefit.server.inference.serving import ServedModel
 from livefit.server.labels.recorder import recorder_for
 from livefit.server.messaging.broker import BrokerAddress, resolve_broker
-from livefit.server.messaging.mqtt import for_broker
+from livefit.server.messaging.probe import for_broker
 from livefit.server.processes.process_runtime import ProcessRuntime, serving_half
 from livefit.server.snapshot import Snapshot, SnapshotSlot
 from livefit.server.training.modeling import (
     enable_gpu_memory_growth,
     resolve_device,
 )
+from livefit.server.weights.receiver_auth import Authenticator, receiver_authenticator
+from livefit.server.weights.version_log import VersionLog
 from livefit.server.weights.weight_format import architecture_fingerprint, sha256_hex
-from livefit.server.weights.weight_keys import Authenticator, receiver_authenticator
-from livefit.server.weights.weight_publisher import EncodedWeights, VersionLog, WeightStore
 from livefit.server.weights.weight_receiver import WeightReceiver
+from livefit.server.weights.weight_store import EncodedWeights, WeightStore
 from livefit.server.weights.weight_verifier import OUTCOMES, ReceivedWeights, WeightVerifier
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class ReplicaRuntime(ProcessRuntime):
     def _build(self, name: str, settings: ModelSettings) -> ReplicaModel:
         device = resolve_device(settings.device)
         self.metrics.init_model(name)
+        self.metrics.export("serving", "weights_received", "freshness")
         for outcome in OUTCOMES:
             self.metrics.weights_received.labels(model=name, outcome=outcome)
         slot = SnapshotSlot()

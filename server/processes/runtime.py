@@ -29,18 +29,19 @@ from prometheus_client import CollectorRegistry
 
 from livefit.server.config import Settings
 from livefit.server.inference.serving import ServedModel
-from livefit.server.ingestion.ingest import Route
+from livefit.server.ingestion.route import Route
 from livefit.server.ingestion.wal import WriteAheadLog
 from livefit.server.labels.recorder import recorder_for
 from livefit.server.messaging.broker import BrokerAddress, ManagedBroker, resolve_broker
-from livefit.server.messaging.mqtt import MqttConnection, for_broker
+from livefit.server.messaging.mqtt import MqttConnection
+from livefit.server.messaging.probe import for_broker
 from livefit.server.processes.learner_log import LearnerLog, _remove_temporary_files
 from livefit.server.processes.learner_models import LearnerHooks, LearnerModels, ModelRuntime
 from livefit.server.processes.process_runtime import ProcessRuntime
 from livefit.server.storage.storage_health import StorageHealth
 from livefit.server.storage.storage_lock import StorageLock
 from livefit.server.training.modeling import enable_gpu_memory_growth
-from livefit.server.weights.weight_publisher import WeightStore
+from livefit.server.weights.weight_store import WeightStore
 
 __all__ = ["LearnerHooks", "LearnerRuntime", "ModelRuntime"]
 

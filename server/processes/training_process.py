@@ -31,7 +31,7 @@ from livefit.server.processes.runtime import LearnerHooks, LearnerRuntime, Model
 from livefit.server.processes.workers import TRAINING
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.storage.storage_lock import StorageLocked
-from livefit.server.training.trainer import TrainerHooks
+from livefit.server.training.hooks import TrainerHooks
 from livefit.server.weights.local_feed import (
     STATUS_INTERVAL_S,
     STATUS_KEY,

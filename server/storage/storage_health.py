@@ -34,6 +34,7 @@ class StorageHealth:
 
     def __init__(self, metrics: Metrics, log_interval_s: float = 10.0) -> None:
         self.metrics = metrics
+        metrics.export("ingest_health")
         self.log_interval_s = log_interval_s
         self._failing: dict[str, _Failing] = {}
         self._lock = threading.Lock()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import keras
 import numpy as np
@@ -29,6 +28,7 @@ import tensorflow as tf
 
 from livefit.models.standardize import standardize_layer
 from livefit.models.target_scaling import standardized_view, target_scaling_layer
+from livefit.server.flat_call import flat_caller
 
 _TRAINING_SENSITIVE = (
     keras.layers.Dropout,
@@ -189,7 +189,7 @@ class TrainStep:
         """
         with tf.device(self.device):
             self._call = self._step.get_concrete_function()
-        self._flat = _flat_caller(self._call)
+        self._flat = flat_caller(self._call)
 
     @property
     def traces(self) -> int:
@@ -233,25 +233,3 @@ class TrainStep:
         self.model.set_weights(weights)
         for variable, value in zip(variables, optimizer_state, strict=True):
             variable.assign(np.reshape(value, variable.shape))  # safetensors stores () as (1,)
-
-
-def _flat_caller(concrete: Any) -> Callable[[list[object]], list[tf.Tensor]] | None:
-    """Call the traced graph with tensors in signature order, skipping the argument binding
-    and casting that ``ConcreteFunction.__call__`` repeats on every call (0.1 ms a step,
-    about 10 %, measured at batch 256 and 1024).
-
-    ``_call_flat`` is TensorFlow's own internal entry point (what ``__call__`` ends in), not a
-    public API: when a TensorFlow version lacks it, None, and the public call is used.
-    ``tests/test_train_step_paths.py`` checks both paths give the same results.
-    """
-    call_flat = getattr(concrete, "_call_flat", None)
-    captured = getattr(concrete, "captured_inputs", None)
-    if call_flat is None or captured is None:
-        return None
-    dtypes = [spec.dtype for spec in concrete.structured_input_signature[0]]
-
-    def call(args: list[object]) -> list[tf.Tensor]:
-        tensors = [tf.convert_to_tensor(a, dtype=d) for a, d in zip(args, dtypes, strict=True)]
-        return call_flat(tensors, captured)
-
-    return call

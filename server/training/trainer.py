@@ -6,7 +6,8 @@ downstream: the learner's own serving swaps each one in, the weight topic's publ
 at most one per ``publish_interval_s`` (the newest). The interval stretches to 20 times what
 the copy took, so copying a large model never takes more than about 5 % of the trainer's time.
 Every ``checkpoint.interval_s`` it copies weights and optimizer state (the only pause,
-measured in ``livefit_checkpoint_stall_seconds``) and a background thread writes them.
+measured in ``livefit_checkpoint_stall_seconds``) and a background thread writes them
+(``checkpointing``, its base class, owns restore, versions and checkpoints).
 On stop it trains what was already accepted, hands over a final snapshot and writes a final
 checkpoint. A step whose loss, gradients or new weights are not finite is rolled back.
 """
@@ -17,17 +18,17 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
 from livefit.server.config import ModelSettings
 from livefit.server.ingestion.samples import Batch, QueueClosed, SampleQueue
-from livefit.server.latest_worker import LatestWorker
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore, new_lineage_id
+from livefit.server.storage.checkpoint import CheckpointStore, new_lineage_id
 from livefit.server.storage.storage_health import StorageHealth
+from livefit.server.training.checkpointing import TrainerCheckpoints
+from livefit.server.training.hooks import TrainerHooks
 from livefit.server.training.modeling import build_compiled, make_loss
 from livefit.server.training.prequential import PrequentialScores
 from livefit.server.training.train_step import TrainStep
@@ -38,31 +39,9 @@ _POLL_S = 0.1
 _GIVE_WAY_POLL_S = 0.0002
 _COPY_SHARE = 20.0  # a snapshot interval is at least this many times the copy it costs
 TRAINER_NICENESS = 5  # added to the trainer thread's OS niceness when it gives way to serving
-VERSION_BLOCK = 1000  # versions claimed on disk at a time (see _reserve_versions)
 
 
-class TrainerHooks:
-    """What a trainer asks of the process around it. Each answer has a neutral default, so a
-    trainer on its own (a test, the bench) needs none; the learner's runtime overrides them."""
-
-    def predictions_waiting(self) -> bool:
-        """True while prediction requests wait for this model: the trainer gives way
-        (``train.yield_to_serving_ms``) and skips its extra steps."""
-        return False
-
-    def log_frontier(self, trained_position: int) -> int:
-        """The write-ahead-log position nobody needs any more, given what is trained."""
-        return 0
-
-    def checkpoint_notes(self) -> dict[str, str]:
-        """Small text state to save with each checkpoint (dedup, delayed labels)."""
-        return {}
-
-    def drift_detected(self, detections: int) -> None:
-        """Concept drift was detected (``detections`` so far)."""
-
-
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """Trains model ``name`` from ``queue`` and publishes snapshots into ``slot``."""
 
     def __init__(
@@ -83,25 +62,13 @@ class Trainer:
         self.queue = queue
         self.slot = slot
         self.metrics = metrics
+        metrics.export("training", "training_state", "durability", "ingest_health", "errors")
         self.device = device
-        self.checkpoints = checkpoints
+        self._init_checkpoints(checkpoints, storage)
         self.version = 0
         self.lineage = new_lineage_id()  # replaced by the checkpoint dir's own in _restore
         self.samples_seen = 0
         self.trained_position = 0  # WAL position of the last message fully trained
-        self.restored_from: Checkpoint | None = None
-        self.checkpointed_position = 0  # WAL position the newest written checkpoint is past
-        self.storage = storage or StorageHealth(metrics)
-        self._writer = (
-            CheckpointWriter(name, checkpoints, metrics, self.storage) if checkpoints else None
-        )
-        if self._writer is not None:
-            self._writer.on_written.append(self._written)
-        self._last_checkpoint_at = time.monotonic()
-        self._checkpoint_version = -1
-        self._durable_version = -1  # newest version whose checkpoint is known to be on disk
-        self._durable_lock = threading.Lock()
-        self._reserved_version = 0
         self.scores = PrequentialScores(
             settings.prequential_window,
             classification="crossentropy" in settings.loss or "accuracy" in settings.metrics,
@@ -126,52 +93,11 @@ class Trainer:
             settings, self.step, self.hooks.drift_detected, seed=settings.seed
         )
 
-    def on_checkpoint(self, callback: Callable[[Checkpoint], None]) -> None:
-        """Call ``callback(checkpoint)`` after each checkpoint is on disk (writer thread)."""
-        if self._writer is not None:
-            self._writer.on_written.append(callback)
-
     def warm_up(self) -> None:
         """Restore the newest checkpoint, compile the step, hand serving the first snapshot."""
         self._restore()
         self.step.warm_up()
         self._snapshot(force=True)
-
-    def _restore(self) -> None:
-        if self.checkpoints is None:
-            return
-        checkpoint = self.checkpoints.load_latest()
-        mark = self.checkpoints.high_water_mark()
-        if checkpoint is None and mark == 0:
-            # Nothing to continue: versions restart at 0, so they count a new history.
-            self.lineage = self.checkpoints.new_lineage()
-        else:
-            self.lineage = self.checkpoints.lineage()
-            if checkpoint is not None and checkpoint.lineage not in ("", self.lineage):
-                log.warning("%s: checkpoint v%d names lineage %s, its directory %s; using the "
-                            "directory's", self.name, checkpoint.version, checkpoint.lineage,
-                            self.lineage)  # fmt: skip
-        if checkpoint is not None:
-            self.step.restore(checkpoint.weights, checkpoint.optimizer)
-            self.policy.restore(checkpoint.extra)
-            self.samples_seen = checkpoint.samples_seen
-            self.trained_position = checkpoint.position
-            self.checkpointed_position = checkpoint.position
-            self.restored_from = checkpoint
-        # Versions handed out after the checkpoint are never reused: continue above them.
-        self.version = max(checkpoint.version if checkpoint else 0, mark)
-        self._checkpoint_version = self.version
-        if checkpoint is not None and checkpoint.version == self.version:
-            self._durable_version = self.version  # a clean stop here needs no new checkpoint
-        self._reserved_version = self.version
-        self.metrics.model_samples.labels(model=self.name).set(self.samples_seen)
-        self.metrics.model_version.labels(model=self.name).set(self.version)
-        if checkpoint is not None:
-            log.info(
-                "%s restored from checkpoint v%d (%d samples, log position %d); continuing at v%d",
-                self.name, checkpoint.version, checkpoint.samples_seen, checkpoint.position,
-                self.version,
-            )  # fmt: skip
 
     def start(self) -> None:
         if self._writer is not None:
@@ -190,15 +116,7 @@ class Trainer:
                 log.error("trainer %s did not stop within %.0fs", self.name, timeout)
                 stopped = False
             self._thread = None
-        if self._writer is not None:
-            self._writer.stop()  # writes a checkpoint still pending
-        if stopped and self.checkpoints is not None and self._durable_version == self.version:
-            # A clean stop: the checkpoint at this exact version is on disk, so a restart may
-            # continue right here instead of above the reserved block (no version jump).
-            try:
-                self.checkpoints.write_high_water_mark(self.version)
-            except OSError as exc:  # the reserved mark stays: a restart jumps, never reuses
-                self.storage.failed("version_mark", exc)
+        self._stop_checkpoints(stopped)
 
     @property
     def running(self) -> bool:
@@ -324,109 +242,6 @@ class Trainer:
         self._last_snapshot = snapshot
         self.slot.publish(snapshot)
         return snapshot
-
-    def _reserve_versions(self) -> None:
-        """Claim the next block of versions on disk before using the first of them.
-
-        A restart continues above the claimed mark, so no version is ever handed out twice,
-        even by a learner killed long after its last checkpoint (versions may jump instead).
-        """
-        if self.checkpoints is None:
-            self._reserved_version = self.version + VERSION_BLOCK
-            return
-        try:
-            self.checkpoints.write_high_water_mark(self.version + VERSION_BLOCK)
-        except OSError as exc:  # retried at the next step; until then a crash may reuse versions
-            self.storage.failed("version_mark", exc)
-            return
-        self._reserved_version = self.version + VERSION_BLOCK
-        self.storage.recovered("version_mark")
-
-    def _maybe_checkpoint(self, final: bool = False) -> None:
-        """Copy the training state for the background writer (or write it now, when final).
-
-        Nothing to do when a checkpoint at this version was already handed to the writer (on
-        a final call, ``stop`` lets the writer finish it before recording the version)."""
-        if self._writer is None or self.version == self._checkpoint_version:
-            return
-        interval = self.settings.checkpoint.interval_s
-        if not final and time.monotonic() - self._last_checkpoint_at < interval:
-            return
-        started = time.perf_counter()
-        snapshot = self._snapshot(force=True)  # the checkpoint reuses its copy of the weights
-        if snapshot is None:  # cannot happen: a forced snapshot always exists
-            raise RuntimeError(f"no snapshot of {self.name} v{self.version} to checkpoint")
-        checkpoint = Checkpoint.from_snapshot(
-            snapshot,
-            position=self.hooks.log_frontier(self.trained_position),
-            optimizer=self.step.optimizer_state(),
-            extra=self.policy.state(),
-            notes=self.hooks.checkpoint_notes(),
-        )
-        self.metrics.checkpoint_stall_seconds.labels(model=self.name).observe(
-            time.perf_counter() - started
-        )
-        self._last_checkpoint_at = time.monotonic()
-        self._checkpoint_version = self.version
-        if final:
-            self._writer.write(checkpoint)  # the high-water mark follows in stop()
-        else:
-            self._writer.offer(checkpoint)
-
-    def _written(self, checkpoint: Checkpoint) -> None:
-        self.checkpointed_position = max(self.checkpointed_position, checkpoint.position)
-        with self._durable_lock:
-            self._durable_version = max(self._durable_version, checkpoint.version)
-
-
-class CheckpointWriter:
-    """Writes checkpoints on its own thread; the newest offered wins, older pending ones drop."""
-
-    def __init__(
-        self, name: str, store: CheckpointStore, metrics: Metrics, storage: StorageHealth
-    ) -> None:
-        self.name = name
-        self.store = store
-        self.metrics = metrics
-        self.storage = storage
-        self.on_written: list[Callable[[Checkpoint], None]] = []
-        self._worker: LatestWorker[Checkpoint] = LatestWorker(f"checkpoint-{name}", self.write)
-
-    def start(self) -> None:
-        self._worker.start()
-
-    def offer(self, checkpoint: Checkpoint) -> None:
-        self._worker.offer(checkpoint)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._worker.stop(timeout)
-
-    def write(self, checkpoint: Checkpoint) -> None:
-        """Write now, on the caller's thread; failures are counted and logged, never raised."""
-        started = time.perf_counter()
-        try:
-            path = self.store.write(checkpoint)
-        except OSError as exc:  # full or read-only disk: counted, logged with back-off
-            self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
-            self.storage.failed("checkpoint", exc)
-            return
-        except Exception:
-            self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
-            log.exception("checkpoint of %s v%d failed", self.name, checkpoint.version)
-            return
-        self.storage.recovered("checkpoint")
-        self.metrics.checkpoints.labels(model=self.name, outcome="ok").inc()
-        self.metrics.checkpoint_seconds.labels(model=self.name).observe(
-            time.perf_counter() - started
-        )
-        self.metrics.checkpoint_bytes.labels(model=self.name).set(path.stat().st_size)
-        log.info("checkpoint %s v%d written (log position %d)", self.name, checkpoint.version,
-                 checkpoint.position)  # fmt: skip
-        for callback in self.on_written:
-            try:
-                callback(checkpoint)
-            except Exception:
-                log.exception("after-checkpoint callback failed for %s", self.name)
 
 
 def _lower_thread_priority() -> None:

@@ -12,6 +12,10 @@ is unreachable nothing piles up: the newest snapshot goes out once it is back.
 Every ``refresh_interval_s`` without a new snapshot, the newest one is published again with a
 new ``signed_at`` (same bytes, same ``created_at``): receivers that limit the age of what they
 accept (``weights.max_age_s``) keep accepting an idle learner's retained weights.
+
+The encoded snapshots kept for HTTP pulls are ``weight_store``'s (``EncodedWeights`` and
+``WeightStore`` are re-exported here: ``server/api`` imports them from this module), the log
+lines about the versions ``version_log``'s.
 """
 
 from __future__ import annotations
@@ -19,15 +23,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from livefit.server.latest_worker import LatestWorker
 from livefit.server.messaging.mqtt import MqttConnection
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import Snapshot
+from livefit.server.weights.version_log import VersionLog
 from livefit.server.weights.weight_format import (
     ENVELOPE_CONTENT_TYPE,
     EnvelopeHeader,
@@ -36,115 +38,12 @@ from livefit.server.weights.weight_format import (
     sha256_hex,
 )
 from livefit.server.weights.weight_keys import SigningKey
+from livefit.server.weights.weight_store import EncodedWeights, WeightStore
 
 log = logging.getLogger(__name__)
 _REFRESH_POLL_S = 1.0
-SUMMARY_INTERVAL_S = 30.0  # at INFO, one line per this long about the versions that went by
 
-
-class VersionLog:
-    """Logs a stream of versions (several a second) without flooding the log.
-
-    Every version is logged at DEBUG. At INFO: the first one at once, then one summary line
-    per ``interval_s`` with the count and the version range (written when the next version
-    comes after the interval, or on ``flush``).
-    """
-
-    def __init__(
-        self,
-        logger: logging.Logger,
-        subject: str,
-        verb: str,
-        interval_s: float = SUMMARY_INTERVAL_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.logger, self.subject, self.verb = logger, subject, verb
-        self.interval_s = interval_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._since: float | None = None  # when the last INFO line was written
-        self._count = 0
-        self._low = self._high = 0
-        self._detail = ""
-
-    def record(self, version: int, message: str, detail: str = "") -> None:
-        """One new ``version``: ``message`` is its own line, ``detail`` goes in summaries."""
-        self.logger.debug("%s", message)
-        with self._lock:
-            now = self._clock()
-            if self._since is None:
-                self._since = now
-                line: str | None = message
-            else:
-                self._add(version, detail)
-                line = self._take(now) if now - self._since >= self.interval_s else None
-        if line is not None:
-            self.logger.info("%s", line)
-
-    def flush(self) -> None:
-        """Write the summary of what was not summarised yet (at shutdown)."""
-        with self._lock:
-            line = self._take(self._clock()) if self._count else None
-        if line is not None:
-            self.logger.info("%s", line)
-
-    def _add(self, version: int, detail: str) -> None:
-        if self._count == 0:
-            self._low = self._high = version
-        self._low, self._high = min(self._low, version), max(self._high, version)
-        self._count += 1
-        self._detail = detail
-
-    def _take(self, now: float) -> str:
-        seconds = now - (self._since if self._since is not None else now)
-        versions = "version" if self._count == 1 else "versions"
-        line = (
-            f"{self.subject}: {self._count} {versions} {self.verb} in the last {seconds:.0f} s "
-            f"(v{self._low} to v{self._high}{self._detail})"
-        )
-        self._since, self._count, self._detail = now, 0, ""
-        return line
-
-
-@dataclass(frozen=True, slots=True)
-class EncodedWeights:
-    """One snapshot as it travels: the safetensors bytes and their digest."""
-
-    version: int
-    payload: bytes
-    sha256: str
-    created_at: float
-    lineage: str = ""
-
-
-class WeightStore:
-    """The last few encoded snapshots of one model, for ``GET /v1/models/{name}/weights``.
-
-    Only one lineage is kept: a snapshot of another lineage replaces everything, so that a
-    ``?version=N`` never answers with another history's version N.
-    """
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self._items: OrderedDict[int, EncodedWeights] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def add(self, item: EncodedWeights) -> None:
-        with self._lock:
-            newest = next(reversed(self._items.values()), None)
-            if newest is not None and newest.lineage != item.lineage:
-                self._items.clear()
-            self._items.pop(item.version, None)
-            self._items[item.version] = item
-            while len(self._items) > self.keep:
-                self._items.popitem(last=False)
-
-    def get(self, version: int | None = None) -> EncodedWeights | None:
-        """The given version if still kept, else None; the newest when ``version`` is None."""
-        with self._lock:
-            if version is None:
-                return next(reversed(self._items.values()), None)
-            return self._items.get(version)
+__all__ = ["EncodedWeights", "WeightPublisher", "WeightStore"]
 
 
 class WeightPublisher:
@@ -173,11 +72,14 @@ class WeightPublisher:
         self.fingerprint = fingerprint
         self.connection = connection
         self.metrics = metrics
+        metrics.export("weights_published", "freshness", "errors")
         self.store = store
         self.signer = signer
         self.hmac_key = hmac_key
         self.max_inline_bytes = max_inline_bytes
         self.refresh_interval_s = refresh_interval_s
+        self._encode_lock = threading.Lock()
+        self._last_encoded: tuple[Snapshot, EncodedWeights] | None = None
         self.published_version: int | None = None
         self.publish_interval_s = publish_interval_s
         self._published_at = -float("inf")  # monotonic time of the last publish
@@ -243,6 +145,19 @@ class WeightPublisher:
         return encoded
 
     def encode(self, snapshot: Snapshot) -> EncodedWeights:
+        """``snapshot`` as the weight format's bytes with their hash. The newest encoding is
+        kept, so the weight topic and a split learner's local feed, handed the same snapshot,
+        encode it once between them (thread-safe)."""
+        with self._encode_lock:
+            last = self._last_encoded
+            if last is not None and last[0] is snapshot:
+                return last[1]
+        encoded = self._encode(snapshot)
+        with self._encode_lock:
+            self._last_encoded = (snapshot, encoded)
+        return encoded
+
+    def _encode(self, snapshot: Snapshot) -> EncodedWeights:
         meta = WeightsMeta(
             model=self.model,
             version=snapshot.version,

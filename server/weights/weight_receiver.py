@@ -15,8 +15,9 @@ import paho.mqtt.client as paho
 
 from livefit.server.config import BrokerSettings
 from livefit.server.messaging.broker import BrokerAddress
-from livefit.server.messaging.mqtt import ConnectionStatus, paho_client
-from livefit.server.weights.weight_keys import Authenticator
+from livefit.server.messaging.connection_status import ConnectionStatus
+from livefit.server.messaging.paho_client import paho_client
+from livefit.server.weights.receiver_auth import Authenticator
 from livefit.server.weights.weight_verifier import (
     DEFAULT_MAX_PULL_BYTES,
     OUTCOMES,

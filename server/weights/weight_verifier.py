@@ -43,6 +43,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
+from livefit.server.weights.receiver_auth import Authenticator
 from livefit.server.weights.weight_format import (
     EnvelopeHeader,
     WeightsMeta,
@@ -53,7 +54,6 @@ from livefit.server.weights.weight_format import (
     decode_weights,
     open_envelope,
 )
-from livefit.server.weights.weight_keys import Authenticator
 
 log = logging.getLogger(__name__)
 OUTCOMES = (

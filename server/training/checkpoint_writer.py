@@ -1,0 +1,68 @@
+"""Writes a trainer's checkpoints on a background thread (``CheckpointWriter``).
+
+Owns the write and its outcome: the newest checkpoint offered wins, a failure is counted and
+logged (never raised), and the ``on_written`` callbacks run only once a checkpoint is on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from livefit.server.latest_worker import LatestWorker
+from livefit.server.metrics import Metrics
+from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
+from livefit.server.storage.storage_health import StorageHealth
+
+log = logging.getLogger("livefit.server.training.trainer")  # the name its lines always had
+
+
+class CheckpointWriter:
+    """Writes checkpoints on its own thread; the newest offered wins, older pending ones drop."""
+
+    def __init__(
+        self, name: str, store: CheckpointStore, metrics: Metrics, storage: StorageHealth
+    ) -> None:
+        self.name = name
+        self.store = store
+        self.metrics = metrics
+        self.storage = storage
+        self.on_written: list[Callable[[Checkpoint], None]] = []
+        self._worker: LatestWorker[Checkpoint] = LatestWorker(f"checkpoint-{name}", self.write)
+
+    def start(self) -> None:
+        self._worker.start()
+
+    def offer(self, checkpoint: Checkpoint) -> None:
+        self._worker.offer(checkpoint)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._worker.stop(timeout)
+
+    def write(self, checkpoint: Checkpoint) -> None:
+        """Write now, on the caller's thread; failures are counted and logged, never raised."""
+        started = time.perf_counter()
+        try:
+            path = self.store.write(checkpoint)
+        except OSError as exc:  # full or read-only disk: counted, logged with back-off
+            self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
+            self.storage.failed("checkpoint", exc)
+            return
+        except Exception:
+            self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
+            log.exception("checkpoint of %s v%d failed", self.name, checkpoint.version)
+            return
+        self.storage.recovered("checkpoint")
+        self.metrics.checkpoints.labels(model=self.name, outcome="ok").inc()
+        self.metrics.checkpoint_seconds.labels(model=self.name).observe(
+            time.perf_counter() - started
+        )
+        self.metrics.checkpoint_bytes.labels(model=self.name).set(path.stat().st_size)
+        log.info("checkpoint %s v%d written (log position %d)", self.name, checkpoint.version,
+                 checkpoint.position)  # fmt: skip
+        for callback in self.on_written:
+            try:
+                callback(checkpoint)
+            except Exception:
+                log.exception("after-checkpoint callback failed for %s", self.name)

@@ -1,0 +1,28 @@
+"""What a trainer asks of the process around it (``TrainerHooks``), with neutral defaults.
+
+Owns the interface only: the learner's runtime (``processes``) implements it; a trainer on its own
+(a test, the bench) uses the defaults.
+"""
+
+from __future__ import annotations
+
+
+class TrainerHooks:
+    """What a trainer asks of the process around it. Each answer has a neutral default, so a
+    trainer on its own (a test, the bench) needs none; the learner's runtime overrides them."""
+
+    def predictions_waiting(self) -> bool:
+        """True while prediction requests wait for this model: the trainer gives way
+        (``train.yield_to_serving_ms``) and skips its extra steps."""
+        return False
+
+    def log_frontier(self, trained_position: int) -> int:
+        """The write-ahead-log position nobody needs any more, given what is trained."""
+        return 0
+
+    def checkpoint_notes(self) -> dict[str, str]:
+        """Small text state to save with each checkpoint (dedup, delayed labels)."""
+        return {}
+
+    def drift_detected(self, detections: int) -> None:
+        """Concept drift was detected (``detections`` so far)."""
