@@ -119,6 +119,29 @@ def restarts_in_window(restarts: deque[float], now: float) -> int:
     return len(restarts)
 
 
+# Unix sockets live in the group's directory, and a socket's path must fit sockaddr_un's
+# sun_path: 108 bytes with its NUL on Linux. The longest name put there is the weight feed's
+# temporary ".weights.sock.<pid>" (a pid has at most 7 digits), after a "/".
+SUN_PATH_MAX = 107
+MAX_GROUP_DIRECTORY = SUN_PATH_MAX - len("/.weights.sock.4194304")
+SHORT_TMP = "/tmp"
+
+
+def group_directory() -> Path:
+    """A new private (0700) directory for a group's sockets and shared board: in the temporary
+    directory (``TMPDIR``), or in /tmp when that path is too long for a Unix socket in it (a
+    deep ``TMPDIR`` failed the split learner's start with "AF_UNIX path too long")."""
+    for base in (None, SHORT_TMP):
+        path = Path(tempfile.mkdtemp(prefix="livefit-workers-", dir=base))
+        if len(os.fsencode(path)) <= MAX_GROUP_DIRECTORY:
+            return path
+        path.rmdir()
+    raise StartupError(
+        f"no temporary directory short enough for Unix sockets (at most {MAX_GROUP_DIRECTORY} "
+        f"bytes; TMPDIR gives {path.parent}): set TMPDIR to a shorter path"
+    )
+
+
 class WorkerGroup:
     """Starts and supervises the workers running ``argv`` (a ``livefit replica`` command, or
     ``livefit serve`` for a split learner's serving processes: ``kind="learner"``)."""
@@ -128,7 +151,7 @@ class WorkerGroup:
     ) -> None:
         self.argv = list(argv)
         self.sock = sock
-        self.directory = Path(tempfile.mkdtemp(prefix="livefit-workers-"))
+        self.directory = group_directory()
         self.workers = [
             GroupMember(WorkerSlot(i, count, sock.fileno(), self.directory, kind))
             for i in range(count)
@@ -215,7 +238,12 @@ def run_group(
     except StartupError as exc:
         print(f"livefit: {exc}", file=sys.stderr)
         return 2
-    group = make(sock)
+    try:
+        group = make(sock)
+    except StartupError as exc:
+        sock.close()
+        print(f"livefit: {exc}", file=sys.stderr)
+        return 2
     bound = sock.getsockname()
     log.info("%s on %s:%d", describe, bound[0], bound[1])
 
