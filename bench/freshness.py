@@ -1,9 +1,10 @@
 """Benchmark 4, freshness: from a sample's publish to a replica serving weights trained on it.
 
-A learner and a replica (``livefit serve`` and ``livefit replica``, default settings: weights
-published every 0.5 s at most) on a mosquitto started here; then a split learner
-(``http.workers = 1``) on its own mosquitto, probed through its own serving process (weights
-over the local socket instead of the weight topic). A probe:
+A learner in one process and a replica (``livefit serve`` with ``http.workers = 0`` and
+``livefit replica``, otherwise default settings: weights published every 0.5 s at most) on a
+mosquitto started here; then a split learner (``http.workers = 1``) on its own mosquitto,
+probed through its own serving process (weights over the local socket instead of the weight
+topic). A probe:
 
 1. waits a random 0-0.5 s, so probes land at every phase of the 0.5 s publish interval;
 2. reads the learner's training version ``v0`` (``livefit_model_version``);
@@ -118,8 +119,9 @@ def _result(spec: ModelSpec, probes: int) -> BenchResult:
         title="Freshness: publish to served",
         what=__doc__.split("\n", 2)[2].strip(),
         sides={
-            "learner + replica": "learner + replica processes, default settings "
-            "(`weights.publish_interval_s` 0.5, `train.max_wait_ms` 0)",
+            "learner + replica": "learner (one process, `http.workers = 0`) + replica, "
+            "otherwise default settings (`weights.publish_interval_s` 0.5, "
+            "`train.max_wait_ms` 0)",
             "split learner's own serving process": "`livefit serve` with `http.workers = 1`, "
             "otherwise default settings; predictions asked of the learner's port",
         },

@@ -1,12 +1,12 @@
 """Benchmark 5, interference: prediction latency while the trainer is saturated, versus idle.
 
-One ``livefit serve`` (default settings: one process) on a mosquitto started here, then the
-same learner split into a training process and one serving process (``http.workers = 1``) on
-its own mosquitto, at its default ``processes.training_niceness`` (0) and at 10. Each round
-measures the same 64-client prediction load twice: with the trainer idle, and while a
-publisher process streams 100-sample msgpack messages as fast as it can (started a second
-before the load, so the trainer is busy throughout; stopped after, and the backlog drained
-before the next run).
+One ``livefit serve`` in one process (``http.workers = 0``, otherwise default settings) on a
+mosquitto started here, then the same learner split into a training process and one serving
+process (``http.workers = 1``, the default on 2 cores) on its own mosquitto, at its default
+``processes.training_niceness`` (0) and at 10. Each round measures the same 64-client
+prediction load twice: with the trainer idle, and while a publisher process streams 100-sample
+msgpack messages as fast as it can (started a second before the load, so the trainer is busy
+throughout; stopped after, and the backlog drained before the next run).
 The order alternates between rounds; the ratio pairs the two runs of a round.
 """
 
@@ -36,7 +36,9 @@ def run(ctx: Context) -> BenchResult:
     duration = ctx.sizes["duration"]
     result = _result(MLP, rounds, duration)
     with ctx.fleet(MODEL) as fleet:
-        _measure(ctx, result, "serve", fleet.learner, fleet.broker.url, rounds, duration)
+        _measure(
+            ctx, result, "serve --workers 0", fleet.learner, fleet.broker.url, rounds, duration
+        )
         text = fleet.learner.config.read_text()
     # Each learner is measured alone: the one before is stopped with its backlog (the last
     # saturated run is not drained), which would otherwise train beside the next one.
@@ -122,7 +124,7 @@ def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
             "clients": CLIENTS,
             "seconds per run": duration,
             "rounds": rounds,
-            "servers": "`livefit serve`, default settings (one process); the same with "
+            "servers": "`livefit serve` in one process (`http.workers = 0`); the same with "
             "`http.workers = 1` (a training process and a serving process), on its own broker, "
             "at the default `processes.training_niceness` (0) and at 10",
         },

@@ -1,7 +1,7 @@
 """Benchmark 6, memory: the learner's RSS, all its processes together, over a long run.
 
 Two learners of the same model, one after the other, each on a mosquitto started here: one
-``livefit serve`` (default settings: one process), then the same learner split
+``livefit serve`` in one process (``http.workers = 0``), then the same learner split
 (``http.workers = 1``: a parent supervising a training process and a serving process). For
 each, a publisher process streams the samples (100-sample msgpack messages, paced to last
 about as long as the requests) while a 16-client load (``bench.loadgen``, bounded by count)
@@ -38,7 +38,7 @@ MODEL = "soak"
 EXPECTED_RPS = 1500  # about livefit's requests/s here at 16 clients while training
 MAIN = "main"  # the role of the process the bench starts: the whole learner, or the supervisor
 LAYOUTS = {  # command -> http.workers
-    "serve": 0,
+    "serve --workers 0": 0,
     "serve --workers 1": 1,
 }
 
@@ -143,8 +143,8 @@ def run(ctx: Context) -> BenchResult:
         title="Memory: learner RSS over a long run",
         what=__doc__.split("\n", 2)[2].strip(),
         sides={
-            "serve": "`livefit serve`, default settings (one process), training and serving at "
-            "once; `main` is that process",
+            "serve --workers 0": "`livefit serve` in one process (`http.workers = 0`), "
+            "training and serving at once; `main` is that process",
             "serve --workers 1": "the same learner with `http.workers = 1`: `main` is the "
             "supervisor, `training` the training process, `serving 0` the serving process; "
             "RSS and PSS are their sums",
@@ -158,7 +158,9 @@ def run(ctx: Context) -> BenchResult:
         },
     )
     with ctx.fleet(MODEL) as fleet:
-        _measure(ctx, result, "serve", fleet.learner, fleet.broker.url, samples, requests)
+        _measure(
+            ctx, result, "serve --workers 0", fleet.learner, fleet.broker.url, samples, requests
+        )
     # The split learner gets the one-process learner's config of a full run (the shared fleet
     # of a quick run holds every benchmark's models), on its own broker and storage.
     text = learner_config("mqtt://127.0.0.1:1", "-", "bench-memory", bench_tables((MODEL,)))

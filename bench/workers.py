@@ -1,6 +1,6 @@
 """Benchmark, serving workers: ``livefit replica --workers N`` and the split learner
 ``livefit serve --workers N`` (N = 1, 2) against an HTTP ceiling with as many serving
-processes; the learner in one process (``--workers 0``, the default) beside them.
+processes; the learner in one process (``--workers 0``) beside them.
 
 One learner (the shared fleet's, model ``mlp``) publishes its weights; replica groups follow
 it, each group a parent that binds the port and supervises its workers
@@ -18,6 +18,7 @@ and a ratio pairing the runs of one round. The load generator runs on the same c
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -104,7 +105,7 @@ def _servers(ctx: Context, config: Path, workers: list[int]) -> Iterator[dict[st
     groups: dict[str, HttpProcess] = {}
     brokers = []
     for w in workers:
-        text = config.read_text().replace("[storage]", f"[http]\nworkers = {w}\n\n[storage]", 1)
+        text = re.sub(r"(?m)^workers = \d+$", f"workers = {w}", config.read_text(), count=1)
         groups[f"livefit/{w}"] = livefit_server(f"replica-w{w}", text, work, command="replica")
     for w in (0, *workers):
         broker, groups[f"learner/{w}"] = own_learner(config.read_text(), work, f"learner-w{w}", w)

@@ -34,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers",
         type=int,
-        help="override http.workers: 0 serves from the learner's own process; N >= 1 runs a "
-        "training process and N serving processes behind the port",
+        help="override http.workers: N >= 1 runs a training process and N serving processes "
+        "behind the port (default: one per usable core beside training's, 1 to 4); 0 runs the "
+        "whole learner in one process",
     )
     serve.set_defaults(handler=_serve)
 

@@ -70,17 +70,23 @@ class HttpSettings(_Section):
     max_connections: int = Field(1000, ge=16)
     max_header_bytes: int = Field(65536, ge=1024)
     # Processes answering HTTP on http.port. `livefit replica`: that many whole replicas
-    # (server/processes/workers.py; 0 and 1 both mean one process). `livefit serve`: 0 serves
-    # predictions from the learner's own process; N >= 1 splits the learner into a training
-    # process and N serving processes (server/processes/learner_group.py). Unset: 1 replica
-    # process, and the learner in one process (measured as fast on 2 cores: BENCHMARKS.md).
+    # (server/processes/workers.py; unset, 0 and 1 all mean one process). `livefit serve`:
+    # N >= 1 splits the learner into a training process and N serving processes
+    # (server/processes/learner_group.py); unset, the same with one serving process per usable
+    # core beside training's, 1 to 4 (server/processes/machine.py); 0 keeps the whole learner
+    # in one process, predictions served beside training.
     workers: int | None = Field(None, ge=0, le=64)
 
     def replica_workers(self) -> int:
         return max(1, self.workers or 1)
 
     def learner_workers(self) -> int:
-        return self.workers or 0
+        """Serving processes of ``livefit serve`` (0: none, the learner in one process)."""
+        if self.workers is not None:
+            return self.workers
+        from livefit.server.processes.machine import default_serving_processes
+
+        return default_serving_processes()
 
     def connection_protocol(self, runtime: Any = None) -> Any:
         """The uvicorn HTTP protocol class that enforces the connection limits and, given the

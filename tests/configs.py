@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from livefit.server.processes.local_processes import Mosquitto
+from tests.layouts import ONE_PROCESS, with_layout
 
 # The small network the weight-stream and dashboard tests train (16 hidden units).
 SMALL_MLP = "builder_options = { hidden_units = [16] }\nlearning_rate = 0.01\nseed = 11"
@@ -35,15 +36,17 @@ def model(
 
 def learner_config(
     broker: Mosquitto | str, storage: Path | str, client_id: str, *models: str,
-    broker_lines: str = "", storage_lines: str = "",
+    broker_lines: str = "", storage_lines: str = "", layout: str = ONE_PROCESS,
 ) -> str:  # fmt: skip
     """A whole config: ``broker`` (a test broker or a URL) with ``broker_lines``, ``storage``
-    with ``storage_lines``, and ``models`` (``model()`` texts; one default model when none)."""
+    with ``storage_lines``, ``models`` (``model()`` texts; one default model when none), and
+    the learner's ``layout`` written out (``tests/layouts.py``: one process unless told)."""
     url = broker if isinstance(broker, str) else broker.url
-    return (
+    text = (
         f'[broker]\nurl = "{url}"\nclient_id = "{client_id}"\n{_lines(broker_lines)}'
         f'[storage]\ndir = "{storage}"\n{_lines(storage_lines)}' + "".join(models or (model(),))
     )
+    return with_layout(text, layout)
 
 
 def _lines(text: str) -> str:

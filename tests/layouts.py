@@ -1,10 +1,18 @@
 """The two layouts of the learner the end-to-end tests run against, and reading either one.
 
-"one process" is the default; "split" is ``http.workers = 1``: a training process and a
-serving process under a ``livefit serve`` parent. A test file takes a ``layout`` fixture that
-returns "one process"; its split twin (``test_*_split.py``, a file of its own so that xdist's
-``--dist loadfile`` runs it on another worker) imports the tests whose subject depends on the
-layout and overrides the fixture to return "split".
+"split" is ``http.workers = 1``: a training process and a serving process under a ``livefit
+serve`` parent, what ``livefit serve`` runs by default on 2 cores (unset ``http.workers``: one
+serving process per core beside training's). "one process" is ``http.workers = 0``. Both are
+written into the config explicitly, so a test runs the same layout on any machine.
+
+Most end-to-end tests run the one-process learner (``tests/configs.learner_config``'s
+default): it starts one TensorFlow process, not two, which keeps the suite inside CI's time on
+2 cores. The tests whose subject depends on the layout run both: a test file takes a
+``layout`` fixture that returns "one process"; its split twin (``test_*_split.py``, a file of
+its own so that xdist's ``--dist loadfile`` runs it on another worker) imports those tests and
+overrides the fixture to return "split". ``test_learner_group.py``,
+``test_machine_defaults.py`` and the tests that start ``livefit serve`` from a config of their
+own (no ``http.workers``) run the default.
 
 A split learner's ``/metrics`` merges its processes' series under a ``worker`` label: the
 training figures carry ``worker="training"``; ``metric`` finds either.
@@ -12,6 +20,7 @@ training figures carry ``worker="training"``; ``metric`` finds either.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from livefit.server.processes.local_processes import LivefitProcess
@@ -21,15 +30,24 @@ LAYOUTS = (ONE_PROCESS, SPLIT)
 TRAINING_ENV = b"LIVEFIT_TRAINING_DIR="
 
 
+WORKERS = {ONE_PROCESS: 0, SPLIT: 1}
+
+
 def with_layout(config: str, layout: str) -> str:
-    """``config`` (a whole learner config's TOML) for ``layout``: split adds ``workers = 1`` to
-    its ``[http]`` table (a new one when it has none)."""
-    if layout == ONE_PROCESS:
-        return config
-    assert layout == SPLIT, layout
+    """``config`` (a whole learner config's TOML) for ``layout``: its ``http.workers`` set to
+    0 (one process) or 1 (split)."""
+    return with_workers(config, WORKERS[layout])
+
+
+def with_workers(config: str, workers: int) -> str:
+    """``config`` with ``http.workers = workers``, in its ``[http]`` table (a new one when it
+    has none)."""
+    line = f"workers = {workers}"
+    if re.search(r"(?m)^workers = \d+$", config):
+        return re.sub(r"(?m)^workers = \d+$", line, config, count=1)
     if "[http]\n" in config:
-        return config.replace("[http]\n", "[http]\nworkers = 1\n", 1)
-    return "[http]\nworkers = 1\n" + config
+        return config.replace("[http]\n", f"[http]\n{line}\n", 1)
+    return f"[http]\n{line}\n" + config
 
 
 def metric(server: LivefitProcess, name: str, **labels: str) -> float:

@@ -3,6 +3,8 @@
 The log has a line at the first failed attempt and then lines further and further apart with
 the count of attempts (not one per attempt, not silence after the first), and readiness names
 the broker as unreachable, with its address, until it comes; then it connects and is ready.
+The learner runs as a user's config leaves it: the default split, whose readiness names the
+process with the problem (``training: ...``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def test_an_unreachable_broker_is_logged_with_back_off_and_named_by_readiness(
         problems = body["problems"]
         assert isinstance(problems, list) and len(problems) == 1, body
         assert re.fullmatch(
-            rf"model far: MQTT broker at mqtt://127\.0\.0\.1:{port} unreachable "
+            rf"training: model far: MQTT broker at mqtt://127\.0\.0\.1:{port} unreachable "
             r"\(\d+ connection attempts failed\)",
             problems[0],
         ), body
@@ -129,7 +131,8 @@ def test_wrong_broker_credentials_are_said_plainly_once_then_with_back_off(
         problems = wait_for_problems(server, "refused the connection")
         assert len(problems) == 1, problems
         assert re.fullmatch(
-            rf"model far: MQTT broker at mqtt://livefit@127\.0\.0\.1:{broker.port} refused the "
+            rf"training: model far: MQTT broker at mqtt://livefit@127\.0\.0\.1:{broker.port} "
+            r"refused the "
             r"connection: (Not authorized|Bad user name or password); check the user and "
             r"password in broker\.url.* \(\d+ connection attempts? failed\)",
             problems[0],

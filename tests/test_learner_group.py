@@ -26,15 +26,15 @@ import httpx
 import pytest
 
 from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
+from tests.layouts import with_workers
 from tests.test_replica_workers import children_of, per_worker, predict_on_new_connections
 from tests.test_weight_stream import config, publish_samples
 
 pytestmark = pytest.mark.e2e
-WORKERS = "[http]\nworkers = 2\n"
 
 
 def split_config(broker: Mosquitto, storage: Path) -> str:
-    return WORKERS + config(broker, storage)
+    return with_workers(config(broker, storage), 2)
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from tests.layouts import with_workers
 from tests.test_weight_stream import ROWS, config, publish_samples, settle
 
 pytestmark = pytest.mark.e2e
-WORKERS = "[http]\nworkers = 2\n"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def fleet(
     broker = Mosquitto(root / "broker").start()
     storage = root / "data"
     learner = LivefitProcess(config(broker, storage), root / "learner").start()
-    replica = LivefitProcess(config(broker, storage, head=WORKERS), root / "replica", "replica")
+    replica = LivefitProcess(with_workers(config(broker, storage), 2), root / "replica", "replica")
     try:
         replica.start()
         yield learner, replica, broker
@@ -134,7 +134,7 @@ def test_sigterm_stops_the_group_and_a_killed_parent_takes_its_workers(
     fleet: tuple[LivefitProcess, LivefitProcess, Mosquitto], tmp_path: Path
 ) -> None:
     learner, _, _ = fleet
-    text = learner.config.read_text().replace("[storage]", WORKERS + "[storage]", 1)
+    text = with_workers(learner.config.read_text(), 2)
     for sig, status in ((signal.SIGTERM, 0), (signal.SIGKILL, -9)):
         group = LivefitProcess(text, tmp_path / sig.name, "replica").start()
         assert group.process is not None

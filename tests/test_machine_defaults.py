@@ -1,0 +1,139 @@
+"""The split learner's default size (``http.workers`` unset) and reading one figure from a
+group's ``/metrics``: what ``livefit serve`` starts by default, and what a script reads from it.
+
+The reader is checked against a real merged exposition (``merge_expositions`` of real
+registries, as a group's ``/metrics`` answers it) served by a real HTTP server on loopback.
+"""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from livefit.clients.metrics import MetricsReader
+from livefit.server.config import HttpSettings
+from livefit.server.metrics_merge import merge_expositions
+from livefit.server.processes.machine import default_serving_processes, usable_cores
+from livefit.server.processes.workers import SHORT_TMP, group_directory
+
+
+@pytest.mark.parametrize(("cores", "serving"), [(1, 1), (2, 1), (3, 2), (5, 4), (64, 4)])
+def test_one_serving_process_per_core_beside_training_within_bounds(
+    cores: int, serving: int
+) -> None:
+    assert default_serving_processes(cores) == serving
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"),
+    [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000\n", 1),
+     ("100000 100000\n", 1), ("garbage", None), ("-1 100000", None), ("", None)],
+)  # fmt: skip
+def test_a_cgroup_cpu_quota_caps_the_usable_cores(
+    tmp_path: Path, cpu_max: str, expected: int | None
+) -> None:
+    path = tmp_path / "cpu.max"
+    path.write_text(cpu_max)
+    unlimited = usable_cores(tmp_path / "absent")
+    assert unlimited >= 1
+    assert usable_cores(path) == (unlimited if expected is None else min(unlimited, expected))
+
+
+def test_unset_workers_splits_the_learner_and_zero_keeps_one_process() -> None:
+    assert HttpSettings().learner_workers() == default_serving_processes() >= 1
+    assert HttpSettings(workers=0).learner_workers() == 0
+    assert HttpSettings(workers=3).learner_workers() == 3
+    assert HttpSettings().replica_workers() == HttpSettings(workers=0).replica_workers() == 1
+
+
+def _process(trained: float | None, version: float | None, requests: float | None) -> bytes:
+    """One process's exposition: the families it owns, as livefit's processes export them."""
+    registry = CollectorRegistry()
+    if trained is not None:
+        Counter("livefit_train_samples", "", ["model"], registry=registry).labels("m").inc(trained)
+    if version is not None:
+        Gauge("livefit_serving_version", "", ["model"], registry=registry).labels("m").set(version)
+    if requests is not None:
+        counter = Counter("livefit_predict_requests", "", ["model"], registry=registry)
+        counter.labels("m").inc(requests)
+    return generate_latest(registry)
+
+
+@pytest.fixture
+def serve_text() -> Iterator[Callable[[bytes], str]]:
+    """A loopback HTTP server answering ``/metrics`` with the text last given; yields a setter
+    that takes the text and returns the server's base URL."""
+    body = [b""]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body[0])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def set_text(text: bytes) -> str:
+        body[0] = text
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield set_text
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def test_the_reader_reads_one_figure_from_a_group_or_a_lone_process(
+    serve_text: Callable[[bytes], str],
+) -> None:
+    group = merge_expositions([
+        ("training", _process(trained=700, version=None, requests=None)),
+        ("0", _process(trained=None, version=5, requests=30)),
+        ("1", _process(trained=None, version=4, requests=12)),
+    ])  # fmt: skip
+    reader = MetricsReader(serve_text(group))
+    assert reader.value("livefit_train_samples_total", model="m") == 700  # training's
+    assert reader.value("livefit_predict_requests_total", model="m") == 42  # summed
+    assert reader.value("livefit_serving_version", model="m") == 4  # what every one serves
+    assert reader.value("livefit_serving_version", model="m", worker="0") == 5  # exact labels
+    assert reader.value("livefit_serving_version", model="other") == 0.0
+    assert reader.value("livefit_absent_total", model="m") == 0.0
+    lone = MetricsReader(serve_text(_process(trained=9, version=3, requests=2)))
+    assert lone.value("livefit_train_samples_total", model="m") == 9
+    assert lone.value("livefit_serving_version", model="m") == 3
+    assert lone.samples()[("livefit_predict_requests_total", (("model", "m"),))] == 2
+
+
+def test_a_deep_tmpdir_still_gives_the_group_a_directory_its_sockets_fit_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split learner's sockets live in its group's directory; under a TMPDIR too deep for a
+    Unix socket's path (108 bytes) the directory is made in /tmp instead, and the longest
+    socket the group binds there (the weight feed's temporary name) binds."""
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    for tmpdir, parent in ((str(tmp_path), tmp_path), (str(deep), Path(SHORT_TMP))):
+        monkeypatch.setattr(tempfile, "tempdir", tmpdir)
+        directory = group_directory()
+        try:
+            assert directory.parent == parent, directory
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.bind(str(directory / ".weights.sock.4194304"))
+        finally:
+            shutil.rmtree(directory)
