@@ -3,12 +3,11 @@ disk, a second learner on the same storage, port or client id, one model flooded
 another, and the broker configuration the Quickstart installs. Each test is bounded in time
 and targets only 127.0.0.1.
 
-The poison-message test also runs against the split learner (``test_hardening_split.py``,
-``tests/layouts.py``): there the messages go through the training process and readiness is
-answered by a serving process. The others do not depend on the layout, and run once:
-- a full disk: the training process is the one-process learner's code (``LearnerRuntime``:
-  WAL, checkpoints, storage health), and a serving process reports the training process's
-  readiness problems as they are (``test_learner_group.py``: the training process killed);
+The poison-message and full-disk tests also run against the split learner, ``livefit
+serve``'s default (``test_hardening_split.py``, ``tests/layouts.py``): there the messages go
+through the training process, the log is the training process's, readiness is answered by a
+serving process, and the SIGKILL after the disk frees up is the parent's (its children die with
+it). The others do not depend on the layout, and run once:
 - a second learner on the same storage: ``test_learner_group.py`` starts one beside a split
   learner (exit 2, nothing served, the parent's pid named); on the same port or client id: the
   port is bound by ``livefit serve`` itself in both layouts, the client id is the training
@@ -194,12 +193,12 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_full_disk_loses_no_acknowledged_sample(
-    own_broker: Mosquitto, tmp_path: Path, small_disk: Path
+    own_broker: Mosquitto, tmp_path: Path, small_disk: Path, layout: str
 ) -> None:
     storage = small_disk / "data"
-    text = learner_config(own_broker, storage, f"disk-{own_broker.port}", "dedup = true").replace(
-        "interval_s = 1.0", "interval_s = 5.0"
-    )
+    text = with_layout(
+        learner_config(own_broker, storage, f"disk-{own_broker.port}", "dedup = true"), layout
+    ).replace("interval_s = 1.0", "interval_s = 5.0")
     server = LivefitProcess(text, tmp_path).start()
     filler = small_disk / "filler"
     free = shutil.disk_usage(small_disk).free

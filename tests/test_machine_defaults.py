@@ -127,13 +127,17 @@ def test_a_deep_tmpdir_still_gives_the_group_a_directory_its_sockets_fit_in(
     socket the group binds there (the weight feed's temporary name) binds."""
     deep = tmp_path / ("d" * 90)
     deep.mkdir()
-    for tmpdir, parent in ((str(tmp_path), tmp_path), (str(deep), Path(SHORT_TMP))):
-        monkeypatch.setattr(tempfile, "tempdir", tmpdir)
-        directory = group_directory()
-        try:
-            assert directory.parent == parent, directory
-            assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.bind(str(directory / ".weights.sock.4194304"))
-        finally:
-            shutil.rmtree(directory)
+    short = Path(tempfile.mkdtemp(prefix="s", dir=SHORT_TMP))  # tmp_path may be too deep itself
+    try:
+        for parent in (short, Path(SHORT_TMP)):
+            monkeypatch.setattr(tempfile, "tempdir", str(short if parent == short else deep))
+            directory = group_directory()
+            try:
+                assert directory.parent == parent, directory
+                assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                    sock.bind(str(directory / ".weights.sock.4194304"))
+            finally:
+                shutil.rmtree(directory)
+    finally:
+        shutil.rmtree(short)
