@@ -15,6 +15,7 @@ import pytest
 
 from tests.layouts import SPLIT
 from tests.test_hardening import (  # noqa: F401  (collected here, with this file's layout)
+    small_disk,
     test_full_disk_loses_no_acknowledged_sample,
     test_poison_messages_end_acknowledged_and_training_goes_on,
 )
