@@ -22,6 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from livefit.clients.metrics import MetricsReader
 from livefit.server.config import HttpSettings
 from livefit.server.metrics_merge import merge_expositions
+from livefit.server.processes import workers
+from livefit.server.processes.listening import StartupError
 from livefit.server.processes.machine import default_serving_processes, usable_cores
 from livefit.server.processes.workers import SHORT_TMP, group_directory
 
@@ -141,3 +143,15 @@ def test_a_deep_tmpdir_still_gives_the_group_a_directory_its_sockets_fit_in(
                 shutil.rmtree(directory)
     finally:
         shutil.rmtree(short)
+
+
+def test_a_deep_tmpdir_without_a_usable_tmp_is_a_clear_startup_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    monkeypatch.setattr(workers, "SHORT_TMP", str(tmp_path / "absent"))
+    with pytest.raises(StartupError, match="set TMPDIR to a shorter path"):
+        group_directory()
+    assert list(deep.iterdir()) == []  # the directory too deep to use is not left behind

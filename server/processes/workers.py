@@ -131,15 +131,18 @@ def group_directory() -> Path:
     """A new private (0700) directory for a group's sockets and shared board: in the temporary
     directory (``TMPDIR``), or in /tmp when that path is too long for a Unix socket in it (a
     deep ``TMPDIR`` failed the split learner's start with "AF_UNIX path too long")."""
-    for base in (None, SHORT_TMP):
-        path = Path(tempfile.mkdtemp(prefix="livefit-workers-", dir=base))
-        if len(os.fsencode(path)) <= MAX_GROUP_DIRECTORY:
-            return path
-        path.rmdir()
-    raise StartupError(
-        f"no temporary directory short enough for Unix sockets (at most {MAX_GROUP_DIRECTORY} "
-        f"bytes; TMPDIR gives {path.parent}): set TMPDIR to a shorter path"
-    )
+    path = Path(tempfile.mkdtemp(prefix="livefit-workers-"))
+    if len(os.fsencode(path)) <= MAX_GROUP_DIRECTORY:
+        return path
+    path.rmdir()
+    try:
+        return Path(tempfile.mkdtemp(prefix="livefit-workers-", dir=SHORT_TMP))
+    except OSError as exc:
+        raise StartupError(
+            f"the temporary directory {path.parent} is too deep for Unix sockets (a socket's "
+            f"path must fit in 108 bytes) and {SHORT_TMP} cannot be used instead ({exc}): set "
+            "TMPDIR to a shorter path"
+        ) from exc
 
 
 class WorkerGroup:
