@@ -7,8 +7,9 @@ as real processes with a real mosquitto, attacked as README's guarantees say the
 - SIGKILL of each process kind: a serving process comes back while the other serves; the
   training process comes back, the serving processes keep answering with the weights they hold
   and readiness says the training side is down meanwhile; no acknowledged sample is lost.
-- SIGTERM stops the training process first (every accepted sample trained and checkpointed)
-  and the group exits 0; a SIGKILLed parent takes every process with it.
+- SIGTERM stops the training process first (every accepted sample trained and checkpointed,
+  also the messages backpressure held after they were acknowledged) and the group exits 0; a
+  SIGKILLed parent takes every process with it.
 - A second split learner on the same storage exits 2 before any serving process starts.
 """
 
@@ -26,6 +27,7 @@ import httpx
 import pytest
 
 from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
+from tests.configs import SMALL_MLP, learner_config, model
 from tests.layouts import with_workers
 from tests.test_replica_workers import children_of, per_worker, predict_on_new_connections
 from tests.test_weight_stream import config, publish_samples
@@ -200,6 +202,35 @@ def test_sigterm_trains_what_was_accepted_then_stops_serving(
             assert time.monotonic() < wait, again.tail(30)  # the rest, redelivered by the broker
             time.sleep(0.2)
         assert again.metric("livefit_model_samples", model="demo") == 3000
+    finally:
+        again.stop()
+
+
+def test_sigterm_under_backpressure_trains_every_acknowledged_sample(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """A slow trainer (one sample a step) behind a 200-sample queue: at SIGTERM ingestion holds
+    messages it logged and acknowledged but could not queue yet. They are trained before the
+    learner exits (an outside attack found 28,000 such samples left to the next start's replay),
+    so the final weights have every acknowledged sample and a restart replays nothing."""
+    storage = tmp_path / "data"
+    demo = model(builder="mlp", lines=SMALL_MLP, train="max_batch_size = 1\nqueue_capacity = 200")
+    text = with_workers(learner_config(broker, storage, f"pressure-{broker.port}", demo), 1)
+    learner = LivefitProcess(text, tmp_path / "a").start()
+    publish_samples(broker, 6000)  # 120 messages of 50: the queue holds 4 of them
+    _wait(lambda: learner.metric("livefit_queue_depth", model="demo") >= 150, timeout=60)
+    assert learner.stop(signal.SIGTERM, timeout=90) == 0
+    log = learner.log.read_text()
+    assert "messages not queued" not in log, log[-3000:]
+    again = LivefitProcess(with_workers(text, 0), tmp_path / "b").start()
+    try:
+        replayed = again.metric("livefit_wal_replayed_samples_total", model="demo")
+        assert replayed == 0, (replayed, log[-3000:])
+        wait = time.monotonic() + 120
+        while again.metric("livefit_model_samples", model="demo") < 6000:
+            assert time.monotonic() < wait, again.tail(30)  # the rest, redelivered by the broker
+            time.sleep(0.2)
+        assert again.metric("livefit_model_samples", model="demo") == 6000
     finally:
         again.stop()
 

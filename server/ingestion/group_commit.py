@@ -27,6 +27,12 @@ from livefit.server.storage.storage_health import StorageHealth
 log = logging.getLogger("livefit.server.ingestion.ingest")  # the name its lines always had
 POLL_S = 0.1
 _RETRY_MIN_S, _RETRY_MAX_S = 0.05, 5.0
+# On stop, a group already logged and acknowledged is still queued while the trainer drains the
+# queue (it stops after ingestion), for at most this long: "train what was accepted" covers the
+# messages backpressure held, not only those queued (an outside attack found 28,000 acknowledged
+# samples left to the next start's replay after a SIGTERM). Past it (a trainer that does not
+# drain), the rest are in the log and replayed at the next start. Below the worker's join (10 s).
+STOP_DELIVERY_S = 8.0
 
 
 @dataclass(slots=True)
@@ -55,6 +61,7 @@ class GroupCommit:
     storage: StorageHealth
     _held: list[Held]
     _stopping: threading.Event
+    _delivery_deadline: float | None  # set once stopping: see STOP_DELIVERY_S
     _last_finished_at: float
 
     def flush(self) -> None:
@@ -158,18 +165,26 @@ class GroupCommit:
         if self.route.sequences is not None:
             self.route.sequences.discard_pending()
 
+    def _stop_delivery_deadline(self) -> float:
+        """Until when a stopping worker still queues what it acknowledged (one deadline for
+        all its held messages, from the first time it is asked)."""
+        if self._delivery_deadline is None:
+            self._delivery_deadline = time.monotonic() + STOP_DELIVERY_S
+        return self._delivery_deadline
+
     def _enqueue(self, decoded: DecodedMessage, counted: bool = True) -> bool:
-        """Put the samples on the model's queue, waiting while it is full (backpressure);
-        ``counted``: count it as an accepted sample message."""
+        """Put the samples on the model's queue, waiting while it is full (backpressure), also
+        while stopping (at most ``STOP_DELIVERY_S``, the queue still open); ``counted``: count
+        it as an accepted sample message. False when the samples were not queued."""
         route = self.route
-        while not self._stopping.is_set():
+        while True:
+            if self._stopping.is_set() and time.monotonic() > self._stop_delivery_deadline():
+                return False
             try:
                 if route.queue.put(decoded.chunk, timeout=POLL_S):
                     break
             except QueueClosed:
                 return False
-        else:
-            return False
         n = len(decoded.chunk)
         m = self.metrics
         if counted:

@@ -75,6 +75,7 @@ class IngestWorker(GroupCommit):
         self._last_finished_at = time.time()  # when a message was last acknowledged
         self._log_limiter = LogLimiter()
         self._stopping = threading.Event()
+        self._delivery_deadline: float | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -84,7 +85,8 @@ class IngestWorker(GroupCommit):
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop after the group in hand; unacknowledged messages are redelivered by the broker."""
+        """Stop after the group in hand (queued while the trainer drains, for at most
+        ``STOP_DELIVERY_S``); unacknowledged messages are redelivered by the broker."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout)
