@@ -26,11 +26,14 @@ class MetricsReader:
     """
 
     def __init__(self, base_url: str, timeout_s: float = 5.0) -> None:
-        self.url = base_url.rstrip("/") + "/metrics"
+        """``base_url``: the server (``http://host:port``), or its ``/metrics`` address."""
+        base = base_url.rstrip("/")
+        self.url = base if base.endswith("/metrics") else base + "/metrics"
         self.timeout_s = timeout_s
 
     def samples(self) -> dict[SampleKey, float]:
-        """Every sample as ``{(name, sorted labels): value}``; raises httpx errors."""
+        """Every sample as ``{(name, sorted labels): value}``; raises httpx errors (an answer
+        other than 200 too)."""
         return {key: value for key, (value, _) in self._scrape().items()}
 
     def value(self, name: str, **labels: str) -> float:
@@ -38,7 +41,9 @@ class MetricsReader:
         the samples with ``labels`` and a ``worker`` label: summed for counters and histograms
         (requests, samples trained), and for a gauge the training process's if it has one
         (model version), else the lowest over the serving processes (the version every one
-        of them serves, whether all are ready). 0.0 when the server has none of them yet."""
+        of them serves, whether all are ready). 0.0 when the server has none of them: not yet,
+        or, on a group, while the process that exports them restarts (its series are missing
+        from the scrape then, and ``livefit_workers_unreachable`` counts it)."""
         scraped = self._scrape()
         exact = scraped.get((name, tuple(sorted(labels.items()))))
         if exact is not None:
@@ -60,8 +65,11 @@ class MetricsReader:
         return min(value for value, _ in found.values())
 
     def _scrape(self) -> dict[SampleKey, tuple[float, str]]:
-        """Every sample as ``{(name, sorted labels): (value, its family's type)}``."""
-        text = httpx.get(self.url, timeout=self.timeout_s).text
+        """Every sample as ``{(name, sorted labels): (value, its family's type)}``; an answer
+        other than 200 raises ``httpx.HTTPStatusError``."""
+        response = httpx.get(self.url, timeout=self.timeout_s)
+        response.raise_for_status()
+        text = response.text
         values = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

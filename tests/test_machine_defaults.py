@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -78,10 +79,11 @@ def serve_text() -> Iterator[Callable[[bytes], str]]:
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self.send_response(200)
+            found = self.path == "/metrics"
+            self.send_response(200 if found else 404)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.end_headers()
-            self.wfile.write(body[0])
+            self.wfile.write(body[0] if found else b'{"error":"Not Found"}')
 
         def log_message(self, *args: object) -> None:
             pass
@@ -155,3 +157,12 @@ def test_a_deep_tmpdir_without_a_usable_tmp_is_a_clear_startup_error(
     with pytest.raises(StartupError, match="set TMPDIR to a shorter path"):
         group_directory()
     assert list(deep.iterdir()) == []  # the directory too deep to use is not left behind
+
+
+def test_the_reader_takes_the_metrics_address_and_refuses_an_error_page(
+    serve_text: Callable[[bytes], str],
+) -> None:
+    base = serve_text(_process(trained=9, version=None, requests=None))
+    assert MetricsReader(base + "/metrics/").value("livefit_train_samples_total", model="m") == 9
+    with pytest.raises(httpx.HTTPStatusError):  # livefit's 404 JSON is not metrics text
+        MetricsReader(base + "/v1").value("livefit_train_samples_total", model="m")
