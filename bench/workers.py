@@ -47,7 +47,8 @@ def run(ctx: Context) -> BenchResult:
             "livefit replica --workers N": "N serving processes behind one port, each a whole "
             "replica of the learner's mlp, default settings",
             "livefit serve --workers N": "the learner of the same mlp: N >= 1, a training "
-            "process and N serving processes; 0, one process (the default); idle",
+            "process and N serving processes (unset: the default, 1 on 2 cores); 0, one "
+            "process; idle",
             "HTTP ceiling, N processes": "constant response of livefit's size, FastAPI on the "
             "same uvicorn stack, N processes sharing one socket, no model",
         },
