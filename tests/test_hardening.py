@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -38,10 +39,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.publish import PublishStats, SamplePublisher
 from livefit.clients.synthetic import LinearStream, stream_chunks
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port, quiet_env
 from tests import configs
 from tests.configs import model
-from tests.layouts import ONE_PROCESS, metric, with_layout
+from tests.layouts import ONE_PROCESS, SPLIT, metric, with_layout
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
@@ -199,7 +200,11 @@ def test_full_disk_loses_no_acknowledged_sample(
     text = with_layout(
         learner_config(own_broker, storage, f"disk-{own_broker.port}", "dedup = true"), layout
     ).replace("interval_s = 1.0", "interval_s = 5.0")
-    server = LivefitProcess(text, tmp_path).start()
+    # Its own short TMPDIR: where a split learner's group directory goes (and stays, when
+    # the parent is SIGKILLed, until the next group's start sweeps it).
+    group_tmp = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))
+    env = quiet_env(TMPDIR=str(group_tmp))
+    server = LivefitProcess(text, tmp_path, env=env).start()
     filler = small_disk / "filler"
     free = shutil.disk_usage(small_disk).free
     filler.write_bytes(b"\0" * max(0, free - 300_000))  # leave room for ~2,000 records
@@ -233,13 +238,18 @@ def test_full_disk_loses_no_acknowledged_sample(
             time.sleep(0.2)
         assert ready(server).status_code == 200, ready(server).json()
         assert server.stop(signal.SIGKILL) == -signal.SIGKILL
-        server = LivefitProcess(text, tmp_path).start()
+        left = list(group_tmp.glob("livefit-workers-*"))
+        assert len(left) == (1 if layout == SPLIT else 0), left
+        server = LivefitProcess(text, tmp_path, env=env).start()
         total = wait_trained(server, 15_000, timeout=30)
+        now = list(group_tmp.glob("livefit-workers-*"))
+        assert not set(left) & set(now) and len(now) == len(left), (left, now)  # swept
         time.sleep(1.0)
         total = trained(server)
     finally:
         publisher.join(60)
         server.stop()
+        shutil.rmtree(group_tmp, ignore_errors=True)
     print(f"full disk: {errors:.0f} storage errors, 15,000 published, {total:.0f} in the lineage")
     assert 15_000 <= total <= 15_000 + 50, total  # SIGKILL may retrain a few; loses none
     log = (tmp_path / server.log.name).read_text() if server.log.exists() else ""

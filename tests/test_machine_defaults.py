@@ -8,10 +8,6 @@ registries, as a group's ``/metrics`` answers it) served by a real HTTP server o
 from __future__ import annotations
 
 import http.server
-import shutil
-import socket
-import stat
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,10 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from livefit.clients.metrics import MetricsReader
 from livefit.server.config import HttpSettings
 from livefit.server.metrics_merge import merge_expositions
-from livefit.server.processes import workers
-from livefit.server.processes.listening import StartupError
 from livefit.server.processes.machine import default_serving_processes, usable_cores
-from livefit.server.processes.workers import SHORT_TMP, group_directory
 
 
 @pytest.mark.parametrize(("cores", "serving"), [(1, 1), (2, 1), (3, 2), (5, 4), (64, 4)])
@@ -121,42 +114,6 @@ def test_the_reader_reads_one_figure_from_a_group_or_a_lone_process(
     assert lone.value("livefit_train_samples_total", model="m") == 9
     assert lone.value("livefit_serving_version", model="m") == 3
     assert lone.samples()[("livefit_predict_requests_total", (("model", "m"),))] == 2
-
-
-def test_a_deep_tmpdir_still_gives_the_group_a_directory_its_sockets_fit_in(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A split learner's sockets live in its group's directory; under a TMPDIR too deep for a
-    Unix socket's path (108 bytes) the directory is made in /tmp instead, and the longest
-    socket the group binds there (the weight feed's temporary name) binds."""
-    deep = tmp_path / ("d" * 90)
-    deep.mkdir()
-    short = Path(tempfile.mkdtemp(prefix="s", dir=SHORT_TMP))  # tmp_path may be too deep itself
-    try:
-        for parent in (short, Path(SHORT_TMP)):
-            monkeypatch.setattr(tempfile, "tempdir", str(short if parent == short else deep))
-            directory = group_directory()
-            try:
-                assert directory.parent == parent, directory
-                assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                    sock.bind(str(directory / ".weights.sock.4194304"))
-            finally:
-                shutil.rmtree(directory)
-    finally:
-        shutil.rmtree(short)
-
-
-def test_a_deep_tmpdir_without_a_usable_tmp_is_a_clear_startup_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    deep = tmp_path / ("d" * 90)
-    deep.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(deep))
-    monkeypatch.setattr(workers, "SHORT_TMP", str(tmp_path / "absent"))
-    with pytest.raises(StartupError, match="set TMPDIR to a shorter path"):
-        group_directory()
-    assert list(deep.iterdir()) == []  # the directory too deep to use is not left behind
 
 
 def test_the_reader_takes_the_metrics_address_and_refuses_an_error_page(

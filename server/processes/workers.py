@@ -27,7 +27,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from livefit.server.logs import WORKER_ENV
 from livefit.server.processes.children import start_child, stop_children
+from livefit.server.processes.group_directory import group_directory
 from livefit.server.processes.listening import StartupError, bind_socket
 
 log = logging.getLogger(__name__)
@@ -117,32 +117,6 @@ def restarts_in_window(restarts: deque[float], now: float) -> int:
     while restarts and restarts[0] < now - RESTART_WINDOW_S:
         restarts.popleft()
     return len(restarts)
-
-
-# Unix sockets live in the group's directory, and a socket's path must fit sockaddr_un's
-# sun_path: 108 bytes with its NUL on Linux. The longest name put there is the weight feed's
-# temporary ".weights.sock.<pid>" (a pid has at most 7 digits), after a "/".
-SUN_PATH_MAX = 107
-MAX_GROUP_DIRECTORY = SUN_PATH_MAX - len("/.weights.sock.4194304")
-SHORT_TMP = "/tmp"
-
-
-def group_directory() -> Path:
-    """A new private (0700) directory for a group's sockets and shared board: in the temporary
-    directory (``TMPDIR``), or in /tmp when that path is too long for a Unix socket in it (a
-    deep ``TMPDIR`` failed the split learner's start with "AF_UNIX path too long")."""
-    path = Path(tempfile.mkdtemp(prefix="livefit-workers-"))
-    if len(os.fsencode(path)) <= MAX_GROUP_DIRECTORY:
-        return path
-    path.rmdir()
-    try:
-        return Path(tempfile.mkdtemp(prefix="livefit-workers-", dir=SHORT_TMP))
-    except OSError as exc:
-        raise StartupError(
-            f"the temporary directory {path.parent} is too deep for Unix sockets (a socket's "
-            f"path must fit in 108 bytes) and {SHORT_TMP} cannot be used instead ({exc}): set "
-            "TMPDIR to a shorter path"
-        ) from exc
 
 
 class WorkerGroup:

@@ -1,0 +1,118 @@
+"""The private directory of a worker group (its Unix sockets and shared board), and the sweep
+of directories a SIGKILLed parent left behind.
+
+A group's directory is ``livefit-workers-*`` in the temporary directory (``TMPDIR``), or in
+/tmp when that path is too long for a Unix socket in it. The parent removes it when it stops;
+a SIGKILLed parent cannot. So each directory records its owner (the parent's pid and the
+kernel's start time of that process, which a reused pid does not share) in ``owner``, and every
+new group removes the directories in the same places whose owner is gone. A directory without
+an ``owner`` file is left alone: its parent may be writing it now, or it is not ours to judge
+(made by a livefit before this sweep existed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from livefit.server.processes.listening import StartupError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "livefit-workers-"
+OWNER_FILE = "owner"
+# Unix sockets live in the group's directory, and a socket's path must fit sockaddr_un's
+# sun_path: 108 bytes with its NUL on Linux. The longest name put there is the weight feed's
+# temporary ".weights.sock.<pid>" (a pid has at most 7 digits), after a "/".
+SUN_PATH_MAX = 107
+MAX_GROUP_DIRECTORY = SUN_PATH_MAX - len("/.weights.sock.4194304")
+SHORT_TMP = "/tmp"
+
+
+def group_directory() -> Path:
+    """A new private (0700) directory for a group's sockets and shared board: in the temporary
+    directory (``TMPDIR``), or in /tmp when that path is too long for a Unix socket in it (a
+    deep ``TMPDIR`` failed the split learner's start with "AF_UNIX path too long"). It records
+    this process as its owner; abandoned directories beside it are removed first."""
+    path = Path(tempfile.mkdtemp(prefix=PREFIX))
+    if len(os.fsencode(path)) > MAX_GROUP_DIRECTORY:
+        path.rmdir()
+        try:
+            path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=SHORT_TMP))
+        except OSError as exc:
+            raise StartupError(
+                f"the temporary directory {path.parent} is too deep for Unix sockets (a "
+                f"socket's path must fit in 108 bytes) and {SHORT_TMP} cannot be used instead "
+                f"({exc}): set TMPDIR to a shorter path"
+            ) from exc
+    (path / OWNER_FILE).write_text(owner_record(os.getpid()) or f"{os.getpid()}\n")
+    sweep_abandoned(path.parent, keep=path)
+    return path
+
+
+def owner_record(pid: int) -> str | None:
+    """``"<pid> <start time>"`` for a running process (its start time in clock ticks since
+    boot, from /proc), ``"<pid>"`` where /proc is not there; None when it is not running."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None if Path("/proc/self/stat").exists() else _pid_only(pid)
+    except OSError:
+        return _pid_only(pid)
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return f"{pid} {fields[19]}\n"  # field 22, the start time
+
+
+def _pid_only(pid: int) -> str | None:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # running, as another user
+    return f"{pid}\n"
+
+
+def is_abandoned(directory: Path) -> bool:
+    """True when ``directory`` records an owner that is no longer running (a reused pid
+    with another start time counts as gone)."""
+    try:
+        recorded = (directory / OWNER_FILE).read_text()
+    except OSError:
+        return False  # being made, or not made by a sweeping livefit: not ours to judge
+    try:
+        pid = int(recorded.split()[0])
+    except (IndexError, ValueError):
+        return False
+    current = owner_record(pid)
+    if current is None:
+        return True
+    return len(recorded.split()) == 2 == len(current.split()) and recorded != current
+
+
+def sweep_abandoned(parent: Path, keep: Path | None = None) -> int:
+    """Remove this user's ``livefit-workers-*`` directories in ``parent`` whose owner is gone;
+    how many were removed. Never raises: a sweep that fails leaves the directories."""
+    removed = 0
+    try:
+        entries = list(parent.glob(f"{PREFIX}*"))
+    except OSError:
+        return 0
+    uid = os.geteuid()
+    for entry in entries:
+        try:
+            if entry == keep or entry.is_symlink() or not entry.is_dir():
+                continue
+            if entry.stat().st_uid != uid or not is_abandoned(entry):
+                continue
+            shutil.rmtree(entry)
+        except OSError as exc:
+            log.debug("could not sweep %s: %s", entry, exc)
+            continue
+        removed += 1
+        log.info("removed %s, left by a livefit group whose parent was killed", entry)
+    return removed
