@@ -215,7 +215,17 @@ def test_sigterm_under_backpressure_trains_every_acknowledged_sample(
     so the final weights have every acknowledged sample and a restart replays nothing."""
     storage = tmp_path / "data"
     demo = model(builder="mlp", lines=SMALL_MLP, train="max_batch_size = 1\nqueue_capacity = 200")
-    text = with_workers(learner_config(broker, storage, f"pressure-{broker.port}", demo), 1)
+    # Groups of at most 8 messages: what ingestion holds at SIGTERM (logged, acknowledged, not
+    # queued) is one group, at most 400 samples, which the trainer's one-sample steps take well
+    # within the 8 s a stopping ingestion gives them (``STOP_DELIVERY_S``) also on a loaded
+    # machine (about 280 steps/s seen during the whole suite; with the default 1,000-message
+    # groups, 64 messages were once still held after 8 s). The rest is with the broker.
+    text = with_workers(
+        learner_config(
+            broker, storage, f"pressure-{broker.port}", demo, storage_lines="wal_group_max = 8"
+        ),
+        1,
+    )
     learner = LivefitProcess(text, tmp_path / "a").start()
     publish_samples(broker, 6000)  # 120 messages of 50: the queue holds 4 of them
     _wait(lambda: learner.metric("livefit_queue_depth", model="demo") >= 150, timeout=60)
