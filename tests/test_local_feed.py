@@ -182,7 +182,7 @@ def test_a_pull_of_a_version_still_on_its_way_waits_for_it() -> None:
         return answer, time.monotonic() - started
 
     add(1)
-    waiting, short, plain, flood = server(5.0), server(0.3), server(0.0), server(2.0)
+    waiting, short, plain, flood = server(5.0), server(0.3), server(0.0), server(4.0)
     arriving = threading.Timer(0.3, add, (2,))
     try:
         arriving.start()
@@ -199,7 +199,9 @@ def test_a_pull_of_a_version_still_on_its_way_waits_for_it() -> None:
         # once (they used to poll the store every 20 ms each, for 5 s)
         with ThreadPoolExecutor(MAX_WAITING + 8) as pool:
             answers = list(pool.map(lambda v: get(flood, v), range(10**6, 10**6 + 40)))
-        quick = [took for answer, took in answers if answer.status_code == 404 and took < 1.0]
+        # "at once": well under the 4 s wait (at -n 3 on 2 cores, 40 immediate 404s through
+        # one in-process server took up to about 1 s)
+        quick = [took for answer, took in answers if answer.status_code == 404 and took < 2.0]
         assert all(answer.status_code == 404 for answer, _ in answers)
         assert len(quick) >= 40 - MAX_WAITING, sorted(took for _, took in answers)
     finally:
