@@ -138,12 +138,15 @@ class ServingMetrics:
         )
 
     def _freshness(self) -> None:
-        """How old the newest trained sample is when its weights are published or served."""
+        """How old the newest trained sample is when its weights are published (``stage``
+        "published", by the process that trains) or served (``stage`` "served", by a replica or
+        a split learner's serving process): one group's ``/metrics`` carries both, apart."""
         self.freshness = Histogram(
             "livefit_freshness_seconds",
             "From the newest trained sample's publish time (ts) to its weights being published "
-            "(learner) or served (replica)",
-            ["model"],
+            "(stage=published: the training side) or served (stage=served: a replica or a split "
+            "learner's serving process)",
+            ["model", "stage"],
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
             registry=None,
         )

@@ -32,6 +32,7 @@ from websockets.sync.client import ClientConnection, connect
 from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.server.api.dashboard import build_dashboard_router, render_page
+from livefit.server.api.dashboard_stats import collect_stats
 from livefit.server.metrics import GROUPS, Metrics
 from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
 from tests import configs
@@ -70,8 +71,21 @@ def fill_metrics() -> Metrics:
     for rows in (4, 12):
         metrics.predict_batch_size.labels(model="demo").observe(rows)
     for seconds in (0.3, 100.0, 100.0):  # the median lies beyond the last finite bucket (60 s)
-        metrics.freshness.labels(model="demo").observe(seconds)
+        metrics.freshness.labels(model="demo", stage="published").observe(seconds)
     return metrics
+
+
+def test_a_group_shows_freshness_to_served_not_mixed_with_published() -> None:
+    """A split learner's /metrics has the training process's freshness to published and the
+    serving processes' to served; the dashboard shows served (what predictions get)."""
+    metrics = Metrics()
+    metrics.export(*GROUPS)
+    for seconds in (0.02, 0.02, 0.02):
+        metrics.freshness.labels(model="demo", stage="published").observe(seconds)
+    for seconds in (4.0, 4.0):
+        metrics.freshness.labels(model="demo", stage="served").observe(seconds)
+    stats = collect_stats(metrics.registry.collect(), ["demo"], "learner")["models"]["demo"]
+    assert 2.0 < stats["freshness_p50"] <= 5.0  # the served buckets alone (mixed: 0.025)
 
 
 @pytest.fixture

@@ -204,8 +204,8 @@ def test_replicas_follow_the_learner_and_agree(
     np.testing.assert_allclose(outputs[1][0], outputs[0][0], rtol=1e-6)
     np.testing.assert_allclose(outputs[2][0], outputs[0][0], rtol=1e-6)
     assert outcome(a, "accepted") >= 1
-    assert a.metric("livefit_freshness_seconds_count", model="demo") >= 1
-    assert learner.metric("livefit_freshness_seconds_count", model="demo") >= 1
+    assert a.metric("livefit_freshness_seconds_count", model="demo", stage="served") >= 1
+    assert learner.metric("livefit_freshness_seconds_count", model="demo", stage="published") >= 1
     assert lineage_of(a) == lineage_of(b) == lineage_of(learner)
 
 

@@ -71,7 +71,7 @@ def model_stats(samples: ModelSamples) -> dict[str, Any]:
         "p99": bucket_quantile(0.99, latency),
     }
     stats["predict_batch_mean"] = histogram_mean(samples, "livefit_predict_batch_size")
-    stats["freshness_p50"] = bucket_quantile(0.5, buckets(samples, "livefit_freshness_seconds"))
+    stats["freshness_p50"] = bucket_quantile(0.5, freshness_buckets(samples))
     return stats
 
 
@@ -103,6 +103,17 @@ def buckets(samples: ModelSamples, histogram: str) -> list[tuple[float, float]]:
     for s in samples.get(f"{histogram}_bucket", []):
         summed[float(s.labels["le"])] += s.value
     return sorted(summed.items())
+
+
+def freshness_buckets(samples: ModelSamples) -> list[tuple[float, float]]:
+    """``livefit_freshness_seconds`` of one stage: "served" where this server serves fresh
+    weights it did not train (a replica, a split learner's serving processes: what a prediction
+    gets), else "published" (a one-process learner). Mixing the two would make neither."""
+    found = samples.get("livefit_freshness_seconds_bucket", [])
+    served = [s for s in found if s.labels.get("stage") == "served"]
+    return buckets(
+        {"livefit_freshness_seconds_bucket": served or found}, "livefit_freshness_seconds"
+    )
 
 
 def histogram_mean(samples: ModelSamples, histogram: str) -> float | None:

@@ -194,7 +194,7 @@ class ReplicaRuntime(ProcessRuntime):
         self.metrics.serving_version.labels(model=name).set(snapshot.version)
         if snapshot.newest_published_at is not None:
             freshness = max(0.0, time.time() - snapshot.newest_published_at)
-            self.metrics.freshness.labels(model=name).observe(freshness)
+            self.metrics.freshness.labels(model=name, stage="served").observe(freshness)
         versions = self._version_logs.get(name)
         if versions is None:
             versions = self._version_logs.setdefault(name, VersionLog(log, name, "served"))

@@ -237,7 +237,7 @@ class WeightPublisher:
         m.published_version.labels(model=self.model).set(snapshot.version)
         if snapshot.newest_published_at is not None:
             freshness = max(0.0, time.time() - snapshot.newest_published_at)
-            m.freshness.labels(model=self.model).observe(freshness)
+            m.freshness.labels(model=self.model, stage="published").observe(freshness)
         size, ms = len(encoded.payload), seconds * 1000
         self._versions.record(
             snapshot.version,
