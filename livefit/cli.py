@@ -125,8 +125,9 @@ def _serve(args: argparse.Namespace) -> int:
     workers = settings.http.learner_workers()
     if training is None and slot is None and workers >= 1:  # the split learner's parent
         argv = [sys.executable, "-m", "livefit", *args.command_line]
+        http = settings.http
         return run_learner_group(
-            argv, workers, settings.http.host, settings.http.port, list(settings.models)
+            argv, workers, http.host, http.port, list(settings.models), http.worker_timeout_s
         )
     _with_tensorflow(settings)
     if training is not None:  # a split learner's training process
@@ -156,7 +157,9 @@ def _replica(args: argparse.Namespace) -> int:
     workers = settings.http.replica_workers()
     if slot is None and workers > 1:  # the worker group's parent
         argv = [sys.executable, "-m", "livefit", *args.command_line]
-        return run_workers(argv, workers, settings.http.host, settings.http.port)
+        return run_workers(
+            argv, workers, settings.http.host, settings.http.port, settings.http.worker_timeout_s
+        )
     _with_tensorflow(settings)
     from livefit.server.processes.replica import ReplicaRuntime
     from livefit.server.processes.serve import run_server

@@ -76,6 +76,11 @@ class HttpSettings(_Section):
     # core beside training's, 1 to 4 (server/processes/machine.py); 0 keeps the whole learner
     # in one process, predictions served beside training.
     workers: int | None = Field(None, ge=0, le=64)
+    # A serving process of a group (above) whose event loop has not run for this long (it was
+    # SIGSTOPped, or is wedged) is SIGKILLed and started again (server/heartbeat.py);
+    # 0 turns the check off. Not the split learner's training process: a long training step or
+    # checkpoint may hold it, and the serving processes answer meanwhile.
+    worker_timeout_s: float = Field(30.0, ge=0)
 
     def replica_workers(self) -> int:
         return max(1, self.workers or 1)

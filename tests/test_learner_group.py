@@ -100,6 +100,16 @@ def test_the_training_process_feeds_both_serving_processes(
         assert codes == [200] * 20
         answered = per_worker(learner, "livefit_predict_requests_total", model="demo", code="200")
         assert sum(answered.values()) >= 20 and set(answered) >= {"0", "1"}, answered
+        # freshness, by stage: the training process's to published, the serving processes' to
+        # served (on one /metrics, apart: a sum over both would be neither)
+        freshness = per_worker(
+            learner, "livefit_freshness_seconds_count", model="demo", stage="published"
+        )
+        assert freshness.keys() == {"training"} and freshness["training"] >= 1, freshness
+        served = per_worker(
+            learner, "livefit_freshness_seconds_count", model="demo", stage="served"
+        )
+        assert served.keys() == {"0", "1"} and min(served.values()) >= 1, served
         stats = httpx.get(f"{learner.url}/api/stats", timeout=10).json()["models"]["demo"]
         assert stats["train_samples_total"] == 2000  # the training process's figure
         assert stats["model_version"] >= version
@@ -140,7 +150,13 @@ def test_the_training_process_feeds_both_serving_processes(
 
 
 def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_path: Path) -> None:
-    with LivefitProcess(split_config(broker, tmp_path / "data"), tmp_path).start() as learner:
+    """SIGKILL of a serving process, SIGSTOP of one (killed and started again once silent for
+    ``http.worker_timeout_s``, 3 s here), SIGKILL of the training process and of its
+    replacement while it starts: predictions go on, every sample is trained."""
+    text = split_config(broker, tmp_path / "data").replace(
+        "[http]\n", "[http]\nworker_timeout_s = 3\n"
+    )
+    with LivefitProcess(text, tmp_path).start() as learner:
         publish_samples(broker, 1000)
         wait_trained(learner, 1000)
         wait_both_serve(learner)
@@ -153,6 +169,15 @@ def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_pat
         assert codes.count(200) >= 5, codes
         _wait(lambda: len(processes(learner)) == 3 and serving[0] not in processes(learner))
         wait_both_serve(learner, timeout=60)
+
+        # a serving process SIGSTOPped: new connections the kernel gives it would wait for
+        # ever; silent past http.worker_timeout_s, it is SIGKILLed and started again
+        stopped = serving[1]
+        os.kill(stopped, signal.SIGSTOP)
+        _wait(lambda: stopped not in processes(learner), timeout=20)
+        _wait(lambda: len(processes(learner)) == 3, timeout=10)
+        wait_both_serve(learner, timeout=60)
+        assert predict_on_new_connections(learner, 6) == [200] * 6
 
         # the training process: the serving processes keep answering with what they hold,
         # readiness says why it is not ready, and the restarted one trains on
@@ -176,6 +201,7 @@ def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_pat
         log = learner.log.read_text()
         assert log.count("training process exited with status -9; starting it again") == 2
         assert "serving worker" in log and "exited with status -9; starting it again" in log
+        assert f"(pid {stopped}) has not run for" in log and "killing it" in log
 
 
 def test_sigterm_trains_what_was_accepted_then_stops_serving(

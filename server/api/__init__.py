@@ -9,5 +9,5 @@ and deadline sweep; ``connection_limits``: the limits and close responses), the 
 and the weights endpoints (``weights_api``).
 
 Imports: ``inference``, ``weights`` (the store it serves), ``labels``, ``config``, ``metrics``,
-``metrics_merge``.
+``metrics_merge``, ``heartbeat`` (a group's serving process beats from its event loop).
 """

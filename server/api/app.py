@@ -11,6 +11,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Protocol
 
 from fastapi import FastAPI, Request
@@ -25,6 +26,7 @@ from livefit.server.api.dashboard import build_dashboard_router
 from livefit.server.api.predict_api import build_predict_router, error_response
 from livefit.server.api.weights_api import build_weights_router
 from livefit.server.config import Settings
+from livefit.server.heartbeat import beating
 from livefit.server.inference.serving import ServedModel
 from livefit.server.labels.http import build_labels_router
 from livefit.server.metrics import Metrics
@@ -47,9 +49,13 @@ class Runtime(Protocol):
     def weight_store(self, name: str) -> WeightStore | None: ...
 
 
-def create_app(runtime: Runtime, group: WorkerMetrics | None = None) -> FastAPI:
+def create_app(
+    runtime: Runtime, group: WorkerMetrics | None = None, heartbeat: Path | None = None
+) -> FastAPI:
     """An app serving ``runtime``; starting the app starts the runtime. As one of a group of
-    serving processes, ``group`` answers the peers and merges their metrics on ``/metrics``."""
+    serving processes, ``group`` answers the peers and merges their metrics on ``/metrics``,
+    and the event loop touches ``heartbeat`` every second while it serves (the group's
+    parent kills a process whose loop stops: ``server/heartbeat.py``)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,16 +67,17 @@ def create_app(runtime: Runtime, group: WorkerMetrics | None = None) -> FastAPI:
         for served in runtime.served().values():
             served.start_batching(runtime.metrics)
         log.info("livefit %s serving %s", __version__, ", ".join(runtime.served()))
-        if group is not None:
-            group.start()  # also tells the group's parent that this worker serves
-        try:
-            yield
-        finally:
+        async with beating(heartbeat):
             if group is not None:
-                group.stop()
-            for served in runtime.served().values():
-                await served.stop_batching()
-            await asyncio.to_thread(runtime.stop)
+                group.start()  # also tells the group's parent that this worker serves
+            try:
+                yield
+            finally:
+                if group is not None:
+                    group.stop()
+                for served in runtime.served().values():
+                    await served.stop_batching()
+                await asyncio.to_thread(runtime.stop)
 
     app = FastAPI(title="livefit", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime

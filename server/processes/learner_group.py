@@ -84,9 +84,10 @@ class LearnerGroup(WorkerGroup):
     """The training process and the serving processes of one split learner."""
 
     def __init__(
-        self, argv: Sequence[str], count: int, sock: socket.socket, models: Sequence[str]
-    ) -> None:
-        super().__init__(argv, count, sock, kind="learner")
+        self, argv: Sequence[str], count: int, sock: socket.socket, models: Sequence[str],
+        hang_timeout_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        super().__init__(argv, count, sock, kind="learner", hang_timeout_s=hang_timeout_s)
         self.slot = TrainingSlot(self.directory, count)
         self.board = self.slot.board(models, create=True)
         self.training = GroupMember(self.workers[0].slot)  # its slot is unused: only the record
@@ -149,8 +150,13 @@ class LearnerGroup(WorkerGroup):
 
 
 def run_learner_group(
-    argv: Sequence[str], count: int, host: str, port: int, models: Sequence[str]
-) -> int:
-    """Bind ``host:port``, run the split learner until SIGINT or SIGTERM; its exit status."""
+    argv: Sequence[str], count: int, host: str, port: int, models: Sequence[str],
+    hang_timeout_s: float = 0.0,
+) -> int:  # fmt: skip
+    """Bind ``host:port``, run the split learner until SIGINT or SIGTERM; its exit status (a
+    serving process silent for ``hang_timeout_s`` is killed and started again; 0: never)."""
     describe = f"the learner (a training process and {count} serving processes)"
-    return run_group(lambda sock: LearnerGroup(argv, count, sock, models), host, port, describe)
+    return run_group(
+        lambda sock: LearnerGroup(argv, count, sock, models, hang_timeout_s),
+        host, port, describe,
+    )  # fmt: skip

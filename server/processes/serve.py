@@ -61,7 +61,7 @@ def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None =
         group = WorkerMetrics(
             runtime.metrics.registry, str(worker.index), worker.peers(), worker.directory
         )
-    app = create_app(runtime, group)
+    app = create_app(runtime, group, worker.heartbeat_file() if worker is not None else None)
     config = uvicorn.Config(
         app,
         host=settings.http.host,

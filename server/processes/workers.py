@@ -15,6 +15,8 @@ Lifecycle promises:
   refusing it) stops the group, and the parent exits with that worker's status and its
   reason in the log; so does one that dies more than ``MAX_RESTARTS`` times in
   ``RESTART_WINDOW_S``;
+- a worker that served and whose event loop then stays silent for ``http.worker_timeout_s``
+  (SIGSTOPped, wedged) is SIGKILLed, and so started again (``server/heartbeat.py``);
 - no worker outlives its parent, even a SIGKILLed one (``server/processes/children.py``).
 """
 
@@ -34,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from livefit.server.heartbeat import beat_file, silent_for
 from livefit.server.logs import WORKER_ENV
 from livefit.server.processes.children import start_child, stop_children
 from livefit.server.processes.group_directory import group_directory
@@ -88,6 +91,10 @@ class WorkerSlot:
         """Exists once this worker serves (its metrics socket)."""
         return self.directory / f"{self.index}.sock"
 
+    def heartbeat_file(self) -> Path:
+        """Touched every second by this worker's event loop (``heartbeat``)."""
+        return beat_file(self.directory, self.index)
+
 
 @dataclass(slots=True)
 class GroupMember:
@@ -124,10 +131,14 @@ class WorkerGroup:
     ``livefit serve`` for a split learner's serving processes: ``kind="learner"``)."""
 
     def __init__(
-        self, argv: Sequence[str], count: int, sock: socket.socket, kind: str = "replica"
-    ) -> None:
+        self, argv: Sequence[str], count: int, sock: socket.socket, kind: str = "replica",
+        hang_timeout_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        """``hang_timeout_s``: kill a worker that served and then stayed silent this long
+        (``http.worker_timeout_s``; 0: never)."""
         self.argv = list(argv)
         self.sock = sock
+        self.hang_timeout_s = hang_timeout_s
         self.directory = group_directory()
         self.workers = [
             GroupMember(WorkerSlot(i, count, sock.fileno(), self.directory, kind))
@@ -172,6 +183,7 @@ class WorkerGroup:
             worker.mark_served(worker.slot.started_marker().exists())
             code = worker.process.poll()
             if code is None:
+                self._kill_if_silent(worker)
                 continue
             index = worker.slot.index
             if worker.dies_fatally():
@@ -185,8 +197,24 @@ class WorkerGroup:
             log.warning("serving worker %d exited with status %d; starting it again", index, code)
             worker.served = False
             worker.slot.started_marker().unlink(missing_ok=True)
+            worker.slot.heartbeat_file().unlink(missing_ok=True)
             self.start(worker)
         return None
+
+    def _kill_if_silent(self, worker: GroupMember) -> None:
+        """SIGKILL a running worker that served and has not beaten for ``hang_timeout_s``
+        (stopped or wedged: its connections would wait forever); the next check restarts it."""
+        if not self.hang_timeout_s or not worker.served or worker.process is None:
+            return
+        silent = silent_for(worker.slot.heartbeat_file())
+        if silent is None or silent <= self.hang_timeout_s:
+            return
+        log.error(
+            "serving worker %d (pid %d) has not run for %.0f s (stopped or hung; "
+            "http.worker_timeout_s = %g); killing it",
+            worker.slot.index, worker.process.pid, silent, self.hang_timeout_s,
+        )  # fmt: skip
+        worker.process.kill()
 
     def _stop(self) -> int:
         """SIGTERM every worker, SIGKILL those left after ``STOP_GRACE_S``; 0 if all stopped."""
@@ -198,11 +226,15 @@ class WorkerGroup:
         return 0 if all(code in (0, -signal.SIGTERM) for code in codes) else 1
 
 
-def run_workers(argv: Sequence[str], count: int, host: str, port: int) -> int:
-    """Bind ``host:port``, run ``count`` workers of ``argv`` until SIGINT or SIGTERM."""
+def run_workers(
+    argv: Sequence[str], count: int, host: str, port: int, hang_timeout_s: float = 0.0
+) -> int:
+    """Bind ``host:port``, run ``count`` workers of ``argv`` until SIGINT or SIGTERM (a
+    worker silent for ``hang_timeout_s`` is killed and started again; 0: never)."""
     return run_group(
-        lambda sock: WorkerGroup(argv, count, sock), host, port, f"{count} serving workers"
-    )
+        lambda sock: WorkerGroup(argv, count, sock, hang_timeout_s=hang_timeout_s),
+        host, port, f"{count} serving workers",
+    )  # fmt: skip
 
 
 def run_group(
