@@ -195,7 +195,16 @@ def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_pat
         _wait(lambda: _training_pid(learner) not in (None, training_pid, replacement), 30)
         assert learner.process is not None and learner.process.poll() is None
         assert predict_on_new_connections(learner, 4) == [200] * 4
-        wait_trained(learner, 2000, timeout=120)  # restored 1000 (checkpoint + log) + 1000 new
+        # every sample in the lineage once: the first 1000 from the checkpoint (and the log
+        # after it), the 1000 published while it was down. Not train_samples_total: it counts
+        # what this training process trained, 1000 when a checkpoint held all of the first
+        # (a test that read it failed whenever the checkpoint was that recent)
+        deadline = time.monotonic() + 120
+        while (lineage := learner.metric("livefit_model_samples", model="demo")) < 2000:
+            assert time.monotonic() < deadline, f"{lineage} of 2000:\n{learner.tail(40)}"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        assert learner.metric("livefit_model_samples", model="demo") == 2000
         _wait(lambda: _ready_problems(learner) == [], timeout=60)
         wait_both_serve(learner, timeout=60)
         log = learner.log.read_text()
