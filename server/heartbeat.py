@@ -4,9 +4,12 @@ worker past its ``--timeout``.
 
 Each serving process's event loop touches ``<index>.alive`` in the group's directory every
 ``BEAT_S`` (``beat``): it is the loop that answers requests, so a loop that cannot run cannot
-beat. The group's parent reads the file's age (``silent_for``) and SIGKILLs a process that
-served and then stayed silent for ``http.worker_timeout_s``; SIGKILL reaches a stopped process
-too, and the group's restart rules take over (counted like any other death).
+beat. The group's parent watches the file (``Silence``) and SIGKILLs a process that served
+and then stayed silent for ``http.worker_timeout_s``; SIGKILL reaches a stopped process too,
+and the group's restart rules take over (counted like any other death). Silence is timed by
+the parent's monotonic clock from when it last saw the file change, never as "now minus the
+file's time": a wall clock stepped forward (NTP) or a machine resumed from suspend would
+otherwise look like every process gone silent at once.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -31,8 +34,7 @@ def beat_file(directory: Path, index: int) -> Path:
 def touch(path: Path) -> None:
     """Set ``path``'s modification time to now (creating it); never raises."""
     try:
-        path.touch()
-        os.utime(path)
+        path.touch()  # an existing file's times are set to now
     except OSError as exc:  # the group's directory is gone: the parent is stopping
         log.debug("heartbeat %s: %s", path, exc)
 
@@ -59,10 +61,27 @@ async def beating(path: Path | None) -> AsyncIterator[None]:
             await task
 
 
-def silent_for(path: Path, now: float | None = None) -> float | None:
-    """Seconds since ``path`` was last touched; None when it does not exist (yet)."""
+def last_beat(path: Path) -> float | None:
+    """``path``'s modification time (ns), or None when it does not exist (yet)."""
     try:
-        touched = path.stat().st_mtime
+        return float(path.stat().st_mtime_ns)
     except OSError:
         return None
-    return max(0.0, (time.time() if now is None else now) - touched)
+
+
+@dataclass(slots=True)
+class Silence:
+    """How long one heartbeat file has stayed unchanged, by the watcher's monotonic clock."""
+
+    beat: float | None = None  # the file's time when last seen changed
+    since: float = 0.0  # time.monotonic() then
+
+    def observe(self, path: Path, now: float | None = None) -> float:
+        """Seconds the file has not changed for, as seen by the checks so far (0 when it
+        changed since the last check, or does not exist)."""
+        beat = last_beat(path)
+        now = time.monotonic() if now is None else now
+        if beat is None or beat != self.beat:
+            self.beat, self.since = beat, now
+            return 0.0
+        return now - self.since

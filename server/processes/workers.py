@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from livefit.server.heartbeat import beat_file, silent_for
+from livefit.server.heartbeat import Silence, beat_file
 from livefit.server.logs import WORKER_ENV
 from livefit.server.processes.children import start_child, stop_children
 from livefit.server.processes.group_directory import group_directory
@@ -106,6 +106,7 @@ class GroupMember:
     restarts: deque[float] = field(default_factory=deque)
     served: bool = False  # the running process got ready
     ever_served: bool = False  # some process of this slot got ready since the group started
+    silence: Silence = field(default_factory=Silence)  # of the running process's heartbeat
 
     def mark_served(self, ready: bool) -> None:
         self.served = self.served or ready
@@ -198,16 +199,18 @@ class WorkerGroup:
             worker.served = False
             worker.slot.started_marker().unlink(missing_ok=True)
             worker.slot.heartbeat_file().unlink(missing_ok=True)
+            worker.silence = Silence()
             self.start(worker)
         return None
 
-    def _kill_if_silent(self, worker: GroupMember) -> None:
+    def _kill_if_silent(self, worker: GroupMember, now: float | None = None) -> None:
         """SIGKILL a running worker that served and has not beaten for ``hang_timeout_s``
-        (stopped or wedged: its connections would wait forever); the next check restarts it."""
+        (stopped or wedged: its connections would wait forever); the next check restarts it.
+        ``now``: this check's ``time.monotonic()`` (tests)."""
         if not self.hang_timeout_s or not worker.served or worker.process is None:
             return
-        silent = silent_for(worker.slot.heartbeat_file())
-        if silent is None or silent <= self.hang_timeout_s:
+        silent = worker.silence.observe(worker.slot.heartbeat_file(), now)
+        if silent <= self.hang_timeout_s:
             return
         log.error(
             "serving worker %d (pid %d) has not run for %.0f s (stopped or hung; "
