@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+MIN_WORKER_TIMEOUT_S = 3.0  # http.worker_timeout_s: three heartbeats (server/heartbeat.py)
+
 
 class _Section(BaseModel):
     # Numbers become strings where a string is expected: LIVEFIT_..._HMAC_KEY=123456 is a key.
@@ -76,11 +78,22 @@ class HttpSettings(_Section):
     # core beside training's, 1 to 4 (server/processes/machine.py); 0 keeps the whole learner
     # in one process, predictions served beside training.
     workers: int | None = Field(None, ge=0, le=64)
-    # A serving process of a group (above) whose event loop has not run for this long (it was
-    # SIGSTOPped, or is wedged) is SIGKILLed and started again (server/heartbeat.py);
-    # 0 turns the check off. Not the split learner's training process: a long training step or
-    # checkpoint may hold it, and the serving processes answer meanwhile.
+    # A process of a group (above: a serving process, a split learner's training process) that
+    # has not beaten for this long (SIGSTOPped, or wedged: a serving process's event loop, the
+    # training process's main thread) is SIGKILLed and started again (server/heartbeat.py);
+    # 0 turns the check off; otherwise at least MIN_WORKER_TIMEOUT_S (a serving process beats
+    # every second: below a few beats the check kills processes that run).
     worker_timeout_s: float = Field(30.0, ge=0)
+
+    @field_validator("worker_timeout_s")
+    @classmethod
+    def _worker_timeout_beats(cls, value: float) -> float:
+        if 0 < value < MIN_WORKER_TIMEOUT_S:
+            raise ValueError(
+                f"must be 0 (off) or at least {MIN_WORKER_TIMEOUT_S:g} s: a serving process "
+                "beats once a second"
+            )
+        return value
 
     def replica_workers(self) -> int:
         return max(1, self.workers or 1)

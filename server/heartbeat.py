@@ -1,13 +1,16 @@
-"""Liveness of a worker group's serving processes: a process that stops answering (SIGSTOPped,
-or its event loop wedged) is killed and started again, as gunicorn's arbiter does with a
-worker past its ``--timeout``.
+"""Liveness of a worker group's processes: a process that stops answering (SIGSTOPped, or its
+event loop wedged) is killed and started again, as gunicorn's arbiter does with a worker past
+its ``--timeout``.
 
 Each serving process's event loop touches ``<index>.alive`` in the group's directory every
 ``BEAT_S`` (``beat``): it is the loop that answers requests, so a loop that cannot run cannot
-beat. The group's parent watches the file (``Silence``) and SIGKILLs a process that served
-and then stayed silent for ``http.worker_timeout_s``; SIGKILL reaches a stopped process too,
-and the group's restart rules take over (counted like any other death). Silence is timed by
-the parent's monotonic clock from when it last saw the file change, never as "now minus the
+beat. A split learner's training process beats ``training.alive`` from its main thread (the
+one that sends its status to the serving processes), as often as it sends it.
+
+The group's parent watches the files (``Silence``) and SIGKILLs a process that was ready and
+then stayed silent for ``http.worker_timeout_s``; SIGKILL reaches a stopped process too, and
+the group's restart rules take over (counted like any other death). Silence is timed by the
+parent's monotonic clock from when it last saw the file change, never as "now minus the
 file's time": a wall clock stepped forward (NTP) or a machine resumed from suspend would
 otherwise look like every process gone silent at once.
 """
@@ -26,9 +29,10 @@ log = logging.getLogger(__name__)
 BEAT_S = 1.0
 
 
-def beat_file(directory: Path, index: int) -> Path:
-    """The file serving process ``index`` of the group in ``directory`` keeps touching."""
-    return directory / f"{index}.alive"
+def beat_file(directory: Path, label: int | str) -> Path:
+    """The file process ``label`` of the group in ``directory`` keeps touching (a serving
+    process's index; ``"training"`` for a split learner's training process)."""
+    return directory / f"{label}.alive"
 
 
 def touch(path: Path) -> None:

@@ -23,6 +23,12 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def test_worker_timeout_is_off_or_a_few_heartbeats(tmp_path: Path) -> None:
+    for value in (0, 3, 30):
+        text = f"[http]\nworker_timeout_s = {value}\n" + MINIMAL
+        assert load_settings(write(tmp_path, text), environ={}).http.worker_timeout_s == value
+
+
 def test_bundled_example_loads_with_documented_defaults() -> None:
     settings = load_settings(None, environ={})
     demo = settings.models["demo"]
@@ -75,6 +81,7 @@ def test_default_serving_batch_sizes_are_powers_of_two() -> None:
         (MINIMAL + 'builder = "transformer"\n', "models.demo.builder"),
         ('[broker]\nurl = "http://x"\n' + MINIMAL, "broker.url"),
         ("[http]\nport = 70000\n" + MINIMAL, "http.port"),
+        ("[http]\nworker_timeout_s = 0.5\n" + MINIMAL, "http.worker_timeout_s"),  # < 3 beats
         ("[models]\n", "models"),
         ("[models.demo]\ninput_shape = [8]\n", "models.demo.output_shape"),
         (MINIMAL + "[models.demo.serve]\nallowed_batch_sizes = [1, 4]\n", "models.demo.serve"),

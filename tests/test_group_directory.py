@@ -64,6 +64,11 @@ def test_a_new_group_removes_only_directories_whose_parent_is_gone(short_tmp: Pa
     running = _left(short_tmp, "running", mine)
     unowned = _left(short_tmp, "unowned", None)  # being made now, or by an older livefit
     garbled = _left(short_tmp, "garbled", "x\n")
+    wide = _left(short_tmp, "wide", f"{_dead_pid()}\n")
+    wide.chmod(0o755)  # livefit's are 0700: not one of ours
+    linked = _left(short_tmp, "linked", None)
+    (short_tmp / "elsewhere").write_text(f"{_dead_pid()}\n")
+    (linked / OWNER_FILE).symlink_to(short_tmp / "elsewhere")
     unrelated = short_tmp / "someone-else"
     unrelated.mkdir()
 
@@ -73,6 +78,7 @@ def test_a_new_group_removes_only_directories_whose_parent_is_gone(short_tmp: Pa
     assert (directory / OWNER_FILE).read_text() == mine
     assert not killed.exists() and not reused.exists()
     assert running.exists() and unowned.exists() and garbled.exists() and unrelated.exists()
+    assert wide.exists() and linked.exists()
 
 
 def test_a_directory_in_use_survives_another_groups_sweep(short_tmp: Path) -> None:

@@ -73,15 +73,19 @@ def _running(group: WorkerGroup, index: int, *, served: bool, beats: bool) -> Gr
     return worker
 
 
+def _check(group: WorkerGroup, worker: GroupMember, now: float) -> None:
+    group._kill_if_silent(worker, worker.slot.heartbeat_file(), f"worker {worker.slot.index}", now)
+
+
 def test_only_a_served_worker_silent_past_the_timeout_is_killed(group: WorkerGroup) -> None:
     silent = _running(group, 0, served=True, beats=True)
     beating_worker = _running(group, 1, served=True, beats=True)
     for worker in (silent, beating_worker):
-        group._kill_if_silent(worker, now=100.0)  # first sight of each beat
+        _check(group, worker, now=100.0)  # first sight of each beat
     time.sleep(0.05)
     beating_worker.slot.heartbeat_file().touch()  # it beats; the other does not
     for worker in (silent, beating_worker):
-        group._kill_if_silent(worker, now=106.0)  # 6 s later: past the 5 s timeout
+        _check(group, worker, now=106.0)  # 6 s later: past the 5 s timeout
     assert silent.process is not None and silent.process.wait(10) == -9
     assert beating_worker.process is not None and beating_worker.process.poll() is None
 
@@ -90,11 +94,11 @@ def test_a_starting_worker_or_a_check_turned_off_kills_nothing(group: WorkerGrou
     starting = _running(group, 0, served=False, beats=True)  # not served yet: still loading
     no_beat_yet = _running(group, 1, served=True, beats=False)
     for now in (100.0, 160.0):
-        group._kill_if_silent(starting, now=now)
-        group._kill_if_silent(no_beat_yet, now=now)
+        _check(group, starting, now=now)
+        _check(group, no_beat_yet, now=now)
     group.hang_timeout_s = 0.0  # http.worker_timeout_s = 0
     starting.served = True  # served and silent for a minute, but the check is off
-    group._kill_if_silent(starting, now=220.0)
+    _check(group, starting, now=220.0)
     time.sleep(0.2)
     assert starting.process is not None and starting.process.poll() is None
     assert no_beat_yet.process is not None and no_beat_yet.process.poll() is None

@@ -60,6 +60,16 @@ def wait_trained(learner: LivefitProcess, count: int, timeout: float = 90) -> No
     assert seen == count, f"trained {seen}, published {count}"
 
 
+def wait_lineage(learner: LivefitProcess, count: int, timeout: float = 120) -> None:
+    """Wait until the model's lineage holds ``count`` samples, then check it holds each once."""
+    deadline = time.monotonic() + timeout
+    while (lineage := learner.metric("livefit_model_samples", model="demo")) < count:
+        assert time.monotonic() < deadline, f"{lineage} of {count}:\n{learner.tail(40)}"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    assert learner.metric("livefit_model_samples", model="demo") == count
+
+
 def wait_both_serve(learner: LivefitProcess, timeout: float = 30) -> int:
     """The model version both serving processes serve once they caught up; returns it."""
     deadline = time.monotonic() + timeout
@@ -152,7 +162,8 @@ def test_the_training_process_feeds_both_serving_processes(
 def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_path: Path) -> None:
     """SIGKILL of a serving process, SIGSTOP of one (killed and started again once silent for
     ``http.worker_timeout_s``, 3 s here), SIGKILL of the training process and of its
-    replacement while it starts: predictions go on, every sample is trained."""
+    replacement while it starts, SIGSTOP of the training process: predictions go on, every
+    sample is trained."""
     text = split_config(broker, tmp_path / "data").replace(
         "[http]\n", "[http]\nworker_timeout_s = 3\n"
     )
@@ -199,18 +210,24 @@ def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_pat
         # after it), the 1000 published while it was down. Not train_samples_total: it counts
         # what this training process trained, 1000 when a checkpoint held all of the first
         # (a test that read it failed whenever the checkpoint was that recent)
-        deadline = time.monotonic() + 120
-        while (lineage := learner.metric("livefit_model_samples", model="demo")) < 2000:
-            assert time.monotonic() < deadline, f"{lineage} of 2000:\n{learner.tail(40)}"
-            time.sleep(0.2)
-        time.sleep(0.5)
-        assert learner.metric("livefit_model_samples", model="demo") == 2000
+        wait_lineage(learner, 2000)
         _wait(lambda: _ready_problems(learner) == [], timeout=60)
         wait_both_serve(learner, timeout=60)
+
+        # the training process SIGSTOPped: silent past http.worker_timeout_s, it is SIGKILLed
+        # and started again; samples published meanwhile are trained by its replacement
+        frozen = _training_pid(learner)
+        assert frozen is not None
+        os.kill(frozen, signal.SIGSTOP)
+        publish_samples(broker, 1000, seed=2)
+        _wait(lambda: _training_pid(learner) not in (None, frozen), timeout=30)
+        assert predict_on_new_connections(learner, 4) == [200] * 4
+        wait_lineage(learner, 3000)
         log = learner.log.read_text()
-        assert log.count("training process exited with status -9; starting it again") == 2
+        assert log.count("training process exited with status -9; starting it again") == 3
         assert "serving worker" in log and "exited with status -9; starting it again" in log
-        assert f"(pid {stopped}) has not run for" in log and "killing it" in log
+        assert f"serving worker 1 (pid {stopped}) has not run for" in log, log[-3000:]
+        assert f"the training process (pid {frozen}) has not run for" in log, log[-3000:]
 
 
 def test_sigterm_trains_what_was_accepted_then_stops_serving(

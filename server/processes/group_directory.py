@@ -7,7 +7,8 @@ a SIGKILLed parent cannot. So each directory records its owner (the parent's pid
 kernel's start time of that process, which a reused pid does not share) in ``owner``, and every
 new group removes the directories in the same places whose owner is gone. A directory without
 an ``owner`` file is left alone: its parent may be writing it now, or it is not ours to judge
-(made by a livefit before this sweep existed).
+(made by a livefit before this sweep existed); so is one that is not this user's, not 0700, or
+whose ``owner`` is not a regular file (none of which livefit makes).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -80,8 +82,11 @@ def _pid_only(pid: int) -> str | None:
 def is_abandoned(directory: Path) -> bool:
     """True when ``directory`` records an owner that is no longer running (a reused pid
     with another start time counts as gone)."""
+    owner = directory / OWNER_FILE
     try:
-        recorded = (directory / OWNER_FILE).read_text()
+        if not stat.S_ISREG(owner.lstat().st_mode):
+            return False  # a link or anything else: not what livefit writes
+        recorded = owner.read_text()
     except OSError:
         return False  # being made, or not made by a sweeping livefit: not ours to judge
     try:
@@ -107,7 +112,10 @@ def sweep_abandoned(parent: Path, keep: Path | None = None) -> int:
         try:
             if entry == keep or entry.is_symlink() or not entry.is_dir():
                 continue
-            if entry.stat().st_uid != uid or not is_abandoned(entry):
+            info = entry.stat()
+            if info.st_uid != uid or stat.S_IMODE(info.st_mode) != 0o700:
+                continue  # not a directory livefit made (mkdtemp's are 0700)
+            if not is_abandoned(entry):
                 continue
             shutil.rmtree(entry)
         except OSError as exc:

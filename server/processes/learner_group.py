@@ -37,12 +37,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from livefit.server.heartbeat import Silence, beat_file
 from livefit.server.inference.busy_board import BOARD_FILE, BusyBoard
 from livefit.server.logs import TRAINING_ENV
 from livefit.server.processes.children import start_child, stop_children
 from livefit.server.processes.workers import (
     MAX_RESTARTS,
     RESTART_WINDOW_S,
+    TRAINING,
     GroupMember,
     WorkerGroup,
     restarts_in_window,
@@ -76,6 +78,10 @@ class TrainingSlot:
         """Exists once the training process feeds weights (``LocalWeightFeed.start``)."""
         return self.directory / FEED_FILE
 
+    def heartbeat_file(self) -> Path:
+        """Touched by the training process's main thread while it runs (``heartbeat``)."""
+        return beat_file(self.directory, TRAINING)
+
     def board(self, models: Sequence[str], create: bool = False) -> BusyBoard:
         return BusyBoard(self.directory / BOARD_FILE, self.workers, models, create=create)
 
@@ -97,6 +103,8 @@ class LearnerGroup(WorkerGroup):
 
     def _start_training(self) -> None:
         self.slot.ready_marker().unlink(missing_ok=True)
+        self.slot.heartbeat_file().unlink(missing_ok=True)
+        self.training.silence = Silence()
         env = {**os.environ, **self.slot.env()}
         self.training.process = start_child(self.argv, env=env)
         log.info("training process started (pid %d)", self.training.process.pid)
@@ -122,7 +130,9 @@ class LearnerGroup(WorkerGroup):
         assert process is not None
         self.training.mark_served(self.slot.ready_marker().exists())
         code = process.poll()
-        if code is not None:
+        if code is None:
+            self._kill_if_silent(self.training, self.slot.heartbeat_file(), "the training process")
+        else:
             if self.training.dies_fatally():
                 log.error("the training process exited with status %d before it was ready; "
                           "stopping", code)  # fmt: skip

@@ -23,6 +23,7 @@ import threading
 from prometheus_client import CollectorRegistry
 
 from livefit.server.config import ModelSettings, Settings
+from livefit.server.heartbeat import touch
 from livefit.server.inference.busy_board import BusyBoard
 from livefit.server.inference.serving import ServedModel
 from livefit.server.metrics_merge import WorkerMetrics
@@ -170,9 +171,12 @@ def run_training(settings: Settings, slot: TrainingSlot) -> int:
     metrics = WorkerMetrics(runtime.metrics.registry, TRAINING, (), slot.directory)
     metrics.start()
     log.info("training process ready: %s", ", ".join(runtime.models))
+    beat = slot.heartbeat_file()
+    touch(beat)
     try:
         while not stopping.wait(STATUS_INTERVAL_S):
             runtime.send_status()
+            touch(beat)
     finally:
         metrics.stop()
         runtime.stop()

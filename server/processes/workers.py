@@ -184,7 +184,8 @@ class WorkerGroup:
             worker.mark_served(worker.slot.started_marker().exists())
             code = worker.process.poll()
             if code is None:
-                self._kill_if_silent(worker)
+                label = f"serving worker {worker.slot.index}"
+                self._kill_if_silent(worker, worker.slot.heartbeat_file(), label)
                 continue
             index = worker.slot.index
             if worker.dies_fatally():
@@ -203,21 +204,23 @@ class WorkerGroup:
             self.start(worker)
         return None
 
-    def _kill_if_silent(self, worker: GroupMember, now: float | None = None) -> None:
-        """SIGKILL a running worker that served and has not beaten for ``hang_timeout_s``
-        (stopped or wedged: its connections would wait forever); the next check restarts it.
-        ``now``: this check's ``time.monotonic()`` (tests)."""
-        if not self.hang_timeout_s or not worker.served or worker.process is None:
+    def _kill_if_silent(
+        self, member: GroupMember, beat: Path, name: str, now: float | None = None
+    ) -> None:
+        """SIGKILL a running process of the group (``name`` in the log) that was ready and has
+        not touched ``beat`` for ``hang_timeout_s`` (stopped or wedged: a serving process's
+        connections would wait forever); the next check restarts it. ``now``: this check's
+        ``time.monotonic()`` (tests)."""
+        if not self.hang_timeout_s or not member.served or member.process is None:
             return
-        silent = worker.silence.observe(worker.slot.heartbeat_file(), now)
+        silent = member.silence.observe(beat, now)
         if silent <= self.hang_timeout_s:
             return
         log.error(
-            "serving worker %d (pid %d) has not run for %.0f s (stopped or hung; "
-            "http.worker_timeout_s = %g); killing it",
-            worker.slot.index, worker.process.pid, silent, self.hang_timeout_s,
+            "%s (pid %d) has not run for %.0f s (stopped or hung; http.worker_timeout_s = %g); "
+            "killing it", name, member.process.pid, silent, self.hang_timeout_s,
         )  # fmt: skip
-        worker.process.kill()
+        member.process.kill()
 
     def _stop(self) -> int:
         """SIGTERM every worker, SIGKILL those left after ``STOP_GRACE_S``; 0 if all stopped."""
