@@ -249,11 +249,7 @@ def test_sigterm_trains_what_was_accepted_then_stops_serving(
         seen = again.metric("livefit_model_samples", model="demo")
         replayed = again.metric("livefit_wal_replayed_samples_total", model="demo")
         assert replayed == 0 and seen > 0, (seen, replayed)
-        wait = time.monotonic() + 90
-        while again.metric("livefit_model_samples", model="demo") < 3000:
-            assert time.monotonic() < wait, again.tail(30)  # the rest, redelivered by the broker
-            time.sleep(0.2)
-        assert again.metric("livefit_model_samples", model="demo") == 3000
+        wait_lineage(again, 3000, timeout=90)  # the rest, redelivered by the broker
     finally:
         again.stop()
 
@@ -292,11 +288,7 @@ def test_sigterm_under_backpressure_trains_every_acknowledged_sample(
     try:
         replayed = again.metric("livefit_wal_replayed_samples_total", model="demo")
         assert replayed == 0, (replayed, log[-3000:])
-        wait = time.monotonic() + 120
-        while again.metric("livefit_model_samples", model="demo") < 6000:
-            assert time.monotonic() < wait, again.tail(30)  # the rest, redelivered by the broker
-            time.sleep(0.2)
-        assert again.metric("livefit_model_samples", model="demo") == 6000
+        wait_lineage(again, 6000)  # the rest, redelivered by the broker
     finally:
         again.stop()
 
