@@ -65,10 +65,10 @@ async def beating(path: Path | None) -> AsyncIterator[None]:
             await task
 
 
-def last_beat(path: Path) -> float | None:
+def last_beat(path: Path) -> int | None:
     """``path``'s modification time (ns), or None when it does not exist (yet)."""
     try:
-        return float(path.stat().st_mtime_ns)
+        return path.stat().st_mtime_ns
     except OSError:
         return None
 
@@ -77,7 +77,7 @@ def last_beat(path: Path) -> float | None:
 class Silence:
     """How long one heartbeat file has stayed unchanged, by the watcher's monotonic clock."""
 
-    beat: float | None = None  # the file's time when last seen changed
+    beat: int | None = None  # the file's time (ns) when last seen changed
     since: float = 0.0  # time.monotonic() then
 
     def observe(self, path: Path, now: float | None = None) -> float:

@@ -71,6 +71,9 @@ def test_a_new_group_removes_only_directories_whose_parent_is_gone(short_tmp: Pa
     (linked / OWNER_FILE).symlink_to(short_tmp / "elsewhere")
     unrelated = short_tmp / "someone-else"
     unrelated.mkdir()
+    target = _left(short_tmp, "target-of-a-link", f"{_dead_pid()}\n").rename(short_tmp / "t")
+    pointer = short_tmp / f"{PREFIX}pointer"
+    pointer.symlink_to(target)  # a link named like ours, to a directory that looks abandoned
 
     directory = group_directory()
 
@@ -79,6 +82,7 @@ def test_a_new_group_removes_only_directories_whose_parent_is_gone(short_tmp: Pa
     assert not killed.exists() and not reused.exists()
     assert running.exists() and unowned.exists() and garbled.exists() and unrelated.exists()
     assert wide.exists() and linked.exists()
+    assert pointer.is_symlink() and (target / "0.sock").exists()  # neither link nor target
 
 
 def test_a_directory_in_use_survives_another_groups_sweep(short_tmp: Path) -> None:
