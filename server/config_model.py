@@ -65,6 +65,10 @@ class ModelSettings(_Section):
     # Readiness fails while messages have waited this long with no message finished
     # (accepted or rejected): a learner that is not learning says so.
     stall_after_s: float = Field(30.0, gt=0)
+    # Warn (a log line naming the topic, and ACLs as a likely cause) when the samples topic has
+    # delivered nothing this long after the learner subscribed: a broker that grants a
+    # subscription its ACL forbids (mosquitto does) delivers nothing and says nothing. 0: off.
+    silent_topic_warn_s: float = Field(60.0, ge=0)
     seed: int | None = None
     train: TrainSettings = TrainSettings()
     serve: ServeSettings = ServeSettings()
