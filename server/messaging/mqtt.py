@@ -180,7 +180,8 @@ class MqttConnection:
         self._connected_at = time.monotonic()
         for topic, qos in self._subscriptions:
             _, mid = client.subscribe(topic, qos=qos)
-            self._pending_subscriptions[mid] = topic
+            if mid is not None:
+                self._pending_subscriptions[mid] = topic
         if self.subscribed_at is None:
             self.subscribed_at = self._connected_at
         resumed = bool(getattr(flags, "session_present", False))
