@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError, field_validator
+from pydantic import ValidationError, field_validator, model_validator
 
 from livefit.server.config_model import BUILTIN_BUILDERS, ModelSettings
 from livefit.server.config_model_tables import (
@@ -43,6 +43,7 @@ from livefit.server.config_sections import (
     TlsSettings,
     _Section,
 )
+from livefit.server.topic_filters import filter_problem, topic_matches
 
 __all__ = [
     "BUILTIN_BUILDERS", "ENV_DELIMITER", "ENV_PREFIX", "BrokerSettings", "CheckpointSettings",
@@ -81,6 +82,56 @@ class Settings(_Section):
             if not _MODEL_NAME.match(name):
                 raise ValueError(f"model name {name!r} must match {_MODEL_NAME.pattern}")
         return value
+
+    @model_validator(mode="after")
+    def _check_no_feedback_loop(self) -> Settings:
+        """No data subscription may match a topic livefit publishes, except the one it exists
+        to read (a model's labels and prediction records): a ``#`` samples topic over the
+        weight topic made a learner consume its own weights and dead-letter reports, each
+        rejection publishing another report it then read (outside attack, issue 26)."""
+        published = [
+            (topic, name, kind)
+            for name in self.models
+            for kind, topic in self.published_topics(name).items()
+        ]
+        for name in self.models:
+            for key, (kind, topic_filter) in self.data_subscriptions(name).items():
+                if filter_problem(topic_filter) is not None:
+                    continue  # the topic's own validator says what is wrong with it
+                for topic, publisher, published_kind in published:
+                    if (publisher, published_kind) == (name, kind):
+                        continue  # the subscription's own purpose
+                    if topic_matches(topic_filter, topic):
+                        raise ValueError(
+                            f"{key} {topic_filter!r} would consume {topic!r}, the "
+                            f"{published_kind} topic livefit publishes for model {publisher}: "
+                            "a learner must not read its own output; choose topics that do "
+                            "not overlap"
+                        )
+        return self
+
+    def published_topics(self, name: str) -> dict[str, str]:
+        """Kind -> topic, for every topic livefit publishes for model ``name``: weights and
+        manifests, dead-letter reports and drift events (the learner), prediction records and
+        labels (serving processes and replicas, read back by the learner)."""
+        return {
+            "weights": self.weights_topic(name),
+            "dead-letter": self.dead_letter_topic(name),
+            "events": self.events_topic(name),
+            "predictions": self.predictions_topic(name),
+            "labels": self.labels_topic(name),
+        }
+
+    def data_subscriptions(self, name: str) -> dict[str, tuple[str, str]]:
+        """Setting -> (kind, topic filter), for every subscription the learner of model
+        ``name`` makes for its input."""
+        return {
+            f"models.{name}.topic": ("samples", self.samples_topic(name)),
+            f"models.{name}.labels.topic": ("labels", self.labels_topic(name)),
+            f"models.{name}.labels.predictions_topic": (
+                "predictions", self.predictions_topic(name),
+            ),
+        }  # fmt: skip
 
     def samples_topic(self, name: str) -> str:
         return self.models[name].topic or f"livefit/{name}/samples"
@@ -191,6 +242,9 @@ def _describe(
             message = message.removeprefix("Value error, ")
         origin = next((v for path, v in from_env.items() if loc[: len(path)] == path), None)
         in_file = in_file or origin is None
+        if not loc:  # a check across the tree; its message names the keys
+            problems.append(message)
+            continue
         problems.append(f"{origin}: {key}: {message}" if origin else f"{key}: {message}")
     where = f"invalid configuration ({file})" if in_file else "invalid configuration"
     if len(problems) == 1:

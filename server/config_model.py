@@ -31,6 +31,7 @@ from livefit.server.config_model_tables import (
     WeightsSettings,
 )
 from livefit.server.config_sections import _Section
+from livefit.server.topic_filters import filter_problem
 
 BUILTIN_BUILDERS = ("linear", "mlp", "lstm")  # = livefit.models.BUILTIN_BUILDERS; no TF import here
 _BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -64,6 +65,10 @@ class ModelSettings(_Section):
     # Readiness fails while messages have waited this long with no message finished
     # (accepted or rejected): a learner that is not learning says so.
     stall_after_s: float = Field(30.0, gt=0)
+    # Warn (a log line naming the topic, and ACLs as a likely cause) when the samples topic has
+    # delivered nothing this long after the learner subscribed: a broker that grants a
+    # subscription its ACL forbids (mosquitto does) delivers nothing and says nothing. 0: off.
+    silent_topic_warn_s: float = Field(60.0, ge=0)
     seed: int | None = None
     train: TrainSettings = TrainSettings()
     serve: ServeSettings = ServeSettings()
@@ -136,6 +141,9 @@ class ModelSettings(_Section):
     def _check_topic(cls, value: str | None) -> str | None:
         if value is not None and (not value or "\0" in value or value.startswith("$")):
             raise ValueError("must be a non-empty MQTT topic (wildcards + and # are allowed)")
+        problem = filter_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(f"{value!r} is not an MQTT topic filter: {problem}")
         return value
 
     @model_validator(mode="after")

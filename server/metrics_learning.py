@@ -81,6 +81,13 @@ class LearningMetrics:
             ["model"],
             registry=None,
         )
+        self.ingest_seconds_since_message = Gauge(
+            "livefit_ingest_seconds_since_message",
+            "Seconds since a message last arrived on the model's samples topic (since its "
+            "subscription when none has; 0 before the first connection)",
+            ["model"],
+            registry=None,
+        )
 
     def _ingest_health(self) -> None:
         """The metrics of storage health and the training queue."""

@@ -255,3 +255,91 @@ def test_bundled_example_shows_the_real_defaults() -> None:
         section_defaults = config.Settings.model_fields[section].default.model_dump()
         for key, value in example[section].items():
             assert section_defaults[key] == value, f"{section}.{key}"
+
+
+TWO_MODELS = MINIMAL + "[models.other]\ninput_shape = [2]\noutput_shape = [1]\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "topic_filter", "consumed"),
+    [
+        (MINIMAL + 'topic = "livefit/demo/#"\n', "models.demo.topic", "livefit/demo/#",
+         "livefit/demo/weights"),
+        (MINIMAL + 'topic = "#"\n', "models.demo.topic", "#", "livefit/demo/weights"),
+        (MINIMAL + 'topic = "+/+/rejected"\n', "models.demo.topic", "+/+/rejected",
+         "livefit/demo/rejected"),
+        (MINIMAL + 'topic = "livefit/demo/predictions"\n', "models.demo.topic",
+         "livefit/demo/predictions", "livefit/demo/predictions"),
+        (TWO_MODELS + 'topic = "livefit/+/events"\n', "models.other.topic", "livefit/+/events",
+         "livefit/demo/events"),
+        (MINIMAL + "[models.demo.labels]\ntopic = 'livefit/demo/weights'\n",
+         "models.demo.labels.topic", "livefit/demo/weights", "livefit/demo/weights"),
+        (MINIMAL + "[models.demo.weights]\ntopic = 'in/demo'\n[models.demo.labels]\n"
+         "predictions_topic = 'in/+'\n", "models.demo.labels.predictions_topic", "in/+",
+         "in/demo"),
+    ],
+)  # fmt: skip
+def test_a_data_topic_that_matches_what_livefit_publishes_is_refused(
+    tmp_path: Path, text: str, key: str, topic_filter: str, consumed: str
+) -> None:
+    """A learner must not read its own output: ``topic = "livefit/loop/#"`` made one consume
+    its retained weights and dead-letter reports, each rejection publishing another report
+    (outside attack, issue 26). The error names the setting, its filter and the topic."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    message = str(caught.value)
+    assert message.startswith(f"invalid configuration ({tmp_path / 'livefit.toml'}): {key} ")
+    assert f"{topic_filter!r} would consume {consumed!r}" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        'topic = "livefit/demo/samples/#"',
+        'topic = "sensors/+/demo"',
+        'topic = "+/demo/samples"',
+        'topic = "#"\ndead_letter_topic = "$app/rejected"\n'
+        "[models.demo.weights]\ntopic = '$app/weights'\n[models.demo.drift]\n"
+        "events_topic = '$app/events'\n[models.demo.labels]\ntopic = '$app/labels'\n"
+        "predictions_topic = '$app/predictions'",  # '#' does not match '$' topics
+    ],
+)
+def test_data_topics_beside_livefits_own_are_accepted(tmp_path: Path, lines: str) -> None:
+    text = MINIMAL + lines + "\n"
+    assert load_settings(write(tmp_path, text), environ={}).models["demo"]
+    shared = TWO_MODELS.replace("[2]", "[2]\ntopic = 'livefit/demo/samples'")  # one stream, two
+    assert len(load_settings(write(tmp_path, shared), environ={}).models) == 2
+
+
+def test_a_malformed_topic_filter_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + 'topic = "livefit/#/samples"\n'), environ={})
+    assert "models.demo.topic: 'livefit/#/samples' is not an MQTT topic filter" in str(caught.value)
+
+
+def test_livefit_serve_refuses_to_consume_its_own_output(tmp_path: Path, broker) -> None:
+    """The real process on a real broker: exit 2 and one line naming the filter and the topic
+    it would consume, before anything is subscribed (it used to run, reading its own retained
+    weights and dead-letter reports: 7-8 rejections before any input, then about 1,000 a s)."""
+    import subprocess
+    import sys
+
+    from tests.configs import learner_config, model
+
+    path = write(
+        tmp_path,
+        learner_config(
+            broker, tmp_path / "data", "loop", model("loop", lines='topic = "livefit/loop/#"')
+        ),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "livefit", "serve", "--config", str(path), "--port", "0"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"livefit: invalid configuration ({path}): models.loop.topic 'livefit/loop/#' would "
+        "consume 'livefit/loop/weights', the weights topic livefit publishes for model loop: a "
+        "learner must not read its own output; choose topics that do not overlap"
+    ]

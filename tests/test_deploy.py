@@ -15,6 +15,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Callable, Iterator
@@ -33,7 +34,13 @@ from paho.mqtt.reasoncodes import ReasonCode
 from livefit.server.config import Settings, load_settings
 from livefit.server.messaging.broker import parse_broker_url
 from livefit.server.metrics import GROUPS, Metrics
-from livefit.server.processes.local_processes import LocalProcess, free_port, wait_listening
+from livefit.server.processes.local_processes import (
+    LivefitProcess,
+    LocalProcess,
+    free_port,
+    quiet_env,
+    wait_listening,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -699,3 +706,118 @@ class _Probe:
             assert time.monotonic() < deadline, "the broker did not answer within 10 s"
             self.client.loop(0.02)
         return self.acks[count]
+
+
+# ---------------------------------------------------------------------------------------------
+# The services run in order, from their own commands (no Docker engine)
+
+
+def test_compose_services_start_from_their_commands_in_order(tmp_path: Path) -> None:
+    """What ``docker compose up`` runs, as this machine can run it: each service's command with
+    its environment, each named volume a directory shared by the services that mount it, and
+    container paths in commands and configs moved to those directories. Only the broker's
+    address, the HTTP ports and the listening address differ from the containers'. mosquitto-init
+    and weights-key-init run first; the broker, the learner and a replica then start from
+    deploy/ and must get ready (the learner used to exit 3, "cannot read
+    .../weights-signing.pub": key-init wrote the public key only where the replicas look)."""
+    for program in ("mosquitto", "mosquitto_passwd"):
+        if shutil.which(program) is None:
+            pytest.skip(f"{program} is not on PATH (apt-get install mosquitto)")
+    volumes = {name: tmp_path / "volumes" / name for name in compose()["volumes"]}
+    for path in volumes.values():
+        path.mkdir(parents=True)
+    for name in ("mosquitto-init", "weights-key-init"):
+        _run_init(name, volumes, tmp_path)
+    port = free_port()
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(_service_conf(port, volumes, tmp_path))
+    with LocalProcess("mosquitto", ["mosquitto", "-c", str(conf)], tmp_path / "broker.log") as mq:
+        mq.start()
+        wait_listening("127.0.0.1", port, mq.alive, "mosquitto")
+        learner_port = free_port()
+        learner = _service_process("learner", volumes, tmp_path, port, learner_port)
+        replica = _service_process("replica-1", volumes, tmp_path, port, learner_port)
+        with learner, replica:
+            learner.start(ready_timeout_s=None)
+            replica.start(ready_timeout_s=None)
+            learner.wait_ready(180)
+            replica.wait_ready(120)
+
+
+def _container_paths(name: str, volumes: dict[str, Path], workdir: Path) -> dict[str, Path]:
+    """Container path -> directory or file here, for service ``name``: its bind mounts, its
+    named volumes, and the image's VOLUMEs it does not mount (anonymous volumes)."""
+    service = services()[name]
+    paths: dict[str, Path] = {}
+    if "build" in service:
+        declared = re.findall(r"^VOLUME \[(.*)\]$", DOCKERFILE.read_text(), re.MULTILINE)
+        for target in (json.loads(f"[{item}]")[0] for item in declared):
+            paths[target] = workdir / f"{name}-anonymous{target.replace('/', '-')}"
+            paths[target].mkdir(parents=True, exist_ok=True)
+    for mount in mounts(service):
+        if mount.kind == "bind":
+            host = mount.host_path()
+            assert host is not None
+            paths[mount.target] = host
+        else:
+            assert mount.source is not None, f"{name}: anonymous volume {mount.target}"
+            paths[mount.target] = volumes[mount.source]
+    return paths
+
+
+def _moved(text: str, paths: dict[str, Path]) -> str:
+    """``text`` with every container path replaced by its directory here (longest first)."""
+    for target in sorted(paths, key=len, reverse=True):
+        text = text.replace(target, str(paths[target]))
+    return text
+
+
+def _run_init(name: str, volumes: dict[str, Path], workdir: Path) -> None:
+    """A one-shot service's shell script (entrypoint /bin/sh -ec), run here with its env."""
+    service = services()[name]
+    assert service["entrypoint"] == ["/bin/sh", "-ec"], name
+    script = _moved("\n".join(service["command"]), _container_paths(name, volumes, workdir))
+    script = interpolate(script)  # as compose hands it over: $$ is a literal $
+    if os.geteuid() != 0:
+        script = "chown() { :; }\n" + script  # the image runs it as root; here only root may
+    env = {**os.environ, **environment(service)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # its python
+    done = subprocess.run(
+        ["/bin/sh", "-ec", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+
+
+def _service_conf(port: int, volumes: dict[str, Path], workdir: Path) -> str:
+    """deploy/mosquitto/mosquitto.conf with the mosquitto service's paths, on ``port``."""
+    paths = _container_paths("mosquitto", volumes, workdir)
+    lines = []
+    for line in _moved(MOSQUITTO_CONF.read_text(), paths).splitlines():
+        lines.append(f"listener {port} 127.0.0.1" if line.startswith("listener ") else line)
+    if os.geteuid() == 0:
+        lines.append("user root")  # the image's mosquitto runs as user 1883, the volumes' owner
+    return "\n".join(lines) + "\n"
+
+
+def _service_process(
+    name: str, volumes: dict[str, Path], workdir: Path, broker_port: int, learner_port: int
+) -> LivefitProcess:
+    """A livefit service: its command, its environment (the broker's host:port moved to the
+    test broker), deploy/livefit.toml with its container paths moved; loopback ports."""
+    service = services()[name]
+    paths = _container_paths(name, volumes, workdir)
+    command, config_flag, config_path = service["command"]
+    assert config_flag == "--config" and paths[config_path] == CONFIG, name
+    config = _moved(CONFIG.read_text(), paths)
+    env = {
+        key: value.replace("@mosquitto:1883", f"@127.0.0.1:{broker_port}")
+        for key, value in environment(service).items()
+    }
+    env |= {
+        "LIVEFIT_HTTP__HOST": "127.0.0.1",  # 0.0.0.0 in the container
+        "LIVEFIT_HTTP__PUBLIC_URL": f"http://127.0.0.1:{learner_port}",  # http://learner:8000
+    }
+    port = learner_port if command == "serve" else free_port()
+    return LivefitProcess(
+        config, workdir / name, command, name=name, port=port, env=quiet_env(**env)
+    )

@@ -59,6 +59,7 @@ class IngestWorker(GroupCommit):
         commit_window_s: float = 0.0,
         storage: StorageHealth | None = None,
         stall_after_s: float = 30.0,
+        silent_topic_warn_s: float = 0.0,
     ) -> None:
         self.connection = connection
         self.route = route
@@ -69,6 +70,9 @@ class IngestWorker(GroupCommit):
         self.commit_window_s = commit_window_s
         self.storage = storage or StorageHealth(metrics)
         self.stall_after_s = stall_after_s
+        self.silent_topic_warn_s = silent_topic_warn_s
+        self._last_sample_at: float | None = None  # monotonic; a message on the samples topic
+        self._silence_warned = False
         self._held: list[Held] = []
         self._in_hand: RawMessage | None = None
         self._group_started = 0.0  # when the first message of the held group was taken
@@ -103,6 +107,34 @@ class IngestWorker(GroupCommit):
         limit = self.stall_after_s
         return now - oldest > limit and now - self._last_finished_at > limit
 
+    def seconds_since_message(self) -> float:
+        """Seconds since a message last arrived on the samples topic; since the first
+        subscription when none has; 0 before it."""
+        since = self._last_sample_at or self.connection.subscribed_at
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _warn_if_silent(self) -> None:
+        """Once: nothing arrived on the samples topic ``silent_topic_warn_s`` after the learner
+        subscribed. mosquitto grants a subscription its ACL forbids and then delivers nothing
+        (MQTT 3.1.1 and 5 alike), so a learner that may not read its topic is otherwise ready,
+        connected and silent."""
+        if self._silence_warned or self._last_sample_at is not None:
+            return
+        since = self.connection.subscribed_at
+        limit = self.silent_topic_warn_s
+        if limit <= 0 or since is None or time.monotonic() - since < limit:
+            return
+        self._silence_warned = True
+        user = self.connection.address.username
+        log.warning(
+            "model %s: no message on %s in %.0f s since subscribing (as broker user %s). If "
+            "publishers are sending, the broker's ACL probably forbids this user to read the "
+            "topic: mosquitto grants such a subscription and delivers nothing. "
+            "(models.%s.silent_topic_warn_s; 0 turns this warning off)",
+            self.route.model, self.route.subscription, limit,
+            repr(user) if user else "(anonymous)", self.route.model,
+        )  # fmt: skip
+
     def _oldest_waiting(self) -> float | None:
         held, in_hand = self._held, self._in_hand
         first = next((item.message for item in held if item.message is not None), None)
@@ -128,6 +160,7 @@ class IngestWorker(GroupCommit):
                 message = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
             except queue.Empty:
                 self._tick()
+                self._warn_if_silent()
                 if self._held:
                     self._flush_safely()
                 continue
@@ -135,6 +168,7 @@ class IngestWorker(GroupCommit):
                 self._group_started = time.monotonic()
             self._take(message)
             self._tick()
+            self._warn_if_silent()
             if len(self._held) >= self.group_max:
                 self._flush_safely()
         self._flush_safely()
@@ -199,6 +233,7 @@ class IngestWorker(GroupCommit):
                 return
             self._held.append(Held(message, event=event))
             return
+        self._last_sample_at = time.monotonic()
         try:
             decoded = decode_message(message.payload, route.spec, message.content_type)
         except Rejection as rejection:

@@ -67,6 +67,9 @@ class MqttConnection:
         self.status = ConnectionStatus(address, self.client_id, settings)
         self.connected = self.status.connected
         self._connected_at = 0.0
+        # When the first connection's subscriptions were sent (monotonic; None before it).
+        self.subscribed_at: float | None = None
+        self._pending_subscriptions: dict[int, str] = {}  # SUBSCRIBE mid -> its topic
         self._quick_drops = 0  # disconnects within QUICK_DROP_S of connecting, in a row
         self._client = self._make_client(self.client_id)
 
@@ -147,7 +150,22 @@ class MqttConnection:
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
         return client
+
+    def _on_subscribe(
+        self, client: paho.Client, userdata: Any, mid: int, reasons: Any, props: Any
+    ) -> None:
+        """A SUBACK: a subscription the broker refused (a return code >= 0x80, which
+        brokers send for an ACL that forbids the topic) is an error naming the topic."""
+        topic = self._pending_subscriptions.pop(mid, "?")
+        for reason in reasons:
+            if getattr(reason, "is_failure", False):
+                log.error(
+                    "the broker at %s refused the subscription to %s (%s): nothing will arrive "
+                    "on it; check the broker's ACL for user %r", self.address, topic, reason,
+                    self.address.username,
+                )  # fmt: skip
 
     def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
         """A (re)connection attempt failed: nothing answered, or it timed out."""
@@ -161,7 +179,11 @@ class MqttConnection:
             return
         self._connected_at = time.monotonic()
         for topic, qos in self._subscriptions:
-            client.subscribe(topic, qos=qos)
+            _, mid = client.subscribe(topic, qos=qos)
+            if mid is not None:
+                self._pending_subscriptions[mid] = topic
+        if self.subscribed_at is None:
+            self.subscribed_at = self._connected_at
         resumed = bool(getattr(flags, "session_present", False))
         failed = self.status.succeeded()
         log.info(

@@ -175,9 +175,12 @@ class LearnerModels:
             commit_window_s=storage.wal_commit_window_ms / 1000.0 if self.wal is not None else 0.0,
             storage=self.storage_health,
             stall_after_s=runtime.settings.stall_after_s,
+            silent_topic_warn_s=runtime.settings.silent_topic_warn_s,
         )
         stalled = self.metrics.ingest_stalled.labels(model=runtime.name)
         stalled.set_function(lambda: float(worker.stalled()))
+        silence = self.metrics.ingest_seconds_since_message.labels(model=runtime.name)
+        silence.set_function(worker.seconds_since_message)
         return worker
 
     def _route(self, runtime: ModelRuntime, subscription: str) -> Route:
