@@ -211,6 +211,11 @@ class LearningMetrics:
         self.checkpoint_bytes = Gauge(
             "livefit_checkpoint_bytes", "Size of the last checkpoint file", ["model"], registry=None
         )
+        self.checkpoints_set_aside = Counter(
+            "livefit_checkpoints_set_aside_total",
+            "Checkpoints that failed their checksum at start, renamed *.corrupt and not used",
+            ["model"], registry=None,
+        )  # fmt: skip
         self.model_samples = Gauge(
             "livefit_model_samples",
             "Samples trained into the current weights' lineage (restored from checkpoints)",

@@ -29,11 +29,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.predict import PredictClient
+from livefit.server.labels.wire import encode_predictions
 from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, stop_all
 from tests import configs
 from tests.layouts import ONE_PROCESS, metric, with_layout
@@ -316,3 +318,56 @@ def test_predictions_with_ids_never_wait_for_a_frozen_broker(
         if own_broker.process is not None and own_broker.process.poll() is None:
             own_broker.process.send_signal(signal.SIGCONT)
         assert learner.stop() == 0
+
+
+# The smallest round count of 256-byte ids (the documented maximum; 2 inputs, default
+# labels.max_pending) whose saved state broke the old checkpoints: the state was a base64 note
+# in the safetensors header, capped at 100,000,000 bytes; 260,000 made a 93.7 MB note, 280,000
+# a 100.7 MB one (100,000 pending predictions and 180,000 remembered expired ids).
+LONG_IDS = 280_000
+
+
+def test_long_ids_checkpoint_and_restore(tmp_path: Path, own_broker: Mosquitto) -> None:
+    """Issue 26 item 3: at 280,000 predictions with 256-byte ids every checkpoint failed with
+    ``SafetensorError: header too large`` while readiness and ``livefit_storage_healthy`` said
+    healthy, and the pending state was lost. Now the state is a tensor: the checkpoint is
+    written, storage stays healthy, and a restart restores every pending prediction."""
+    text = configs.learner_config(
+        own_broker, tmp_path / "data", f"long-ids-{own_broker.port}",
+        configs.model("longids", input_shape=[2], checkpoint="interval_s = 0.5",
+                      labels="ttl_s = 3600"),
+    )  # fmt: skip
+    ids = [f"{n:0256d}" for n in range(LONG_IDS)]
+    rows = 2_000  # ~550 kB a message (max_message_bytes: 1 MiB)
+    x, p, now = np.zeros((rows, 2), np.float32), np.zeros((rows, 1), np.float32), time.time()
+    payloads = [
+        encode_predictions(ids[at : at + rows], x, p, [1] * rows, [now] * rows, "long-ids")
+        for at in range(0, LONG_IDS, rows)
+    ]
+    learner = LivefitProcess(text, tmp_path).start()
+    try:
+        publish(own_broker, "livefit/longids/predictions", payloads)
+        pending = lambda: metric(learner, "livefit_pending_predictions", model="longids")  # noqa: E731
+        assert settle(pending, 100_000, timeout=120) == 100_000  # labels.max_pending
+        with PredictClient(learner.url) as client:
+            client.labels("longids", [ids[-1]], [[1.0]])  # trains one sample: a checkpoint
+        checkpoints = lambda outcome: metric(  # noqa: E731
+            learner, "livefit_checkpoints_total", model="longids", outcome=outcome
+        )
+        deadline = time.monotonic() + 60
+        while checkpoints("ok") + checkpoints("failed") < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        size = metric(learner, "livefit_checkpoint_bytes", model="longids")
+        assert (checkpoints("ok"), checkpoints("failed")) == (1, 0), learner.log.read_text()[-2000:]
+        assert metric(learner, "livefit_storage_healthy") == 1
+        assert httpx.get(f"{learner.url}/v2/health/ready", timeout=10).status_code == 200
+    finally:
+        assert learner.stop() == 0
+    print(f"{LONG_IDS:,} predictions with 256-byte ids: checkpoint of {size / 1e6:.1f} MB written")
+    assert size * 4 / 3 > 100_000_000  # base64 in the header, as it was, it would not fit
+    again = LivefitProcess(text, tmp_path).start()
+    try:
+        assert metric(again, "livefit_pending_predictions", model="longids") == 99_999
+        assert "restored 99999 pending predictions" in again.log.read_text()
+    finally:
+        assert again.stop() == 0

@@ -8,10 +8,12 @@ reserved block: 4,782 -> 5,009).
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from livefit.server.config import ModelSettings
 from livefit.server.ingestion.samples import SampleChunk, SampleQueue
@@ -170,3 +172,30 @@ def test_a_checkpoint_is_the_served_snapshot_plus_optimizer_state(tmp_path: Path
     for a, b in zip(on_disk.weights, snapshot.weights, strict=True):
         np.testing.assert_array_equal(a, b)
     assert len(on_disk.optimizer) == len(t.step.optimizer_state()) > 0
+
+
+def test_a_stop_whose_final_checkpoint_fails_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 26 item 3: a SIGTERM whose final checkpoint failed exited 0 and said nothing. Now
+    the failure is storage trouble and the stop logs an error naming it (the exit status stays
+    0: the write-ahead log holds everything since the last checkpoint)."""
+    slow = SETTINGS.model_copy(update={"checkpoint": SETTINGS.checkpoint.model_copy(
+        update={"interval_s": 3600})})  # fmt: skip
+    queue, slot = SampleQueue(1000), SnapshotSlot()
+    store = CheckpointStore(tmp_path, "m")
+    t = Trainer("m", slow, queue, slot, Metrics(), "/CPU:0", checkpoints=store)
+    t.warm_up()
+
+    def refuse(checkpoint: Checkpoint) -> Path:
+        raise ValueError("Error while serializing: header too large")
+
+    store.write = refuse  # type: ignore[method-assign]
+    t.start()
+    feed(queue, 10)
+    with caplog.at_level(logging.ERROR):
+        t.stop()
+    assert t.samples_seen == 40 and not store.paths()
+    assert not t.storage.healthy and t.metrics.storage_healthy._value.get() == 0
+    assert "stopping without a final checkpoint" in caplog.text
+    assert "header too large" in caplog.text

@@ -144,30 +144,65 @@ def test_broker_restarted_twice_loses_nothing(
     assert trained == 20_000, (trained, duplicates)
 
 
+def inflate_position(checkpoint: Path) -> tuple[int, int]:
+    """Flip one bit in the log position of ``checkpoint``'s metadata so that it grows (issue 26
+    item 2: "500" read as "700"); (the position, the position now)."""
+    data = bytearray(checkpoint.read_bytes())
+    start = data.index(b'"position":"') + len(b'"position":"')
+    end = data.index(b'"', start)
+    flips = {"0": 8, "1": 8, "2": 4, "3": 4, "4": 1, "5": 2, "6": 1}  # a digit, one bit larger
+    at = next(i for i in range(start, end) if chr(data[i]) in flips)
+    before = int(data[start:end])
+    data[at] ^= flips[chr(data[at])]
+    checkpoint.write_bytes(bytes(data))
+    return before, int(data[start:end])
+
+
 def test_corrupt_newest_checkpoint_falls_back(
     own_broker: Mosquitto, tmp_path: Path, layout: str
 ) -> None:
+    """A bit flipped in the newest checkpoint's log position (outside the checksum before issue
+    26 item 2: restored silently, the samples logged past the true position never replayed):
+    the checkpoint is set aside (renamed ``.corrupt``, logged, counted), the previous one is
+    restored and the log replayed from its position: every acknowledged sample is trained."""
     text = config(own_broker, tmp_path / "data", "corrupt", layout)
     server = LivefitProcess(text, tmp_path).start()
-    try:
-        for count in (500, 1000):  # two checkpoints: one at 1 s, one at the clean stop
-            publisher = StreamingPublisher(own_broker, count=500, rate=0, source=f"part-{count}")
-            publisher.run()
-            wait_trained(server, count)
-            time.sleep(1.5)
+    try:  # two checkpoints: one at 1 s, one at the clean stop
+        for part in (1, 2):
+            StreamingPublisher(own_broker, count=500, rate=0, source=f"part-{part}").run()
+            wait_trained(server, 500 * part)
+            time.sleep(1.5 if part == 1 else 0)
     finally:
         assert server.stop() == 0
     checkpoints = sorted((tmp_path / "data" / "checkpoints" / "demo").glob("ckpt-*.safetensors"))
     assert len(checkpoints) >= 2
     newest = checkpoints[-1]
-    newest.write_bytes(newest.read_bytes()[:100])
+    # 500 more samples logged past the newest checkpoint (none checkpointed), then SIGKILL
+    server = LivefitProcess(text.replace("interval_s = 1.0", "interval_s = 3600"), tmp_path)
+    server.start()
+    try:
+        publisher = StreamingPublisher(own_broker, count=500, rate=0, source="part-3")
+        publisher.run()
+        assert publisher.error is None and publisher.stats is not None
+        assert wait_trained(server, 1500) >= 1500
+    finally:
+        assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert sorted(newest.parent.glob("ckpt-*.safetensors"))[-1] == newest
+    position, flipped = inflate_position(newest)
     restarted = LivefitProcess(text, tmp_path).start()
     try:
-        assert 0 < lineage(restarted) < 1000  # the previous checkpoint's lineage
+        trained = wait_trained(restarted, 1500, timeout=30)
         log = restarted.log.read_text()
-        assert "falling back to the previous one" in log and newest.name in log
+        set_aside = metric(restarted, "livefit_checkpoints_set_aside_total", model="demo")
     finally:
         assert restarted.stop() == 0
+    print(f"corrupt checkpoint: log position {position} flipped to {flipped}; after the restart "
+          f"{trained:.0f} of 1,500 samples in the lineage")  # fmt: skip
+    assert newest.with_name(newest.name + ".corrupt").exists() and not newest.exists()
+    assert "checksum mismatch" in log and "set aside" in log and newest.name in log
+    assert set_aside == 1
+    # Every sample is in the lineage; a message split across the checkpoint may be trained twice.
+    assert 1500 <= trained <= 1500 + MESSAGE_SAMPLES, trained
 
 
 def test_backpressure_slows_ingestion_and_drops_nothing(

@@ -10,7 +10,8 @@ something is due, ``tick_due`` hands the worker a tick, logged like a message, s
 expires exactly what the first run did.
 
 Restart: the store's state (including samples made but perhaps not trained yet) is saved with
-every checkpoint (``notes``, a base64 msgpack note) and ``restore``d; the runtime then replays
+every checkpoint (``notes``, a msgpack note stored as a tensor, so its size is not bounded by
+the safetensors header) and ``restore``d; the runtime then replays
 the log past the checkpoint through ``replay``: events the saved state already holds give back
 their saved samples, later ones are applied anew. Nothing acknowledged is lost, and an id is
 joined at most once (the store remembers joined ids), so a replayed join never trains twice.
@@ -51,7 +52,8 @@ from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 EVENT_CONTENT_TYPE = "application/vnd.livefit.label-event+msgpack"  # its log records
-NOTE = "labels"  # the checkpoint note holding the store
+NOTE = "labels.msgpack"  # the checkpoint note holding the store (raw msgpack)
+OLD_NOTE = "labels"  # the same, base64, in checkpoints of format 1 (read, not written)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,20 +220,22 @@ class LabelJoiner:
         )  # fmt: skip
         return self.decode(message)
 
-    def notes(self) -> dict[str, str]:
+    def notes(self) -> dict[str, bytes]:
         """The store's state for a checkpoint (samples at or before ``trained()`` dropped)."""
         with self._lock:
             self.store.trained_through(self.trained())
-            return {NOTE: base64.b64encode(self.store.dumps()).decode("ascii")}
+            return {NOTE: self.store.dumps()}
 
-    def restore(self, notes: dict[str, str]) -> None:
+    def restore(self, notes: dict[str, bytes]) -> None:
         """Take the state a checkpoint saved, if it has one."""
-        text = notes.get(NOTE)
-        if text is None:
+        data = notes.get(NOTE)
+        if data is None and OLD_NOTE in notes:
+            data = base64.b64decode(notes[OLD_NOTE])
+        if data is None:
             return
         with self._lock:
             try:
-                self.store.loads(base64.b64decode(text))
+                self.store.loads(data)
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("%s: saved delayed-label state unusable (%s); starting empty",
                           self.model, exc)  # fmt: skip

@@ -75,11 +75,12 @@ class LearnerLog:
             log.info("replayed %d samples of %s from the write-ahead log", count, model)
 
     def _truncate_log(self, checkpoint: Checkpoint) -> None:
-        """After a checkpoint, drop log segments that every model's checkpoint is past."""
+        """After a checkpoint, drop log segments that every model's fallback checkpoint (the
+        previous one: ``Trainer.log_needed_from``) is past."""
         if self.wal is None:
             return
         frontiers = [
-            m.trainer.checkpointed_position for m in self.models.values() if m.trainer is not None
+            m.trainer.log_needed_from for m in self.models.values() if m.trainer is not None
         ]
         removed = self.wal.truncate(min(frontiers, default=0))
         if removed:

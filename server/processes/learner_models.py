@@ -102,7 +102,7 @@ class LearnerModels:
         runtime.trainer.warm_up()
         restored = runtime.trainer.restored_from
         if runtime.dedup and settings.dedup and restored and "dedup" in restored.notes:
-            runtime.dedup.loads(restored.notes["dedup"])
+            runtime.dedup.loads(restored.notes["dedup"].decode("utf-8", "replace"))
         runtime.labels = self._label_joiner(runtime)
         if restored is not None:
             runtime.labels.restore(restored.notes)
@@ -221,11 +221,11 @@ class LearnerHooks(TrainerHooks):
         wal = self.learner.wal
         return wal.frontier(self.runtime.name, trained_position) if wal is not None else 0
 
-    def checkpoint_notes(self) -> dict[str, str]:
+    def checkpoint_notes(self) -> dict[str, bytes]:
         """The dedup sequence numbers and the delayed labels' pending state."""
         runtime = self.runtime
         tracker = runtime.dedup if runtime.settings.dedup else None
-        found = {"dedup": tracker.dumps()} if tracker is not None else {}
+        found = {"dedup": tracker.dumps().encode()} if tracker is not None else {}
         if runtime.labels is not None:
             found.update(runtime.labels.notes())
         return found

@@ -1,13 +1,21 @@
 """Checkpoints: a model's weights, optimizer state, version and log position, on disk.
 
 A checkpoint is one safetensors file ``<dir>/<model>/ckpt-<version>.safetensors``: tensors
-``w:NNNN`` (model weights) and ``o:NNNN`` (optimizer variables), plus extra named arrays
-(``x:<name>``, e.g. scaling statistics); metadata holds the version, samples seen, the
-write-ahead-log position trained through, the creation time and a sha256 over all tensor bytes
-(so a flipped byte is caught, not only a truncated file). Files are written to a temporary
-name, fsynced and renamed, and the directory fsynced: a reader sees a whole checkpoint or
-none. The newest ``keep`` are kept; loading falls back to an older one when the newest is
-unreadable, and says so.
+``w:NNNN`` (model weights) and ``o:NNNN`` (optimizer variables), extra named arrays
+(``x:<name>``, e.g. scaling statistics) and notes (``n:<name>``: bytes such as the delayed
+labels' pending state, as uint8 tensors, so their size is not bounded by safetensors' 100 MB
+header); metadata holds the version, samples seen, the write-ahead-log position trained
+through, the creation time, the lineage and ``checksum``: a sha256 over every metadata field
+and every tensor's name, dtype, shape and bytes, i.e. over everything a restore reads (a
+flipped bit in the log position is caught, not only one in the weights or a truncated file).
+Files are written to a temporary name, fsynced and renamed, and the directory fsynced: a
+reader sees a whole checkpoint or none. The newest ``keep`` are kept.
+
+Loading takes the newest checkpoint that reads and passes its checksum. One that fails it is
+set aside: renamed to ``<name>.corrupt`` (kept for inspection, never read again), logged, and
+listed in ``set_aside`` for the caller to count; the previous one is used. Checkpoints written
+before the checksum covered the metadata (format 1: ``sha256`` over the tensors only, notes in
+the header) are still read, their metadata unverified.
 
 The version high-water mark is a separate tiny file: the trainer claims versions in blocks
 there before using them, so that a restarted learner continues above every version it ever
@@ -56,7 +64,7 @@ class Checkpoint:
     optimizer: list[np.ndarray]
     created_at: float = field(default_factory=time.time)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
-    notes: dict[str, str] = field(default_factory=dict)  # small text state (e.g. dedup JSON)
+    notes: dict[str, bytes] = field(default_factory=dict)  # other state (dedup, labels)
     lineage: str = ""  # the history ``version`` counts in (see module docstring)
 
     @classmethod
@@ -67,7 +75,7 @@ class Checkpoint:
         position: int,
         optimizer: list[np.ndarray],
         extra: dict[str, np.ndarray] | None = None,
-        notes: dict[str, str] | None = None,
+        notes: dict[str, bytes] | None = None,
     ) -> Checkpoint:
         """A checkpoint of ``snapshot``'s weights plus the training state beside them.
 
@@ -91,6 +99,10 @@ class CheckpointError(Exception):
     """A checkpoint file is unreadable or fails its checksum."""
 
 
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint file was read but its contents are damaged (checksum, format)."""
+
+
 class CheckpointStore:
     """Checkpoints of one model in ``directory``, newest ``keep`` kept."""
 
@@ -98,6 +110,7 @@ class CheckpointStore:
         self.directory = directory
         self.model = model
         self.keep = keep
+        self.set_aside: list[Path] = []  # corrupt checkpoints the last load_latest renamed
         new = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
         if new:
@@ -110,16 +123,17 @@ class CheckpointStore:
             {f"o:{i:04d}": np.ascontiguousarray(a) for i, a in enumerate(checkpoint.optimizer)}
         )
         tensors.update({f"x:{k}": np.ascontiguousarray(a) for k, a in checkpoint.extra.items()})
+        tensors.update({f"n:{k}": np.frombuffer(v, np.uint8) for k, v in checkpoint.notes.items()})
         metadata = {
+            "format": "2",
             "model": checkpoint.model,
             "version": str(checkpoint.version),
             "samples_seen": str(checkpoint.samples_seen),
             "position": str(checkpoint.position),
             "created_at": repr(checkpoint.created_at),
             "lineage": checkpoint.lineage,
-            "sha256": _digest(tensors),
-            **{f"note:{k}": v for k, v in checkpoint.notes.items()},
         }
+        metadata["checksum"] = _checksum(metadata, tensors)
         path = self.directory / f"{PREFIX}{checkpoint.version:012d}{SUFFIX}"
         _atomic_write(path, bytes(st_save(tensors, metadata=metadata)))
         self._prune()
@@ -130,24 +144,57 @@ class CheckpointStore:
         return sorted(self.directory.glob(f"{PREFIX}*{SUFFIX}"), reverse=True)
 
     def load_latest(self) -> Checkpoint | None:
-        """The newest readable checkpoint; an unreadable newer one is logged and skipped."""
+        """The newest usable checkpoint. A newer one that fails its checksum (or cannot be
+        parsed) is set aside (renamed ``.corrupt``, logged, appended to ``set_aside``); one that
+        cannot be read (an I/O error) is logged and skipped."""
+        self.set_aside = []
         for path in self.paths():
             try:
                 return self.load(path)
+            except CorruptCheckpoint as exc:
+                self._set_aside(path, exc)
             except CheckpointError as exc:
                 log.error(
                     "checkpoint %s is unusable (%s); falling back to the previous one", path, exc
                 )
         return None
 
+    def _set_aside(self, path: Path, exc: CheckpointError) -> None:
+        aside = path.with_name(path.name + ".corrupt")
+        try:
+            path.replace(aside)
+        except OSError as error:
+            log.error("checkpoint %s is corrupt (%s) and could not be set aside (%s); falling "
+                      "back to the previous one", path, exc, error)  # fmt: skip
+            return
+        self.set_aside.append(aside)
+        log.error(
+            "checkpoint %s is corrupt (%s): set aside as %s; falling back to the previous one",
+            path, exc, aside.name,
+        )  # fmt: skip
+
     def load(self, path: Path) -> Checkpoint:
+        """Read and verify one checkpoint: ``CorruptCheckpoint`` when its contents are damaged,
+        ``CheckpointError`` when it cannot be read at all."""
         try:
             payload = path.read_bytes()
+        except OSError as exc:
+            raise CheckpointError(str(exc)) from None
+        try:
             tensors = st_load(payload)
             header_len = int.from_bytes(payload[:8], "little")
             meta = json.loads(payload[8 : 8 + header_len]).get("__metadata__", {})
-            if meta.get("sha256") != _digest(tensors):
-                raise CheckpointError("checksum mismatch")
+            if "checksum" in meta:
+                fields = {k: v for k, v in meta.items() if k != "checksum"}
+                if meta["checksum"] != _checksum(fields, tensors):
+                    raise CorruptCheckpoint("checksum mismatch (metadata or tensors)")
+                notes = {k[2:]: v.tobytes() for k, v in tensors.items() if k.startswith("n:")}
+            elif "sha256" in meta:  # format 1: the checksum covers the tensors only
+                if meta["sha256"] != _digest(tensors):
+                    raise CorruptCheckpoint("checksum mismatch")
+                notes = {k[5:]: v.encode() for k, v in meta.items() if k.startswith("note:")}
+            else:
+                raise CorruptCheckpoint("no checksum")
             return Checkpoint(
                 model=meta["model"],
                 version=int(meta["version"]),
@@ -157,11 +204,11 @@ class CheckpointStore:
                 optimizer=_ordered(tensors, "o:"),
                 created_at=float(meta["created_at"]),
                 extra={k[2:]: v for k, v in tensors.items() if k.startswith("x:")},
-                notes={k[5:]: v for k, v in meta.items() if k.startswith("note:")},
+                notes=notes,
                 lineage=str(meta.get("lineage", "")),
             )
-        except (OSError, SafetensorError, ValueError, KeyError) as exc:
-            raise CheckpointError(str(exc)) from None
+        except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptCheckpoint(f"{type(exc).__name__}: {exc}") from None
 
     def _prune(self) -> None:
         for old in self.paths()[self.keep :]:
@@ -215,7 +262,18 @@ def _ordered(tensors: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
     return [tensors[k] for k in sorted(k for k in tensors if k.startswith(prefix))]
 
 
+def _checksum(metadata: dict[str, str], tensors: dict[str, np.ndarray]) -> str:
+    """sha256 over every metadata field and every tensor's name, dtype, shape and bytes."""
+    digest = hashlib.sha256(json.dumps(metadata, sort_keys=True).encode())
+    for key in sorted(tensors):
+        array = np.ascontiguousarray(tensors[key])
+        digest.update(json.dumps([key, array.dtype.str, list(array.shape)]).encode())
+        digest.update(array.data)
+    return "sha256:" + digest.hexdigest()
+
+
 def _digest(tensors: dict[str, np.ndarray]) -> str:
+    """Format 1's checksum: the tensors' names and bytes only."""
     digest = hashlib.sha256()
     for key in sorted(tensors):
         digest.update(key.encode())

@@ -1,7 +1,10 @@
 """Writes a trainer's checkpoints on a background thread (``CheckpointWriter``).
 
-Owns the write and its outcome: the newest checkpoint offered wins, a failure is counted and
-logged (never raised), and the ``on_written`` callbacks run only once a checkpoint is on disk.
+Owns the write and its outcome: the newest checkpoint offered wins, a failure of any kind (a
+full disk, or anything else, e.g. a state the format refuses) is storage trouble: counted,
+logged (never raised) and reported to ``StorageHealth`` (readiness 503,
+``livefit_storage_healthy`` 0) until a checkpoint is written again; the ``on_written``
+callbacks run only once a checkpoint is on disk.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class CheckpointWriter:
         self.metrics = metrics
         self.storage = storage
         self.on_written: list[Callable[[Checkpoint], None]] = []
+        self.failure: str | None = None  # why the last checkpoint failed; None once one works
         self._worker: LatestWorker[Checkpoint] = LatestWorker(f"checkpoint-{name}", self.write)
 
     def start(self) -> None:
@@ -45,14 +49,14 @@ class CheckpointWriter:
         started = time.perf_counter()
         try:
             path = self.store.write(checkpoint)
-        except OSError as exc:  # full or read-only disk: counted, logged with back-off
+        except Exception as exc:  # full or read-only disk, or anything else: storage trouble
             self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
+            if not isinstance(exc, OSError) and self.failure is None:  # a bug? its traceback once
+                log.exception("checkpoint of %s v%d failed", self.name, checkpoint.version)
+            self.failure = f"v{checkpoint.version}: {type(exc).__name__}: {exc}"[:300]
             self.storage.failed("checkpoint", exc)
             return
-        except Exception:
-            self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
-            log.exception("checkpoint of %s v%d failed", self.name, checkpoint.version)
-            return
+        self.failure = None
         self.storage.recovered("checkpoint")
         self.metrics.checkpoints.labels(model=self.name, outcome="ok").inc()
         self.metrics.checkpoint_seconds.labels(model=self.name).observe(

@@ -4,7 +4,10 @@
 restores the newest checkpoint (continuing above every version ever handed out), claims
 versions on disk a block at a time before using them, copies the training state every
 ``checkpoint.interval_s`` for the ``CheckpointWriter`` and, on a clean stop, records the exact
-version so a restart continues without a jump. A base class of ``Trainer``; the attributes
+version so a restart continues without a jump. It also says how far back the write-ahead log
+must be kept (``log_needed_from``): to the previous checkpoint's position, so that a newest
+checkpoint found corrupt at start falls back to the previous one and replays the log from there
+without losing anything acknowledged. A base class of ``Trainer``; the attributes
 declared below are the trainer's, set by its ``__init__``.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from livefit.server.config import ModelSettings
@@ -52,6 +56,9 @@ class TrainerCheckpoints:
         self.checkpoints = checkpoints
         self.restored_from: Checkpoint | None = None
         self.checkpointed_position = 0  # WAL position the newest written checkpoint is past
+        # Positions of the checkpoint a fallback would use and of the newest (see log_needed_from)
+        keep = checkpoints.keep if checkpoints is not None else 1
+        self._fallback_positions: deque[int] = deque([0], maxlen=min(max(keep, 1), 2))
         self.storage = storage or StorageHealth(metrics)
         self._writer = (
             CheckpointWriter(name, checkpoints, metrics, self.storage) if checkpoints else None
@@ -69,10 +76,22 @@ class TrainerCheckpoints:
         if self._writer is not None:
             self._writer.on_written.append(callback)
 
+    @property
+    def log_needed_from(self) -> int:
+        """The write-ahead-log position the log must be kept past: the position of the
+        checkpoint a restart falls back to when the newest one is corrupt (the previous one
+        written or restored, or the log's start before there is one; the newest with
+        ``checkpoint.keep = 1``, which has no fallback)."""
+        return self._fallback_positions[0]
+
     def _restore(self) -> None:
         if self.checkpoints is None:
             return
         checkpoint = self.checkpoints.load_latest()
+        if self.checkpoints.set_aside:
+            self.metrics.checkpoints_set_aside.labels(model=self.name).inc(
+                len(self.checkpoints.set_aside)
+            )
         mark = self.checkpoints.high_water_mark()
         if checkpoint is None and mark == 0:
             # Nothing to continue: versions restart at 0, so they count a new history.
@@ -89,6 +108,7 @@ class TrainerCheckpoints:
             self.samples_seen = checkpoint.samples_seen
             self.trained_position = checkpoint.position
             self.checkpointed_position = checkpoint.position
+            self._fallback_positions.append(checkpoint.position)
             self.restored_from = checkpoint
         # Versions handed out after the checkpoint are never reused: continue above them.
         self.version = max(checkpoint.version if checkpoint else 0, mark)
@@ -109,6 +129,14 @@ class TrainerCheckpoints:
         """Let the writer finish; after a clean stop (``stopped``), record the exact version."""
         if self._writer is not None:
             self._writer.stop()  # writes a checkpoint still pending
+            if self._writer.failure is not None:  # the exit status stays: the log has the rest
+                log.error(
+                    "%s: stopping without a final checkpoint (%s); a restart restores checkpoint "
+                    "v%d and replays the write-ahead log past its position %d (without the log, "
+                    "storage.wal = false, the training since is lost)",
+                    self.name, self._writer.failure, max(self._durable_version, 0),
+                    self.checkpointed_position,
+                )  # fmt: skip
         if stopped and self.checkpoints is not None and self._durable_version == self.version:
             # A clean stop: the checkpoint at this exact version is on disk, so a restart may
             # continue right here instead of above the reserved block (no version jump).
@@ -167,6 +195,7 @@ class TrainerCheckpoints:
 
     def _written(self, checkpoint: Checkpoint) -> None:
         self.checkpointed_position = max(self.checkpointed_position, checkpoint.position)
+        self._fallback_positions.append(checkpoint.position)
         with self._durable_lock:
             self._durable_version = max(self._durable_version, checkpoint.version)
 

@@ -20,8 +20,8 @@ class TrainerHooks:
         """The write-ahead-log position nobody needs any more, given what is trained."""
         return 0
 
-    def checkpoint_notes(self) -> dict[str, str]:
-        """Small text state to save with each checkpoint (dedup, delayed labels)."""
+    def checkpoint_notes(self) -> dict[str, bytes]:
+        """Other state to save with each checkpoint (dedup, delayed labels), by name."""
         return {}
 
     def drift_detected(self, detections: int) -> None:
