@@ -37,8 +37,9 @@ def good_messages(rng: np.random.Generator, count: int) -> list[bytes]:
     x = rng.normal(size=(count, 4))
     y = TRUTH_AT_ZERO + x @ W + rng.normal(scale=0.05, size=count)
     return [
-        json.dumps({"x": x[i : i + MESSAGE].tolist(), "y": y[i : i + MESSAGE, None].tolist()})
-        .encode()
+        json.dumps(
+            {"x": x[i : i + MESSAGE].tolist(), "y": y[i : i + MESSAGE, None].tolist()}
+        ).encode()
         for i in range(0, count, MESSAGE)
     ]
 
