@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load, save
 
-from livefit.server.training.scaling import ROBUST_COUNT, RunningStandardizer
+from livefit.server.training.scaling import ROBUST_COUNT, SMALL_COUNT, RunningStandardizer
 
 
 def _random_batches(
@@ -202,18 +202,21 @@ def test_a_first_batch_of_two_samples_does_not_stall_learning() -> None:
     assert t.scores.scores["loss"].value * 10 <= early
 
 
-def test_outlier_bounds_need_enough_values_and_a_positive_k() -> None:
+def test_outlier_bounds_need_enough_values_and_are_wider_at_first() -> None:
+    rng = np.random.default_rng(0)
     s = RunningStandardizer()
-    s.update(np.random.default_rng(0).normal(2.0, 0.5, size=(ROBUST_COUNT - 1, 1)))
-    assert s.bounds(8.0) is None  # too few values to tell an outlier from the stream's start
+    s.update(rng.normal(2.0, 0.5, size=(SMALL_COUNT - 1, 1)))
+    assert s.bounds(8.0) is None  # too few values for a standard deviation to bound anything
     assert s.clip_outliers(np.array([[1e9]]), 8.0)[1] == 0
-    s.update(np.array([[2.0]]))
+    for count, widen in ((SMALL_COUNT, ROBUST_COUNT / SMALL_COUNT), (50, 2.0), (ROBUST_COUNT, 1.0),
+                         (1000, 1.0)):  # fmt: skip
+        s.update(rng.normal(2.0, 0.5, size=(count - s.count, 1)))
+        bounds = s.bounds(8.0)
+        assert bounds is not None
+        mean, std = s.mean_std()
+        np.testing.assert_allclose(bounds[0], mean - 8 * widen * std, rtol=1e-6)
+        np.testing.assert_allclose(bounds[1], mean + 8 * widen * std, rtol=1e-6)
     assert s.bounds(0.0) is None
-    bounds = s.bounds(8.0)
-    assert bounds is not None
-    mean, std = s.mean_std()
-    np.testing.assert_allclose(bounds[0], mean - 8 * std, rtol=1e-6)
-    np.testing.assert_allclose(bounds[1], mean + 8 * std, rtol=1e-6)
 
 
 def test_clip_outliers_sets_values_beyond_the_bounds_to_them_and_counts_rows() -> None:

@@ -168,10 +168,13 @@ def test_a_rolled_back_step_keeps_the_target_statistics() -> None:
     assert t.policy.target_scaler.count == count + 25
 
 
-def test_an_outlying_target_is_clipped_counted_and_scored_against_its_bound() -> None:
+@pytest.mark.parametrize("batches_before", [1, 8])  # 25 targets: a bound 4x as wide; 200
+def test_an_outlying_target_is_clipped_counted_and_scored_against_its_bound(
+    batches_before: int,
+) -> None:
     t = trainer(builder="linear")
     rng = np.random.default_rng(6)
-    for _ in range(8):  # 200 targets: past the 100 the outlier bounds wait for
+    for _ in range(batches_before):
         t.train_batch(batch(*stream(rng, 25)))
     scaler = t.policy.target_scaler
     assert scaler is not None
@@ -183,7 +186,7 @@ def test_an_outlying_target_is_clipped_counted_and_scored_against_its_bound() ->
     registry = t.metrics.registry
     assert registry.get_sample_value("livefit_train_outliers_total", {"model": "m"}) == 1
     assert not registry.get_sample_value("livefit_train_nonfinite_total", {"model": "m"})
-    assert t.samples_seen == 225  # trained, with its target clipped
+    assert t.samples_seen == 25 * batches_before + 25  # trained, with its target clipped
     assert scaler.mean is not None and abs(scaler.mean[0] - 5000.0) < 200.0
     # scored against the bound it was clipped to, not 1e9
     mae = t.scores.scores["mae"]

@@ -23,9 +23,10 @@ _F64_EPS = float(np.finfo(np.float64).eps)
 # sqrt(m2 / q[n - 1]) for n values (see RunningStandardizer._std).
 _CHI2_05 = (0.0039321, 0.102587, 0.351846, 0.710723, 1.145476, 1.635383, 2.167350, 2.732637)
 SMALL_COUNT = len(_CHI2_05) + 2  # counts 2 to 9: 1 to 8 degrees of freedom
-# Values before outliers are told apart: the start of a stream is often not like the rest
-# (ChickWeights' first 50 targets put a later one 12.4 standard deviations away; after 100
-# values none of the learning benchmark's regression targets lies beyond 5.5).
+# Below this many values the outlier bound is widened by ROBUST_COUNT / count: the start of a
+# stream is often not like the rest (ChickWeights' first 50 targets put the next ones up to
+# 12.4 standard deviations away; after 100 values none of the learning benchmark's regression
+# targets lies beyond 5.5).
 ROBUST_COUNT = 100
 
 
@@ -103,12 +104,14 @@ class RunningStandardizer:
 
     def bounds(self, k: float) -> tuple[np.ndarray, np.ndarray] | None:
         """``(mean - k * std, mean + k * std)`` per feature (float64): beyond it a value is an
-        outlier. None while the statistics are over fewer than ``ROBUST_COUNT`` values, or for
-        ``k <= 0`` (no bound). The std is the one ``transform`` divides by (1 for a constant
-        feature)."""
-        if k <= 0 or self._count < ROBUST_COUNT or self._shift is None or self._mean is None:
+        outlier. Over fewer than ``ROBUST_COUNT`` values ``k`` is widened by
+        ``ROBUST_COUNT / count`` (80 standard deviations over 10 values for k = 8); None while
+        the statistics are over fewer than ``SMALL_COUNT`` values, or for ``k <= 0`` (no
+        bound). The std is the one ``transform`` divides by (1 for a constant feature)."""
+        if k <= 0 or self._count < SMALL_COUNT or self._shift is None or self._mean is None:
             return None
-        mean, spread = self._shift + self._mean, k * self._std()
+        widen = max(1.0, ROBUST_COUNT / self._count)
+        mean, spread = self._shift + self._mean, k * widen * self._std()
         return mean - spread, mean + spread
 
     def clip_outliers(self, x: np.ndarray, k: float) -> tuple[np.ndarray, int]:
