@@ -33,6 +33,11 @@ class TrainSettings(_Section):
     extras_when: Literal["caught_up", "always"] = "caught_up"
     # Before each step, wait up to this long while prediction requests are queued (0: never).
     yield_to_serving_ms: float = Field(2.0, ge=0, le=1000)
+    # With target scaling: a target more than this many standard deviations from the running
+    # mean of the targets (from the 10th target on; widened by 100 / count below 100 targets)
+    # is an outlier, clipped to that bound before it trains or enters the statistics, and
+    # counted (0: no bound).
+    target_outlier_std: float = Field(8.0, ge=0)
 
 
 class DriftSettings(_Section):

@@ -114,7 +114,8 @@ class Metrics(LearningMetrics, ServingMetrics):
         for metric in (
             self.ingest_samples, self.queue_depth, self.train_steps, self.train_samples,
             self.train_yield_seconds, self.model_version, self.model_ready,
-            self.predict_queue_rows, self.serving_version,
+            self.predict_queue_rows, self.serving_version, self.train_nonfinite,
+            self.train_outliers,
         ):  # fmt: skip
             metric.labels(model=model)
         self.ingest_messages.labels(model=model, outcome="accepted", reason="none")

@@ -224,7 +224,15 @@ class LearningMetrics:
         )
         self.train_nonfinite = Counter(
             "livefit_train_nonfinite_total",
-            "Training steps rolled back because the loss or the updated weights were not finite",
+            "Training steps rolled back because the loss, gradients, predictions or the updated "
+            "weights were not finite",
+            ["model"],
+            registry=None,
+        )
+        self.train_outliers = Counter(
+            "livefit_train_outliers_total",
+            "Samples whose regression target lay beyond train.target_outlier_std standard "
+            "deviations of the running target statistics, clipped to that bound",
             ["model"],
             registry=None,
         )

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load, save
 
-from livefit.server.training.scaling import RunningStandardizer
+from livefit.server.training.scaling import ROBUST_COUNT, SMALL_COUNT, RunningStandardizer
 
 
 def _random_batches(
@@ -200,3 +200,69 @@ def test_a_first_batch_of_two_samples_does_not_stall_learning() -> None:
             early = t.scores.scores["loss"].value
     assert early is not None
     assert t.scores.scores["loss"].value * 10 <= early
+
+
+def test_outlier_bounds_need_enough_values_and_are_wider_at_first() -> None:
+    rng = np.random.default_rng(0)
+    s = RunningStandardizer()
+    s.update(rng.normal(2.0, 0.5, size=(SMALL_COUNT - 1, 1)))
+    assert s.bounds(8.0) is None  # too few values for a standard deviation to bound anything
+    assert s.clip_outliers(np.array([[1e9]]), 8.0)[1] == 0
+    for count, widen in ((SMALL_COUNT, ROBUST_COUNT / SMALL_COUNT), (50, 2.0), (ROBUST_COUNT, 1.0),
+                         (1000, 1.0)):  # fmt: skip
+        s.update(rng.normal(2.0, 0.5, size=(count - s.count, 1)))
+        bounds = s.bounds(8.0)
+        assert bounds is not None
+        mean, std = s.mean_std()
+        np.testing.assert_allclose(bounds[0], mean - 8 * widen * std, rtol=1e-6)
+        np.testing.assert_allclose(bounds[1], mean + 8 * widen * std, rtol=1e-6)
+    assert s.bounds(0.0) is None
+
+
+def test_clip_outliers_sets_values_beyond_the_bounds_to_them_and_counts_rows() -> None:
+    rng = np.random.default_rng(1)
+    s = RunningStandardizer()
+    s.update(rng.normal(0.0, 1.0, size=(1000, 3)))
+    bounds = s.bounds(8.0)
+    assert bounds is not None
+    low, high = bounds
+    x = rng.normal(0.0, 1.0, size=(5, 3)).astype(np.float32)
+    x[1, 2], x[3, 0], x[3, 1] = 3e38, -1e9, 50.0
+    clipped, rows = s.clip_outliers(x, 8.0)
+    assert rows == 2 and clipped.dtype == np.float32
+    np.testing.assert_allclose(clipped[1, 2], high[2], rtol=1e-6)
+    np.testing.assert_allclose(clipped[3, :2], [low[0], high[1]], rtol=1e-6)
+    untouched = np.ones(x.shape, bool)
+    untouched[1, 2] = untouched[3, 0] = untouched[3, 1] = False
+    np.testing.assert_array_equal(clipped[untouched], x[untouched])
+    same, none = s.clip_outliers(x[[0, 2, 4]], 8.0)
+    assert none == 0
+    np.testing.assert_array_equal(same, x[[0, 2, 4]])
+
+
+@pytest.mark.parametrize("outlier", [3e38, 1e9, -1e9])
+def test_one_clipped_outlier_moves_the_statistics_by_a_bounded_amount(outlier: float) -> None:
+    s = RunningStandardizer()
+    s.update(np.random.default_rng(2).normal(2.0, 0.5, size=(2000, 1)))
+    mean, variance, n = s.mean, s.variance, s.count
+    assert mean is not None and variance is not None
+    clipped, rows = s.clip_outliers(np.array([[outlier]], np.float32), 8.0)
+    s.update(clipped)
+    assert rows == 1
+    assert s.mean is not None and s.variance is not None
+    # the mean moves by at most k * std / n, the variance grows by about k**2 / n of itself
+    assert abs(s.mean - mean)[0] <= 8 * np.sqrt(variance[0]) / (n + 1) * 1.01
+    assert s.variance[0] <= variance[0] * (1 + 8**2 / n) * 1.01
+
+
+@pytest.mark.parametrize(("shift", "samples"), [(100.0, 250), (1e4, 700)])
+def test_a_real_level_shift_is_followed_through_the_clipping(shift: float, samples: int) -> None:
+    """Clipped values still widen the statistics, each by about k**2 / n: a new level 100
+    (10,000) standard deviations away stops being clipped after 250 (700) samples."""
+    rng = np.random.default_rng(3)
+    s = RunningStandardizer()
+    s.update(rng.normal(size=(2000, 1)))
+    for _ in range(samples // 25):
+        clipped, _ = s.clip_outliers(rng.normal(shift, 1.0, size=(25, 1)), 8.0)
+        s.update(clipped)
+    assert s.clip_outliers(rng.normal(shift, 1.0, size=(1000, 1)), 8.0)[1] == 0

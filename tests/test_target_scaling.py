@@ -166,3 +166,53 @@ def test_a_rolled_back_step_keeps_the_target_statistics() -> None:
     assert t.policy.target_scaler.count == count
     t.train_batch(batch(*stream(rng, 25)))
     assert t.policy.target_scaler.count == count + 25
+
+
+@pytest.mark.parametrize("batches_before", [1, 8])  # 25 targets: a bound 4x as wide; 200
+def test_an_outlying_target_is_clipped_counted_and_scored_against_its_bound(
+    batches_before: int,
+) -> None:
+    t = trainer(builder="linear")
+    rng = np.random.default_rng(6)
+    for _ in range(batches_before):
+        t.train_batch(batch(*stream(rng, 25)))
+    scaler = t.policy.target_scaler
+    assert scaler is not None
+    bounds = scaler.bounds(t.settings.train.target_outlier_std)
+    assert bounds is not None
+    x, y = stream(rng, 25)
+    y[3] = 1e9
+    t.train_batch(batch(x, y))
+    registry = t.metrics.registry
+    assert registry.get_sample_value("livefit_train_outliers_total", {"model": "m"}) == 1
+    assert not registry.get_sample_value("livefit_train_nonfinite_total", {"model": "m"})
+    assert t.samples_seen == 25 * batches_before + 25  # trained, with its target clipped
+    assert scaler.mean is not None and abs(scaler.mean[0] - 5000.0) < 200.0
+    # scored against the bound it was clipped to, not 1e9
+    mae = t.scores.scores["mae"]
+    assert np.isfinite(mae.value) and mae.value < bounds[1][0] - 5000.0
+    for _ in range(10):
+        t.train_batch(batch(*stream(rng, 25)))
+    prediction = float(t.model(np.zeros((1, 3), np.float32)).numpy()[0, 0])
+    assert abs(prediction - 5000.0) < 200.0, prediction
+
+
+def test_without_a_bound_a_target_that_overflows_the_loss_is_rolled_back_and_counted() -> None:
+    t = trainer(builder="linear", train={"target_outlier_std": 0})
+    rng = np.random.default_rng(7)
+    for _ in range(8):
+        t.train_batch(batch(*stream(rng, 25)))
+    scaler = t.policy.target_scaler
+    assert scaler is not None
+    weights, count, version = t.model.get_weights(), scaler.count, t.version
+    x, y = stream(rng, 25)
+    y[3] = 3e38  # standardized it fits; in the user's units its loss is infinite
+    t.train_batch(batch(x, y))
+    registry = t.metrics.registry
+    assert registry.get_sample_value("livefit_train_nonfinite_total", {"model": "m"}) == 1
+    assert not registry.get_sample_value("livefit_train_outliers_total", {"model": "m"})
+    assert t.policy.target_scaler is not None and t.policy.target_scaler.count == count
+    assert t.version == version
+    for before, after in zip(weights, t.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(before, after)
+    assert np.isfinite(t.scores.scores["loss"].value)

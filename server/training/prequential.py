@@ -75,7 +75,10 @@ class PrequentialScores:
             self.scores["accuracy"].add(correct_predictions(y_true, y_pred, self.sparse))
             self.scores["log_loss"].add(log_loss(y_true, y_pred, self.sparse))
         else:
-            error = y_pred.reshape(len(y_pred), -1) - y_true.reshape(len(y_true), -1)
+            # in float64: a float32 error of 1e20 would square to infinity
+            error = np.subtract(
+                y_pred.reshape(len(y_pred), -1), y_true.reshape(len(y_true), -1), dtype=np.float64
+            )
             self.scores["mse"].add((error**2).mean(axis=1))
             self.scores["mae"].add(np.abs(error).mean(axis=1))
 

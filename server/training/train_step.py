@@ -49,7 +49,7 @@ class StepResult:
     loss: float  # in the user's units (also with target scaling)
     prequential_losses: np.ndarray  # (n,) per-sample loss before the update
     predictions: np.ndarray  # (n, *output_shape) before the update
-    applied: bool = True  # False: loss, gradients or new weights were not finite; rolled back
+    applied: bool = True  # False: a loss, prediction, gradient or new weight was not finite
 
 
 def behaves_same_in_training(model: keras.Model) -> bool:
@@ -142,7 +142,10 @@ class TrainStep:
                     reported += tf.add_n(model.losses)
             else:
                 losses, reported = fitted, loss
-            finite = tf.math.is_finite(loss)
+            # The reported loss and the predictions too: with target scaling the fitted loss
+            # can be finite while the prediction in the user's units is not.
+            finite = tf.logical_and(tf.math.is_finite(loss), tf.math.is_finite(reported))
+            finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(pred)))
             for grad in grads:
                 finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
             applied = tf.cond(finite, lambda: apply(grads), lambda: tf.constant(False))

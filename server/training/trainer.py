@@ -9,7 +9,8 @@ Every ``checkpoint.interval_s`` it copies weights and optimizer state (the only 
 measured in ``livefit_checkpoint_stall_seconds``) and a background thread writes them
 (``checkpointing``, its base class, owns restore, versions and checkpoints).
 On stop it trains what was already accepted, hands over a final snapshot and writes a final
-checkpoint. A step whose loss, gradients or new weights are not finite is rolled back.
+checkpoint. A step whose loss, gradients, predictions or new weights are not finite is rolled
+back; outlying regression targets are clipped (``update_policy``) and counted.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.1
 _GIVE_WAY_POLL_S = 0.0002
 _COPY_SHARE = 20.0  # a snapshot interval is at least this many times the copy it costs
+_OUTLIER_LOG_INTERVAL_S = 60.0
 TRAINER_NICENESS = 5  # added to the trainer thread's OS niceness when it gives way to serving
 
 
@@ -79,6 +81,7 @@ class Trainer(TrainerCheckpoints):
         self._snapshot_version = -1
         self._last_snapshot: Snapshot | None = None
         self._copy_s = 0.0  # what the last snapshot's copy of the weights took
+        self._outliers_logged_at = -_OUTLIER_LOG_INTERVAL_S
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.model = build_compiled(settings, device)
@@ -174,6 +177,8 @@ class Trainer(TrainerCheckpoints):
         elapsed = time.perf_counter() - started
         if batch.position is not None:
             self.trained_position = batch.position
+        if learned.outliers:
+            self._count_outliers(learned.outliers)
         if not result.applied:
             self.metrics.train_nonfinite.labels(model=self.name).inc()
             log.warning(
@@ -189,8 +194,25 @@ class Trainer(TrainerCheckpoints):
             self._newest_published_at = max(
                 batch.newest_published_at, self._newest_published_at or 0.0
             )
-        self.scores.add(result.prequential_losses, batch.y, result.predictions)
+        self.scores.add(result.prequential_losses, learned.y, result.predictions)
         self._record(batch, learned, elapsed)
+
+    def _count_outliers(self, samples: int) -> None:
+        """Count clipped targets; say so in the log at most once a minute."""
+        self.metrics.train_outliers.labels(model=self.name).inc(samples)
+        now = time.monotonic()
+        if now - self._outliers_logged_at < _OUTLIER_LOG_INTERVAL_S:
+            return
+        self._outliers_logged_at = now
+        scaler = self.policy.target_scaler
+        bounds = None if scaler is None else scaler.bounds(self.policy.target_outlier_std)
+        low, high = ("?", "?") if bounds is None else (bounds[0].tolist(), bounds[1].tolist())
+        log.warning(
+            "%s: %d sample(s) with a target beyond %g standard deviations of the running "
+            "target statistics (range %s to %s) were clipped to it "
+            "(livefit_train_outliers_total; train.target_outlier_std)",
+            self.name, samples, self.policy.target_outlier_std, low, high,
+        )  # fmt: skip
 
     def _record(self, batch: Batch, learned: Learned, elapsed: float) -> None:
         m, name = self.metrics, self.name

@@ -13,6 +13,10 @@ Per batch, after the compiled step scored it (test-then-train):
   new statistics (scoring and training of this batch used the statistics from before it,
   as a streaming scaler must); with target scaling, likewise the targets' running
   standardizer and the model's ``target_scaling`` layer (only new samples count, once);
+- with target scaling, a target beyond ``train.target_outlier_std`` standard deviations of
+  the targets' running statistics is clipped to that bound first: for the step, the
+  statistics, the replay buffer and the prequential scores alike, so one sample can move
+  neither the scaling nor the weights without bound (``Learned.outliers`` counts them);
 - the drift detector reads the batch's prequential losses; on drift it reports, and with a
   reaction configured resets the optimizer state or raises the learning rate for a while.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -45,6 +49,8 @@ class Learned:
     steps: int  # steps applied (each one version)
     replayed: int  # replayed samples, over all steps
     drift: bool
+    y: np.ndarray  # the batch's targets as trained and scored (outliers clipped)
+    outliers: int = 0  # samples whose target was clipped
 
 
 class UpdatePolicy:
@@ -75,6 +81,7 @@ class UpdatePolicy:
         )
         self.target_layer = target_scaling_layer(step.model)
         self.target_scaler = RunningStandardizer() if self.target_layer is not None else None
+        self.target_outlier_std = train.target_outlier_std
         drift = settings.drift
         self.drift = (
             DriftDetector(drift.method, threshold=drift.threshold)
@@ -100,6 +107,7 @@ class UpdatePolicy:
         """
         first: StepResult | None = None
         steps = replayed = 0
+        batch, outliers = self._clip_target_outliers(batch)
         statistics = self._next_statistics(batch)
         target_statistics = self._next_target_statistics(batch)
         extras = self.extras_always or (extras_allowed and batch.backlog == 0)
@@ -123,12 +131,24 @@ class UpdatePolicy:
             if self._saved_target_scaler is not None:
                 self.target_scaler = self._saved_target_scaler
         drift = self._watch(first)
-        return Learned(first, steps, replayed, drift)
+        return Learned(first, steps, replayed, drift, batch.y, outliers)
 
     def _with_replay(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         if self.replay is None:
             return batch.x, batch.y, batch.w, 0
         return mix(batch.x, batch.y, batch.w, self.replay, self.replay_share)
+
+    def _clip_target_outliers(self, batch: Batch) -> tuple[Batch, int]:
+        """``batch`` with its outlying targets clipped to the targets' running bounds, and
+        how many samples that changed (the batch itself when none)."""
+        if self.target_scaler is None or self.target_layer is None:
+            return batch, 0
+        shape = self.target_layer.stats_shape
+        y = np.reshape(batch.y, (len(batch.y), *shape))
+        clipped, outliers = self.target_scaler.clip_outliers(y, self.target_outlier_std)
+        if not outliers:
+            return batch, 0
+        return replace(batch, y=np.reshape(clipped, batch.y.shape)), outliers
 
     def _next_statistics(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
         """The scaling statistics including ``batch``, for the step to set after its update."""
