@@ -115,6 +115,23 @@ def test_a_corrupt_length_field_is_resynced_past(tmp_path: Path, length_byte: in
     reopened.close()
 
 
+def test_a_zeroed_block_over_several_records_counts_each(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path)
+    wal.open()
+    fill(wal, 10)
+    wal.close()
+    segment = next(tmp_path.glob("*.wal"))
+    offsets = record_offsets(segment)
+    data = bytearray(segment.read_bytes())
+    data[offsets[2] : offsets[5] + 10] = bytes(offsets[5] + 10 - offsets[2])
+    segment.write_bytes(bytes(data))
+    wal = WriteAheadLog(tmp_path)
+    assert [r.position for r in wal.replay()] == [1, 2, 7, 8, 9, 10]
+    assert [(s.offset, s.size, s.records) for s in wal.skipped] == [
+        (offsets[2], offsets[6] - offsets[2], 4)
+    ]
+
+
 def test_a_damaged_last_record_is_still_a_torn_tail_and_cut(tmp_path: Path) -> None:
     """Nothing intact after it: a crash mid-write, cut on open (not counted as skipped), while
     a damaged record before it is skipped."""

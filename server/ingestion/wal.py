@@ -53,6 +53,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 _HEAD = struct.Struct("<II")
 _POSITION = struct.Struct("<QH")
@@ -61,6 +63,7 @@ SUFFIX = ".wal"
 # Resync after a damaged record accepts a record whose position is at most this far above the
 # last good one (positions in a segment are consecutive: a failed group abandons its segment).
 RESYNC_POSITION_WINDOW = 1 << 20
+_RESYNC_BLOCK = 1 << 16  # bytes searched at once for the next record after a damaged one
 
 
 class StorageError(OSError):
@@ -410,16 +413,34 @@ def _plausible(data: bytes, offset: int, floor: int) -> bool:
 def _resync(data: bytes, offset: int, floor: int) -> int | None:
     """Where the next intact record after the damaged one at ``offset`` starts, or None (a
     torn tail). First where the damaged record's length field says (its payload is what is
-    damaged), then at every later byte (its length field is)."""
+    damaged), then at every later byte (its length field is), block by block: the bytes whose
+    position field lies just above ``floor`` are found with numpy, and only those parsed."""
     if offset + _HEAD.size <= len(data):
         (length,) = struct.unpack_from("<I", data, offset)
         following = offset + _HEAD.size + length
         if following < len(data) and _plausible(data, following, floor):
             return following
-    for candidate in range(offset + 1, len(data) - _HEAD.size - _POSITION.size + 1):
-        if _plausible(data, candidate, floor):
-            return candidate
+    for block in range(offset + 1, len(data), _RESYNC_BLOCK):
+        for candidate in _candidates(data, block, min(len(data), block + _RESYNC_BLOCK), floor):
+            if _plausible(data, candidate, floor):
+                return candidate
     return None
+
+
+def _candidates(data: bytes, start: int, end: int, floor: int) -> list[int]:
+    """The offsets in [start, end), ascending, where a record whose position field lies in
+    (floor, floor + RESYNC_POSITION_WINDOW] could start."""
+    low, high = np.uint64(floor), np.uint64(min(floor + RESYNC_POSITION_WINDOW, 2**64 - 1))
+    found: list[int] = []
+    for phase in range(8):
+        first = start + phase + _HEAD.size  # where the position field of such a record is
+        count = min((end - start - phase + 7) // 8, (len(data) - first) // 8)
+        if count <= 0:
+            continue
+        values = np.frombuffer(data, dtype="<u8", count=count, offset=first)
+        hits = np.flatnonzero((values > low) & (values <= high))
+        found.extend((start + phase + 8 * hits).tolist())
+    return sorted(found)
 
 
 def _identity(stat: os.stat_result) -> tuple[int, int]:
