@@ -109,7 +109,8 @@ class WriteAheadLog:
         self.segment_bytes = segment_bytes
         self.fsync = fsync
         self._lock = threading.Lock()
-        self._file: object | None = None
+        self._fd: int | None = None  # the open segment (unbuffered: see ``_write``)
+        self._buffer = bytearray()  # appended, not yet written to the segment
         self._segment_first = 0
         self._segment_size = 0
         self._durable_size = 0  # bytes of the current segment covered by a successful fsync
@@ -181,9 +182,9 @@ class WriteAheadLog:
         """Raise ``StorageError("storage_lost")`` when the open segment was unlinked or the
         directory was removed or replaced since the log opened it (sticky)."""
         if self._lost is None:
-            handle = self._file
+            fd = self._fd
             try:
-                if handle is not None and os.fstat(handle.fileno()).st_nlink == 0:  # type: ignore[attr-defined]
+                if fd is not None and os.fstat(fd).st_nlink == 0:
                     self._set_lost("its open segment was deleted")
                 elif _identity(os.stat(self.directory)) != self._identity:
                     self._set_lost("its directory was replaced by another one")
@@ -200,7 +201,7 @@ class WriteAheadLog:
         record = _encode(position, model, payload, content_type)
         op = "wal_open"
         try:
-            if self._file is None:
+            if self._fd is None:
                 self._start_segment()
             elif self._segment_size >= self.segment_bytes:
                 self._roll()
@@ -229,16 +230,18 @@ class WriteAheadLog:
             self._commit_locked()
 
     def _commit_locked(self) -> None:
-        handle = self._file
-        if handle is None:
+        fd = self._fd
+        if fd is None:
             return
+        op = "wal_write"
         try:
-            handle.flush()  # type: ignore[attr-defined]
+            self._drain(fd)
+            op = "wal_fsync"
             if self.fsync:
-                os.fsync(handle.fileno())  # type: ignore[attr-defined]
+                os.fsync(fd)
         except OSError as exc:
             self._abandon_segment()
-            raise StorageError("wal_fsync", exc) from exc
+            raise StorageError(op, exc) from exc
         self._durable_size = self._segment_size
 
     def truncate(self, upto: int) -> int:
@@ -246,7 +249,7 @@ class WriteAheadLog:
         with self._lock:
             if self._lost is not None:  # never touch a directory that replaced ours
                 return 0
-            if self._file is not None and self._segment_first <= upto and self._segment_size > 0:
+            if self._fd is not None and self._segment_first <= upto and self._segment_size > 0:
                 try:
                     self._roll()
                 except OSError:  # the next append starts a fresh segment
@@ -266,12 +269,13 @@ class WriteAheadLog:
         except StorageError as exc:
             log.error("write-ahead log: final commit failed (%s)", exc)
         with self._lock:
-            if self._file is not None:
+            fd, self._fd = self._fd, None
+            self._buffer.clear()  # what the final commit could not write is not durable
+            if fd is not None:
                 try:
-                    self._file.close()  # type: ignore[attr-defined]
+                    os.close(fd)
                 except OSError as exc:
                     log.error("write-ahead log: close failed (%s)", exc)
-                self._file = None
 
     # internals -----------------------------------------------------------------------------
     def _segments(self) -> list[Path]:
@@ -280,34 +284,45 @@ class WriteAheadLog:
     def _start_segment(self) -> None:
         self._segment_first = self.next_position
         path = self.directory / f"{self._segment_first:020d}{SUFFIX}"
-        self._file = path.open("ab")
-        self._segment_size = self._durable_size = path.stat().st_size
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._segment_size = self._durable_size = os.fstat(self._fd).st_size
 
     def _roll(self) -> None:
-        if self._file is not None:
-            self._file.flush()  # type: ignore[attr-defined]
+        if self._fd is not None:
+            self._drain(self._fd)
             if self.fsync:
-                os.fsync(self._file.fileno())  # type: ignore[attr-defined]
-            self._file.close()  # type: ignore[attr-defined]
-            self._file = None
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
         self._start_segment()
 
     def _abandon_segment(self) -> None:
         """After a failed write or fsync: cut the segment back to its last good fsync (best
         effort) and stop writing to it; the next append opens a new segment."""
-        handle, self._file = self._file, None
-        if handle is None:
+        fd, self._fd = self._fd, None
+        self._buffer.clear()  # never written after the cut (a buffered file's close would)
+        if fd is None:
             return
-        # Records past the cut that stay anyway are whole or torn; replay handles both.
-        with contextlib.suppress(OSError, ValueError):
-            os.ftruncate(handle.fileno(), self._durable_size)  # type: ignore[attr-defined]
-        # close flushes the failed buffer again; what it holds is not durable either way.
+        # Records past the cut that stay anyway (the cut failed) are whole or torn.
         with contextlib.suppress(OSError):
-            handle.close()  # type: ignore[attr-defined]
+            os.ftruncate(fd, self._durable_size)
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
     def _write(self, record: bytes) -> None:
-        assert self._file is not None, "open() the log before appending"
-        self._file.write(record)  # type: ignore[attr-defined]
+        """Buffer a record; ``_drain`` writes the buffer out. The log keeps its own buffer,
+        not a buffered file's: a buffered file writes what it held when it is closed, and
+        after a failed group that put the group's records after the cut, where the resync
+        past damaged records would find them intact and replay records never acknowledged."""
+        assert self._fd is not None, "open() the log before appending"
+        self._buffer += record
+
+    def _drain(self, fd: int) -> None:
+        """Write the buffer to the segment (O_APPEND); on failure the caller abandons it."""
+        data, self._buffer = bytes(self._buffer), bytearray()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
 
     def _read_segment(self, path: Path, repair: bool = False) -> Iterator[WalRecord]:
         """The segment's intact records; damaged ones followed by intact ones are skipped
