@@ -193,6 +193,13 @@ class LearningMetrics:
             ["model"],
             registry=None,
         )
+        self.wal_corrupt_records = Counter(
+            "livefit_wal_corrupt_records_total",
+            "Records of the write-ahead log skipped at start because they failed their checksum "
+            "with intact records after them (their samples were not replayed; each is logged "
+            "with its segment and byte offset)",
+            registry=None,
+        )
         self.checkpoints = Counter(
             "livefit_checkpoints_total", "Checkpoints written, by outcome (ok or failed)",
             ["model", "outcome"], registry=None,

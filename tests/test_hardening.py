@@ -1,7 +1,7 @@
 """The guarantees README makes, attacked through the real processes: hostile messages, a full
-disk, a second learner on the same storage, port or client id, one model flooded beside
-another, and the broker configuration the Quickstart installs. Each test is bounded in time
-and targets only 127.0.0.1.
+disk, the storage dir deleted under a running learner, a second learner on the same storage,
+port or client id, one model flooded beside another, and the broker configuration the
+Quickstart installs. Each test is bounded in time and targets only 127.0.0.1.
 
 The poison-message and full-disk tests also run against the split learner, ``livefit
 serve``'s default (``test_hardening_split.py``, ``tests/layouts.py``): there the messages go
@@ -296,6 +296,56 @@ def test_second_learner_on_the_same_storage_exits_at_once(
         assert first.stop() == 0
     # The lock dies with its process, even on SIGKILL: test_reliability restarts a learner on
     # its storage after each of ten SIGKILLs.
+
+
+def test_a_deleted_storage_dir_stops_acknowledgements_and_keeps_the_lock(
+    own_broker: Mosquitto, tmp_path: Path
+) -> None:
+    """``rm -rf`` of a running learner's storage dir: readiness 503 naming ``storage_lost``,
+    ``livefit_storage_healthy`` 0, nothing published after it is acknowledged (the learner used
+    to log into the deleted segment and acknowledge), a second learner on the path is refused
+    naming the first; after SIGKILL and a restart every sample published after the deletion is
+    trained, once, by the broker's redelivery (the deletion took what was before it)."""
+    storage = tmp_path / "data"
+    text = learner_config(own_broker, storage, f"rmrf-{own_broker.port}", "dedup = true")
+    server = LivefitProcess(text, tmp_path).start()
+    outcome: dict[str, PublishStats] = {}
+    publisher = threading.Thread(
+        target=lambda: outcome.setdefault(
+            "stats", publish_samples(own_broker, 1_000, batch=10, source="after")
+        )
+    )
+    try:
+        publish_samples(own_broker, 200, batch=10, source="before")
+        assert wait_trained(server, 200) == 200
+        shutil.rmtree(storage)
+        publisher.start()
+        deadline = time.monotonic() + 30
+        while ready(server).status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        answer = ready(server)
+        assert answer.status_code == 503
+        assert any("storage_lost" in p for p in answer.json()["problems"]), answer.json()
+        assert server.metric("livefit_storage_healthy") == 0
+        publisher.join(60)
+        assert outcome["stats"].samples == 1_000  # acknowledged by the broker, which keeps them
+        time.sleep(1.0)
+        assert trained(server) == 200  # nothing published after the deletion was accepted
+        second = run_livefit(learner_config(own_broker, storage, "second"), tmp_path)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert f"pid {server.process.pid}" in second.stderr  # type: ignore[union-attr]
+        assert "in use by another livefit learner" in second.stderr
+        assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+        server = LivefitProcess(text, tmp_path).start()
+        total = wait_trained(server, 1_000, timeout=60)
+        time.sleep(1.0)  # anything beyond (a message trained twice) shows up too
+        total = trained(server)
+    finally:
+        publisher.join(60)
+        server.stop()
+    print(f"storage dir deleted: 1,000 samples published after it, {total:.0f} trained after "
+          "a restart")  # fmt: skip
+    assert total == 1_000
 
 
 def test_second_learner_on_the_same_port_fails_before_touching_the_broker(

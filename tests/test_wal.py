@@ -1,12 +1,14 @@
-"""The write-ahead log: round trips, positions across restarts, torn tails, truncation."""
+"""The write-ahead log: round trips, positions across restarts, torn tails, damaged records,
+a deleted directory, truncation."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
-from livefit.server.ingestion.wal import WriteAheadLog
+from livefit.server.ingestion.wal import StorageError, WriteAheadLog
 
 
 def fill(wal: WriteAheadLog, n: int, model: str = "m") -> list[int]:
@@ -57,19 +59,136 @@ def test_torn_tail_is_cut_and_appending_resumes(tmp_path: Path) -> None:
     assert [r.position for r in WriteAheadLog(tmp_path).replay()] == [1, 2, 3]
 
 
-def test_flipped_byte_is_detected(tmp_path: Path) -> None:
+def record_offsets(segment: Path) -> list[int]:
+    """Byte offsets of the records of an intact segment (u32 length, u32 CRC, body)."""
+    data, offsets, offset = segment.read_bytes(), [], 0
+    while offset < len(data):
+        offsets.append(offset)
+        offset += 8 + int.from_bytes(data[offset : offset + 4], "little")
+    return offsets
+
+
+def damage(segment: Path, at: int, mask: int = 0x01) -> None:
+    data = bytearray(segment.read_bytes())
+    data[at] ^= mask
+    segment.write_bytes(bytes(data))
+
+
+def test_a_flipped_bit_in_a_payload_skips_that_record_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     wal = WriteAheadLog(tmp_path)
     wal.open()
-    fill(wal, 3)
+    fill(wal, 5)
     wal.close()
     segment = next(tmp_path.glob("*.wal"))
+    offsets = record_offsets(segment)
+    damage(segment, offsets[2] + 30)  # inside the third record's payload
+    reopened = WriteAheadLog(tmp_path)
+    reopened.open()  # the newest segment: a damaged record with intact ones after it is no tail
+    assert [r.position for r in reopened.replay()] == [1, 2, 4, 5]
+    assert [(s.offset, s.records, s.after) for s in reopened.skipped] == [(offsets[2], 1, 2)]
+    assert f"skipped a corrupt record at byte {offsets[2]}" in caplog.text
+    assert "cutting" not in caplog.text
+    assert fill(reopened, 1) == [6]
+    reopened.close()
+    assert [r.position for r in WriteAheadLog(tmp_path).replay()] == [1, 2, 4, 5, 6]
+
+
+@pytest.mark.parametrize("length_byte", [0, 1, 3])
+def test_a_corrupt_length_field_is_resynced_past(tmp_path: Path, length_byte: int) -> None:
+    """The length itself is damaged (shorter, longer, absurd): the reader scans for the next
+    record whose position and CRC hold."""
+    wal = WriteAheadLog(tmp_path)
+    wal.open()
+    fill(wal, 6)
+    wal.close()
+    segment = next(tmp_path.glob("*.wal"))
+    offsets = record_offsets(segment)
+    damage(segment, offsets[3] + length_byte, 0x40)
+    reopened = WriteAheadLog(tmp_path)
+    reopened.open()
+    assert [r.position for r in reopened.replay()] == [1, 2, 3, 5, 6]
+    assert [(s.offset, s.size, s.records) for s in reopened.skipped] == [
+        (offsets[3], offsets[4] - offsets[3], 1)
+    ]
+    reopened.close()
+
+
+def test_a_zeroed_block_over_several_records_counts_each(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path)
+    wal.open()
+    fill(wal, 10)
+    wal.close()
+    segment = next(tmp_path.glob("*.wal"))
+    offsets = record_offsets(segment)
     data = bytearray(segment.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    data[offsets[2] : offsets[5] + 10] = bytes(offsets[5] + 10 - offsets[2])
     segment.write_bytes(bytes(data))
-    positions = [r.position for r in WriteAheadLog(tmp_path).replay()]
-    assert positions == [
-        1
-    ]  # the damaged record and what follows it in that segment are not replayed
+    wal = WriteAheadLog(tmp_path)
+    assert [r.position for r in wal.replay()] == [1, 2, 7, 8, 9, 10]
+    assert [(s.offset, s.size, s.records) for s in wal.skipped] == [
+        (offsets[2], offsets[6] - offsets[2], 4)
+    ]
+
+
+def test_a_damaged_last_record_is_still_a_torn_tail_and_cut(tmp_path: Path) -> None:
+    """Nothing intact after it: a crash mid-write, cut on open (not counted as skipped), while
+    a damaged record before it is skipped."""
+    wal = WriteAheadLog(tmp_path)
+    wal.open()
+    fill(wal, 4)
+    wal.close()
+    segment = next(tmp_path.glob("*.wal"))
+    offsets = record_offsets(segment)
+    damage(segment, offsets[1] + 20)
+    damage(segment, offsets[3] + 20)
+    reopened = WriteAheadLog(tmp_path)
+    reopened.open()
+    assert segment.stat().st_size == offsets[3]
+    assert [r.position for r in reopened.replay()] == [1, 3]
+    assert [s.offset for s in reopened.skipped] == [offsets[1]]
+    reopened.close()
+
+
+def test_a_damaged_record_in_an_older_segment_skips_only_itself(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path, segment_bytes=500)
+    wal.open()
+    fill(wal, 20)
+    wal.close()
+    oldest = sorted(tmp_path.glob("*.wal"))[0]
+    offsets = record_offsets(oldest)
+    assert len(offsets) >= 3
+    damage(oldest, offsets[1] + 25)
+    assert [r.position for r in WriteAheadLog(tmp_path).replay()] == [1, *range(3, 21)]
+
+
+def test_a_deleted_directory_refuses_every_later_group(tmp_path: Path) -> None:
+    directory = tmp_path / "wal"
+    wal = WriteAheadLog(directory)
+    wal.open()
+    assert wal.write_group([("m", b"x", None)]) == [1]
+    shutil.rmtree(directory)
+    with pytest.raises(StorageError) as refused:
+        wal.write_group([("m", b"y", None)])  # its segment is unlinked: not durable
+    assert refused.value.op == "storage_lost" and "deleted" in str(wal.lost)
+    directory.mkdir()  # a directory at the same path is not the one the log opened
+    with pytest.raises(StorageError):
+        wal.write_group([("m", b"z", None)])
+    assert wal.truncate(10) == 0 and list(directory.iterdir()) == []
+    wal.close()
+
+
+def test_a_replaced_directory_is_noticed_before_anything_is_written(tmp_path: Path) -> None:
+    directory = tmp_path / "wal"
+    wal = WriteAheadLog(directory)
+    wal.open()
+    directory.rename(tmp_path / "moved")
+    directory.mkdir()
+    with pytest.raises(StorageError) as refused:
+        wal.write_group([("m", b"x", None)])
+    assert "replaced" in str(refused.value)
+    wal.close()
 
 
 @pytest.mark.parametrize("upto", [0, 10, 25, 40])

@@ -73,6 +73,13 @@ class LearnerLog:
                 route.queue.put(chunk)
         for model, count in replayed.items():
             log.info("replayed %d samples of %s from the write-ahead log", count, model)
+        skipped = sum(s.records for s in self.wal.skipped)  # each logged by the log with its byte
+        if skipped:
+            self.metrics.wal_corrupt_records.inc(skipped)
+            log.error(
+                "write-ahead log: %d corrupt record(s) skipped, the rest replayed "
+                "(livefit_wal_corrupt_records_total)", skipped,
+            )  # fmt: skip
 
     def _truncate_log(self, checkpoint: Checkpoint) -> None:
         """After a checkpoint, drop log segments that every model's fallback checkpoint (the

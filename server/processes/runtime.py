@@ -40,6 +40,7 @@ from livefit.server.processes.learner_models import LearnerHooks, LearnerModels,
 from livefit.server.processes.process_runtime import ProcessRuntime
 from livefit.server.storage.storage_health import StorageHealth
 from livefit.server.storage.storage_lock import StorageLock
+from livefit.server.storage.storage_watch import StorageWatch
 from livefit.server.training.modeling import enable_gpu_memory_growth
 from livefit.server.weights.weight_store import WeightStore
 
@@ -61,6 +62,9 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
         self.wal: WriteAheadLog | None = None
         self.storage_lock = StorageLock(Path(settings.storage.dir))
         self.storage_health = StorageHealth(self.metrics)
+        self.storage_watch = StorageWatch(
+            self.storage_lock, self.storage_health, self._storage_lost
+        )
 
     def preflight(self) -> None:
         """The cheap checks that must pass before anything else starts: raises
@@ -85,6 +89,7 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
         if self.wal is not None:
             restored = [m.trainer.trained_position for m in self.models.values() if m.trainer]
             self.wal.open(start_after=max(restored, default=0))
+        self.storage_watch.start()
         routes = self._sessions(address)
         for runtime in self.models.values():
             assert runtime.connection is not None
@@ -150,6 +155,12 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
             content_type="application/json",
         )  # fmt: skip
 
+    def _storage_lost(self, reason: str) -> None:
+        """The storage dir was deleted or replaced (``storage_watch``): the log takes nothing
+        more, so nothing more is acknowledged."""
+        if self.wal is not None:
+            self.wal.mark_lost(reason)
+
     def weight_store(self, name: str) -> WeightStore | None:
         runtime = self.models.get(name)
         return runtime.store if runtime is not None else None
@@ -204,6 +215,7 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
         if self.wal is not None:
             self.wal.close()
             self.wal = None
+        self.storage_watch.stop()
         if self.managed_broker is not None:
             self.managed_broker.stop()
             self.managed_broker = None

@@ -5,6 +5,12 @@ the process exits in any way, SIGKILL included, so a stale lock file never block
 The file also says who holds it (pid, host, HTTP port, start time), so that a second learner on
 the same directory can name the first one in its error message and exit before it touches the
 log, the checkpoints or the broker.
+
+A lock on a file that was deleted (``rm -rf`` of the storage dir while the learner runs) or
+replaced proves nothing: another learner would create a new file and lock it. ``lost`` says
+when the file at the path is no longer the one locked, and ``retake`` locks the path again
+(recreating the directory): ``storage_watch`` does both, so a second learner on the path is
+still refused while the first runs.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class StorageLock:
         self.directory = directory
         self.path = directory / LOCK_NAME
         self._fd: int | None = None
+        self._owner: tuple[int | None, int | None] = (None, None)  # acquire's arguments
 
     @property
     def held(self) -> bool:
@@ -43,6 +50,7 @@ class StorageLock:
         learner; stopping the training process would only get it restarted)."""
         if self._fd is not None:
             return self
+        self._owner = (http_port, owner_pid)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -73,6 +81,31 @@ class StorageLock:
         os.pwrite(fd, json.dumps(owner).encode() + b"\n", 0)
         self._fd = fd
         return self
+
+    def lost(self) -> str | None:
+        """Why the lock no longer proves anything (its file deleted, or the path now names
+        another file), or None while the file at the path is the one locked (or none is held)."""
+        fd = self._fd
+        if fd is None:
+            return None
+        try:
+            held = os.fstat(fd)
+            if held.st_nlink == 0:
+                return f"the lock file {self.path} was deleted"
+            now = os.stat(self.path)
+        except FileNotFoundError:
+            return f"the lock file {self.path} is gone"
+        except OSError:  # cannot tell (EIO, ...): storage faults are reported where they occur
+            return None
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            return f"the lock file {self.path} was replaced by another one"
+        return None
+
+    def retake(self) -> StorageLock:
+        """Drop the lock on a file that is gone and lock the path again (the directory is
+        recreated when missing); ``StorageLocked`` when another process got it first."""
+        self.release()
+        return self.acquire(*self._owner)
 
     def release(self) -> None:
         """Unlock (the file stays: removing it would race with a process locking it now)."""
