@@ -27,6 +27,7 @@ from livefit.server.heartbeat import touch
 from livefit.server.inference.busy_board import BusyBoard
 from livefit.server.inference.serving import ServedModel
 from livefit.server.metrics_merge import WorkerMetrics
+from livefit.server.processes.children import start_spawner
 from livefit.server.processes.learner_group import TrainingSlot
 from livefit.server.processes.runtime import LearnerHooks, LearnerRuntime, ModelRuntime
 from livefit.server.processes.workers import TRAINING
@@ -126,7 +127,11 @@ def start_lowered(runtime: TrainingRuntime, increment: int) -> None:
     calling thread keeps its priority, and with it the control plane it runs afterwards (the
     status it sends, the local feed, its metrics answers): a lowered process starved by other
     work on the machine would otherwise miss its status deadline and its metrics scrapes, and
-    readiness would flap. Raises what ``start`` raised."""
+    readiness would flap. The children ``start`` forks (a mosquitto for ``broker.url =
+    "auto"``) are forked by the spawner thread (``children.start_child``: this thread ends
+    once ``start`` returns, and a child's parent-death signal follows its forking thread),
+    started here first so that they keep this thread's priority. Raises what ``start``
+    raised."""
     failure: list[BaseException] = []
 
     def start() -> None:
@@ -136,6 +141,7 @@ def start_lowered(runtime: TrainingRuntime, increment: int) -> None:
         except BaseException as exc:  # handed to the caller
             failure.append(exc)
 
+    start_spawner()
     starter = threading.Thread(target=start, name="livefit-training-start")
     starter.start()
     starter.join()
