@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -39,7 +38,7 @@ from pathlib import Path
 from livefit.server.heartbeat import Silence, beat_file
 from livefit.server.logs import WORKER_ENV
 from livefit.server.processes.children import start_child, stop_children
-from livefit.server.processes.group_directory import group_directory
+from livefit.server.processes.group_directory import group_directory, release_group_directory
 from livefit.server.processes.listening import StartupError, bind_socket
 
 log = logging.getLogger(__name__)
@@ -166,7 +165,7 @@ class WorkerGroup:
             return self._stop()
         finally:
             self._stop()
-            shutil.rmtree(self.directory, ignore_errors=True)
+            release_group_directory(self.directory)
 
     def close(self) -> None:
         """Release what the group holds beside its processes (nothing here)."""
