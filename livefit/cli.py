@@ -111,6 +111,24 @@ def _apply_workers(args: argparse.Namespace, settings: Any, minimum: int) -> boo
     return True
 
 
+def _keys_usable(settings: Any, signing: bool, verifying: bool, missing_ok: bool = False) -> bool:
+    """The weight keys this command reads, read and parsed before anything starts; False (one
+    line on stderr naming the file and what is wrong) when one is unusable."""
+    from livefit.server.config import ConfigError
+    from livefit.server.weights.receiver_auth import check_verify_keys
+    from livefit.server.weights.weight_keys import check_signing_keys
+
+    try:
+        if signing:
+            check_signing_keys(settings)
+        if verifying:
+            check_verify_keys(settings, missing_ok)
+    except ConfigError as exc:
+        print(f"livefit: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings is None:
@@ -123,6 +141,9 @@ def _serve(args: argparse.Namespace) -> int:
     training = TrainingSlot.from_env()
     slot = WorkerSlot.from_env()
     workers = settings.http.learner_workers()
+    # A split learner's serving processes verify what its training process signs.
+    if not _keys_usable(settings, signing=True, verifying=workers >= 1, missing_ok=True):
+        return 2
     if training is None and slot is None and workers >= 1:  # the split learner's parent
         argv = [sys.executable, "-m", "livefit", *args.command_line]
         http = settings.http
@@ -152,6 +173,8 @@ def _replica(args: argparse.Namespace) -> int:
     from livefit.server.processes.workers import WorkerSlot, run_workers
 
     if not _apply_workers(args, settings, minimum=1):
+        return 2
+    if not _keys_usable(settings, signing=False, verifying=True):
         return 2
     slot = WorkerSlot.from_env()
     workers = settings.http.replica_workers()

@@ -1,4 +1,4 @@
-"""The demo's stop request: SIGINT and SIGTERM set an event instead of raising
+"""The demo's stop request: SIGINT, SIGTERM and SIGHUP set an event instead of raising
 KeyboardInterrupt, so every part of the demo winds down and prints its summary; a second
 signal kills the children (the ones registered in ``children``) at once.
 """
@@ -11,6 +11,7 @@ from types import FrameType
 from typing import Any
 
 from livefit.server.processes.local_processes import LocalProcess
+from livefit.server.processes.stop_signals import on_stop_signals
 
 
 class _Stop:
@@ -24,8 +25,7 @@ class _Stop:
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
+        self._previous.update(on_stop_signals(self._handle))
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -58,8 +58,9 @@ def amqtt_broker() -> Iterator[str]:
         process.stdout.close()
 
 
-# Threads that libraries start once per process and keep by design.
-_BENIGN_THREAD_PREFIXES = ("asyncio_", "ThreadPoolExecutor", "pytest_timeout")
+# Threads that libraries (and ``children.start_child``'s spawner) start once per process and
+# keep by design.
+_BENIGN_THREAD_PREFIXES = ("asyncio_", "ThreadPoolExecutor", "pytest_timeout", "livefit-spawner")
 
 
 @pytest.fixture(autouse=True)

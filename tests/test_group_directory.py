@@ -3,7 +3,9 @@ Unix sockets under any ``TMPDIR``, and a new group removes the directories that 
 parents left behind, and only those.
 
 The owners here are real processes: a child that has exited (its pid is free), this test's
-own process (running), and this process's pid recorded with another start time (a reused pid).
+own process (running), this process's pid recorded with another start time (a reused pid), a
+live process that holds the owner file's lock and records a dead pid, and a real group
+directory made in another PID namespace (pid 1 there), whose pid means nothing here.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from livefit.server.processes.group_directory import (
     SHORT_TMP,
     group_directory,
     owner_record,
+    release_group_directory,
     sweep_abandoned,
 )
 from livefit.server.processes.listening import StartupError
@@ -83,6 +86,8 @@ def test_a_new_group_removes_only_directories_whose_parent_is_gone(short_tmp: Pa
     assert running.exists() and unowned.exists() and garbled.exists() and unrelated.exists()
     assert wide.exists() and linked.exists()
     assert pointer.is_symlink() and (target / "0.sock").exists()  # neither link nor target
+    release_group_directory(directory)
+    assert not directory.exists()
 
 
 def test_a_directory_in_use_survives_another_groups_sweep(short_tmp: Path) -> None:
@@ -90,6 +95,8 @@ def test_a_directory_in_use_survives_another_groups_sweep(short_tmp: Path) -> No
     second = group_directory()
     assert first.exists() and second.exists() and first != second
     assert sweep_abandoned(short_tmp) == 0
+    for directory in (first, second):
+        release_group_directory(directory)
 
 
 def test_a_sweep_that_cannot_remove_a_directory_leaves_it_and_goes_on(
@@ -128,7 +135,7 @@ def test_a_deep_tmpdir_still_gives_the_group_a_directory_its_sockets_fit_in(
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                     sock.bind(str(directory / ".weights.sock.4194304"))
             finally:
-                shutil.rmtree(directory)
+                release_group_directory(directory)
     finally:
         shutil.rmtree(short)
 
@@ -143,3 +150,77 @@ def test_a_deep_tmpdir_without_a_usable_tmp_is_a_clear_startup_error(
     with pytest.raises(StartupError, match="set TMPDIR to a shorter path"):
         group_directory()
     assert list(deep.iterdir()) == []  # the directory too deep to use is not left behind
+
+
+# Holds a directory's owner file locked, as a live group's parent does, with a record whose pid
+# is dead here (a parent in another PID namespace); prints "locked", exits when stdin closes.
+HOLDER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, sys.argv[2].encode())
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_live_owner_holding_its_lock_is_left_whatever_pid_it_records(short_tmp: Path) -> None:
+    dead = f"{_dead_pid()} 12345\n"
+    held = _left(short_tmp, "held", None)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(held / OWNER_FILE), dead],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        unlocked = _left(short_tmp, "unlocked", dead)  # the same record, nobody holding it
+        assert sweep_abandoned(short_tmp) == 1
+        assert held.exists() and (held / "0.sock").exists() and not unlocked.exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+        holder.stdout.close()
+    assert sweep_abandoned(short_tmp) == 1  # its owner is gone now: no lock, a dead pid
+    assert not held.exists()
+
+
+# A real group directory made by livefit's own code in a PID namespace of its own: the owner is
+# pid 1 there, with /proc mounted for that namespace. Exits when stdin closes.
+IN_NAMESPACE = """
+import sys, tempfile
+tempfile.tempdir = sys.argv[1]
+from livefit.server.processes.group_directory import group_directory
+print(group_directory(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_live_group_in_another_pid_namespace_survives_a_sweep_here(short_tmp: Path) -> None:
+    """Learners in two containers sharing /tmp: one's sweep removed the other's live directory
+    (its pid, 1 there, is another process here, started at another time)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a PID namespace")
+    owner = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", IN_NAMESPACE,
+         str(short_tmp)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert owner.stdin is not None and owner.stdout is not None and owner.stderr is not None
+    try:
+        line = owner.stdout.readline().strip()
+        if not line:
+            pytest.skip(f"unshare --pid refused: {owner.stderr.read()[-500:]}")
+        theirs = Path(line)
+        assert (theirs / OWNER_FILE).read_text().split()[0] == "1"  # a pid that is not theirs here
+        mine = group_directory()  # sweeps beside itself
+        try:
+            assert theirs.exists(), "a live group's directory was removed by another's sweep"
+        finally:
+            release_group_directory(mine)
+    finally:
+        owner.stdin.close()
+        owner.wait(10)
+        owner.stdout.close()
+        owner.stderr.close()
+    assert sweep_abandoned(short_tmp) == 1 and not theirs.exists()  # gone with its owner

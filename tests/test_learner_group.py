@@ -254,6 +254,33 @@ def test_sigterm_trains_what_was_accepted_then_stops_serving(
         again.stop()
 
 
+def test_sighup_stops_every_process_of_the_group_as_sigterm_does(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """A hangup (a closed terminal, ``systemctl kill -s HUP`` reaching every process) killed
+    the whole group at once: no log line, no checkpoint, exit -1. It is a graceful stop, in
+    the parent, the training process and the serving process alike (README, Commands)."""
+    learner = LivefitProcess(with_workers(config(broker, tmp_path / "data"), 1), tmp_path).start()
+    pids = processes(learner)
+    assert len(pids) == 2  # the training process and one serving process
+    publish_samples(broker, 500)
+    wait_trained(learner, 500)
+    for pid in pids:
+        os.kill(pid, signal.SIGHUP)
+    assert learner.stop(signal.SIGHUP, timeout=90) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    log = learner.log.read_text()
+    for said in (
+        "livefit.server.processes.workers: SIGHUP: stopping the learner",
+        "[training] livefit.server.processes.training_process: SIGHUP: stopping the training",
+        "[worker 0] livefit.server.processes.serve: SIGHUP: stopping, as on SIGTERM",
+    ):
+        assert said in log, log[-3000:]
+    hangup = log.index("SIGHUP")
+    assert log.rindex("[training] livefit.server.training.trainer: checkpoint demo") > hangup
+    assert "starting it again" not in log  # a hangup of a process of the group is no crash
+
+
 def test_sigterm_under_backpressure_trains_every_acknowledged_sample(
     broker: Mosquitto, tmp_path: Path
 ) -> None:

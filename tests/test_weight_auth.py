@@ -331,6 +331,46 @@ def test_processes_starting_together_on_one_storage_share_one_key(tmp_path: Path
     ], "no temporary file is left behind"
 
 
+# A garbage key file is one line naming it and exit 2, before anything starts, in each place a
+# key is read: the learner's configured key, the key it made in its storage dir, a replica's
+# public key file, and a PEM that is not a key (cryptography's own error, one line).
+GARBAGE_KEYS = {
+    "signing_key_file": ("serve", "signing_key_file = '{key}'", "{tmp}/k.key"),
+    "made_key": ("serve", "", "{tmp}/data/keys/weights-signing.key"),
+    "verify_key_file": ("replica", "verify_key_file = '{key}'", "{tmp}/k.pub"),
+    "pem_that_is_no_key": ("serve", "signing_key_file = '{key}'", "{tmp}/k.pem"),
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "workers"),
+    [(case, 1) for case in GARBAGE_KEYS] + [("signing_key_file", 0), ("made_key", 0)],
+)
+def test_a_garbage_key_file_is_one_line_and_exit_2(tmp_path: Path, case: str, workers: int) -> None:
+    command, line, path = GARBAGE_KEYS[case]
+    key = Path(path.format(tmp=tmp_path))
+    key.parent.mkdir(parents=True, exist_ok=True)
+    pem = case == "pem_that_is_no_key"
+    key.write_bytes(b"-----BEGIN PRIVATE KEY-----\nnot base64!\n-----END PRIVATE KEY-----\n"
+                    if pem else b"garbage\n")  # fmt: skip
+    config = tmp_path / "livefit.toml"
+    config.write_text(
+        f'[http]\nworkers = {workers}\n[broker]\nurl = "mqtt://127.0.0.1:9"\n'
+        f'[storage]\ndir = "{tmp_path / "data"}"\n'
+        "[models.demo]\ninput_shape = [8]\noutput_shape = [1]\n"
+        f"[models.demo.weights]\n{line.format(key=key)}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "livefit", command, "--config", str(config), "--port", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert done.stderr.count("\n") == 1 and str(key) in done.stderr, output[-3000:]
+    assert done.stderr.startswith("livefit: models.demo.weights"), done.stderr
+
+
 def test_one_snapshot_always_encodes_to_the_same_bytes(weights: Weights) -> None:
     """A split learner encodes each snapshot twice (the weight topic, its serving processes):
     the payload a manifest signs must be the one its serving processes answer a pull with.

@@ -1,4 +1,4 @@
-"""Run a learner or replica runtime behind uvicorn until SIGINT or SIGTERM.
+"""Run a learner or replica runtime behind uvicorn until SIGINT, SIGTERM or SIGHUP.
 
 What can fail cheaply fails first, before any model is built or any broker connection made
 (a second learner must not kick the first off the broker, restore its checkpoints or publish
@@ -12,8 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
+from types import FrameType
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -23,24 +26,40 @@ from livefit.server.api.app import Runtime, create_app
 from livefit.server.config import Settings
 from livefit.server.metrics_merge import WorkerMetrics
 from livefit.server.processes.listening import StartupError, bind_socket
+from livefit.server.processes.stop_signals import stop_signals
 from livefit.server.processes.workers import WorkerSlot
 
 log = logging.getLogger(__name__)
 
 
 class _Server(uvicorn.Server):
-    """uvicorn re-raises SIGTERM after a graceful shutdown (exit status -15); we exit 0."""
+    """uvicorn re-raises SIGTERM after a graceful shutdown (exit status -15); we exit 0. SIGHUP
+    stops it as SIGTERM does (uvicorn leaves it to its default action, which kills), unless
+    this process ignores it (``stop_signals.py``)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
-            yield
-            self._captured_signals.clear()
+        hangup = (
+            signal.SIGHUP in stop_signals()
+            and threading.current_thread() is threading.main_thread()
+        )  # fmt: skip
+        previous = signal.signal(signal.SIGHUP, self._hang_up) if hangup else None
+        try:
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
+        finally:
+            if hangup:
+                signal.signal(signal.SIGHUP, previous)
+
+    def _hang_up(self, _signum: int, frame: FrameType | None) -> None:
+        log.info("SIGHUP: stopping, as on SIGTERM")
+        self.handle_exit(signal.SIGTERM, frame)
 
 
 def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None = None) -> int:
-    """Serve ``runtime`` until SIGINT or SIGTERM; then stop everything in order; 0 if clean,
-    1 if the app failed to start, 2 if a check before start failed (message on stderr).
+    """Serve ``runtime`` until SIGINT, SIGTERM or SIGHUP; then stop everything in order; 0 if
+    clean, 1 if the app failed to start, 2 if a check before start failed (message on stderr).
     As one of a worker group's processes (``worker``), on the socket the group bound."""
     from livefit.server.storage.storage_lock import StorageLocked
 

@@ -5,7 +5,7 @@ checkpoints, the weight topic), minus the serving half: its models are served by
 serving processes (``learner_serving.py``), which it feeds every snapshot over the local weight
 feed, and whose busy board its trainers read to give way to queued predictions. Every
 ``STATUS_INTERVAL_S`` it sends its readiness problems on the feed, and it answers its metrics on
-the group's metrics socket (``worker="training"``). SIGTERM or SIGINT stops it in the
+the group's metrics socket (``worker="training"``). SIGTERM, SIGINT or SIGHUP stops it in the
 learner's order (stop ingesting, train what was accepted, checkpoint, publish); exit 0 then,
 2 when a check before start failed (the storage is locked by another learner), 1 when a part
 could not start.
@@ -27,8 +27,10 @@ from livefit.server.heartbeat import touch
 from livefit.server.inference.busy_board import BusyBoard
 from livefit.server.inference.serving import ServedModel
 from livefit.server.metrics_merge import WorkerMetrics
+from livefit.server.processes.children import start_spawner
 from livefit.server.processes.learner_group import TrainingSlot
 from livefit.server.processes.runtime import LearnerHooks, LearnerRuntime, ModelRuntime
+from livefit.server.processes.stop_signals import on_stop_signals
 from livefit.server.processes.workers import TRAINING
 from livefit.server.snapshot import SnapshotSlot
 from livefit.server.storage.storage_lock import StorageLocked
@@ -126,7 +128,11 @@ def start_lowered(runtime: TrainingRuntime, increment: int) -> None:
     calling thread keeps its priority, and with it the control plane it runs afterwards (the
     status it sends, the local feed, its metrics answers): a lowered process starved by other
     work on the machine would otherwise miss its status deadline and its metrics scrapes, and
-    readiness would flap. Raises what ``start`` raised."""
+    readiness would flap. The children ``start`` forks (a mosquitto for ``broker.url =
+    "auto"``) are forked by the spawner thread (``children.start_child``: this thread ends
+    once ``start`` returns, and a child's parent-death signal follows its forking thread),
+    started here first so that they keep this thread's priority. Raises what ``start``
+    raised."""
     failure: list[BaseException] = []
 
     def start() -> None:
@@ -136,6 +142,7 @@ def start_lowered(runtime: TrainingRuntime, increment: int) -> None:
         except BaseException as exc:  # handed to the caller
             failure.append(exc)
 
+    start_spawner()
     starter = threading.Thread(target=start, name="livefit-training-start")
     starter.start()
     starter.join()
@@ -146,7 +153,7 @@ def start_lowered(runtime: TrainingRuntime, increment: int) -> None:
 
 
 def run_training(settings: Settings, slot: TrainingSlot) -> int:
-    """Run the training process until SIGTERM or SIGINT; its exit status."""
+    """Run the training process until SIGTERM, SIGINT or SIGHUP; its exit status."""
     runtime = TrainingRuntime(settings, slot)
     stopping = threading.Event()
 
@@ -154,8 +161,7 @@ def run_training(settings: Settings, slot: TrainingSlot) -> int:
         log.info("%s: stopping the training process", signal.Signals(signum).name)
         stopping.set()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    on_stop_signals(stop)  # SIGTERM, SIGINT, SIGHUP (stop_signals.py)
     try:
         runtime.preflight()
     except StorageLocked as exc:

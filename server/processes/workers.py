@@ -8,8 +8,8 @@ id, its own batcher), on its own GIL. ``/metrics`` on any worker answers for all
 (``server/metrics_merge.py``).
 
 Lifecycle promises:
-- SIGTERM or SIGINT to the parent stops every worker gracefully (each drains its requests)
-  and the parent exits 0 when they all did;
+- SIGTERM, SIGINT or SIGHUP (``stop_signals.py``) to the parent stops every worker
+  gracefully (each drains its requests) and the parent exits 0 when they all did;
 - a worker that dies after it started serving is started again (also when its replacement
   dies while starting); one whose slot never served (a bad key, an unreachable broker
   refusing it) stops the group, and the parent exits with that worker's status and its
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -39,8 +38,9 @@ from pathlib import Path
 from livefit.server.heartbeat import Silence, beat_file
 from livefit.server.logs import WORKER_ENV
 from livefit.server.processes.children import start_child, stop_children
-from livefit.server.processes.group_directory import group_directory
+from livefit.server.processes.group_directory import group_directory, release_group_directory
 from livefit.server.processes.listening import StartupError, bind_socket
+from livefit.server.processes.stop_signals import on_stop_signals
 
 log = logging.getLogger(__name__)
 _INDEX, _COUNT, _FD, _DIR, _KIND = (
@@ -166,7 +166,7 @@ class WorkerGroup:
             return self._stop()
         finally:
             self._stop()
-            shutil.rmtree(self.directory, ignore_errors=True)
+            release_group_directory(self.directory)
 
     def close(self) -> None:
         """Release what the group holds beside its processes (nothing here)."""
@@ -266,8 +266,7 @@ def run_group(
         log.info("%s: stopping %s", signal.Signals(signum).name, describe)
         group.stopping.set()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    on_stop_signals(stop)  # SIGTERM, SIGINT, SIGHUP (stop_signals.py)
     try:
         return group.run()
     finally:

@@ -106,6 +106,19 @@ def receiver_authenticator(settings: Settings, model: str, wait_s: float = 0.0) 
     return Authenticator(verify_key, hmac_key, allow_unsigned=weights.allow_unsigned)
 
 
+def check_verify_keys(settings: Settings, missing_ok: bool = False) -> None:
+    """Parse every model's configured public key (``weights.verify_key``, its
+    ``weights.verify_key_file``, or the one a learner sharing the storage dir wrote, when that
+    file exists), waiting for none: ConfigError naming the setting or file and what is wrong.
+    ``livefit replica`` checks before it starts anything; so does a split ``livefit serve``,
+    with ``missing_ok`` (its training process may write that file on first start)."""
+    for name, model in settings.models.items():
+        weights = model.weights
+        if missing_ok and weights.verify_key_file and not Path(weights.verify_key_file).exists():
+            continue
+        _configured_verify_key(weights, settings.storage.dir, f"models.{name}.weights")
+
+
 def _configured_verify_key(
     weights: WeightsSettings, storage_dir: str | Path, prefix: str
 ) -> VerifyKey | None:

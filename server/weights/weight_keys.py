@@ -26,12 +26,13 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from livefit.server.config import ConfigError, WeightsSettings
+from livefit.server.config import ConfigError, Settings, WeightsSettings
 from livefit.server.weights.weight_format import (
     EnvelopeHeader,
     encode_header,
@@ -116,7 +117,7 @@ def parse_verify_key(text: str | bytes) -> VerifyKey:
     data = text.encode() if isinstance(text, str) else bytes(text)
     stripped = data.strip()
     if stripped.startswith(b"-----BEGIN"):
-        loaded = serialization.load_pem_public_key(stripped)
+        loaded = _load_pem(serialization.load_pem_public_key, stripped, "public")
         if not isinstance(loaded, Ed25519PublicKey):
             raise ValueError("the PEM key is not an Ed25519 public key")
         return VerifyKey(loaded)
@@ -128,11 +129,21 @@ def parse_signing_key(data: bytes, path: Path | None = None) -> SigningKey:
     """A private key from PEM (PKCS#8, unencrypted), base64 or hex of the raw 32-byte seed."""
     stripped = data.strip()
     if stripped.startswith(b"-----BEGIN"):
-        loaded = serialization.load_pem_private_key(stripped, password=None)
+        loaded = _load_pem(serialization.load_pem_private_key, stripped, "private", password=None)
         if not isinstance(loaded, Ed25519PrivateKey):
             raise ValueError("the PEM key is not an Ed25519 private key")
         return SigningKey(loaded, path)
     return SigningKey(Ed25519PrivateKey.from_private_bytes(_raw_32(data, stripped)), path)
+
+
+def _load_pem(load: Any, pem: bytes, kind: str, **options: Any) -> Any:
+    """``load(pem, **options)`` (cryptography's PEM loaders); whatever it refuses with (an
+    encrypted key: TypeError; an unknown algorithm) as one ValueError line."""
+    try:
+        return load(pem, **options)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"not a usable unencrypted PEM {kind} key ({first})") from None
 
 
 def _raw_32(data: bytes, stripped: bytes) -> bytes:
@@ -206,6 +217,32 @@ def _write_public(path: Path, public: VerifyKey) -> None:
     tmp.replace(path)
 
 
+def check_signing_keys(settings: Settings) -> None:
+    """Read and parse every model's signing key that exists, making none: its
+    ``weights.signing_key_file``, else the key the learner made in its storage dir (none yet is
+    fine: it is made on first start). ConfigError naming the file and what is wrong.
+    ``livefit serve`` checks before it starts anything, so that a garbage key file is one
+    line and exit 2, not a traceback from a started process."""
+    for name, model in settings.models.items():
+        configured = model.weights.signing_key_file
+        path = Path(configured) if configured else default_key_path(settings.storage.dir)
+        setting = f"models.{name}.weights.signing_key_file" if configured else (
+            f"models.{name}.weights (the signing key the learner made)"
+        )  # fmt: skip
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            if not configured:
+                continue
+            raise ConfigError(f"{setting}: cannot read {path}: no such file") from None
+        except OSError as exc:
+            raise ConfigError(f"{setting}: cannot read {path}: {exc.strerror}") from None
+        try:
+            parse_signing_key(data, path)
+        except ValueError as exc:
+            raise ConfigError(f"{setting}: {path}: {exc}") from None
+
+
 def learner_signing_key(
     weights: WeightsSettings, storage_dir: str | Path, model: str
 ) -> SigningKey:
@@ -234,7 +271,12 @@ def _load_learner_key(weights: WeightsSettings, storage_dir: str | Path, model: 
                  model, key.key_id, path, key.public.base64())  # fmt: skip
         return key
     path, public_path = default_key_path(storage_dir), default_public_path(storage_dir)
-    key, created = ensure_signing_key(path, public_path)
+    try:
+        key, created = ensure_signing_key(path, public_path)
+    except OSError as exc:
+        raise ConfigError(f"models.{model}.weights: cannot use {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ConfigError(f"models.{model}.weights: {path}: {exc}") from None
     log.info(
         "weights of %s signed with Ed25519 key %s %s %s; public key %s (also in %s): give it to "
         "replicas and WeightSubscriber as weights.verify_key", model, key.key_id,
