@@ -5,7 +5,11 @@ checks the reason code and (re)subscribes. Messages are acknowledged by the inge
 they are accepted into a model's queue (or rejected and reported), so a full queue stops the
 acks, and the broker (which honours our MQTT 5 Receive Maximum) stops sending: backpressure.
 The paho client is built by ``paho_client``; connection failures are counted and explained by
-``connection_status``; one-off probes of a broker are ``probe``'s.
+``connection_status``; one-off probes of a broker are ``probe``'s. Every publish goes through
+``publish_guard``: none larger than the broker's Maximum Packet Size is sent (an oversize PUBLISH
+would make the broker cut this connection, ingestion with it), and refusals are counted.
+A subscription may have its own handler (``add_subscription(..., handler=)``): its messages are
+handed to it on paho's thread instead of the inbox (the learner watches its own weight topic).
 """
 
 from __future__ import annotations
@@ -14,17 +18,20 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from livefit.server.config import BrokerSettings
 from livefit.server.messaging.broker import BrokerAddress
 from livefit.server.messaging.connection_status import ConnectionStatus
 from livefit.server.messaging.paho_client import paho_client
+from livefit.server.messaging.publish_guard import PublishGuard, publish_packet_bytes
 from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -42,6 +49,7 @@ class RawMessage:
     payload: bytes
     content_type: str | None
     received_at: float
+    retained: bool = False  # a retained message the broker sent for a (re)subscription
 
 
 class MqttConnection:
@@ -62,17 +70,32 @@ class MqttConnection:
         self.protocol = protocol or settings.protocol
         self.inbox: queue.Queue[RawMessage] = queue.Queue(maxsize=settings.receive_maximum * 2)
         self._stopping = threading.Event()
-        self._subscriptions: list[tuple[str, int]] = []
+        self._subscriptions: list[tuple[str, int, bool]] = []
+        self._handlers: dict[str, Callable[[RawMessage], None]] = {}
         self.client_id = client_id or settings.client_id
         self.status = ConnectionStatus(address, self.client_id, settings)
+        self.guard = PublishGuard(
+            metrics, f"MQTT client {self.client_id!r}", settings.max_packet_size_bytes
+        )
         self.connected = self.status.connected
         self._connected_at = 0.0
         self._quick_drops = 0  # disconnects within QUICK_DROP_S of connecting, in a row
         self._client = self._make_client(self.client_id)
 
-    def add_subscription(self, topic: str, qos: int = 1) -> None:
-        """Subscribe to ``topic`` on every (re)connect. Call before ``start``."""
-        self._subscriptions.append((topic, qos))
+    def add_subscription(
+        self,
+        topic: str,
+        qos: int = 1,
+        handler: Callable[[RawMessage], None] | None = None,
+        no_local: bool = False,
+    ) -> None:
+        """Subscribe to ``topic`` on every (re)connect. Call before ``start``. With ``handler``
+        (``topic`` a plain topic, QoS 0): its messages go to it, on paho's thread (it must not
+        block), not to the inbox. ``no_local`` (MQTT 5): the broker does not send this client's
+        own publishes back (retained messages it still sends at every subscribe)."""
+        if handler is not None:
+            self._handlers[topic] = handler
+        self._subscriptions.append((topic, qos, no_local))
 
     def start(self) -> None:
         """Connect in the background; paho reconnects with backoff on its own after that."""
@@ -125,16 +148,37 @@ class MqttConnection:
         retain: bool = False,
         content_type: str | None = None,
         user_properties: list[tuple[str, str]] | None = None,
-    ) -> paho.MQTTMessageInfo:
-        """Publish; with QoS 1 paho keeps it and resends it after a reconnect."""
-        properties = None
-        if self.protocol == "5" and (content_type or user_properties):
-            properties = Properties(PacketTypes.PUBLISH)
-            if content_type:
-                properties.ContentType = content_type
-            if user_properties:
-                properties.UserProperty = user_properties
-        return self._client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+    ) -> paho.MQTTMessageInfo | None:
+        """Publish; with QoS 1 paho keeps it and resends it after a reconnect. None: not sent,
+        its PUBLISH is over the broker's maximum packet size (counted and logged)."""
+        properties = self._properties(content_type, user_properties)
+        mqtt5 = self.protocol == "5"
+        if not self.guard.fits(topic, payload, qos, properties, mqtt5):
+            self.guard.oversize(topic, publish_packet_bytes(topic, payload, qos, properties, mqtt5))
+            return None
+        info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        self.guard.sent(info, topic)
+        return info
+
+    def fits(
+        self, topic: str, payload: bytes, qos: int = 1, content_type: str | None = None
+    ) -> bool:
+        """Whether this message's PUBLISH is within the broker's maximum packet size (known once
+        connected: MQTT 5 CONNACK, or ``broker.max_packet_size_bytes``)."""
+        properties = self._properties(content_type, None)
+        return self.guard.fits(topic, payload, qos, properties, self.protocol == "5")
+
+    def _properties(
+        self, content_type: str | None, user_properties: list[tuple[str, str]] | None
+    ) -> Properties | None:
+        if self.protocol != "5" or not (content_type or user_properties):
+            return None
+        properties = Properties(PacketTypes.PUBLISH)
+        if content_type:
+            properties.ContentType = content_type
+        if user_properties:
+            properties.UserProperty = user_properties
+        return properties
 
     def _make_client(self, client_id: str) -> paho.Client:
         client = paho_client(
@@ -147,6 +191,7 @@ class MqttConnection:
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_publish = self.guard.on_publish
         return client
 
     def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
@@ -160,8 +205,13 @@ class MqttConnection:
             self.status.failed(reason)
             return
         self._connected_at = time.monotonic()
-        for topic, qos in self._subscriptions:
-            client.subscribe(topic, qos=qos)
+        self.guard.connected(props)
+        for topic, qos, no_local in self._subscriptions:
+            if self.protocol == "5":
+                options = SubscribeOptions(qos=qos, noLocal=no_local)
+                client.subscribe(topic, options=options)
+            else:
+                client.subscribe(topic, qos=qos)
         resumed = bool(getattr(flags, "session_present", False))
         failed = self.status.succeeded()
         log.info(
@@ -215,7 +265,14 @@ class MqttConnection:
                 payload=bytes(message.payload),
                 content_type=content_type,
                 received_at=time.time(),
+                retained=bool(message.retain),
             )
+            handler = self._handlers.get(message.topic)
+            if handler is not None:
+                handler(raw)
+                if message.qos > 0:
+                    client.ack(message.mid, message.qos)
+                return
             # Never blocks while the broker honours Receive Maximum; when stopping, the message is
             # left unacknowledged and the broker redelivers it to the next session.
             while not self._stopping.is_set():
