@@ -37,6 +37,10 @@ from livefit.server.metrics import Metrics
 log = logging.getLogger(__name__)
 SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: a client with the same id connected
 QUICK_DROP_S = 5.0  # a connection lost sooner than this after CONNACK counts as a quick drop
+# After another client took the session over (same client id), readiness stays 503 this long
+# (from the last take-over) and reconnecting waits as long: two processes with one client id
+# take the session from each other, and neither ingests reliably while they do.
+TAKEN_OVER_HOLD_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,8 @@ class MqttConnection:
         self.connected = self.status.connected
         self._connected_at = 0.0
         self._quick_drops = 0  # disconnects within QUICK_DROP_S of connecting, in a row
+        self._taken_over_at = -float("inf")  # monotonic time of the last take-over
+        self._takeovers = 0  # take-overs since the last TAKEN_OVER_HOLD_S without one
         self._client = self._make_client(self.client_id)
 
     def add_subscription(
@@ -115,6 +121,18 @@ class MqttConnection:
     def not_connected_reason(self) -> str:
         """Why there is no connection, for readiness: unreachable or refused, with counts."""
         return self.status.reason()
+
+    def taken_over_reason(self) -> str | None:
+        """Why readiness is 503 although connected, or soon will be: another client took this
+        session over (same client id) within the last ``TAKEN_OVER_HOLD_S``; None otherwise."""
+        if time.monotonic() - self._taken_over_at >= TAKEN_OVER_HOLD_S:
+            return None
+        times = "once" if self._takeovers == 1 else f"{self._takeovers} times"
+        return (
+            f"MQTT session taken over by another client with client id {self.client_id!r} "
+            f"({times}, the last {time.monotonic() - self._taken_over_at:.0f} s ago): two "
+            "processes must not share a client id (broker.client_id)"
+        )
 
     def stop(self) -> None:
         """Disconnect cleanly (the session, and what we did not ack, stays on the broker)."""
@@ -206,6 +224,10 @@ class MqttConnection:
             return
         self._connected_at = time.monotonic()
         self.guard.connected(props)
+        s = self.settings
+        client.reconnect_delay_set(  # back to the settings' delays after a take-over's wait
+            min_delay=max(1, round(s.reconnect_min_s)), max_delay=max(1, round(s.reconnect_max_s))
+        )
         for topic, qos, no_local in self._subscriptions:
             if self.protocol == "5":
                 options = SubscribeOptions(qos=qos, noLocal=no_local)
@@ -235,23 +257,37 @@ class MqttConnection:
         if code == 0 or self._stopping.is_set():  # 0: the disconnect we asked for
             return
         self.metrics.broker_disconnects.inc()
-        if code == SESSION_TAKEN_OVER:
-            log.error(
-                "MQTT session taken over: another client connected to %s with client id %r. "
-                "Two processes must not share a client id (set broker.client_id); reconnecting",
-                self.address, self.client_id,
-            )  # fmt: skip
-            return
-        quick = was_connected and time.monotonic() - self._connected_at < QUICK_DROP_S
+        quick = time.monotonic() - self._connected_at < QUICK_DROP_S
         self._quick_drops = self._quick_drops + 1 if quick else 0
-        if self._quick_drops >= 3:
-            log.error(
-                "MQTT connection to %s dropped %d times within %.0f s of connecting (%s): "
-                "another client probably uses client id %r; set broker.client_id",
-                self.address, self._quick_drops, QUICK_DROP_S, reason, self.client_id,
-            )  # fmt: skip
+        if code == SESSION_TAKEN_OVER:  # MQTT 5 brokers that say so
+            self._taken_over(client, "another client connected with client id")
+            return
+        if self._quick_drops >= 3:  # mosquitto 2.0 just closes the socket of the one taken over
+            self._taken_over(
+                client,
+                f"the connection dropped {self._quick_drops} times in a row within "
+                f"{QUICK_DROP_S:.0f} s of connecting ({reason}): another client probably uses "
+                "client id",
+            )
             return
         log.warning("MQTT disconnected from %s: %s; reconnecting", self.address, reason)
+
+    def _taken_over(self, client: paho.Client, what: str) -> None:
+        """Another client took this session over (or probably did): readiness is 503 for
+        ``TAKEN_OVER_HOLD_S`` and reconnecting waits as long. Reconnecting at once would take
+        the session back, and the other client would do the same, each ingesting a second at a
+        time; this way the session stays with one of them, and the other one says why not."""
+        now = time.monotonic()
+        recent = now - self._taken_over_at < TAKEN_OVER_HOLD_S
+        self._takeovers = self._takeovers + 1 if recent else 1
+        self._taken_over_at = now
+        wait = round(TAKEN_OVER_HOLD_S)
+        client.reconnect_delay_set(min_delay=wait, max_delay=wait)
+        log.error(
+            "MQTT session at %s taken over: %s %r (%d in a row). Two processes must not share "
+            "a client id (set broker.client_id); readiness is 503 and reconnecting waits %d s",
+            self.address, what, self.client_id, self._takeovers, wait,
+        )  # fmt: skip
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         try:
