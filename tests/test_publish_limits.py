@@ -13,6 +13,9 @@ else's message on a learner's own weight topic. Real mosquitto, real ``livefit``
 - A message signed by another key, retained on a learner's weight topic: the learner logs an
   error naming the key id and lineage, counts it, and puts its own snapshot back, so a replica
   started after that serves the learner's version.
+- A second learner with the first one's client id (other storage): the first one's session is
+  taken over; its readiness stays 503 naming the take-over (it does not flap back to 200 by
+  taking the session back a second later), and the second one keeps its connection.
 """
 
 from __future__ import annotations
@@ -232,3 +235,43 @@ def test_foreign_retained_weights_are_reported_and_replaced(
     finally:
         replica.stop()
         assert learner.stop() == 0
+
+
+def test_a_session_taken_over_holds_readiness_at_503(broker: Mosquitto, tmp_path: Path) -> None:
+    """Two learners with one client id take the session from each other: within seconds one of
+    them answers 503 naming the take-over and the client id, for 4 s on end (before: both
+    flapped 503/200 every second), and the other keeps the session, ready."""
+    client_id = f"twin-{broker.port}"
+    learners = [
+        LivefitProcess(learner_config(broker, tmp_path / name, client_id), tmp_path)
+        for name in ("a", "b")
+    ]
+    try:
+        learners[0].start()
+        learners[1].start()
+
+        def taken() -> LivefitProcess | None:
+            for learner in learners:
+                if "taken over" in httpx.get(f"{learner.url}/v2/health/ready", timeout=5).text:
+                    return learner
+            return None
+
+        deadline = time.monotonic() + 20
+        while (waiting := taken()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert waiting is not None, "neither learner says its session was taken over"
+        holding = learners[1] if waiting is learners[0] else learners[0]
+        connects = metric(holding, "livefit_broker_connects_total")
+        disconnects = metric(holding, "livefit_broker_disconnects_total")
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            answer = httpx.get(f"{waiting.url}/v2/health/ready", timeout=5)
+            assert answer.status_code == 503, answer.text
+            assert f"client id '{client_id}-demo'" in answer.text
+            time.sleep(0.1)
+        assert metric(holding, "livefit_broker_connects_total") == connects
+        assert metric(holding, "livefit_broker_disconnects_total") == disconnects
+        assert httpx.get(f"{holding.url}/v2/health/ready", timeout=5).status_code == 200
+    finally:
+        for learner in learners:
+            learner.stop()

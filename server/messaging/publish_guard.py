@@ -107,7 +107,8 @@ class PublishGuard:
         ticket = PublishTicket(info, topic, on_refused)
         with self._lock:
             refused = self._early.pop(info.mid, None)
-            if refused is None and info.rc == paho.MQTT_ERR_SUCCESS and not info.is_published():
+            queued = info.rc in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN)  # NO_CONN: later
+            if refused is None and queued and not info.is_published():
                 self._pending[info.mid] = ticket
         if refused is not None:
             self._refuse(ticket, refused)
