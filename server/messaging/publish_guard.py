@@ -45,6 +45,17 @@ def publish_packet_bytes(
     return 1 + length_bytes + remaining
 
 
+def _answered(info: paho.MQTTMessageInfo) -> bool:
+    """Whether the broker already answered the message paho took (QoS 0: at once); False for
+    one paho holds until the connection is back (``MQTT_ERR_NO_CONN``: it is sent then)."""
+    if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
+        return True  # not queued at all (its queue was full): no answer will come
+    try:
+        return info.is_published()
+    except (ValueError, RuntimeError):  # paho raises for any rc but success
+        return False
+
+
 class PublishTicket:
     """One sent message: ``refused`` is the broker's reason once it refused it (set before
     paho's ``wait_for_publish`` returns), None while accepted or not yet answered."""
@@ -107,8 +118,7 @@ class PublishGuard:
         ticket = PublishTicket(info, topic, on_refused)
         with self._lock:
             refused = self._early.pop(info.mid, None)
-            queued = info.rc in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN)  # NO_CONN: later
-            if refused is None and queued and not info.is_published():
+            if refused is None and not _answered(info):
                 self._pending[info.mid] = ticket
         if refused is not None:
             self._refuse(ticket, refused)
