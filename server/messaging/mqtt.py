@@ -284,9 +284,10 @@ class MqttConnection:
         wait = round(TAKEN_OVER_HOLD_S)
         client.reconnect_delay_set(min_delay=wait, max_delay=wait)
         log.error(
-            "MQTT session at %s taken over: %s %r (%d in a row). Two processes must not share "
-            "a client id (set broker.client_id); readiness is 503 and reconnecting waits %d s",
-            self.address, what, self.client_id, self._takeovers, wait,
+            "MQTT session at %s taken over: %s %r (take-over %d, each within %d s of the last). "
+            "Two processes must not share a client id (set broker.client_id); readiness is 503 "
+            "and reconnecting waits %d s",
+            self.address, what, self.client_id, self._takeovers, wait, wait,
         )  # fmt: skip
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
