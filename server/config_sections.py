@@ -44,6 +44,11 @@ class BrokerSettings(_Section):
     reconnect_min_s: float = Field(0.5, gt=0)
     reconnect_max_s: float = Field(5.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
+    # No PUBLISH larger than this is sent (it is counted as refused); the broker's own limit,
+    # sent in an MQTT 5 CONNACK, applies too. Set it for an MQTT 3.1.1 broker with a limit
+    # (mosquitto max_packet_size, AWS IoT Core 128 KB): a larger packet makes the broker drop
+    # the connection. A snapshot over it is announced by a manifest and pulled over HTTP.
+    max_packet_size_bytes: int | None = Field(None, ge=1024)
     tls: TlsSettings = TlsSettings()
 
     @field_validator("url")

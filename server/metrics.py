@@ -36,8 +36,8 @@ __all__ = ["DELAY_BUCKETS", "LATENCY_BUCKETS", "SIZE_BUCKETS", "STEP_BUCKETS", "
 # learner's serving processes carry no ingestion series and its training process no serving
 # ones (a zero there would read as "disconnected" or "serving version 0" to an alert).
 GROUPS = (
-    "broker", "ingestion", "ingest_sequence", "ingest_health", "errors", "training",
-    "training_state", "durability", "serving", "admission", "http", "weights_published",
+    "broker", "publish_refused", "ingestion", "ingest_sequence", "ingest_health", "errors",
+    "training", "training_state", "durability", "serving", "admission", "http", "weights_published",
     "weights_received", "freshness", "labels", "prediction_records", "gpu",
 )  # fmt: skip
 

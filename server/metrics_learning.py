@@ -34,6 +34,16 @@ class LearningMetrics:
             "livefit_broker_disconnects_total", "Unexpected MQTT disconnections", registry=None
         )
 
+    def _publish_refused(self) -> None:
+        """Publishes that never reached a subscriber (every MQTT client of a process)."""
+        self.broker_publish_refused = Counter(
+            "livefit_broker_publish_refused_total",
+            "Messages the broker refused (MQTT 5 PUBACK reason >= 0x80, e.g. an ACL) or that were "
+            "not sent because their PUBLISH is over the broker's maximum packet size",
+            ["topic", "reason"],
+            registry=None,
+        )
+
     def _ingestion(self) -> None:
         """The metrics of MQTT ingestion: messages, samples, rejections."""
         self.ingest_messages = Counter(

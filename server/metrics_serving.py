@@ -121,6 +121,13 @@ class ServingMetrics:
             "livefit_published_version", "Version of the last snapshot published on MQTT",
             ["model"], registry=None,
         )  # fmt: skip
+        self.weights_foreign = Counter(
+            "livefit_weights_foreign_total",
+            "Messages on the learner's own weight topic that are not its own (another key or "
+            "lineage, unsigned, or the retained message deleted); its snapshot is put back",
+            ["model"],
+            registry=None,
+        )
 
     def _weights_received(self) -> None:
         """The metrics of the weights this process receives and serves (a replica's)."""

@@ -605,6 +605,8 @@ def test_acl_lets_each_user_do_its_job_and_no_more(tmp_path: Path) -> None:
             assert check("livefit", "write", topic) and check("livefit", "read", topic)
         assert check("replica", "read", weights)
         assert not check("replica", "write", weights) and not check("replica", "read", samples)
+        for topic in (s.predictions_topic("demo"), s.labels_topic("demo")):  # delayed labels
+            assert check("replica", "write", topic)
         assert check("publisher", "write", samples) and check("publisher", "read", rejected)
         assert not check("publisher", "write", weights)
         assert not check("publisher", "read", weights)

@@ -272,10 +272,11 @@ class IngestWorker(GroupCommit):
             )  # fmt: skip
         report = dead_letter_report(route.model, message, rejection)
         try:
-            self.connection.publish(
+            sent = self.connection.publish(
                 route.dead_letter_topic, report, qos=1, content_type="application/json"
-            )
-            self.metrics.dead_letters.labels(model=route.model, outcome="sent").inc()
+            )  # None: over the broker's maximum packet size (counted and logged there)
+            outcome = "sent" if sent is not None else "failed"
+            self.metrics.dead_letters.labels(model=route.model, outcome=outcome).inc()
         except Exception as exc:
             self.metrics.dead_letters.labels(model=route.model, outcome="failed").inc()
             if self._log_limiter.allow("dead-letter-failed") is not None:

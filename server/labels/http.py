@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 
 from livefit.server.api.predict_api import ApiError, error_response
 from livefit.server.inference.serving import ServedModel
-from livefit.server.labels.recorder import NotPublished
+from livefit.server.labels.recorder import NotPublished, PublishRefused
 from livefit.server.labels.wire import decode_labels
 from livefit.server.messaging.codec import Rejection, SampleSpec
 
@@ -81,6 +81,8 @@ async def _accept(model: ServedModel, request: Request, body_timeout_s: float) -
         raise ApiError(503, "labels cannot be forwarded yet (starting)", {"Retry-After": "1"})
     try:
         await asyncio.to_thread(recorder.publish_label, body, content_type, PUBLISH_TIMEOUT_S)
+    except PublishRefused as exc:
+        raise ApiError(502, str(exc)) from None
     except NotPublished as exc:
         raise ApiError(503, str(exc), {"Retry-After": "1"}) from None
     return JSONResponse({"accepted": len(labels.ids)}, status_code=202)

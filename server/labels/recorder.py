@@ -7,13 +7,16 @@ msgpack message on ``livefit/<name>/predictions`` at QoS 1 through its own MQTT 
 resends it after a reconnect. Nothing waits for the broker on the request's way: when the buffer
 is full (the broker is away or slower than the predictions) rows are dropped and counted
 (``livefit_prediction_records_total{outcome="dropped"}``), as are messages paho refuses to
-queue (``max_queued_messages``). A dropped record means its label later waits as an early label
+queue (``max_queued_messages``) and messages over the broker's maximum packet size. Rows the
+broker refuses (an ACL that does not let this process publish there: MQTT 5 PUBACK >= 0x80)
+are counted as ``outcome="refused"`` and in ``livefit_broker_publish_refused_total``, and
+logged. A dropped record means its label later waits as an early label
 and expires as ``unknown_id``. Requests without ids record nothing. The MQTT client starts on
 the first record or label, so a process never asked for either opens no connection.
 
 ``publish_label`` forwards a label message posted over HTTP to ``livefit/<name>/labels`` at
 QoS 1 and waits for the broker's acknowledgement: once it returns, the broker holds the label
-for the learner.
+for the learner; a label the broker refuses raises ``PublishRefused`` (HTTP 502).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from livefit.server.labels.ids import RowId
 from livefit.server.labels.wire import PREDICTIONS_CONTENT_TYPE, encode_predictions
 from livefit.server.messaging.broker import BrokerAddress
 from livefit.server.messaging.paho_client import paho_client
+from livefit.server.messaging.publish_guard import PublishGuard, publish_packet_bytes
 from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,11 @@ _Record = tuple[list[RowId], np.ndarray, np.ndarray, int, float]  # ids, x, p, v
 
 class NotPublished(Exception):
     """The broker did not acknowledge a label in time (or the client could not queue it)."""
+
+
+class PublishRefused(NotPublished):
+    """The broker refused the label (its ACL, a quota) or it is over the broker's packet limit:
+    trying again will not help."""
 
 
 class PredictionRecorder:
@@ -70,6 +79,9 @@ class PredictionRecorder:
         metrics.export("prediction_records")
         self._sent = metrics.prediction_records.labels(model=model, outcome="sent")
         self._dropped = metrics.prediction_records.labels(model=model, outcome="dropped")
+        self._refused = metrics.prediction_records.labels(model=model, outcome="refused")
+        limit = broker.max_packet_size_bytes
+        self.guard = PublishGuard(metrics, f"MQTT client {client_id!r}", limit)
         self._buffer: deque[_Record] = deque()
         self._rows = 0
         self._lock = threading.Condition()
@@ -104,13 +116,26 @@ class PredictionRecorder:
             raise NotPublished(
                 f"not connected to the broker at {self.address} within {timeout_s:g} s"
             )
-        info = client.publish(
-            self.labels_topic, payload, qos=1, properties=self._properties(content_type)
-        )
+        properties = self._properties(content_type)
+        mqtt5 = self.protocol == "5"
+        if not self.guard.fits(self.labels_topic, payload, 1, properties, mqtt5):
+            size = publish_packet_bytes(self.labels_topic, payload, 1, properties, mqtt5)
+            self.guard.oversize(self.labels_topic, size)
+            raise PublishRefused(
+                f"the label message ({size} bytes as a PUBLISH) is over the broker's maximum "
+                f"packet size of {self.guard.limit_bytes} bytes"
+            )
+        info = client.publish(self.labels_topic, payload, qos=1, properties=properties)
+        ticket = self.guard.sent(info, self.labels_topic)
         try:
             info.wait_for_publish(timeout_s)
         except (ValueError, RuntimeError) as exc:
             raise NotPublished(f"the broker could not take the label now ({exc})") from None
+        if ticket.refused is not None:
+            raise PublishRefused(
+                f"the broker refused the label on {self.labels_topic}: {ticket.refused} (its "
+                "ACL must let this process's broker user publish there)"
+            )
         if not info.is_published():
             raise NotPublished(f"the broker did not acknowledge the label within {timeout_s:g} s")
 
@@ -140,7 +165,8 @@ class PredictionRecorder:
                     persistent=False,
                 )  # fmt: skip
                 client.max_queued_messages_set(MAX_QUEUED_MESSAGES)
-                client.on_connect = lambda *_: self._connected.set()
+                client.on_connect = self._on_connect
+                client.on_publish = self.guard.on_publish
                 client.on_disconnect = lambda *_: self._connected.clear()
                 client.connect_async(self.address.host, self.address.port, self.broker.keepalive_s)
                 client.loop_start()
@@ -151,6 +177,14 @@ class PredictionRecorder:
                 )
                 self._thread.start()
             return self._client
+
+    def _on_connect(self, client: paho.Client, userdata: object, *args: object) -> None:
+        properties = args[-1] if args else None  # callback API 2: flags, reason, properties
+        reason = args[1] if len(args) > 1 else None
+        if getattr(reason, "is_failure", False):
+            return
+        self.guard.connected(properties)
+        self._connected.set()
 
     def _run(self) -> None:
         while True:
@@ -187,15 +221,22 @@ class PredictionRecorder:
         if client is None:
             self._dropped.inc(len(ids))
             return
-        info = client.publish(
-            self.predictions_topic, payload, qos=1,
-            properties=self._properties(PREDICTIONS_CONTENT_TYPE),
-        )  # fmt: skip
+        properties = self._properties(PREDICTIONS_CONTENT_TYPE)
+        mqtt5 = self.protocol == "5"
+        if not self.guard.fits(self.predictions_topic, payload, 1, properties, mqtt5):
+            size = publish_packet_bytes(self.predictions_topic, payload, 1, properties, mqtt5)
+            self.guard.oversize(self.predictions_topic, size)
+            self._dropped.inc(len(ids))
+            return
+        info = client.publish(self.predictions_topic, payload, qos=1, properties=properties)
         if info.rc == paho.MQTT_ERR_QUEUE_SIZE:
             self._dropped.inc(len(ids))
         else:  # sent, or queued by paho until the connection is back
             self._sent.inc(len(ids))
             self._last = info
+            rows = len(ids)
+            on_refused = lambda: self._refused.inc(rows)  # noqa: E731
+            self.guard.sent(info, self.predictions_topic, on_refused=on_refused)
 
     def _properties(self, content_type: str | None) -> Properties | None:
         if self.protocol != "5" or not content_type:

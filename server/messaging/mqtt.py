@@ -5,7 +5,11 @@ checks the reason code and (re)subscribes. Messages are acknowledged by the inge
 they are accepted into a model's queue (or rejected and reported), so a full queue stops the
 acks, and the broker (which honours our MQTT 5 Receive Maximum) stops sending: backpressure.
 The paho client is built by ``paho_client``; connection failures are counted and explained by
-``connection_status``; one-off probes of a broker are ``probe``'s.
+``connection_status``; one-off probes of a broker are ``probe``'s. Every publish goes through
+``publish_guard``: none larger than the broker's Maximum Packet Size is sent (an oversize PUBLISH
+would make the broker cut this connection, ingestion with it), and refusals are counted.
+A subscription may have its own handler (``add_subscription(..., handler=)``): its messages are
+handed to it on paho's thread instead of the inbox (the learner watches its own weight topic).
 """
 
 from __future__ import annotations
@@ -14,22 +18,29 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from livefit.server.config import BrokerSettings
 from livefit.server.messaging.broker import BrokerAddress
 from livefit.server.messaging.connection_status import ConnectionStatus
 from livefit.server.messaging.paho_client import paho_client
+from livefit.server.messaging.publish_guard import PublishGuard, publish_packet_bytes
 from livefit.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: a client with the same id connected
 QUICK_DROP_S = 5.0  # a connection lost sooner than this after CONNACK counts as a quick drop
+# After another client took the session over (same client id), readiness stays 503 this long
+# (from the last take-over) and reconnecting waits as long: two processes with one client id
+# take the session from each other, and neither ingests reliably while they do.
+TAKEN_OVER_HOLD_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +53,7 @@ class RawMessage:
     payload: bytes
     content_type: str | None
     received_at: float
+    retained: bool = False  # a retained message the broker sent for a (re)subscription
 
 
 class MqttConnection:
@@ -62,20 +74,37 @@ class MqttConnection:
         self.protocol = protocol or settings.protocol
         self.inbox: queue.Queue[RawMessage] = queue.Queue(maxsize=settings.receive_maximum * 2)
         self._stopping = threading.Event()
-        self._subscriptions: list[tuple[str, int]] = []
+        self._subscriptions: list[tuple[str, int, bool]] = []
+        self._handlers: dict[str, Callable[[RawMessage], None]] = {}
         self.client_id = client_id or settings.client_id
         self.status = ConnectionStatus(address, self.client_id, settings)
+        self.guard = PublishGuard(
+            metrics, f"MQTT client {self.client_id!r}", settings.max_packet_size_bytes
+        )
         self.connected = self.status.connected
         self._connected_at = 0.0
         # When the first connection's subscriptions were sent (monotonic; None before it).
         self.subscribed_at: float | None = None
         self._pending_subscriptions: dict[int, str] = {}  # SUBSCRIBE mid -> its topic
         self._quick_drops = 0  # disconnects within QUICK_DROP_S of connecting, in a row
+        self._taken_over_at = -float("inf")  # monotonic time of the last take-over
+        self._takeovers = 0  # take-overs since the last TAKEN_OVER_HOLD_S without one
         self._client = self._make_client(self.client_id)
 
-    def add_subscription(self, topic: str, qos: int = 1) -> None:
-        """Subscribe to ``topic`` on every (re)connect. Call before ``start``."""
-        self._subscriptions.append((topic, qos))
+    def add_subscription(
+        self,
+        topic: str,
+        qos: int = 1,
+        handler: Callable[[RawMessage], None] | None = None,
+        no_local: bool = False,
+    ) -> None:
+        """Subscribe to ``topic`` on every (re)connect. Call before ``start``. With ``handler``
+        (``topic`` a plain topic, QoS 0): its messages go to it, on paho's thread (it must not
+        block), not to the inbox. ``no_local`` (MQTT 5): the broker does not send this client's
+        own publishes back (retained messages it still sends at every subscribe)."""
+        if handler is not None:
+            self._handlers[topic] = handler
+        self._subscriptions.append((topic, qos, no_local))
 
     def start(self) -> None:
         """Connect in the background; paho reconnects with backoff on its own after that."""
@@ -95,6 +124,18 @@ class MqttConnection:
     def not_connected_reason(self) -> str:
         """Why there is no connection, for readiness: unreachable or refused, with counts."""
         return self.status.reason()
+
+    def taken_over_reason(self) -> str | None:
+        """Why readiness is 503 although connected, or soon will be: another client took this
+        session over (same client id) within the last ``TAKEN_OVER_HOLD_S``; None otherwise."""
+        if time.monotonic() - self._taken_over_at >= TAKEN_OVER_HOLD_S:
+            return None
+        times = "once" if self._takeovers == 1 else f"{self._takeovers} times"
+        return (
+            f"MQTT session taken over by another client with client id {self.client_id!r} "
+            f"({times}, the last {time.monotonic() - self._taken_over_at:.0f} s ago): two "
+            "processes must not share a client id (broker.client_id)"
+        )
 
     def stop(self) -> None:
         """Disconnect cleanly (the session, and what we did not ack, stays on the broker)."""
@@ -128,16 +169,37 @@ class MqttConnection:
         retain: bool = False,
         content_type: str | None = None,
         user_properties: list[tuple[str, str]] | None = None,
-    ) -> paho.MQTTMessageInfo:
-        """Publish; with QoS 1 paho keeps it and resends it after a reconnect."""
-        properties = None
-        if self.protocol == "5" and (content_type or user_properties):
-            properties = Properties(PacketTypes.PUBLISH)
-            if content_type:
-                properties.ContentType = content_type
-            if user_properties:
-                properties.UserProperty = user_properties
-        return self._client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+    ) -> paho.MQTTMessageInfo | None:
+        """Publish; with QoS 1 paho keeps it and resends it after a reconnect. None: not sent,
+        its PUBLISH is over the broker's maximum packet size (counted and logged)."""
+        properties = self._properties(content_type, user_properties)
+        mqtt5 = self.protocol == "5"
+        if not self.guard.fits(topic, payload, qos, properties, mqtt5):
+            self.guard.oversize(topic, publish_packet_bytes(topic, payload, qos, properties, mqtt5))
+            return None
+        info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        self.guard.sent(info, topic)
+        return info
+
+    def fits(
+        self, topic: str, payload: bytes, qos: int = 1, content_type: str | None = None
+    ) -> bool:
+        """Whether this message's PUBLISH is within the broker's maximum packet size (known once
+        connected: MQTT 5 CONNACK, or ``broker.max_packet_size_bytes``)."""
+        properties = self._properties(content_type, None)
+        return self.guard.fits(topic, payload, qos, properties, self.protocol == "5")
+
+    def _properties(
+        self, content_type: str | None, user_properties: list[tuple[str, str]] | None
+    ) -> Properties | None:
+        if self.protocol != "5" or not (content_type or user_properties):
+            return None
+        properties = Properties(PacketTypes.PUBLISH)
+        if content_type:
+            properties.ContentType = content_type
+        if user_properties:
+            properties.UserProperty = user_properties
+        return properties
 
     def _make_client(self, client_id: str) -> paho.Client:
         client = paho_client(
@@ -151,6 +213,7 @@ class MqttConnection:
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
+        client.on_publish = self.guard.on_publish
         return client
 
     def _on_subscribe(
@@ -178,8 +241,17 @@ class MqttConnection:
             self.status.failed(reason)
             return
         self._connected_at = time.monotonic()
-        for topic, qos in self._subscriptions:
-            _, mid = client.subscribe(topic, qos=qos)
+        self.guard.connected(props)
+        s = self.settings
+        client.reconnect_delay_set(  # back to the settings' delays after a take-over's wait
+            min_delay=max(1, round(s.reconnect_min_s)), max_delay=max(1, round(s.reconnect_max_s))
+        )
+        for topic, qos, no_local in self._subscriptions:
+            if self.protocol == "5":
+                options = SubscribeOptions(qos=qos, noLocal=no_local)
+                _, mid = client.subscribe(topic, options=options)
+            else:
+                _, mid = client.subscribe(topic, qos=qos)
             if mid is not None:
                 self._pending_subscriptions[mid] = topic
         if self.subscribed_at is None:
@@ -207,23 +279,38 @@ class MqttConnection:
         if code == 0 or self._stopping.is_set():  # 0: the disconnect we asked for
             return
         self.metrics.broker_disconnects.inc()
-        if code == SESSION_TAKEN_OVER:
-            log.error(
-                "MQTT session taken over: another client connected to %s with client id %r. "
-                "Two processes must not share a client id (set broker.client_id); reconnecting",
-                self.address, self.client_id,
-            )  # fmt: skip
-            return
-        quick = was_connected and time.monotonic() - self._connected_at < QUICK_DROP_S
+        quick = time.monotonic() - self._connected_at < QUICK_DROP_S
         self._quick_drops = self._quick_drops + 1 if quick else 0
-        if self._quick_drops >= 3:
-            log.error(
-                "MQTT connection to %s dropped %d times within %.0f s of connecting (%s): "
-                "another client probably uses client id %r; set broker.client_id",
-                self.address, self._quick_drops, QUICK_DROP_S, reason, self.client_id,
-            )  # fmt: skip
+        if code == SESSION_TAKEN_OVER:  # MQTT 5 brokers that say so
+            self._taken_over(client, "another client connected with client id")
+            return
+        if self._quick_drops >= 3:  # mosquitto 2.0 just closes the socket of the one taken over
+            self._taken_over(
+                client,
+                f"the connection dropped {self._quick_drops} times in a row within "
+                f"{QUICK_DROP_S:.0f} s of connecting ({reason}): another client probably uses "
+                "client id",
+            )
             return
         log.warning("MQTT disconnected from %s: %s; reconnecting", self.address, reason)
+
+    def _taken_over(self, client: paho.Client, what: str) -> None:
+        """Another client took this session over (or probably did): readiness is 503 for
+        ``TAKEN_OVER_HOLD_S`` and reconnecting waits as long. Reconnecting at once would take
+        the session back, and the other client would do the same, each ingesting a second at a
+        time; this way the session stays with one of them, and the other one says why not."""
+        now = time.monotonic()
+        recent = now - self._taken_over_at < TAKEN_OVER_HOLD_S
+        self._takeovers = self._takeovers + 1 if recent else 1
+        self._taken_over_at = now
+        wait = round(TAKEN_OVER_HOLD_S)
+        client.reconnect_delay_set(min_delay=wait, max_delay=wait)
+        log.error(
+            "MQTT session at %s taken over: %s %r (take-over %d, each within %d s of the last). "
+            "Two processes must not share a client id (set broker.client_id); readiness is 503 "
+            "and reconnecting waits %d s",
+            self.address, what, self.client_id, self._takeovers, wait, wait,
+        )  # fmt: skip
 
     def _on_message(self, client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
         try:
@@ -237,7 +324,14 @@ class MqttConnection:
                 payload=bytes(message.payload),
                 content_type=content_type,
                 received_at=time.time(),
+                retained=bool(message.retain),
             )
+            handler = self._handlers.get(message.topic)
+            if handler is not None:
+                handler(raw)
+                if message.qos > 0:
+                    client.ack(message.mid, message.qos)
+                return
             # Never blocks while the broker honours Receive Maximum; when stopping, the message is
             # left unacknowledged and the broker redelivers it to the next session.
             while not self._stopping.is_set():

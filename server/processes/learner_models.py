@@ -156,6 +156,7 @@ class LearnerModels:
             refresh_interval_s=weights.refresh_interval_s,
             publish_interval_s=weights.publish_interval_s,
         )
+        runtime.publisher.watch_topic()  # the connection starts after this
         runtime.slot.subscribe(runtime.publisher.offer)
         if runtime.served is not None:
             runtime.slot.subscribe(runtime.served.snapshot_arrived)

@@ -181,6 +181,8 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
         for name, m in self.models.items():
             if m.connection is None:
                 found.append(f"model {name}: not connected to the MQTT broker")
+            elif (taken_over := m.connection.taken_over_reason()) is not None:
+                found.append(f"model {name}: {taken_over}")
             elif not m.connection.connected.is_set():
                 found.append(f"model {name}: {m.connection.not_connected_reason()}")
             if m.trainer is None or not m.trainer.running:

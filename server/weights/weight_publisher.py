@@ -7,7 +7,17 @@ encodes it as safetensors and publishes it QoS 1, retained, inside a signed enve
 HMAC with ``weights.hmac_key``). Nothing rides in MQTT 5 properties, so the stream works over
 MQTT 3.1.1 too. A payload over ``max_inline_bytes`` is announced by a signed manifest instead
 (the same header, no body) and served from ``GET /v1/models/{name}/weights``. While the broker
-is unreachable nothing piles up: the newest snapshot goes out once it is back.
+is unreachable nothing piles up: the newest snapshot goes out once it is back. An envelope whose
+PUBLISH would be over the broker's maximum packet size (MQTT 5 CONNACK, or
+``broker.max_packet_size_bytes``) goes out as a manifest too: an oversize packet would make
+the broker drop the connection, and ingestion shares it.
+
+The learner watches its own weight topic: a message there that is not its own (not signed by
+its key, or of another lineage, or unsigned, or the retained message deleted: a second learner
+of the same model on the broker, or a third party) is logged as an error naming its key id and
+lineage, counted (``livefit_weights_foreign_total``), and the learner's newest snapshot is put
+back as the retained message at once (then no more often than every 1, 2, 4 ... 60 s while
+foreign messages keep coming, so two learners do not flood the topic fighting over it).
 
 Every ``refresh_interval_s`` without a new snapshot, the newest one is published again with a
 new ``signed_at`` (same bytes, same ``created_at``): receivers that limit the age of what they
@@ -26,7 +36,7 @@ import time
 from typing import Any
 
 from livefit.server.latest_worker import LatestWorker
-from livefit.server.messaging.mqtt import MqttConnection
+from livefit.server.messaging.mqtt import MqttConnection, RawMessage
 from livefit.server.metrics import Metrics
 from livefit.server.snapshot import Snapshot
 from livefit.server.weights.version_log import VersionLog
@@ -34,7 +44,9 @@ from livefit.server.weights.weight_format import (
     ENVELOPE_CONTENT_TYPE,
     EnvelopeHeader,
     WeightsMeta,
+    WeightsRejected,
     encode_weights,
+    open_envelope,
     sha256_hex,
 )
 from livefit.server.weights.weight_keys import SigningKey
@@ -42,6 +54,7 @@ from livefit.server.weights.weight_store import EncodedWeights, WeightStore
 
 log = logging.getLogger(__name__)
 _REFRESH_POLL_S = 1.0
+RESTORE_GAP_MAX_S = 60.0  # foreign messages in a row: the snapshot is put back this often at most
 
 __all__ = ["EncodedWeights", "WeightPublisher", "WeightStore"]
 
@@ -72,7 +85,7 @@ class WeightPublisher:
         self.fingerprint = fingerprint
         self.connection = connection
         self.metrics = metrics
-        metrics.export("weights_published", "freshness", "errors")
+        metrics.export("weights_published", "freshness", "errors", "publish_refused")
         self.store = store
         self.signer = signer
         self.hmac_key = hmac_key
@@ -94,6 +107,16 @@ class WeightPublisher:
         self._stop_refresh = threading.Event()
         self._refresher: threading.Thread | None = None
         self._versions = VersionLog(log, f"weights {model}", "published")
+        self._wake = threading.Event()  # the refresh thread's: stop, or a restore is wanted
+        self._restore_wanted = False
+        self._restored_at = -float("inf")  # monotonic time of the last restore
+        self._restore_gap_s = 0.0
+        self._said_manifest = False
+
+    def watch_topic(self) -> None:
+        """Subscribe to the weight topic to notice messages that are not this learner's.
+        Call before the connection starts."""
+        self.connection.add_subscription(self.topic, qos=0, handler=self._seen, no_local=True)
 
     def offer(self, snapshot: Snapshot) -> None:
         """Hand a new snapshot over (called from the trainer thread; returns at once)."""
@@ -115,12 +138,13 @@ class WeightPublisher:
     def stop(self, timeout: float = 10.0) -> None:
         """Publish what is pending (if connected), then stop and wait for the broker's ack."""
         self._stop_refresh.set()
+        self._wake.set()
         if self._refresher is not None:
             self._refresher.join(timeout)
             self._refresher = None
         self._stopping = True
         self._worker.stop(timeout)
-        if self._last_info is not None:
+        if self._last_info is not None:  # None: nothing sent, or the last one was over the limit
             try:
                 self._last_info.wait_for_publish(timeout)
             except (RuntimeError, ValueError):
@@ -197,16 +221,40 @@ class WeightPublisher:
 
     def _send(self, encoded: EncodedWeights) -> str:
         with self._send_lock:
-            data, kind = self.seal(encoded, time.time())
-            self._last_info = self.connection.publish(
-                self.topic, data, qos=1, retain=True, content_type=ENVELOPE_CONTENT_TYPE
-            )
-            self._last_sent, self._last_sent_at = encoded, time.monotonic()
-            return kind
+            return self._send_locked(encoded)
+
+    def _send_locked(self, encoded: EncodedWeights) -> str:
+        """Seal ``encoded`` now and publish it retained: inline when its PUBLISH fits the
+        broker's maximum packet size and ``max_inline_bytes``, else as a manifest."""
+        data, kind = self.seal(encoded, time.time())
+        if kind == "inline" and not self.connection.fits(
+            self.topic, data, content_type=ENVELOPE_CONTENT_TYPE
+        ):
+            inline_bytes = len(data)
+            data, kind = self.seal(encoded, time.time(), inline=False)
+            if not self._said_manifest:
+                self._said_manifest = True
+                log.info(
+                    "weights %s v%d: %d bytes inline are over the broker's maximum packet size "
+                    "(%s bytes): announced by a manifest, replicas pull them over HTTP "
+                    "(weights.pull_url)",
+                    self.model, encoded.version, inline_bytes, self.connection.guard.limit_bytes,
+                )  # fmt: skip
+        self._last_info = self.connection.publish(
+            self.topic, data, qos=1, retain=True, content_type=ENVELOPE_CONTENT_TYPE
+        )
+        self._last_sent, self._last_sent_at = encoded, time.monotonic()
+        self._restore_wanted = False  # this is back on the topic now
+        return kind
 
     def _refresh_loop(self) -> None:
-        while not self._stop_refresh.wait(min(self.refresh_interval_s, _REFRESH_POLL_S)):
+        while not self._stop_refresh.is_set():
+            self._wake.wait(min(self.refresh_interval_s, _REFRESH_POLL_S))
+            self._wake.clear()
+            if self._stop_refresh.is_set():
+                return
             try:
+                self._restore_if_due()
                 self._refresh_if_due()
             except Exception:
                 self.metrics.internal_errors.labels(component="weight_publisher").inc()
@@ -218,13 +266,78 @@ class WeightPublisher:
             due = time.monotonic() - self._last_sent_at >= self.refresh_interval_s
             if last is None or not due or not self.connection.connected.is_set():
                 return
-            data, _ = self.seal(last, time.time())
-            self._last_info = self.connection.publish(
-                self.topic, data, qos=1, retain=True, content_type=ENVELOPE_CONTENT_TYPE
-            )
-            self._last_sent_at = time.monotonic()
+            self._send_locked(last)
         self.metrics.weights_published.labels(model=self.model, kind="refresh").inc()
         log.debug("weights %s v%d re-signed and published again", self.model, last.version)
+
+    def _seen(self, message: RawMessage) -> None:
+        """A message on the weight topic (paho's thread): anything not this learner's own is
+        reported and a restore is asked for."""
+        foreign = self._foreign(message.payload)
+        if foreign is None:
+            return
+        self.metrics.weights_foreign.labels(model=self.model).inc()
+        log.log(
+            logging.WARNING if message.retained else logging.ERROR,
+            "weights %s: %s on its own weight topic %s is not this learner's (key id %s, "
+            "lineage %s): %s. Another learner of this model on the broker (same topic, other "
+            "storage or key), or someone else publishing there; replicas would refuse or follow "
+            "it. Putting this learner's snapshot back",
+            self.model,
+            "the retained message found at subscribe" if message.retained else "a message",
+            self.topic, self.signer.key_id, self._own_lineage() or "not yet known", foreign,
+        )  # fmt: skip
+        with self._send_lock:
+            self._restore_wanted = True
+        self._wake.set()
+
+    def _own_lineage(self) -> str | None:
+        last = self._last_sent or (self._last_encoded[1] if self._last_encoded else None)
+        return last.lineage if last is not None else None
+
+    def _foreign(self, data: bytes) -> str | None:
+        """Why ``data`` is not one of this learner's own envelopes (None: it is)."""
+        if not data:
+            return "the retained message was deleted (an empty message)"
+        try:
+            envelope = open_envelope(data)
+        except WeightsRejected as exc:
+            return f"not a weights envelope signed by anyone ({exc.detail})"
+        header = envelope.header
+        said = f"it says key id {header.key_id or 'none'}, lineage {header.lineage}, "
+        said += f"v{header.version}"
+        if header.key_id != self.signer.key_id or not self.signer.public.verify(
+            envelope.signature, envelope.signed_bytes()
+        ):
+            return f"not signed by this learner's key ({said})"
+        lineage = self._own_lineage()
+        if header.topic != self.topic or (lineage is not None and header.lineage != lineage):
+            return f"this learner's key, another lineage or topic ({said}, topic {header.topic})"
+        return None
+
+    def _restore_if_due(self) -> None:
+        """Put the newest snapshot back after a foreign message (see the module docstring)."""
+        with self._send_lock:
+            last = self._last_sent
+            if not self._restore_wanted or last is None:
+                return  # nothing published yet: the first snapshot will replace it
+            now = time.monotonic()
+            if now < self._restored_at + self._restore_gap_s:
+                return
+            if not self.connection.connected.is_set():
+                return
+            self._restore_wanted = False
+            recent = now - self._restored_at < RESTORE_GAP_MAX_S
+            self._restore_gap_s = (
+                min(max(1.0, self._restore_gap_s * 2), RESTORE_GAP_MAX_S) if recent else 0.0
+            )
+            self._restored_at = now
+            self._send_locked(last)
+        self.metrics.weights_published.labels(model=self.model, kind="restore").inc()
+        log.warning(
+            "weights %s v%d (lineage %s) put back on %s as the retained message",
+            self.model, last.version, last.lineage, self.topic,
+        )  # fmt: skip
 
     def _record(
         self, snapshot: Snapshot, encoded: EncodedWeights, kind: str, seconds: float
