@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -124,7 +125,7 @@ def test_commands_table_shows_optional_arguments_as_optional() -> None:
     """``replica --config`` is optional (the bundled example), as the tables say."""
     from livefit.cli import build_parser
 
-    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    commands: Any = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     for name in ("serve", "replica"):
         config = next(a for a in commands[name]._actions if "--config" in a.option_strings)
         assert not config.required
