@@ -17,7 +17,7 @@ from typing import Self
 import httpx
 
 from livefit.clients.metrics import MetricsReader, SampleKey
-from livefit.server.processes.local_process import LOOPBACK, LocalProcess, free_port, quiet_env
+from livefit.server.runtime.local_process import LOOPBACK, LocalProcess, free_port, quiet_env
 
 READINESS = "/v2/health/ready"
 

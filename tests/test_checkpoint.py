@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as st_save
 
-from livefit.server.metrics import Metrics
+from livefit.server.base.metrics import Metrics
 from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
-from livefit.server.storage.storage_health import StorageHealth
-from livefit.server.training.checkpoint_writer import CheckpointWriter
+from livefit.server.storage.health import StorageHealth
+from livefit.server.train.checkpoint_writer import CheckpointWriter
 
 
 def checkpoint(version: int) -> Checkpoint:

@@ -29,12 +29,14 @@ import pytest
 from fastapi import FastAPI
 from websockets.sync.client import ClientConnection, connect
 
-from livefit.clients.publish import SamplePublisher
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from livefit.server.api.dashboard import build_dashboard_router, render_page
-from livefit.server.api.dashboard_stats import collect_stats
-from livefit.server.metrics import GROUPS, Metrics
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.base.metrics import GROUPS, Metrics
+from livefit.server.http.dashboard import build_dashboard_router
+from livefit.server.http.dashboard_page import render_page
+from livefit.server.http.dashboard_stats import collect_stats
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests import configs
 from tests.configs import SMALL_MLP, model
 from tests.inprocess import InProcessServer

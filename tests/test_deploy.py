@@ -31,16 +31,11 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
-from livefit.server.config import Settings, load_settings
-from livefit.server.messaging.broker import parse_broker_url
-from livefit.server.metrics import GROUPS, Metrics
-from livefit.server.processes.local_processes import (
-    LivefitProcess,
-    LocalProcess,
-    free_port,
-    quiet_env,
-    wait_listening,
-)
+from livefit.local_servers import LivefitProcess
+from livefit.server.base.metrics import GROUPS, Metrics
+from livefit.server.config.settings import Settings, load_settings
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.runtime.local_process import LocalProcess, free_port, quiet_env, wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -560,7 +555,7 @@ def test_dashboard_panels_are_well_formed() -> None:
 def test_dashboard_uses_only_metrics_livefit_exports() -> None:
     used = {name for expr in expressions() for name in re.findall(r"livefit_\w+", expr)}
     unknown = used - exported_series()
-    assert not unknown, f"not exported by livefit.server.metrics: {sorted(unknown)}"
+    assert not unknown, f"not exported by livefit.server.base.metrics: {sorted(unknown)}"
     expected = {"livefit_train_loss", "livefit_prequential_loss", "livefit_serving_version"}
     assert expected <= used
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from livefit.server.config import ModelSettings, Settings
-from livefit.server.metrics import GROUPS, Metrics
-from livefit.server.metrics_merge import WORKERS_UNREACHABLE
+from livefit.server.base.metrics import GROUPS, Metrics
+from livefit.server.base.metrics_merge import WORKERS_UNREACHABLE
+from livefit.server.config.model import ModelSettings
+from livefit.server.config.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.metrics import Metrics
-from livefit.server.storage.storage_health import StorageHealth
-from livefit.server.storage.storage_lock import StorageLock, StorageLocked
-from livefit.server.storage.storage_watch import StorageWatch
+from livefit.server.base.metrics import Metrics
+from livefit.server.storage.health import StorageHealth
+from livefit.server.storage.lock import StorageLock, StorageLocked
+from livefit.server.storage.watch import StorageWatch
 
 
 def test_a_deleted_lock_file_is_lost_and_taken_again(tmp_path: Path) -> None:

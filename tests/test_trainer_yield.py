@@ -7,12 +7,13 @@ import time
 
 import numpy as np
 
-from livefit.server.config import ModelSettings
-from livefit.server.ingestion.samples import SampleChunk, SampleQueue
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import SnapshotSlot
-from livefit.server.training.hooks import TrainerHooks
-from livefit.server.training.trainer import Trainer
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.train.hooks import TrainerHooks
+from livefit.server.train.trainer import Trainer
+from livefit.server.wire.samples import SampleChunk
+from livefit.server.wire.snapshot import SnapshotSlot
 
 
 def run_trainer(yield_ms: float, busy_for_s: float) -> tuple[Trainer, float, float]:

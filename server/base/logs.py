@@ -7,7 +7,7 @@ import logging
 import os
 import time
 
-# Set by a worker group for each serving worker (server/processes/workers.py), and for a split
+# Set by a worker group for each serving worker (server/runtime/workers.py), and for a split
 # learner's training process (learner_group.py): its lines say which process wrote them.
 WORKER_ENV = "LIVEFIT_WORKER_INDEX"
 TRAINING_ENV = "LIVEFIT_TRAINING_DIR"

@@ -25,11 +25,9 @@ from prometheus_client import (
 from prometheus_client.registry import Collector
 
 from livefit import __version__
-from livefit.server.metrics_learning import SIZE_BUCKETS, STEP_BUCKETS, LearningMetrics
-from livefit.server.metrics_serving import DELAY_BUCKETS, LATENCY_BUCKETS, ServingMetrics
 
-__all__ = ["DELAY_BUCKETS", "LATENCY_BUCKETS", "SIZE_BUCKETS", "STEP_BUCKETS", "Metrics"]
-
+from .metrics_learning import LearningMetrics
+from .metrics_serving import ServingMetrics
 
 # The families each part of livefit exports, by the name the part claims them with
 # (``Metrics.export``): a process exports only the families of the parts it runs, so a split

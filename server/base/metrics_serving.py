@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from livefit.server.metrics_learning import SIZE_BUCKETS, STEP_BUCKETS
+from .metrics_learning import SIZE_BUCKETS, STEP_BUCKETS
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,

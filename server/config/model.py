@@ -16,13 +16,15 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from livefit.models import names
+from livefit.models.names import BUILTIN_BUILDERS
 from livefit.models.outputs import (
     default_output_activation,
     default_target_scaling,
     output_problem,
     target_scaling_problem,
 )
-from livefit.server.config_model_tables import (
+
+from .model_tables import (
     CheckpointSettings,
     DriftSettings,
     LabelsSettings,
@@ -30,14 +32,13 @@ from livefit.server.config_model_tables import (
     TrainSettings,
     WeightsSettings,
 )
-from livefit.server.config_sections import _Section
-from livefit.server.topic_filters import filter_problem
+from .sections import Section
+from .topic_filters import filter_problem
 
-BUILTIN_BUILDERS = ("linear", "mlp", "lstm")  # = livefit.models.BUILTIN_BUILDERS; no TF import here
 _BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-class ModelSettings(_Section):
+class ModelSettings(Section):
     """One model: its network, its training stream and its serving limits."""
 
     builder: str = "mlp"

@@ -13,10 +13,10 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from livefit.server.config_sections import _Section
+from .sections import Section
 
 
-class TrainSettings(_Section):
+class TrainSettings(Section):
     """How the trainer forms minibatches from the sample queue."""
 
     max_batch_size: int = Field(256, ge=1, le=65536)
@@ -40,7 +40,7 @@ class TrainSettings(_Section):
     target_outlier_std: float = Field(8.0, ge=0)
 
 
-class DriftSettings(_Section):
+class DriftSettings(Section):
     """Drift detection on the prequential loss, and what to do when it fires."""
 
     enabled: bool = True  # detect, count and report drift (a cheap test on the losses)
@@ -52,7 +52,7 @@ class DriftSettings(_Section):
     events_topic: str | None = None  # default livefit/<name>/events
 
 
-class ServeSettings(_Section):
+class ServeSettings(Section):
     """Request batching and limits for the prediction API."""
 
     max_batch_size: int = Field(64, ge=1, le=65536)
@@ -60,7 +60,7 @@ class ServeSettings(_Section):
     # queue while the previous batch runs). Measured: 3.3x the requests/s of 2 ms at 1 client,
     # the same or better at 64 (BENCHMARKS.md); Triton's default is also 0. "auto": chosen
     # per batch from the measured arrival rate and batch cost (0 unless waiting lowers the mean
-    # latency; server/inference/batch_cost.py AutoTimeout), at most max_batch_timeout_ms. Not the
+    # latency; server/serve/batch_cost.py AutoTimeout), at most max_batch_timeout_ms. Not the
     # default:
     # measured within noise of 0 at 1, 16 and 64 clients, where on the CPU benchmark model it
     # chooses 0 or under 1 ms anyway; its case (a GPU) is unmeasured (BENCHMARKS.md).
@@ -112,7 +112,7 @@ class ServeSettings(_Section):
         return [*sizes, self.max_batch_size]
 
 
-class WeightsSettings(_Section):
+class WeightsSettings(Section):
     """The weight stream: how often snapshots go out, how they are signed and verified."""
 
     # The weight topic gets at most one snapshot (the newest) per publish_interval_s; the
@@ -155,14 +155,14 @@ class WeightsSettings(_Section):
         return self.hmac_key.get_secret_value().encode() if self.hmac_key else None
 
 
-class CheckpointSettings(_Section):
+class CheckpointSettings(Section):
     """How often a model's training state is saved (and at shutdown)."""
 
     interval_s: float = Field(30.0, gt=0)
     keep: int = Field(3, ge=1, le=1000)
 
 
-class LabelsSettings(_Section):
+class LabelsSettings(Section):
     """Delayed labels (README "Delayed labels"): how long a prediction waits for its label."""
 
     ttl_s: float = Field(3600.0, gt=0)  # a prediction (or early label) waits this long at most

@@ -1,5 +1,5 @@
 """The sections of the whole process: the broker (with TLS), HTTP, storage, logging,
-TensorFlow's thread pools and the split learner's processes; and ``_Section``, the base of
+TensorFlow's thread pools and the split learner's processes; and ``Section``, the base of
 every settings table (unknown keys refused, defaults validated).
 
 This module owns those tables; a model's tables are ``config_model``'s and
@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-MIN_WORKER_TIMEOUT_S = 3.0  # http.worker_timeout_s: three heartbeats (server/heartbeat.py)
+from .machine import default_serving_processes
+
+MIN_WORKER_TIMEOUT_S = 3.0  # http.worker_timeout_s: three heartbeats (server/base/heartbeat.py)
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
     # Numbers become strings where a string is expected: LIVEFIT_..._HMAC_KEY=123456 is a key.
     model_config = ConfigDict(extra="forbid", validate_default=True, coerce_numbers_to_str=True)
 
 
-class TlsSettings(_Section):
+class TlsSettings(Section):
     """TLS material for ``mqtts://`` brokers (all paths are PEM files)."""
 
     ca_file: str | None = None
@@ -32,7 +34,7 @@ class TlsSettings(_Section):
     insecure: bool = False  # skip hostname verification: for test CAs only
 
 
-class BrokerSettings(_Section):
+class BrokerSettings(Section):
     """How livefit reaches its MQTT broker."""
 
     url: str = "auto"
@@ -59,7 +61,7 @@ class BrokerSettings(_Section):
         return value
 
 
-class HttpSettings(_Section):
+class HttpSettings(Section):
     """Where the HTTP API listens, and the address other processes use to reach it."""
 
     host: str = "127.0.0.1"
@@ -68,7 +70,7 @@ class HttpSettings(_Section):
     token: SecretStr | None = None  # bearer token for the weight download (and predictions)
     protect_predictions: bool = False  # require the token on prediction and model endpoints
     body_timeout_s: float = Field(10.0, gt=0)  # a request body must arrive within this
-    # Connection limits (server/api/connections.py): a request head must arrive within
+    # Connection limits (server/http/connections.py): a request head must arrive within
     # header_timeout_s (of the connection opening, or of a later request's first byte), an idle
     # connection is closed after keep_alive_timeout_s, a head over max_header_bytes gets 431,
     # and at most max_connections are open (the oldest idle or head-sending one makes room).
@@ -77,15 +79,15 @@ class HttpSettings(_Section):
     max_connections: int = Field(1000, ge=16)
     max_header_bytes: int = Field(65536, ge=1024)
     # Processes answering HTTP on http.port. `livefit replica`: that many whole replicas
-    # (server/processes/workers.py; unset, 0 and 1 all mean one process). `livefit serve`:
+    # (server/runtime/workers.py; unset, 0 and 1 all mean one process). `livefit serve`:
     # N >= 1 splits the learner into a training process and N serving processes
-    # (server/processes/learner_group.py); unset, the same with one serving process per usable
-    # core beside training's, 1 to 4 (server/processes/machine.py); 0 keeps the whole learner
+    # (server/runtime/learner_group.py); unset, the same with one serving process per usable
+    # core beside training's, 1 to 4 (server/config/machine.py); 0 keeps the whole learner
     # in one process, predictions served beside training.
     workers: int | None = Field(None, ge=0, le=64)
     # A process of a group (above: a serving process, a split learner's training process) that
     # has not beaten for this long (SIGSTOPped, or wedged: a serving process's event loop, the
-    # training process's main thread) is SIGKILLed and started again (server/heartbeat.py);
+    # training process's main thread) is SIGKILLed and started again (server/base/heartbeat.py);
     # 0 turns the check off; otherwise at least MIN_WORKER_TIMEOUT_S (a serving process beats
     # every second: below a few beats the check kills processes that run).
     worker_timeout_s: float = Field(30.0, ge=0)
@@ -107,16 +109,7 @@ class HttpSettings(_Section):
         """Serving processes of ``livefit serve`` (0: none, the learner in one process)."""
         if self.workers is not None:
             return self.workers
-        from livefit.server.processes.machine import default_serving_processes
-
         return default_serving_processes()
-
-    def connection_protocol(self, runtime: Any = None) -> Any:
-        """The uvicorn HTTP protocol class that enforces the connection limits and, given the
-        runtime, refuses prediction requests its models cannot admit from their heads."""
-        from livefit.server.api.connections import protocol_class
-
-        return protocol_class(self, runtime)
 
     def token_bytes(self) -> bytes | None:
         return self.token.get_secret_value().encode() if self.token else None
@@ -128,7 +121,7 @@ class HttpSettings(_Section):
         return f"http://{host}:{self.port}"
 
 
-class StorageSettings(_Section):
+class StorageSettings(Section):
     """Where and how livefit keeps state: write-ahead log, checkpoints, broker persistence."""
 
     dir: str = "./livefit-data"
@@ -143,14 +136,14 @@ class StorageSettings(_Section):
     wal_commit_window_ms: float = Field(1.0, ge=0, le=1000)
 
 
-class LoggingSettings(_Section):
+class LoggingSettings(Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     json_format: bool = Field(False, alias="json")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, coerce_numbers_to_str=True)
 
 
-class TensorFlowSettings(_Section):
+class TensorFlowSettings(Section):
     """TensorFlow's thread pools, for the whole process (0: TensorFlow's default, one thread
     per core). Fewer intra-op threads leave cores to the event loop when one process both
     trains and serves on a small machine."""
@@ -159,7 +152,7 @@ class TensorFlowSettings(_Section):
     inter_op_threads: int = Field(0, ge=0, le=1024)
 
 
-class ProcessSettings(_Section):
+class ProcessSettings(Section):
     """Operating-system settings of a split learner's processes (``http.workers`` >= 1)."""
 
     # Added to the niceness of the training process's threads that train (ingestion, trainers,

@@ -24,34 +24,17 @@ from typing import Any
 
 from pydantic import ValidationError, field_validator, model_validator
 
-from livefit.server.config_model import BUILTIN_BUILDERS, ModelSettings
-from livefit.server.config_model_tables import (
-    CheckpointSettings,
-    DriftSettings,
-    LabelsSettings,
-    ServeSettings,
-    TrainSettings,
-    WeightsSettings,
-)
-from livefit.server.config_sections import (
+from .model import ModelSettings
+from .sections import (
     BrokerSettings,
     HttpSettings,
     LoggingSettings,
     ProcessSettings,
+    Section,
     StorageSettings,
     TensorFlowSettings,
-    TlsSettings,
-    _Section,
 )
-from livefit.server.topic_filters import filter_problem, topic_matches
-
-__all__ = [
-    "BUILTIN_BUILDERS", "ENV_DELIMITER", "ENV_PREFIX", "BrokerSettings", "CheckpointSettings",
-    "ConfigError", "DriftSettings", "HttpSettings", "LabelsSettings", "LoggingSettings",
-    "ModelSettings", "ProcessSettings", "ServeSettings", "Settings", "StorageSettings",
-    "TensorFlowSettings", "TlsSettings", "TrainSettings", "WeightsSettings",
-    "bundled_example_path", "load_settings",
-]  # fmt: skip
+from .topic_filters import filter_problem, topic_matches
 
 ENV_PREFIX = "LIVEFIT_"
 ENV_DELIMITER = "__"
@@ -62,7 +45,7 @@ class ConfigError(ValueError):
     """The configuration is invalid; the message names every bad key and why."""
 
 
-class Settings(_Section):
+class Settings(Section):
     """The whole livefit configuration."""
 
     broker: BrokerSettings = BrokerSettings()

@@ -12,8 +12,6 @@ livefit itself publishes (a learner reading its own weights and dead-letter repo
 
 from __future__ import annotations
 
-__all__ = ["filter_problem", "topic_matches"]
-
 
 def filter_problem(topic_filter: str) -> str | None:
     """Why ``topic_filter`` is not a valid MQTT topic filter, or None when it is."""

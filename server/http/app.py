@@ -21,17 +21,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from livefit import __version__
-from livefit.server.api.auth import TokenGuard
-from livefit.server.api.dashboard import build_dashboard_router
-from livefit.server.api.predict_api import build_predict_router, error_response
-from livefit.server.api.weights_api import build_weights_router
-from livefit.server.config import Settings
-from livefit.server.heartbeat import beating
-from livefit.server.inference.serving import ServedModel
-from livefit.server.labels.http import build_labels_router
-from livefit.server.metrics import Metrics
-from livefit.server.metrics_merge import WorkerMetrics
-from livefit.server.weights.weight_publisher import WeightStore
+
+from ..base.heartbeat import beating
+from ..base.metrics import Metrics
+from ..base.metrics_merge import WorkerMetrics
+from ..config.settings import Settings
+from ..serve.serving import ServedModel
+from ..weights.store import WeightStore
+from .auth import TokenGuard
+from .dashboard import build_dashboard_router
+from .labels_api import build_labels_router
+from .predict_api import build_predict_router
+from .predict_request import error_response
+from .weights_api import build_weights_router
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ def create_app(
     """An app serving ``runtime``; starting the app starts the runtime. As one of a group of
     serving processes, ``group`` answers the peers and merges their metrics on ``/metrics``,
     and the event loop touches ``heartbeat`` every second while it serves (the group's
-    parent kills a process whose loop stops: ``server/heartbeat.py``)."""
+    parent kills a process whose loop stops: ``server/base/heartbeat.py``)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

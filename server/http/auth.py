@@ -8,7 +8,7 @@ import hmac
 
 from fastapi import Request
 
-from livefit.server.api.predict_api import ApiError
+from .predict_request import ApiError
 
 
 class TokenGuard:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from livefit.server.config import HttpSettings
+    from ..config.sections import HttpSettings
 
-log = logging.getLogger("livefit.server.api.connections")  # the name its lines always had
+log = logging.getLogger(__name__)
 
 FD_RESERVE = 128  # descriptors kept for everything else (broker, log, checkpoints, TensorFlow)
 CLOSE_REASONS = (

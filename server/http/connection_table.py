@@ -10,13 +10,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from livefit.server.api.connection_limits import CLOSE_REASONS, ConnectionLimits
+from .connection_limits import CLOSE_REASONS, ConnectionLimits
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
 
-    from livefit.server.api.connections import LimitedHttpProtocol
-    from livefit.server.metrics import Metrics
+    from ..base.metrics import Metrics
+    from .connections import LimitedHttpProtocol
 
 Admission = Callable[
     [bytes, bytes, list[tuple[bytes, bytes]], dict[str, Any]], "bytes | ASGIApp | None"

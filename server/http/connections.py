@@ -45,23 +45,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from livefit.server.api.connection_limits import (
-    CLOSE_REASONS,
-    FD_RESERVE,
+from ..serve.admission import RESERVATION_KEY
+from .connection_limits import (
     ConnectionLimits,
     close_response,
-    effective_max_connections,
 )
-from livefit.server.api.connection_table import Admission, ConnectionTable
-from livefit.server.inference.batcher import RESERVATION_KEY
+from .connection_table import ConnectionTable
 
 if TYPE_CHECKING:
-    from livefit.server.config import HttpSettings
+    from ..config.sections import HttpSettings
 
-__all__ = [
-    "CLOSE_REASONS", "FD_RESERVE", "Admission", "ConnectionLimits", "ConnectionTable",
-    "LimitedHttpProtocol", "effective_max_connections", "protocol_class",
-]  # fmt: skip
 NO_DEADLINE = math.inf
 HEAD, DRAIN, IDLE = 1, 2, 3  # what a connection's deadline is for
 
@@ -255,8 +248,8 @@ def protocol_class(http: HttpSettings, runtime: Any = None) -> type[asyncio.Prot
     metrics = getattr(runtime, "metrics", None)
     admission = None
     if runtime is not None and metrics is not None:
-        from livefit.server.api.auth import TokenGuard
-        from livefit.server.api.predict_api import EarlyAdmission
+        from .auth import TokenGuard
+        from .early_admission import EarlyAdmission
 
         token = http.token_bytes() if http.protect_predictions else None
         guard = TokenGuard(token).check if token is not None else None

@@ -19,11 +19,9 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client.parser import text_string_to_metric_families
 
-from livefit.server.api.dashboard_page import render_page
-from livefit.server.api.dashboard_stats import collect_stats
-from livefit.server.metrics import Metrics
-
-__all__ = ["CSP", "NO_STORE", "build_dashboard_router", "collect_stats", "render_page"]
+from ..base.metrics import Metrics
+from .dashboard_page import render_page
+from .dashboard_stats import collect_stats
 
 # The page's own inline script and style only; fetches to this origin; no other source at all.
 CSP = (

@@ -17,16 +17,16 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from livefit.server.api.predict_handlers import PredictHandlers, Served
-from livefit.server.api.predict_request import _DECIMAL, Guard
-from livefit.server.inference.batcher import RESERVATION_KEY, retry_after
-from livefit.server.inference.serving import ServedModel
-from livefit.server.metrics import Metrics
+from ..base.metrics import Metrics
+from ..serve.admission import RESERVATION_KEY, retry_after
+from ..serve.serving import ServedModel
+from .predict_handlers import PredictHandlers, Served
+from .predict_request import _DECIMAL, Guard
 
 
 class EarlyAdmission:
     """Refuses a prediction request from its head alone, at the HTTP protocol level
-    (``server/api/connections.py`` calls it once a request head has arrived), before any ASGI,
+    (``server/http/connections.py`` calls it once a request head has arrived), before any ASGI,
     routing or body work.
 
     Under overload most requests are refused; through the ASGI stack a refusal cost about as

@@ -19,11 +19,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from livefit.server.api.predict_api import ApiError, error_response
-from livefit.server.inference.serving import ServedModel
-from livefit.server.labels.recorder import NotPublished, PublishRefused
-from livefit.server.labels.wire import decode_labels
-from livefit.server.messaging.codec import Rejection, SampleSpec
+from ..labels.recorder import NotPublished, PublishRefused
+from ..serve.serving import ServedModel
+from ..wire.codec import SampleSpec
+from ..wire.labels import decode_labels
+from ..wire.rejection import Rejection
+from .predict_request import ApiError, error_response
 
 PUBLISH_TIMEOUT_S = 10.0
 

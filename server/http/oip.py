@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from livefit.server.api.oip_tensors import _oip_rows, _parameters, _tensor_parameters
-from livefit.server.api.protocol_common import (
+from .oip_tensors import _oip_rows, _parameters, _tensor_parameters
+from .protocol_common import (
     ParsedRequest,
     _bad,
     _checked_outputs,

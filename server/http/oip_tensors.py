@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from livefit.server.api.protocol_common import (
+from .protocol_common import (
     _BINARY_HINT,
     MAX_RANK,
     _bad,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from livefit.server.api.protocols import OIP_DATATYPES
+from .oip_tensors import OIP_DATATYPES
 
 ERROR = {
     "type": "object",

@@ -27,9 +27,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from livefit import __version__
-from livefit.server.api import protocols
-from livefit.server.api.early_admission import EarlyAdmission
-from livefit.server.api.openapi_docs import (
+
+from ..base.metrics import Metrics
+from ..serve.serving import ServedModel
+from .oip import oip_model_metadata, triton_model_config
+from .openapi_docs import (
     BINARY_HEADER_PARAM,
     DEADLINE_HEADER_PARAM,
     OIP_REQUEST,
@@ -38,30 +40,16 @@ from livefit.server.api.openapi_docs import (
     TFSERVING_RESPONSE,
     predict_openapi,
 )
-from livefit.server.api.predict_handlers import UNKNOWN_MODEL, PredictHandlers, Served
-from livefit.server.api.predict_request import (
-    CLIENT_GONE,
-    DEADLINE_HEADER,
-    MAX_DEADLINE_S,
-    OIP_HEADER_LENGTH,
-    ApiError,
-    Formatter,
+from .predict_handlers import PredictHandlers, Served
+from .predict_request import (
     Guard,
-    Parser,
     _format_tf,
     _format_v2,
     _parse_tf,
     _parse_v2,
     error_response,
 )
-from livefit.server.inference.serving import ServedModel
-from livefit.server.metrics import Metrics
-
-__all__ = [
-    "CLIENT_GONE", "DEADLINE_HEADER", "MAX_DEADLINE_S", "OIP_HEADER_LENGTH", "UNKNOWN_MODEL",
-    "ApiError", "EarlyAdmission", "Formatter", "Guard", "Parser", "PredictHandlers", "Served",
-    "build_predict_router", "error_response",
-]  # fmt: skip
+from .tfserving import tfserving_model_status
 
 
 async def _post_only(request: Request) -> Response:
@@ -155,7 +143,7 @@ def _direct_routes(router: APIRouter, handlers: PredictHandlers) -> None:
 
 
 def _tfserving_status(model: ServedModel) -> JSONResponse:
-    return JSONResponse(protocols.tfserving_model_status(_version(model), model.ready()))
+    return JSONResponse(tfserving_model_status(_version(model), model.ready()))
 
 
 def _readiness(model: ServedModel) -> JSONResponse:
@@ -167,17 +155,13 @@ def _metadata(model: ServedModel) -> JSONResponse:
     version = _version(model)
     s = model.settings
     versions = [] if version is None else [str(version)]
-    return JSONResponse(
-        protocols.oip_model_metadata(model.name, versions, s.input_shape, s.output_shape)
-    )
+    return JSONResponse(oip_model_metadata(model.name, versions, s.input_shape, s.output_shape))
 
 
 def _config(model: ServedModel) -> JSONResponse:
     s = model.settings
     return JSONResponse(
-        protocols.triton_model_config(
-            model.name, s.input_shape, s.output_shape, s.serve.max_request_rows
-        )
+        triton_model_config(model.name, s.input_shape, s.output_shape, s.serve.max_request_rows)
     )
 
 

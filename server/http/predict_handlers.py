@@ -18,7 +18,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from livefit.server.api.predict_request import (
+from ..base.metrics import Metrics
+from ..serve.admission import RESERVATION_KEY, QueueFull, Reservation
+from ..serve.batch_types import DeadlineExceeded
+from ..serve.serving import NotReady, ServedModel
+from .predict_request import (
     _DECIMAL,
     DEADLINE_HEADER,
     ApiError,
@@ -33,17 +37,9 @@ from livefit.server.api.predict_request import (
     _timeout_s,
     error_response,
 )
-from livefit.server.api.protocols import ParsedRequest, RequestError
-from livefit.server.inference.batcher import (
-    RESERVATION_KEY,
-    DeadlineExceeded,
-    QueueFull,
-    Reservation,
-)
-from livefit.server.inference.serving import NotReady, ServedModel
-from livefit.server.metrics import Metrics
+from .protocol_common import ParsedRequest, RequestError
 
-log = logging.getLogger("livefit.server.api.predict_api")  # the name its lines always had
+log = logging.getLogger(__name__)
 UNKNOWN_MODEL = "unknown"  # the model label of requests naming no model this server has
 
 Served = Callable[[], Mapping[str, ServedModel]]
@@ -118,7 +114,7 @@ class PredictHandlers:
             reservation.start()  # admitted from its head; the event loop has reached it
         try:
             model = self.lookup(request, name)
-            if reservation is None:  # not admitted from its head (server/api/connections.py)
+            if reservation is None:  # not admitted from its head (server/http/connections.py)
                 reservation = _shed_early(model, request)
             limit = model.settings.serve.max_request_bytes
             body = await _read_body(request, limit, self.body_timeout_s)

@@ -21,12 +21,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from livefit.server.api import protocols
-from livefit.server.api.openapi_docs import BYTE_COUNT_PATTERN, DECIMAL_PATTERN
-from livefit.server.api.protocols import ParsedRequest
-from livefit.server.inference.serving import ServedModel
+from ..serve.serving import ServedModel
+from .oip import format_oip, parse_oip
+from .openapi_docs import BYTE_COUNT_PATTERN, DECIMAL_PATTERN
+from .protocol_common import ParsedRequest
+from .tfserving import format_tfserving, parse_tfserving
 
-log = logging.getLogger("livefit.server.api.predict_api")  # the name its lines always had
+log = logging.getLogger(__name__)
 DEADLINE_HEADER = "x-deadline-ms"
 OIP_HEADER_LENGTH = "inference-header-content-length"  # the binary-data extension
 MAX_DEADLINE_S = 600.0
@@ -59,13 +60,13 @@ def error_response(
 
 def _parse_tf(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
     s = model.settings
-    return protocols.parse_tfserving(body, s.input_shape, s.serve.max_request_rows)
+    return parse_tfserving(body, s.input_shape, s.serve.max_request_rows)
 
 
 def _format_tf(
     parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
 ) -> dict[str, Any]:
-    return protocols.format_tfserving(parsed, outputs, version)
+    return format_tfserving(parsed, outputs, version)
 
 
 def _parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
@@ -77,7 +78,7 @@ def _parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedReques
             f"{OIP_HEADER_LENGTH} must be a byte count in ASCII digits (the length of the "
             f"JSON part of the body), got {_shown(header)}",
         )
-    return protocols.parse_oip(
+    return parse_oip(
         body,
         s.input_shape,
         s.serve.max_request_rows,
@@ -88,7 +89,7 @@ def _parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedReques
 def _format_v2(
     parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
 ) -> dict[str, Any]:
-    return protocols.format_oip(parsed, outputs, model.name, version)
+    return format_oip(parsed, outputs, model.name, version)
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:

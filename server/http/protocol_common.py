@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from livefit.server.labels.ids import IdError, RowId, check_ids
+from ..wire.label_ids import IdError, RowId, check_ids
 
 Protocol = Literal["tfserving", "oip"]
 TfFormat = Literal["row", "col"]

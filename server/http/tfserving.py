@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from livefit.server.api.protocol_common import (
+from .protocol_common import (
     ParsedRequest,
     TfFormat,
     _bad,

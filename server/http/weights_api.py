@@ -20,9 +20,9 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from livefit.server.api.predict_api import ApiError, Guard, error_response
-from livefit.server.weights.weight_format import WEIGHTS_CONTENT_TYPE
-from livefit.server.weights.weight_publisher import EncodedWeights, WeightStore
+from ..weights.format import WEIGHTS_CONTENT_TYPE
+from ..weights.store import EncodedWeights, WeightStore
+from .predict_request import ApiError, Guard, error_response
 
 StoreLookup = Callable[[str], WeightStore | None]
 MAX_WAITING = 16  # pulls waiting for a version on its way, per serving process

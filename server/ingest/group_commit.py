@@ -15,16 +15,16 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from livefit.server.ingestion.route import Route
-from livefit.server.ingestion.samples import QueueClosed
-from livefit.server.ingestion.wal import StorageError, WriteAheadLog
-from livefit.server.labels.joiner import LabelEvent
-from livefit.server.messaging.codec import DecodedMessage
-from livefit.server.messaging.mqtt import MqttConnection, RawMessage
-from livefit.server.metrics import Metrics
-from livefit.server.storage.storage_health import StorageHealth
+from ..base.metrics import Metrics
+from ..labels.joiner import LabelEvent
+from ..mqtt.connection import MqttConnection, RawMessage
+from ..storage.health import StorageHealth
+from ..storage.wal import StorageError, WriteAheadLog
+from ..wire.codec import DecodedMessage
+from .route import Route
+from .sample_queue import QueueClosed
 
-log = logging.getLogger("livefit.server.ingestion.ingest")  # the name its lines always had
+log = logging.getLogger(__name__)
 POLL_S = 0.1
 _RETRY_MIN_S, _RETRY_MAX_S = 0.05, 5.0
 # On stop, a group already logged and acknowledged is still queued while the trainer drains the

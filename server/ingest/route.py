@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from livefit.server.ingestion.dedup import SequenceTracker
-from livefit.server.ingestion.samples import SampleQueue
-from livefit.server.labels.joiner import LabelJoiner
-from livefit.server.messaging.codec import SampleSpec
+from ..labels.joiner import LabelJoiner
+from ..wire.codec import SampleSpec
+from .dedup import SequenceTracker
+from .sample_queue import SampleQueue
 
 
 @dataclass(frozen=True, slots=True)

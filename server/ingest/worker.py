@@ -33,13 +33,14 @@ import time
 
 from paho.mqtt.client import topic_matches_sub
 
-from livefit.server.ingestion.group_commit import POLL_S, GroupCommit, Held
-from livefit.server.ingestion.route import Route
-from livefit.server.ingestion.wal import WriteAheadLog
-from livefit.server.messaging.codec import DecodedMessage, Rejection, decode_message
-from livefit.server.messaging.mqtt import MqttConnection, RawMessage
-from livefit.server.metrics import Metrics
-from livefit.server.storage.storage_health import LogLimiter, StorageHealth
+from ..base.metrics import Metrics
+from ..mqtt.connection import MqttConnection, RawMessage
+from ..storage.health import LogLimiter, StorageHealth
+from ..storage.wal import WriteAheadLog
+from ..wire.codec import DecodedMessage, decode_message
+from ..wire.rejection import Rejection
+from .group_commit import POLL_S, GroupCommit, Held
+from .route import Route
 
 log = logging.getLogger(__name__)
 DEAD_LETTER_PAYLOAD_LIMIT = 4096  # bytes of the original payload echoed in the report

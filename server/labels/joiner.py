@@ -35,20 +35,16 @@ from typing import Literal
 import msgpack
 import numpy as np
 
-from livefit.server.config import ModelSettings
-from livefit.server.ingestion.samples import SampleChunk
-from livefit.server.ingestion.wal import WalRecord
-from livefit.server.labels.score import ServedScore
-from livefit.server.labels.store import OUTCOMES, Applied, JoinStore, Policy, Shapes
-from livefit.server.labels.wire import (
-    LabelBatch,
-    PredictionBatch,
-    decode_labels,
-    decode_predictions,
-)
-from livefit.server.messaging.codec import Rejection, SampleSpec
-from livefit.server.messaging.mqtt import RawMessage
-from livefit.server.metrics import Metrics
+from ..base.metrics import Metrics
+from ..config.model import ModelSettings
+from ..mqtt.connection import RawMessage
+from ..storage.wal import WalRecord
+from ..wire.codec import SampleSpec
+from ..wire.labels import LabelBatch, PredictionBatch, decode_labels, decode_predictions
+from ..wire.rejection import Rejection
+from ..wire.samples import SampleChunk
+from .score import ServedScore
+from .store import OUTCOMES, Applied, JoinStore, Policy, Shapes
 
 log = logging.getLogger(__name__)
 EVENT_CONTENT_TYPE = "application/vnd.livefit.label-event+msgpack"  # its log records

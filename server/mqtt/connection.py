@@ -27,12 +27,12 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from livefit.server.config import BrokerSettings
-from livefit.server.messaging.broker import BrokerAddress
-from livefit.server.messaging.connection_status import ConnectionStatus
-from livefit.server.messaging.paho_client import paho_client
-from livefit.server.messaging.publish_guard import PublishGuard, publish_packet_bytes
-from livefit.server.metrics import Metrics
+from ..base.metrics import Metrics
+from ..config.sections import BrokerSettings
+from .broker import BrokerAddress
+from .connection_status import ConnectionStatus
+from .paho_client import paho_client
+from .publish_guard import PublishGuard, publish_packet_bytes
 
 log = logging.getLogger(__name__)
 SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: a client with the same id connected

@@ -12,10 +12,10 @@ import threading
 import time
 from typing import Any
 
-from livefit.server.config import BrokerSettings
-from livefit.server.messaging.broker import BrokerAddress
+from ..config.sections import BrokerSettings
+from .broker import BrokerAddress
 
-log = logging.getLogger("livefit.server.messaging.mqtt")  # the name its lines always had
+log = logging.getLogger(__name__)
 UNREACHABLE_LOG_MAX_S = 60.0  # failed attempts are logged at 0, 1, 2, 4 ... 60, 60 ... s apart
 
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import paho.mqtt.client as paho
 
-from livefit.server.config import BrokerSettings
-from livefit.server.messaging.broker import BrokerAddress
-from livefit.server.messaging.connection_status import refusal_text
-from livefit.server.messaging.paho_client import paho_client
+from ..config.sections import BrokerSettings
+from .broker import BrokerAddress
+from .connection_status import refusal_text
+from .paho_client import paho_client
 
-log = logging.getLogger("livefit.server.messaging.mqtt")  # the name its lines always had
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

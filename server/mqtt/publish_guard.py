@@ -23,7 +23,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.properties import Properties
 
-from livefit.server.metrics import Metrics
+from ..base.metrics import Metrics
 
 log = logging.getLogger(__name__)
 OVERSIZE = "over_max_packet_size"  # the reason label of a publish the guard did not send

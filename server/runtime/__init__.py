@@ -1,13 +1,12 @@
-"""Wiring and lifecycle: the learner's runtime (``runtime``: the start and stop order; its
-models built in ``learner_models``, its write-ahead log replayed and truncated in
-``learner_log``) and the replica's (``replica``), their common part (``process_runtime``),
-uvicorn in front (``serve``; the socket it binds first, ``listening``), replica worker groups
-(``workers``), the split learner (``learner_group`` supervising ``training_process`` and
-``learner_serving``), child processes that die with their parent (``children``) and the
-toolkit that starts mosquitto and livefit processes for the demo, the bench and the tests
-(``local_processes``, gathering ``local_process``, ``local_mosquitto`` and ``local_servers``).
+"""Processes, wired: the learner's runtime (``learner``: the start and stop order; its models
+built in ``learner_models``, its write-ahead log replayed and truncated in ``learner_log``) and
+the replica's (``replica``), their common part (``process_runtime``), uvicorn in front
+(``serve``; the socket it binds first, ``listening``; stop signals ``stop_signals``), replica
+worker groups (``workers``, ``group_directory``), the split learner (``learner_group``
+supervising ``training_process`` and ``learner_serving``), child processes that die with their
+parent (``children``), and the broker ``broker.url = "auto"`` finds or starts (``broker``, with
+``mosquitto`` and the child-process toolkit ``local_process`` it runs on).
 
-Imports: every other package (this is where they are put together); nothing imports it but
-``livefit.cli``, the demo, the clients that start processes, and ``messaging.broker``
-(``children``).
+Imports every other server package; nothing in ``server`` or ``clients`` imports it, only the
+commands (``livefit.cli``, ``livefit.demo``), ``livefit.local_servers``, the tests and the bench.
 """

@@ -30,7 +30,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from livefit.server.processes.listening import StartupError
+from .listening import StartupError
 
 log = logging.getLogger(__name__)
 

@@ -27,24 +27,23 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from livefit.server.config import Settings
-from livefit.server.inference.serving import ServedModel
-from livefit.server.ingestion.route import Route
-from livefit.server.ingestion.wal import WriteAheadLog
-from livefit.server.labels.recorder import recorder_for
-from livefit.server.messaging.broker import BrokerAddress, ManagedBroker, resolve_broker
-from livefit.server.messaging.mqtt import MqttConnection
-from livefit.server.messaging.probe import for_broker
-from livefit.server.processes.learner_log import LearnerLog, _remove_temporary_files
-from livefit.server.processes.learner_models import LearnerHooks, LearnerModels, ModelRuntime
-from livefit.server.processes.process_runtime import ProcessRuntime
-from livefit.server.storage.storage_health import StorageHealth
-from livefit.server.storage.storage_lock import StorageLock
-from livefit.server.storage.storage_watch import StorageWatch
-from livefit.server.training.modeling import enable_gpu_memory_growth
-from livefit.server.weights.weight_store import WeightStore
-
-__all__ = ["LearnerHooks", "LearnerRuntime", "ModelRuntime"]
+from ..config.settings import Settings
+from ..ingest.route import Route
+from ..labels.recorder import recorder_for
+from ..mqtt.broker import BrokerAddress
+from ..mqtt.connection import MqttConnection
+from ..mqtt.probe import for_broker
+from ..serve.serving import ServedModel
+from ..storage.health import StorageHealth
+from ..storage.lock import StorageLock
+from ..storage.wal import WriteAheadLog
+from ..storage.watch import StorageWatch
+from ..train.modeling import enable_gpu_memory_growth
+from ..weights.store import WeightStore
+from .broker import ManagedBroker, resolve_broker
+from .learner_log import LearnerLog, _remove_temporary_files
+from .learner_models import LearnerModels, ModelRuntime
+from .process_runtime import ProcessRuntime
 
 log = logging.getLogger(__name__)
 

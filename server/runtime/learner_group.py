@@ -9,7 +9,7 @@
 - Each **serving process** is the replica's serving half (``learner_serving.py``) fed by that
   socket instead of the broker: the prediction API, labels, the weights download, health,
   the dashboard and one ``/metrics`` for the whole group. While its batcher holds requests it
-  says so on a shared-memory board (``server/inference/busy_board.py``) that the trainer reads
+  says so on a shared-memory board (``server/serve/busy_board.py``) that the trainer reads
   to give way, as it does in one process.
 
 Start: the parent binds the port (a taken port fails at once), starts the training process and
@@ -37,11 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from livefit.server.heartbeat import Silence, beat_file
-from livefit.server.inference.busy_board import BOARD_FILE, BusyBoard
-from livefit.server.logs import TRAINING_ENV
-from livefit.server.processes.children import start_child, stop_children
-from livefit.server.processes.workers import (
+from ..base.heartbeat import Silence, beat_file
+from ..base.logs import TRAINING_ENV
+from ..serve.busy_board import BOARD_FILE, BusyBoard
+from ..weights.local_feed import FEED_FILE
+from .children import start_child, stop_children
+from .workers import (
     MAX_RESTARTS,
     RESTART_WINDOW_S,
     TRAINING,
@@ -50,7 +51,6 @@ from livefit.server.processes.workers import (
     restarts_in_window,
     run_group,
 )
-from livefit.server.weights.local_feed import FEED_FILE
 
 log = logging.getLogger(__name__)
 _TRAINING_DIR, _TRAINING_WORKERS = TRAINING_ENV, "LIVEFIT_TRAINING_WORKERS"

@@ -13,16 +13,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from livefit.server.ingestion.route import Route
-from livefit.server.ingestion.wal import WriteAheadLog
-from livefit.server.messaging.codec import Rejection, decode_message
-from livefit.server.metrics import Metrics
-from livefit.server.storage.checkpoint import Checkpoint
+from ..base.metrics import Metrics
+from ..ingest.route import Route
+from ..storage.checkpoint import Checkpoint
+from ..storage.wal import WriteAheadLog
+from ..wire.codec import decode_message
+from ..wire.rejection import Rejection
 
 if TYPE_CHECKING:
-    from livefit.server.processes.learner_models import ModelRuntime
+    from .learner_models import ModelRuntime
 
-log = logging.getLogger("livefit.server.processes.runtime")  # the name its lines always had
+log = logging.getLogger(__name__)
 
 
 class LearnerLog:

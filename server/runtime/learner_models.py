@@ -14,31 +14,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from livefit.models import weight_names
-from livefit.server.config import ModelSettings, Settings
-from livefit.server.inference.serving import ServedModel
-from livefit.server.ingestion.dedup import SequenceTracker
-from livefit.server.ingestion.ingest import IngestWorker
-from livefit.server.ingestion.route import Route
-from livefit.server.ingestion.samples import SampleQueue
-from livefit.server.ingestion.wal import WriteAheadLog
-from livefit.server.labels.joiner import LabelJoiner
-from livefit.server.messaging.codec import SampleSpec
-from livefit.server.messaging.mqtt import MqttConnection
-from livefit.server.metrics import Metrics
-from livefit.server.processes.process_runtime import serving_half
-from livefit.server.snapshot import SnapshotSlot
-from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
-from livefit.server.storage.storage_health import StorageHealth
-from livefit.server.training.hooks import TrainerHooks
-from livefit.server.training.modeling import resolve_device
-from livefit.server.training.trainer import Trainer
-from livefit.server.weights.weight_format import architecture_fingerprint
-from livefit.server.weights.weight_keys import learner_signing_key
-from livefit.server.weights.weight_publisher import WeightPublisher
-from livefit.server.weights.weight_store import WeightStore
+from livefit.models.builders import weight_names
 
-log = logging.getLogger("livefit.server.processes.runtime")  # the name its lines always had
+from ..base.metrics import Metrics
+from ..config.model import ModelSettings
+from ..config.settings import Settings
+from ..ingest.dedup import SequenceTracker
+from ..ingest.route import Route
+from ..ingest.sample_queue import SampleQueue
+from ..ingest.worker import IngestWorker
+from ..labels.joiner import LabelJoiner
+from ..mqtt.connection import MqttConnection
+from ..serve.serving import ServedModel
+from ..storage.checkpoint import Checkpoint, CheckpointStore
+from ..storage.health import StorageHealth
+from ..storage.wal import WriteAheadLog
+from ..train.hooks import TrainerHooks
+from ..train.modeling import resolve_device
+from ..train.trainer import Trainer
+from ..weights.format import architecture_fingerprint
+from ..weights.keys import learner_signing_key
+from ..weights.publisher import WeightPublisher
+from ..weights.store import WeightStore
+from ..wire.codec import SampleSpec
+from ..wire.snapshot import SnapshotSlot
+from .process_runtime import serving_half
+
+log = logging.getLogger(__name__)
 
 
 @dataclass

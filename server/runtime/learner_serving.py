@@ -18,17 +18,17 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from livefit.server.config import Settings
-from livefit.server.inference.busy_board import BusyBoard
-from livefit.server.labels.recorder import recorder_for
-from livefit.server.messaging.broker import resolve_broker
-from livefit.server.messaging.probe import for_broker
-from livefit.server.processes.learner_group import TrainingSlot
-from livefit.server.processes.replica import ReplicaModel, ReplicaRuntime
-from livefit.server.processes.workers import WorkerSlot
-from livefit.server.weights.local_feed import LocalWeightSource
-from livefit.server.weights.receiver_auth import Authenticator
-from livefit.server.weights.weight_verifier import WeightVerifier
+from ..config.settings import Settings
+from ..labels.recorder import recorder_for
+from ..mqtt.probe import for_broker
+from ..serve.busy_board import BusyBoard
+from ..weights.local_feed import LocalWeightSource
+from ..weights.receiver_auth import Authenticator
+from ..weights.verifier import WeightVerifier
+from .broker import resolve_broker
+from .learner_group import TrainingSlot
+from .replica import ReplicaModel, ReplicaRuntime
+from .workers import WorkerSlot
 
 log = logging.getLogger(__name__)
 STATUS_STALE_S = 5.0  # no status from the training process for this long: say so

@@ -1,5 +1,5 @@
-"""One command in a child process (``LocalProcess``), stopping several together (``stop_all``,
-``running``), and waiting for a port (``free_port``, ``wait_listening``).
+"""One command in a child process (``LocalProcess``), stopping several together (``stop_all``),
+and waiting for a port (``free_port``, ``wait_listening``).
 
 A ``LocalProcess`` keeps ``children``'s promises: it dies with the process that started it and
 runs in its own process group, which ``stop`` signals whole. Output goes to a log file whose
@@ -14,11 +14,11 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
-from livefit.server.processes.children import start_child
+from .children import start_child
 
 LOOPBACK = "127.0.0.1"
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
@@ -160,12 +160,3 @@ def stop_all(processes: Sequence[LocalProcess], timeout: float | None = None) ->
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         with contextlib.suppress(Exception):
             process.stop(timeout=left)
-
-
-@contextlib.contextmanager
-def running(*processes: LocalProcess) -> Iterator[None]:
-    """Stop every process on the way out (``stop_all``), whatever happened."""
-    try:
-        yield
-    finally:
-        stop_all(processes)

@@ -8,12 +8,7 @@ import signal
 from pathlib import Path
 from typing import Self
 
-from livefit.server.processes.local_process import (
-    LOOPBACK,
-    LocalProcess,
-    free_port,
-    wait_listening,
-)
+from .local_process import LOOPBACK, LocalProcess, free_port, wait_listening
 
 
 class Mosquitto(LocalProcess):

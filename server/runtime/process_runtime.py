@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from livefit.server.config import ModelSettings, Settings
-from livefit.server.inference.serving import ServedModel, ServingModel
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.training.modeling import build_uncompiled
+from ..base.metrics import Metrics
+from ..config.model import ModelSettings
+from ..config.settings import Settings
+from ..serve.serving import ServedModel, ServingModel
+from ..train.modeling import build_uncompiled
+from ..wire.snapshot import Snapshot, SnapshotSlot
 
 
 class ProcessRuntime:

@@ -19,25 +19,26 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from livefit.models import weight_names
-from livefit.server.api.auth import TokenGuard
-from livefit.server.config import BrokerSettings, ConfigError, ModelSettings, Settings
-from livefit.server.inference.serving import ServedModel
-from livefit.server.labels.recorder import recorder_for
-from livefit.server.messaging.broker import BrokerAddress, resolve_broker
-from livefit.server.messaging.probe import for_broker
-from livefit.server.processes.process_runtime import ProcessRuntime, serving_half
-from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.training.modeling import (
-    enable_gpu_memory_growth,
-    resolve_device,
-)
-from livefit.server.weights.receiver_auth import Authenticator, receiver_authenticator
-from livefit.server.weights.version_log import VersionLog
-from livefit.server.weights.weight_format import architecture_fingerprint, sha256_hex
-from livefit.server.weights.weight_receiver import WeightReceiver
-from livefit.server.weights.weight_store import EncodedWeights, WeightStore
-from livefit.server.weights.weight_verifier import OUTCOMES, ReceivedWeights, WeightVerifier
+from livefit.models.builders import weight_names
+
+from ..config.model import ModelSettings
+from ..config.sections import BrokerSettings
+from ..config.settings import ConfigError, Settings
+from ..http.auth import TokenGuard
+from ..labels.recorder import recorder_for
+from ..mqtt.broker import BrokerAddress
+from ..mqtt.probe import for_broker
+from ..serve.serving import ServedModel
+from ..train.modeling import enable_gpu_memory_growth, resolve_device
+from ..weights.format import architecture_fingerprint, sha256_hex
+from ..weights.receiver import WeightReceiver
+from ..weights.receiver_auth import Authenticator, receiver_authenticator
+from ..weights.store import EncodedWeights, WeightStore
+from ..weights.verifier import OUTCOMES, ReceivedWeights, WeightVerifier
+from ..weights.version_log import VersionLog
+from ..wire.snapshot import Snapshot, SnapshotSlot
+from .broker import resolve_broker
+from .process_runtime import ProcessRuntime, serving_half
 
 log = logging.getLogger(__name__)
 

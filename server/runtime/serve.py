@@ -22,12 +22,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import uvicorn
 
-from livefit.server.api.app import Runtime, create_app
-from livefit.server.config import Settings
-from livefit.server.metrics_merge import WorkerMetrics
-from livefit.server.processes.listening import StartupError, bind_socket
-from livefit.server.processes.stop_signals import stop_signals
-from livefit.server.processes.workers import WorkerSlot
+from ..base.metrics_merge import WorkerMetrics
+from ..config.settings import Settings
+from ..http.app import Runtime, create_app
+from ..http.connections import protocol_class
+from .listening import StartupError, bind_socket
+from .stop_signals import stop_signals
+from .workers import WorkerSlot
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None =
     """Serve ``runtime`` until SIGINT, SIGTERM or SIGHUP; then stop everything in order; 0 if
     clean, 1 if the app failed to start, 2 if a check before start failed (message on stderr).
     As one of a worker group's processes (``worker``), on the socket the group bound."""
-    from livefit.server.storage.storage_lock import StorageLocked
+    from ..storage.lock import StorageLocked
 
     try:
         preflight = getattr(runtime, "preflight", None)
@@ -91,8 +92,8 @@ def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None =
         # uvicorn has no request-head timeout, and its limit_concurrency accepts every connection
         # (a descriptor each) to answer 503: livefit's protocol times heads, closes idle
         # connections and caps them (http.header_timeout_s, keep_alive_timeout_s,
-        # max_connections, max_header_bytes; see server/api/connections.py)
-        http=settings.http.connection_protocol(runtime),
+        # max_connections, max_header_bytes; see server/http/connections.py)
+        http=protocol_class(settings.http, runtime),
     )
     server = _Server(config)
     try:

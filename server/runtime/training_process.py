@@ -22,25 +22,27 @@ import threading
 
 from prometheus_client import CollectorRegistry
 
-from livefit.server.config import ModelSettings, Settings
-from livefit.server.heartbeat import touch
-from livefit.server.inference.busy_board import BusyBoard
-from livefit.server.inference.serving import ServedModel
-from livefit.server.metrics_merge import WorkerMetrics
-from livefit.server.processes.children import start_spawner
-from livefit.server.processes.learner_group import TrainingSlot
-from livefit.server.processes.runtime import LearnerHooks, LearnerRuntime, ModelRuntime
-from livefit.server.processes.stop_signals import on_stop_signals
-from livefit.server.processes.workers import TRAINING
-from livefit.server.snapshot import SnapshotSlot
-from livefit.server.storage.storage_lock import StorageLocked
-from livefit.server.training.hooks import TrainerHooks
-from livefit.server.weights.local_feed import (
+from ..base.heartbeat import touch
+from ..base.metrics_merge import WorkerMetrics
+from ..config.model import ModelSettings
+from ..config.settings import Settings
+from ..serve.busy_board import BusyBoard
+from ..serve.serving import ServedModel
+from ..storage.lock import StorageLocked
+from ..train.hooks import TrainerHooks
+from ..weights.local_feed import (
     STATUS_INTERVAL_S,
     STATUS_KEY,
     LocalWeightFeed,
     LocalWeightPublisher,
 )
+from ..wire.snapshot import SnapshotSlot
+from .children import start_spawner
+from .learner import LearnerRuntime
+from .learner_group import TrainingSlot
+from .learner_models import LearnerHooks, ModelRuntime
+from .stop_signals import on_stop_signals
+from .workers import TRAINING
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ then starts N copies of the same ``livefit replica`` command as children that in
 socket: the kernel hands each new connection to one of them (the pre-fork model of gunicorn
 and nginx). Each worker is a whole replica (its own weight stream subscription and MQTT client
 id, its own batcher), on its own GIL. ``/metrics`` on any worker answers for all of them
-(``server/metrics_merge.py``).
+(``server/base/metrics_merge.py``).
 
 Lifecycle promises:
 - SIGTERM, SIGINT or SIGHUP (``stop_signals.py``) to the parent stops every worker
@@ -16,8 +16,8 @@ Lifecycle promises:
   reason in the log; so does one that dies more than ``MAX_RESTARTS`` times in
   ``RESTART_WINDOW_S``;
 - a worker that served and whose event loop then stays silent for ``http.worker_timeout_s``
-  (SIGSTOPped, wedged) is SIGKILLed, and so started again (``server/heartbeat.py``);
-- no worker outlives its parent, even a SIGKILLed one (``server/processes/children.py``).
+  (SIGSTOPped, wedged) is SIGKILLed, and so started again (``server/base/heartbeat.py``);
+- no worker outlives its parent, even a SIGKILLed one (``server/runtime/children.py``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from livefit.server.heartbeat import Silence, beat_file
-from livefit.server.logs import WORKER_ENV
-from livefit.server.processes.children import start_child, stop_children
-from livefit.server.processes.group_directory import group_directory, release_group_directory
-from livefit.server.processes.listening import StartupError, bind_socket
-from livefit.server.processes.stop_signals import on_stop_signals
+from ..base.heartbeat import Silence, beat_file
+from ..base.logs import WORKER_ENV
+from .children import start_child, stop_children
+from .group_directory import group_directory, release_group_directory
+from .listening import StartupError, bind_socket
+from .stop_signals import on_stop_signals
 
 log = logging.getLogger(__name__)
 _INDEX, _COUNT, _FD, _DIR, _KIND = (

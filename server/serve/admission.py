@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sized
 from typing import Literal
 
-from livefit.server.inference.batch_cost import BatchCost
+from .batch_cost import BatchCost
 
 AUTO_WAIT_BATCHES = 2.0  # max_queue_wait "auto": this many full-batch model calls ...
 AUTO_WAIT_FLOOR_S = 0.05  # ... but at least this: one batch cycle of HTTP work at capacity

@@ -31,28 +31,13 @@ from typing import Literal
 
 import numpy as np
 
-from livefit.server.inference.admission import (
+from .admission import (
     LAG_TICK_S,
-    REFUSAL_REASONS,
-    RESERVATION_KEY,
     Admission,
-    QueueFull,
     Reservation,
-    retry_after,
 )
-from livefit.server.inference.batch_cost import ArrivalRate, AutoTimeout, BatchCost
-from livefit.server.inference.batch_types import (
-    BatchStats,
-    DeadlineExceeded,
-    PredictFn,
-    Prediction,
-    _Pending,
-)
-
-__all__ = [
-    "REFUSAL_REASONS", "RESERVATION_KEY", "ArrivalRate", "AutoTimeout", "BatchCost", "BatchStats",
-    "DeadlineExceeded", "Prediction", "QueueFull", "RequestBatcher", "Reservation", "retry_after",
-]  # fmt: skip
+from .batch_cost import AutoTimeout, BatchCost
+from .batch_types import BatchStats, DeadlineExceeded, PredictFn, Prediction, _Pending
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from livefit.server.config import ModelSettings
-from livefit.server.flat_call import flat_caller
-from livefit.server.inference.batcher import REFUSAL_REASONS, BatchCost, BatchStats, RequestBatcher
-from livefit.server.labels.recorder import PredictionRecorder
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import Snapshot
+from ..base.flat_call import flat_caller
+from ..base.metrics import Metrics
+from ..config.model import ModelSettings
+from ..labels.recorder import PredictionRecorder
+from ..wire.snapshot import Snapshot
+from .admission import REFUSAL_REASONS
+from .batch_cost import BatchCost
+from .batch_types import BatchStats
+from .batcher import RequestBatcher
 
 log = logging.getLogger(__name__)
 

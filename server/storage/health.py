@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from livefit.server.metrics import Metrics
+from ..base.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from livefit.server.storage.storage_health import StorageHealth
-from livefit.server.storage.storage_lock import StorageLock, StorageLocked
+from .health import StorageHealth
+from .lock import StorageLock, StorageLocked
 
 log = logging.getLogger(__name__)
 STORAGE_CHECK_INTERVAL_S = 1.0

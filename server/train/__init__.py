@@ -4,6 +4,6 @@ the process around it (``hooks``), its checkpoints and versions (``checkpointing
 (``scaling``), the update policy with replay and drift (``update_policy``, ``replay``,
 ``drift``) and prequential scores (``prequential``).
 
-Imports: ``ingestion.samples`` (the queue it drains), ``storage``, ``snapshot`` (what it hands
-to serving and the weight stream), ``latest_worker``, ``config``, ``metrics``. Never HTTP.
+Imports ``ingest`` (the sample queue it drains), ``storage``, ``wire`` (snapshots: what it hands
+to serving and the weight stream), ``config``, ``base`` and ``livefit.models``. Never HTTP.
 """

@@ -13,12 +13,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from livefit.server.latest_worker import LatestWorker
-from livefit.server.metrics import Metrics
-from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
-from livefit.server.storage.storage_health import StorageHealth
+from ..base.latest_worker import LatestWorker
+from ..base.metrics import Metrics
+from ..storage.checkpoint import Checkpoint, CheckpointStore
+from ..storage.health import StorageHealth
 
-log = logging.getLogger("livefit.server.training.trainer")  # the name its lines always had
+log = logging.getLogger(__name__)
 
 
 class CheckpointWriter:

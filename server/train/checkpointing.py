@@ -19,17 +19,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from livefit.server.config import ModelSettings
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import Snapshot
-from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
-from livefit.server.storage.storage_health import StorageHealth
-from livefit.server.training.checkpoint_writer import CheckpointWriter
-from livefit.server.training.hooks import TrainerHooks
-from livefit.server.training.train_step import TrainStep
-from livefit.server.training.update_policy import UpdatePolicy
+from ..base.metrics import Metrics
+from ..config.model import ModelSettings
+from ..storage.checkpoint import Checkpoint, CheckpointStore
+from ..storage.health import StorageHealth
+from ..wire.snapshot import Snapshot
+from .checkpoint_writer import CheckpointWriter
+from .hooks import TrainerHooks
+from .train_step import TrainStep
+from .update_policy import UpdatePolicy
 
-log = logging.getLogger("livefit.server.training.trainer")  # the name its lines always had
+log = logging.getLogger(__name__)
 VERSION_BLOCK = 1000  # versions claimed on disk at a time (see _reserve_versions)
 
 

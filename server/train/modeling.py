@@ -7,10 +7,12 @@ import logging
 import keras
 import tensorflow as tf
 
-from livefit.models import BUILTIN_BUILDERS, build_model
-from livefit.models.builders import output_activation_name
+from livefit.models.builders import build_model, output_activation_name
+from livefit.models.names import BUILTIN_BUILDERS
 from livefit.models.outputs import custom_output_problem
-from livefit.server.config import ModelSettings, TensorFlowSettings
+
+from ..config.model import ModelSettings
+from ..config.sections import TensorFlowSettings
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ import tensorflow as tf
 
 from livefit.models.standardize import standardize_layer
 from livefit.models.target_scaling import standardized_view, target_scaling_layer
-from livefit.server.flat_call import flat_caller
+
+from ..base.flat_call import flat_caller
 
 _TRAINING_SENSITIVE = (
     keras.layers.Dropout,

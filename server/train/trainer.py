@@ -22,18 +22,19 @@ import time
 
 import numpy as np
 
-from livefit.server.config import ModelSettings
-from livefit.server.ingestion.samples import Batch, QueueClosed, SampleQueue
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.storage.checkpoint import CheckpointStore, new_lineage_id
-from livefit.server.storage.storage_health import StorageHealth
-from livefit.server.training.checkpointing import TrainerCheckpoints
-from livefit.server.training.hooks import TrainerHooks
-from livefit.server.training.modeling import build_compiled, make_loss
-from livefit.server.training.prequential import PrequentialScores
-from livefit.server.training.train_step import TrainStep
-from livefit.server.training.update_policy import Learned, UpdatePolicy
+from ..base.metrics import Metrics
+from ..config.model import ModelSettings
+from ..ingest.sample_queue import QueueClosed, SampleQueue
+from ..storage.checkpoint import CheckpointStore, new_lineage_id
+from ..storage.health import StorageHealth
+from ..wire.samples import Batch
+from ..wire.snapshot import Snapshot, SnapshotSlot
+from .checkpointing import TrainerCheckpoints
+from .hooks import TrainerHooks
+from .modeling import build_compiled, make_loss
+from .prequential import PrequentialScores
+from .train_step import TrainStep
+from .update_policy import Learned, UpdatePolicy
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1

@@ -31,12 +31,13 @@ import numpy as np
 
 from livefit.models.standardize import broadcast_statistic, standardize_layer
 from livefit.models.target_scaling import target_scaling_layer
-from livefit.server.config import ModelSettings
-from livefit.server.ingestion.samples import Batch
-from livefit.server.training.drift import DriftDetector
-from livefit.server.training.replay import ReplayBuffer, mix
-from livefit.server.training.scaling import RunningStandardizer
-from livefit.server.training.train_step import StepResult, TrainStep
+
+from ..config.model import ModelSettings
+from ..wire.samples import Batch
+from .drift import DriftDetector
+from .replay import ReplayBuffer, mix
+from .scaling import RunningStandardizer
+from .train_step import StepResult, TrainStep
 
 log = logging.getLogger(__name__)
 

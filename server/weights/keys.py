@@ -12,7 +12,7 @@ A shared ``weights.hmac_key`` still works, beside the signature: it is weaker (a
 it can forge). A receiver with neither refuses to start unless ``weights.allow_unsigned``; the
 receivers' verification policy is ``receiver_auth``'s.
 
-``python -m livefit.server.weights.weight_keys PRIVATE [PUBLIC]`` creates a key pair (or keeps an
+``python -m livefit.server.weights.keys PRIVATE [PUBLIC]`` creates a key pair (or keeps an
 existing private key) and writes its public key: compose's key init step.
 """
 
@@ -32,14 +32,9 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from livefit.server.config import ConfigError, Settings, WeightsSettings
-from livefit.server.weights.weight_format import (
-    EnvelopeHeader,
-    encode_header,
-    hmac_tag,
-    seal,
-    signed_message,
-)
+from ..config.model_tables import WeightsSettings
+from ..config.settings import ConfigError, Settings
+from .format import EnvelopeHeader, encode_header, hmac_tag, seal, signed_message
 
 log = logging.getLogger(__name__)
 _loaded: dict[Path, SigningKey] = {}  # the learner's keys by path: loaded and logged once
@@ -288,7 +283,7 @@ def _load_learner_key(weights: WeightsSettings, storage_dir: str | Path, model: 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2) or args[0].startswith("-"):
-        print("usage: python -m livefit.server.weights.weight_keys PRIVATE_KEY_FILE "
+        print("usage: python -m livefit.server.weights.keys PRIVATE_KEY_FILE "
               "[PUBLIC_KEY_FILE]", file=sys.stderr)  # fmt: skip
         return 2
     public = Path(args[1]) if len(args) == 2 else None

@@ -35,12 +35,11 @@ import threading
 import time
 from typing import Any
 
-from livefit.server.latest_worker import LatestWorker
-from livefit.server.messaging.mqtt import MqttConnection, RawMessage
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import Snapshot
-from livefit.server.weights.version_log import VersionLog
-from livefit.server.weights.weight_format import (
+from ..base.latest_worker import LatestWorker
+from ..base.metrics import Metrics
+from ..mqtt.connection import MqttConnection, RawMessage
+from ..wire.snapshot import Snapshot
+from .format import (
     ENVELOPE_CONTENT_TYPE,
     EnvelopeHeader,
     WeightsMeta,
@@ -49,14 +48,13 @@ from livefit.server.weights.weight_format import (
     open_envelope,
     sha256_hex,
 )
-from livefit.server.weights.weight_keys import SigningKey
-from livefit.server.weights.weight_store import EncodedWeights, WeightStore
+from .keys import SigningKey
+from .store import EncodedWeights, WeightStore
+from .version_log import VersionLog
 
 log = logging.getLogger(__name__)
 _REFRESH_POLL_S = 1.0
 RESTORE_GAP_MAX_S = 60.0  # foreign messages in a row: the snapshot is put back this often at most
-
-__all__ = ["EncodedWeights", "WeightPublisher", "WeightStore"]
 
 
 class WeightPublisher:

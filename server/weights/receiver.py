@@ -13,22 +13,17 @@ from collections.abc import Callable
 
 import paho.mqtt.client as paho
 
-from livefit.server.config import BrokerSettings
-from livefit.server.messaging.broker import BrokerAddress
-from livefit.server.messaging.connection_status import ConnectionStatus
-from livefit.server.messaging.paho_client import paho_client
-from livefit.server.weights.receiver_auth import Authenticator
-from livefit.server.weights.weight_verifier import (
+from ..config.sections import BrokerSettings
+from ..mqtt.broker import BrokerAddress
+from ..mqtt.connection_status import ConnectionStatus
+from ..mqtt.paho_client import paho_client
+from .receiver_auth import Authenticator
+from .verifier import (
     DEFAULT_MAX_PULL_BYTES,
-    OUTCOMES,
-    QUIET_OUTCOMES,
     ReceivedWeights,
     WeightVerifier,
 )
 
-__all__ = [
-    "DEFAULT_MAX_PULL_BYTES", "OUTCOMES", "QUIET_OUTCOMES", "ReceivedWeights", "WeightReceiver",
-]  # fmt: skip
 log = logging.getLogger(__name__)
 
 

@@ -13,22 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from livefit.server.config import ConfigError, Settings, WeightsSettings
-from livefit.server.weights.weight_format import (
-    ED25519_SIGNATURE_BYTES,
-    Envelope,
-    WeightsRejected,
-    hmac_tag,
-)
-from livefit.server.weights.weight_keys import (
-    DEFAULT_PUBLIC_NAME,
-    KEYS_DIR,
-    VerifyKey,
-    default_public_path,
-    parse_verify_key,
-)
+from ..config.model_tables import WeightsSettings
+from ..config.settings import ConfigError, Settings
+from .format import ED25519_SIGNATURE_BYTES, Envelope, WeightsRejected, hmac_tag
+from .keys import DEFAULT_PUBLIC_NAME, KEYS_DIR, VerifyKey, default_public_path, parse_verify_key
 
-log = logging.getLogger("livefit.server.weights.weight_keys")  # the name its lines always had
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from livefit.server.weights.receiver_auth import Authenticator
-from livefit.server.weights.weight_format import (
+from .format import (
     EnvelopeHeader,
     WeightsMeta,
     WeightsRejected,
@@ -54,6 +53,7 @@ from livefit.server.weights.weight_format import (
     decode_weights,
     open_envelope,
 )
+from .receiver_auth import Authenticator
 
 log = logging.getLogger(__name__)
 OUTCOMES = (

@@ -25,8 +25,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from livefit.server.ingestion.samples import SampleChunk
-from livefit.server.messaging.codec_fields import (
+from .codec_fields import (
     optional_int,
     optional_number,
     optional_str,
@@ -34,10 +33,9 @@ from livefit.server.messaging.codec_fields import (
     shape_targets,
     to_array,
 )
-from livefit.server.messaging.rejection import REASONS, Rejection, short
-from livefit.wire import JSON_TYPES, MSGPACK_TYPES
-
-__all__ = ["REASONS", "DecodedMessage", "Rejection", "SampleSpec", "decode_map", "decode_message"]
+from .encoding import JSON_TYPES, MSGPACK_TYPES
+from .rejection import Rejection, short
+from .samples import SampleChunk
 
 
 @dataclass(frozen=True, slots=True)

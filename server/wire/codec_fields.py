@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from livefit.server.messaging.rejection import Rejection, short
-from livefit.wire import RAW_DTYPES
+from .encoding import RAW_DTYPES
+from .rejection import Rejection, short
 
 _MAX_ID_LENGTH = 256
 MAX_RANK = 32  # dimensions of any array in a message (numpy's own limit is 64)

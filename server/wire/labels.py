@@ -25,17 +25,11 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from livefit.server.labels.ids import IdError, RowId, check_id, check_ids
-from livefit.server.messaging.codec import Rejection, SampleSpec, decode_map
-from livefit.server.messaging.codec_fields import (
-    MAX_TS,
-    optional_number,
-    sample_weights,
-    shape_targets,
-    to_array,
-)
-from livefit.server.messaging.rejection import short
-from livefit.wire import raw_buffer
+from .codec import SampleSpec, decode_map
+from .codec_fields import MAX_TS, optional_number, sample_weights, shape_targets, to_array
+from .encoding import raw_buffer
+from .label_ids import IdError, RowId, check_id, check_ids
+from .rejection import Rejection, short
 
 PREDICTIONS_CONTENT_TYPE = "application/msgpack"
 
