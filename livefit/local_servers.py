@@ -2,6 +2,10 @@
 200) and livefit's own (``LivefitProcess``: ``livefit serve``/``replica`` with a config, and
 its metrics). A server that exits or is not ready in time raises ``NotReady`` with the
 problems its readiness route named and the end of its log.
+
+Here, beside the commands, not in ``server/``: ``livefit demo`` runs its learner and replica
+through it, and it reads metrics with ``livefit.clients.metrics``, which no server package may
+import. The tests and the bench start their servers with the same class.
 """
 
 from __future__ import annotations

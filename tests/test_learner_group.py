@@ -243,7 +243,7 @@ def test_sigterm_trains_what_was_accepted_then_stops_serving(
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     log = learner.log.read_text()
     # in order: the training process's last checkpoint, then the serving processes stopped
-    checkpoint = log.rindex("[training] livefit.server.train.trainer: checkpoint demo")
+    checkpoint = log.rindex("[training] livefit.server.train.checkpoint_writer: checkpoint demo")
     assert checkpoint < log.index("[worker 0] uvicorn.error: Shutting down")
     # nothing left to replay: whatever the broker handed over was trained and checkpointed
     again = LivefitProcess(config(broker, storage), tmp_path / "b").start()
@@ -279,7 +279,7 @@ def test_sighup_stops_every_process_of_the_group_as_sigterm_does(
     ):
         assert said in log, log[-3000:]
     hangup = log.index("SIGHUP")
-    assert log.rindex("[training] livefit.server.train.trainer: checkpoint demo") > hangup
+    assert log.rindex("[training] livefit.server.train.checkpoint_writer: checkpoint demo") > hangup
     assert "starting it again" not in log  # a hangup of a process of the group is no crash
 
 
