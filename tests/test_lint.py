@@ -68,6 +68,6 @@ def test_mypy(installed: Path) -> None:
 def test_mypy_sees_types_across_livefit_modules(installed: Path, tmp_path: Path) -> None:
     """A misuse of one livefit module's type from another is an error, not ``Any``."""
     probe = tmp_path / "probe.py"
-    probe.write_text("from livefit.server.base.metrics import Metrics\n\nMetrics().export(1)\n")
+    probe.write_text("from livefit.server.base.metrics import Metrics\n\nMetrics().init_model(1)\n")
     result = mypy(installed, "--config-file", str(ROOT / "pyproject.toml"), str(probe))
     assert result.returncode == 1 and 'incompatible type "int"' in result.stdout, result.stdout

@@ -10,6 +10,7 @@ import pytest
 from livefit.server.base.metrics import Metrics
 from livefit.server.storage.health import StorageHealth
 from livefit.server.storage.lock import StorageLock, StorageLocked
+from livefit.server.storage.metrics import StorageMetrics
 from livefit.server.storage.watch import StorageWatch
 
 
@@ -43,7 +44,7 @@ def test_the_watch_reports_once_stops_the_log_and_keeps_the_path_locked(tmp_path
     watch.check()
     watch.check()
     assert len(lost) == 1 and "storage_lost" in health.problems()[0]
-    assert metrics.storage_healthy._value.get() == 0
+    assert metrics.group(StorageMetrics).storage_healthy._value.get() == 0
     with pytest.raises(StorageLocked, match="in use by another livefit learner"):
         StorageLock(storage).acquire()
     shutil.rmtree(storage)  # deleted again: locked again, still unhealthy, reported once

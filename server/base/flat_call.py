@@ -1,6 +1,6 @@
 """Calling a traced TensorFlow graph through its flat entry point, without the argument
 binding and casting ``ConcreteFunction.__call__`` repeats on every call. Used by the trainer's
-step (``training.train_step``) and the serving model (``inference.serving``)."""
+step (``train.train_step``) and the serving model (``serve.serving``)."""
 
 from __future__ import annotations
 

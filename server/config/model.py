@@ -1,6 +1,6 @@
 """One model's settings (``ModelSettings``): its network, loss and optimizer (names checked
 without importing Keras), shapes, topics and ingestion limits, with its sub-tables from
-``config_model_tables``, and the checks that need several keys at once (an output that fits
+``config.model_tables``, and the checks that need several keys at once (an output that fits
 the loss, a default label of the target's shape).
 
 This module owns ``ModelSettings`` and the builder names; ``config`` re-exports them.

@@ -2,7 +2,7 @@
 ``.drift``, ``.serve`` (request batching, admission and limits), ``.weights`` (the weight
 stream, signing and verification), ``.checkpoint`` and ``.labels`` (delayed labels).
 
-This module owns those tables; ``config_model`` puts them in ``ModelSettings`` and ``config``
+This module owns those tables; ``config.model`` puts them in ``ModelSettings`` and ``config``
 re-exports them.
 """
 

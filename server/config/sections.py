@@ -2,8 +2,8 @@
 TensorFlow's thread pools and the split learner's processes; and ``Section``, the base of
 every settings table (unknown keys refused, defaults validated).
 
-This module owns those tables; a model's tables are ``config_model``'s and
-``config_model_tables``', and the whole tree, its loading and the environment overrides are
+This module owns those tables; a model's tables are ``config.model``'s and
+``config.model_tables``', and the whole tree, its loading and the environment overrides are
 ``config``'s, which re-exports every name here.
 """
 

@@ -7,8 +7,8 @@ environment over it (``LIVEFIT_HTTP__PORT=9000``,
 ``ConfigError`` whose message names the key, e.g. ``models.demo.train.max_batch_size``.
 
 This module owns the whole tree (``Settings``), its loading and the environment overrides; the
-sections are declared in ``config_sections`` (the process's: broker, HTTP, storage...),
-``config_model`` (``ModelSettings``) and ``config_model_tables`` (a model's train, serve,
+sections are declared in ``config.sections`` (the process's: broker, HTTP, storage...),
+``config.model`` (``ModelSettings``) and ``config.model_tables`` (a model's train, serve,
 weights... tables), and every name is re-exported here.
 """
 

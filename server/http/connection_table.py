@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .connection_limits import CLOSE_REASONS, ConnectionLimits
+from .metrics import HttpMetrics
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -46,10 +47,13 @@ class ConnectionTable:
         self.sweep_interval_s = min(0.5, max(0.01, shortest / 4))
         self._sweeping: asyncio.TimerHandle | None = None
         if metrics is not None:
-            metrics.export("http")
-        self._gauge = metrics.http_connections if metrics is not None else None
+            metrics.group(HttpMetrics)
+        self._gauge = metrics.group(HttpMetrics).http_connections if metrics is not None else None
         self._closed = (
-            {r: metrics.http_connections_closed.labels(reason=r) for r in CLOSE_REASONS}
+            {
+                r: metrics.group(HttpMetrics).http_connections_closed.labels(reason=r)
+                for r in CLOSE_REASONS
+            }
             if metrics is not None
             else {}
         )

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..base.metrics import Metrics
 from ..serve.admission import RESERVATION_KEY, retry_after
+from ..serve.metrics import ServingMetrics
 from ..serve.serving import ServedModel
 from .predict_handlers import PredictHandlers, Served
 from .predict_request import _DECIMAL, Guard
@@ -49,7 +50,7 @@ class EarlyAdmission:
         self.served = served
         self.metrics = metrics
         self.token = token
-        metrics.export("serving")
+        metrics.group(ServingMetrics)
         # The same endpoints the app routes to (its own instance), called without the app's
         # middleware and routing: an admitted prediction's ASGI work drops by about half.
         handlers = PredictHandlers(served, metrics, guard, body_timeout_s)
@@ -113,9 +114,9 @@ class EarlyAdmission:
             answer = self._answers[key] = _refusal_response(*key)
         counted = self._counted.get(name)
         if counted is None:
-            counted = self._counted[name] = self.metrics.predict_requests.labels(
-                model=name, code="429"
-            )
+            counted = self._counted[name] = self.metrics.group(
+                ServingMetrics
+            ).predict_requests.labels(model=name, code="429")
         counted.inc()  # not timed: livefit_predict_latency_seconds times what the app answers
         return answer
 

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from ..base.metrics import Metrics
 from ..serve.admission import RESERVATION_KEY, QueueFull, Reservation
 from ..serve.batch_types import DeadlineExceeded
+from ..serve.metrics import ServingMetrics
 from ..serve.serving import NotReady, ServedModel
 from .predict_request import (
     _DECIMAL,
@@ -58,7 +59,7 @@ class PredictHandlers:
         self.served = served
         self.metrics = metrics
         self.guard = guard
-        metrics.export("serving")
+        metrics.group(ServingMetrics)
         self.body_timeout_s = body_timeout_s
         self._observed: dict[tuple[str, int], tuple[Any, Any]] = {}
 
@@ -70,8 +71,10 @@ class PredictHandlers:
         children = self._observed.get((name, code))
         if children is None:
             children = self._observed[(name, code)] = (
-                self.metrics.predict_requests.labels(model=name, code=str(code)),
-                self.metrics.predict_latency.labels(model=name),
+                self.metrics.group(ServingMetrics).predict_requests.labels(
+                    model=name, code=str(code)
+                ),
+                self.metrics.group(ServingMetrics).predict_latency.labels(model=name),
             )
         children[0].inc()
         children[1].observe(seconds)

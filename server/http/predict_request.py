@@ -1,7 +1,7 @@
 """What a prediction request's HTTP parts mean: the error answer (``ApiError``,
 ``error_response``), the body read within its byte and time limits, the deadline from the
 ``X-Deadline-Ms`` header or OIP's ``timeout`` parameter, numbers read by ASCII rules, and the
-TF Serving and OIP parse and format steps over ``protocols``.
+TF Serving and OIP parse and format steps over ``tfserving`` and ``oip``.
 
 This module owns those steps and the constants they use; ``predict_handlers`` puts them
 together, and ``predict_api`` re-exports the names other modules import. Its log lines keep

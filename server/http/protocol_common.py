@@ -2,8 +2,7 @@
 client gets (``RequestError``, 400 or 413), and the pure helpers that read a JSON body into
 finite float32 rows and turn outputs back into JSON (``null`` for non-finite values).
 
-Pure functions, no I/O. ``tfserving``, ``oip`` and ``oip_tensors`` build on it; ``protocols``
-re-exports the public names.
+Pure functions, no I/O. ``tfserving``, ``oip`` and ``oip_tensors`` build on it.
 """
 
 from __future__ import annotations

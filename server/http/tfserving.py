@@ -1,6 +1,6 @@
 """The TF Serving REST protocol: parse a ``:predict`` body in row or column format, format
 its response, and the model status answer. Pure functions, no I/O; the shapes and conveniences
-are the ones ``protocols`` describes.
+are the ones ``protocol_common`` describes (the shared parts).
 """
 
 from __future__ import annotations

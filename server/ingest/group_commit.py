@@ -15,12 +15,14 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from ..base.metrics import Metrics
+from ..base.metrics import ErrorMetrics, Metrics
 from ..labels.joiner import LabelEvent
 from ..mqtt.connection import MqttConnection, RawMessage
 from ..storage.health import StorageHealth
+from ..storage.metrics import WalMetrics
 from ..storage.wal import StorageError, WriteAheadLog
 from ..wire.codec import DecodedMessage
+from .metrics import IngestMetrics, IngestSequenceMetrics, SampleQueueMetrics
 from .route import Route
 from .sample_queue import QueueClosed
 
@@ -105,7 +107,9 @@ class GroupCommit:
             except StorageError as exc:
                 self.storage.failed(exc.op, exc.cause)
             else:
-                self.metrics.wal_commit_seconds.observe(time.perf_counter() - started)
+                self.metrics.group(WalMetrics).wal_commit_seconds.observe(
+                    time.perf_counter() - started
+                )
                 self.storage.recovered("wal_open")
                 self.storage.recovered("wal_write")
                 self.storage.recovered("wal_fsync")
@@ -138,7 +142,7 @@ class GroupCommit:
         try:
             chunk = self.route.labels.apply(item.event, item.position)
         except Exception:  # a bug: the event is logged (replayed at start); the stream goes on
-            self.metrics.internal_errors.labels(component="labels").inc()
+            self.metrics.group(ErrorMetrics).internal_errors.labels(component="labels").inc()
             log.exception("applying a delayed-label event of %s failed", self.route.model)
             return True
         if chunk is None:
@@ -158,8 +162,10 @@ class GroupCommit:
         gaps = tracker.commit()
         model = self.route.model
         if gaps:
-            self.metrics.ingest_seq_gaps.labels(model=model).inc(gaps)
-        self.metrics.ingest_seq_missing.labels(model=model).set(tracker.missing)
+            self.metrics.group(IngestSequenceMetrics).ingest_seq_gaps.labels(model=model).inc(gaps)
+        self.metrics.group(IngestSequenceMetrics).ingest_seq_missing.labels(model=model).set(
+            tracker.missing
+        )
 
     def _forget_pending(self) -> None:
         if self.route.sequences is not None:
@@ -186,9 +192,11 @@ class GroupCommit:
             except QueueClosed:
                 return False
         n = len(decoded.chunk)
-        m = self.metrics
+        m = self.metrics.group(IngestMetrics)
         if counted:
             m.ingest_messages.labels(model=route.model, outcome="accepted", reason="none").inc()
         m.ingest_samples.labels(model=route.model).inc(n)
-        m.queue_depth.labels(model=route.model).set(len(route.queue))
+        self.metrics.group(SampleQueueMetrics).queue_depth.labels(model=route.model).set(
+            len(route.queue)
+        )
         return True

@@ -1,7 +1,7 @@
 """The ingest worker: one model's raw MQTT messages -> decoded, validated samples in its queue.
 
-Each model has its own MQTT session and its own worker (``runtime.py``), so a model whose
-trainer cannot keep up holds back only its own stream. The worker runs off paho's network
+Each model has its own MQTT session and its own worker (``runtime.learner_models``), so a model
+whose trainer cannot keep up holds back only its own stream. The worker runs off paho's network
 thread. For each message, in arrival order: decode and validate, then accept it or reject it.
 
 Every message ends acknowledged, whatever it contains: accepted, or rejected with a reason
@@ -33,13 +33,15 @@ import time
 
 from paho.mqtt.client import topic_matches_sub
 
-from ..base.metrics import Metrics
+from ..base.metrics import ErrorMetrics, Metrics
 from ..mqtt.connection import MqttConnection, RawMessage
 from ..storage.health import LogLimiter, StorageHealth
+from ..storage.metrics import StorageMetrics, WalMetrics
 from ..storage.wal import WriteAheadLog
 from ..wire.codec import DecodedMessage, decode_message
 from ..wire.rejection import Rejection
 from .group_commit import POLL_S, GroupCommit, Held
+from .metrics import IngestMetrics, IngestSequenceMetrics, SampleQueueMetrics
 from .route import Route
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,12 @@ class IngestWorker(GroupCommit):
         self.connection = connection
         self.route = route
         self.metrics = metrics
-        metrics.export("ingestion", "ingest_sequence", "ingest_health", "errors")
+        metrics.group(IngestMetrics)
+        metrics.group(IngestSequenceMetrics)
+        metrics.group(StorageMetrics)
+        metrics.group(SampleQueueMetrics)
+        metrics.group(WalMetrics)
+        metrics.group(ErrorMetrics)
         self.wal = wal
         self.group_max = group_max
         self.commit_window_s = commit_window_s
@@ -181,7 +188,7 @@ class IngestWorker(GroupCommit):
             self.handle(message)
         except Exception as exc:  # a bug or a case nobody foresaw: reject, never get stuck
             self._held.append(Held(message))
-            self.metrics.internal_errors.labels(component="ingest").inc()
+            self.metrics.group(ErrorMetrics).internal_errors.labels(component="ingest").inc()
             try:
                 self._reject(message, Rejection("internal", f"{type(exc).__name__}: {exc}"[:300]))
             except Exception:
@@ -197,7 +204,7 @@ class IngestWorker(GroupCommit):
         try:
             event = labels.tick_due()
         except Exception:
-            self.metrics.internal_errors.labels(component="labels").inc()
+            self.metrics.group(ErrorMetrics).internal_errors.labels(component="labels").inc()
             log.exception("delayed-label expiry check failed for %s", self.route.model)
             return
         if event is not None:
@@ -209,7 +216,7 @@ class IngestWorker(GroupCommit):
         try:
             self.flush()
         except Exception:
-            self.metrics.internal_errors.labels(component="ingest").inc()
+            self.metrics.group(ErrorMetrics).internal_errors.labels(component="ingest").inc()
             log.exception("ingest failed to finish a group of %d messages", len(self._held))
 
     def route_for(self, topic: str) -> Route | None:
@@ -252,14 +259,16 @@ class IngestWorker(GroupCommit):
             return False
         duplicate = route.sequences.check(decoded.source, decoded.seq)
         if duplicate and route.drop_duplicates:
-            self.metrics.ingest_duplicates.labels(model=route.model).inc()
+            self.metrics.group(IngestSequenceMetrics).ingest_duplicates.labels(
+                model=route.model
+            ).inc()
             return True
         return False
 
     # rejecting ---------------------------------------------------------------------------------
     def _reject(self, message: RawMessage, rejection: Rejection) -> None:
         route = self.route
-        self.metrics.ingest_messages.labels(
+        self.metrics.group(IngestMetrics).ingest_messages.labels(
             model=route.model, outcome="rejected", reason=rejection.reason
         ).inc()
         held_back = self._log_limiter.allow(rejection.reason)
@@ -277,9 +286,13 @@ class IngestWorker(GroupCommit):
                 route.dead_letter_topic, report, qos=1, content_type="application/json"
             )  # None: over the broker's maximum packet size (counted and logged there)
             outcome = "sent" if sent is not None else "failed"
-            self.metrics.dead_letters.labels(model=route.model, outcome=outcome).inc()
+            self.metrics.group(IngestMetrics).dead_letters.labels(
+                model=route.model, outcome=outcome
+            ).inc()
         except Exception as exc:
-            self.metrics.dead_letters.labels(model=route.model, outcome="failed").inc()
+            self.metrics.group(IngestMetrics).dead_letters.labels(
+                model=route.model, outcome="failed"
+            ).inc()
             if self._log_limiter.allow("dead-letter-failed") is not None:
                 log.error("could not publish to dead-letter topic %s: %s",
                           route.dead_letter_topic, exc)  # fmt: skip

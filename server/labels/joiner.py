@@ -43,6 +43,7 @@ from ..wire.codec import SampleSpec
 from ..wire.labels import LabelBatch, PredictionBatch, decode_labels, decode_predictions
 from ..wire.rejection import Rejection
 from ..wire.samples import SampleChunk
+from .metrics import LabelMetrics
 from .score import ServedScore
 from .store import OUTCOMES, Applied, JoinStore, Policy, Shapes
 
@@ -79,7 +80,7 @@ class LabelJoiner:
         self.spec = spec
         self.labels_topic, self.predictions_topic = topics
         self.metrics = metrics
-        metrics.export("labels")
+        metrics.group(LabelMetrics)
         self.trained = trained
         self.output_shape = tuple(settings.output_shape)
         labels = settings.labels
@@ -102,11 +103,13 @@ class LabelJoiner:
         self._next_tick = 0.0
         self._saved: dict[int, SampleChunk] = {}  # restored samples, by position, for replay
         for outcome in OUTCOMES:
-            metrics.labels.labels(model=model, outcome=outcome)
-        metrics.pending_predictions.labels(model=model).set_function(
+            metrics.group(LabelMetrics).labels.labels(model=model, outcome=outcome)
+        metrics.group(LabelMetrics).pending_predictions.labels(model=model).set_function(
             lambda: len(self.store.pending)
         )
-        metrics.pending_labels.labels(model=model).set_function(lambda: len(self.store.early))
+        metrics.group(LabelMetrics).pending_labels.labels(model=model).set_function(
+            lambda: len(self.store.early)
+        )
 
     # ingest side -------------------------------------------------------------------------------
     def owns(self, topic: str) -> bool:
@@ -123,7 +126,9 @@ class LabelJoiner:
         try:
             decoded = decode_labels(payload, self.spec, content_type)
         except Rejection:
-            self.metrics.labels.labels(model=self.model, outcome="rejected").inc()
+            self.metrics.group(LabelMetrics).labels.labels(
+                model=self.model, outcome="rejected"
+            ).inc()
             raise
         return LabelEvent("labels", message.received_at, decoded, payload, content_type)
 
@@ -165,7 +170,7 @@ class LabelJoiner:
         return applied.chunk
 
     def _observe(self, applied: Applied) -> None:
-        m, model = self.metrics, self.model
+        m, model = self.metrics.group(LabelMetrics), self.model
         for outcome, count in applied.outcomes.items():
             m.labels.labels(model=model, outcome=outcome).inc(count)
         delay = m.label_delay.labels(model=model)

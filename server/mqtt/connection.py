@@ -27,10 +27,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from ..base.metrics import Metrics
+from ..base.metrics import ErrorMetrics, Metrics
 from ..config.sections import BrokerSettings
 from .broker import BrokerAddress
 from .connection_status import ConnectionStatus
+from .metrics import BrokerMetrics
 from .paho_client import paho_client
 from .publish_guard import PublishGuard, publish_packet_bytes
 
@@ -70,7 +71,8 @@ class MqttConnection:
         self.address = address
         self.settings = settings
         self.metrics = metrics
-        metrics.export("broker", "errors")
+        metrics.group(BrokerMetrics)
+        metrics.group(ErrorMetrics)
         self.protocol = protocol or settings.protocol
         self.inbox: queue.Queue[RawMessage] = queue.Queue(maxsize=settings.receive_maximum * 2)
         self._stopping = threading.Event()
@@ -146,7 +148,7 @@ class MqttConnection:
         finally:
             self._client.loop_stop()
             self.connected.clear()
-            self.metrics.broker_connected.set(0)
+            self.metrics.group(BrokerMetrics).broker_connected.set(0)
 
     def _drain_inbox(self) -> None:
         """Drop what nobody will handle now: it was never acknowledged, so it is redelivered."""
@@ -262,15 +264,15 @@ class MqttConnection:
             "MQTT connected to %s (session %s)%s", self.address,
             "resumed" if resumed else "new", f" after {failed} failed attempts" if failed else "",
         )  # fmt: skip
-        self.metrics.broker_connects.inc()
-        self.metrics.broker_connected.set(1)
+        self.metrics.group(BrokerMetrics).broker_connects.inc()
+        self.metrics.group(BrokerMetrics).broker_connected.set(1)
 
     def _on_disconnect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
     ) -> None:
         was_connected = self.connected.is_set()
         self.connected.clear()
-        self.metrics.broker_connected.set(0)
+        self.metrics.group(BrokerMetrics).broker_connected.set(0)
         code = getattr(reason, "value", reason)
         if not was_connected:  # an attempt that ended before the broker accepted it
             if self.status.refusal is None and code != 0 and not self._stopping.is_set():
@@ -278,7 +280,7 @@ class MqttConnection:
             return
         if code == 0 or self._stopping.is_set():  # 0: the disconnect we asked for
             return
-        self.metrics.broker_disconnects.inc()
+        self.metrics.group(BrokerMetrics).broker_disconnects.inc()
         quick = time.monotonic() - self._connected_at < QUICK_DROP_S
         self._quick_drops = self._quick_drops + 1 if quick else 0
         if code == SESSION_TAKEN_OVER:  # MQTT 5 brokers that say so
@@ -341,5 +343,7 @@ class MqttConnection:
                 except queue.Full:
                     continue
         except Exception:
-            self.metrics.internal_errors.labels(component="mqtt_on_message").inc()
+            self.metrics.group(ErrorMetrics).internal_errors.labels(
+                component="mqtt_on_message"
+            ).inc()
             log.exception("could not enqueue an MQTT message on %s", message.topic)

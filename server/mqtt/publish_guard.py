@@ -24,6 +24,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.properties import Properties
 
 from ..base.metrics import Metrics
+from .metrics import PublishRefusedMetrics
 
 log = logging.getLogger(__name__)
 OVERSIZE = "over_max_packet_size"  # the reason label of a publish the guard did not send
@@ -77,8 +78,8 @@ class PublishGuard:
     as the paho client's on_publish callback and call ``sent`` with each publish's info."""
 
     def __init__(self, metrics: Metrics, what: str, limit_bytes: int | None = None) -> None:
-        metrics.export("publish_refused")
-        self.refused_total = metrics.broker_publish_refused
+        metrics.group(PublishRefusedMetrics)
+        self.refused_total = metrics.group(PublishRefusedMetrics).broker_publish_refused
         self.what = what  # who publishes, for the log: "learner demo", "replica recorder demo"
         self.configured_bytes = limit_bytes
         self.limit_bytes = limit_bytes

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class ManagedBroker(Protocol):
-    """A broker livefit started itself and must stop on shutdown (``local_processes.Mosquitto``
+    """A broker livefit started itself and must stop on shutdown (``runtime.mosquitto.Mosquitto``
     or ``EmbeddedAmqtt``)."""
 
     kind: str

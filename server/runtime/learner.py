@@ -38,6 +38,7 @@ from ..storage.health import StorageHealth
 from ..storage.lock import StorageLock
 from ..storage.wal import WriteAheadLog
 from ..storage.watch import StorageWatch
+from ..train.metrics import TrainingStateMetrics
 from ..train.modeling import enable_gpu_memory_growth
 from ..weights.store import WeightStore
 from .broker import ManagedBroker, resolve_broker
@@ -135,7 +136,7 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
 
     def report_drift(self, name: str, detections: int) -> None:
         """Count a detected drift and report it on the model's events topic."""
-        self.metrics.drift_detected.labels(model=name).inc()
+        self.metrics.group(TrainingStateMetrics).drift_detected.labels(model=name).inc()
         runtime = self.models.get(name)
         connection = runtime.connection if runtime is not None else None
         if connection is None or runtime is None or runtime.trainer is None:
@@ -155,7 +156,7 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
         )  # fmt: skip
 
     def _storage_lost(self, reason: str) -> None:
-        """The storage dir was deleted or replaced (``storage_watch``): the log takes nothing
+        """The storage dir was deleted or replaced (``storage.watch``): the log takes nothing
         more, so nothing more is acknowledged."""
         if self.wal is not None:
             self.wal.mark_lost(reason)

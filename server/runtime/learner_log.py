@@ -2,7 +2,7 @@
 not yet checkpointed (``LearnerLog``, which ``LearnerRuntime`` inherits), truncation after each
 checkpoint, and the removal of temporary files an interrupted write left.
 
-This module owns those steps; the log itself is ``ingestion.wal``'s and when they run is
+This module owns those steps; the log itself is ``storage.wal``'s and when they run is
 ``runtime``'s.
 """
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..base.metrics import Metrics
 from ..ingest.route import Route
 from ..storage.checkpoint import Checkpoint
+from ..storage.metrics import WalMetrics
 from ..storage.wal import WriteAheadLog
 from ..wire.codec import decode_message
 from ..wire.rejection import Rejection
@@ -68,7 +69,9 @@ class LearnerLog:
             chunk = decoded.chunk
             route.queue.put(replace(chunk, position=record.position))
             replayed[record.model] = replayed.get(record.model, 0) + len(chunk)
-            self.metrics.wal_replayed_samples.labels(model=record.model).inc(len(chunk))
+            self.metrics.group(WalMetrics).wal_replayed_samples.labels(model=record.model).inc(
+                len(chunk)
+            )
         for route in routes:
             for chunk in route.labels.leftover() if route.labels is not None else ():
                 route.queue.put(chunk)
@@ -76,7 +79,7 @@ class LearnerLog:
             log.info("replayed %d samples of %s from the write-ahead log", count, model)
         skipped = sum(s.records for s in self.wal.skipped)  # each logged by the log with its byte
         if skipped:
-            self.metrics.wal_corrupt_records.inc(skipped)
+            self.metrics.group(WalMetrics).wal_corrupt_records.inc(skipped)
             log.error(
                 "write-ahead log: %d corrupt record(s) skipped, the rest replayed "
                 "(livefit_wal_corrupt_records_total)", skipped,

@@ -20,11 +20,13 @@ from ..base.metrics import Metrics
 from ..config.model import ModelSettings
 from ..config.settings import Settings
 from ..ingest.dedup import SequenceTracker
+from ..ingest.metrics import IngestSequenceMetrics
 from ..ingest.route import Route
 from ..ingest.sample_queue import SampleQueue
 from ..ingest.worker import IngestWorker
 from ..labels.joiner import LabelJoiner
 from ..mqtt.connection import MqttConnection
+from ..serve.metrics import ServingMetrics
 from ..serve.serving import ServedModel
 from ..storage.checkpoint import Checkpoint, CheckpointStore
 from ..storage.health import StorageHealth
@@ -131,8 +133,8 @@ class LearnerModels:
         self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
     ) -> ServedModel | None:
         """Model ``name``'s serving half in this process (None: served elsewhere)."""
-        self.metrics.export("serving")
-        version_gauge = self.metrics.serving_version.labels(model=name)
+        self.metrics.group(ServingMetrics)
+        version_gauge = self.metrics.group(ServingMetrics).serving_version.labels(model=name)
         return serving_half(
             name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version)
         )
@@ -180,9 +182,13 @@ class LearnerModels:
             stall_after_s=runtime.settings.stall_after_s,
             silent_topic_warn_s=runtime.settings.silent_topic_warn_s,
         )
-        stalled = self.metrics.ingest_stalled.labels(model=runtime.name)
+        stalled = self.metrics.group(IngestSequenceMetrics).ingest_stalled.labels(
+            model=runtime.name
+        )
         stalled.set_function(lambda: float(worker.stalled()))
-        silence = self.metrics.ingest_seconds_since_message.labels(model=runtime.name)
+        silence = self.metrics.group(IngestSequenceMetrics).ingest_seconds_since_message.labels(
+            model=runtime.name
+        )
         silence.set_function(worker.seconds_since_message)
         return worker
 

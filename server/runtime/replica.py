@@ -3,7 +3,7 @@
 Same config file, same prediction API, batcher and limits as the learner; no training. Each
 model's weights arrive on its weight topic (retained, so a replica started late gets the
 newest at once), are verified by a ``WeightReceiver`` (the learner's Ed25519 signature, see
-``weight_keys``) and swapped in between batches. A replica is ready only once every model holds
+``weights.keys``) and swapped in between batches. A replica is ready only once every model holds
 a version. Without a key to verify weights with (and without ``weights.allow_unsigned``) a
 replica does not start: it says which setting is missing before it connects anywhere.
 """
@@ -28,9 +28,11 @@ from ..http.auth import TokenGuard
 from ..labels.recorder import recorder_for
 from ..mqtt.broker import BrokerAddress
 from ..mqtt.probe import for_broker
+from ..serve.metrics import ServingMetrics
 from ..serve.serving import ServedModel
 from ..train.modeling import enable_gpu_memory_growth, resolve_device
 from ..weights.format import architecture_fingerprint, sha256_hex
+from ..weights.metrics import FreshnessMetrics, WeightsReceivedMetrics
 from ..weights.receiver import WeightReceiver
 from ..weights.receiver_auth import Authenticator, receiver_authenticator
 from ..weights.store import EncodedWeights, WeightStore
@@ -102,16 +104,20 @@ class ReplicaRuntime(ProcessRuntime):
     def _build(self, name: str, settings: ModelSettings) -> ReplicaModel:
         device = resolve_device(settings.device)
         self.metrics.init_model(name)
-        self.metrics.export("serving", "weights_received", "freshness")
+        self.metrics.group(ServingMetrics)
+        self.metrics.group(WeightsReceivedMetrics)
+        self.metrics.group(FreshnessMetrics)
         for outcome in OUTCOMES:
-            self.metrics.weights_received.labels(model=name, outcome=outcome)
+            self.metrics.group(WeightsReceivedMetrics).weights_received.labels(
+                model=name, outcome=outcome
+            )
         slot = SnapshotSlot()
         served = serving_half(
             name, settings, device, slot, lambda snapshot: self._swapped(name, snapshot)
         )
         serving = served.serving
         slot.subscribe(served.snapshot_arrived)
-        age = self.metrics.weights_age.labels(model=name)
+        age = self.metrics.group(WeightsReceivedMetrics).weights_age.labels(model=name)
         age.set_function(
             lambda: time.time() - serving.snapshot.created_at if serving.snapshot else 0.0
         )
@@ -154,7 +160,7 @@ class ReplicaRuntime(ProcessRuntime):
         name = replica_model.name
         model = replica_model.served.serving.model
         names = weight_names(model)
-        counter = self.metrics.weights_received
+        counter = self.metrics.group(WeightsReceivedMetrics).weights_received
         weights = replica_model.settings.weights
         return {
             "model": name,
@@ -192,10 +198,12 @@ class ReplicaRuntime(ProcessRuntime):
         )
 
     def _swapped(self, name: str, snapshot: Snapshot) -> None:
-        self.metrics.serving_version.labels(model=name).set(snapshot.version)
+        self.metrics.group(ServingMetrics).serving_version.labels(model=name).set(snapshot.version)
         if snapshot.newest_published_at is not None:
             freshness = max(0.0, time.time() - snapshot.newest_published_at)
-            self.metrics.freshness.labels(model=name, stage="served").observe(freshness)
+            self.metrics.group(FreshnessMetrics).freshness.labels(
+                model=name, stage="served"
+            ).observe(freshness)
         versions = self._version_logs.get(name)
         if versions is None:
             versions = self._version_logs.setdefault(name, VersionLog(log, name, "served"))

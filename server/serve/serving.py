@@ -30,6 +30,7 @@ from .admission import REFUSAL_REASONS
 from .batch_cost import BatchCost
 from .batch_types import BatchStats
 from .batcher import RequestBatcher
+from .metrics import AdmissionMetrics, ServingMetrics
 
 log = logging.getLogger(__name__)
 
@@ -200,13 +201,17 @@ class ServedModel:
 
     def start_batching(self, metrics: Metrics) -> None:
         """Create and start the request batcher on the running event loop."""
-        metrics.export("serving", "admission")
+        metrics.group(ServingMetrics)
+        metrics.group(AdmissionMetrics)
         serve = self.settings.serve
         name = self.name
-        batch_size = metrics.predict_batch_size.labels(model=name)
-        queue_seconds = metrics.predict_queue_seconds.labels(model=name)
-        queue_rows = metrics.predict_queue_rows.labels(model=name)
-        refused = {r: metrics.predict_refused.labels(model=name, reason=r) for r in REFUSAL_REASONS}
+        batch_size = metrics.group(ServingMetrics).predict_batch_size.labels(model=name)
+        queue_seconds = metrics.group(ServingMetrics).predict_queue_seconds.labels(model=name)
+        queue_rows = metrics.group(ServingMetrics).predict_queue_rows.labels(model=name)
+        refused = {
+            r: metrics.group(AdmissionMetrics).predict_refused.labels(model=name, reason=r)
+            for r in REFUSAL_REASONS
+        }
         timings = getattr(self.serving, "warm_timings", None)
         cost = (
             BatchCost.from_timings(timings)
@@ -215,7 +220,9 @@ class ServedModel:
         )
         cost_terms = {"per_row": lambda: cost.per_row_s, "per_batch": lambda: cost.per_batch_s}
         for term, read in cost_terms.items():  # read when scraped: nothing per request
-            metrics.predict_batch_cost.labels(model=name, term=term).set_function(read)
+            metrics.group(AdmissionMetrics).predict_batch_cost.labels(
+                model=name, term=term
+            ).set_function(read)
 
         def on_batch(stats: BatchStats) -> None:
             batch_size.observe(stats.rows)
@@ -238,9 +245,13 @@ class ServedModel:
         )
         self.batcher.start()
         batcher = self.batcher
-        metrics.predict_wait_bound.labels(model=name).set_function(batcher.max_wait_s)
-        metrics.predict_batch_timeout.labels(model=name).set_function(batcher.timeout_s)
-        metrics.predict_expected_wait.labels(model=name).set_function(
+        metrics.group(AdmissionMetrics).predict_wait_bound.labels(model=name).set_function(
+            batcher.max_wait_s
+        )
+        metrics.group(AdmissionMetrics).predict_batch_timeout.labels(model=name).set_function(
+            batcher.timeout_s
+        )
+        metrics.group(AdmissionMetrics).predict_expected_wait.labels(model=name).set_function(
             lambda: batcher.expected_wait(1)[0]
         )
         self._loop = asyncio.get_running_loop()

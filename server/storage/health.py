@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from ..base.metrics import Metrics
+from .metrics import StorageMetrics
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class StorageHealth:
 
     def __init__(self, metrics: Metrics, log_interval_s: float = 10.0) -> None:
         self.metrics = metrics
-        metrics.export("ingest_health")
+        metrics.group(StorageMetrics)
         self.log_interval_s = log_interval_s
         self._failing: dict[str, _Failing] = {}
         self._lock = threading.Lock()
@@ -43,12 +44,12 @@ class StorageHealth:
         """Count a failure of ``op`` and log it with back-off."""
         now = time.monotonic()
         text = _describe(error)
-        self.metrics.storage_errors.labels(op=op).inc()
+        self.metrics.group(StorageMetrics).storage_errors.labels(op=op).inc()
         with self._lock:
             state = self._failing.get(op)
             if state is None:
                 self._failing[op] = _Failing(since=now, last_error=text, logged_at=now)
-                self.metrics.storage_healthy.set(0)
+                self.metrics.group(StorageMetrics).storage_healthy.set(0)
                 log.error("storage: %s failed: %s (retrying; acknowledgements held)", op, text)
                 return
             state.errors += 1
@@ -68,7 +69,7 @@ class StorageHealth:
         with self._lock:
             state = self._failing.pop(op, None)
             if not self._failing:
-                self.metrics.storage_healthy.set(1)
+                self.metrics.group(StorageMetrics).storage_healthy.set(1)
         if state is not None:
             log.warning(
                 "storage: %s works again after %.1f s and %d errors",

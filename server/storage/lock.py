@@ -9,7 +9,7 @@ log, the checkpoints or the broker.
 A lock on a file that was deleted (``rm -rf`` of the storage dir while the learner runs) or
 replaced proves nothing: another learner would create a new file and lock it. ``lost`` says
 when the file at the path is no longer the one locked, and ``retake`` locks the path again
-(recreating the directory): ``storage_watch`` does both, so a second learner on the path is
+(recreating the directory): ``storage.watch`` does both, so a second learner on the path is
 still refused while the first runs.
 """
 

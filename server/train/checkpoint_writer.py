@@ -17,6 +17,7 @@ from ..base.latest_worker import LatestWorker
 from ..base.metrics import Metrics
 from ..storage.checkpoint import Checkpoint, CheckpointStore
 from ..storage.health import StorageHealth
+from .metrics import CheckpointMetrics
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ class CheckpointWriter:
         try:
             path = self.store.write(checkpoint)
         except Exception as exc:  # full or read-only disk, or anything else: storage trouble
-            self.metrics.checkpoints.labels(model=self.name, outcome="failed").inc()
+            self.metrics.group(CheckpointMetrics).checkpoints.labels(
+                model=self.name, outcome="failed"
+            ).inc()
             if not isinstance(exc, OSError) and self.failure is None:  # a bug? its traceback once
                 log.exception("checkpoint of %s v%d failed", self.name, checkpoint.version)
             self.failure = f"v{checkpoint.version}: {type(exc).__name__}: {exc}"[:300]
@@ -58,11 +61,15 @@ class CheckpointWriter:
             return
         self.failure = None
         self.storage.recovered("checkpoint")
-        self.metrics.checkpoints.labels(model=self.name, outcome="ok").inc()
-        self.metrics.checkpoint_seconds.labels(model=self.name).observe(
+        self.metrics.group(CheckpointMetrics).checkpoints.labels(
+            model=self.name, outcome="ok"
+        ).inc()
+        self.metrics.group(CheckpointMetrics).checkpoint_seconds.labels(model=self.name).observe(
             time.perf_counter() - started
         )
-        self.metrics.checkpoint_bytes.labels(model=self.name).set(path.stat().st_size)
+        self.metrics.group(CheckpointMetrics).checkpoint_bytes.labels(model=self.name).set(
+            path.stat().st_size
+        )
         log.info("checkpoint %s v%d written (log position %d)", self.name, checkpoint.version,
                  checkpoint.position)  # fmt: skip
         for callback in self.on_written:

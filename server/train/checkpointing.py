@@ -26,6 +26,7 @@ from ..storage.health import StorageHealth
 from ..wire.snapshot import Snapshot
 from .checkpoint_writer import CheckpointWriter
 from .hooks import TrainerHooks
+from .metrics import CheckpointMetrics, TrainingStateMetrics
 from .train_step import TrainStep
 from .update_policy import UpdatePolicy
 
@@ -89,7 +90,7 @@ class TrainerCheckpoints:
             return
         checkpoint = self.checkpoints.load_latest()
         if self.checkpoints.set_aside:
-            self.metrics.checkpoints_set_aside.labels(model=self.name).inc(
+            self.metrics.group(CheckpointMetrics).checkpoints_set_aside.labels(model=self.name).inc(
                 len(self.checkpoints.set_aside)
             )
         mark = self.checkpoints.high_water_mark()
@@ -116,8 +117,12 @@ class TrainerCheckpoints:
         if checkpoint is not None and checkpoint.version == self.version:
             self._durable_version = self.version  # a clean stop here needs no new checkpoint
         self._reserved_version = self.version
-        self.metrics.model_samples.labels(model=self.name).set(self.samples_seen)
-        self.metrics.model_version.labels(model=self.name).set(self.version)
+        self.metrics.group(TrainingStateMetrics).model_samples.labels(model=self.name).set(
+            self.samples_seen
+        )
+        self.metrics.group(TrainingStateMetrics).model_version.labels(model=self.name).set(
+            self.version
+        )
         if checkpoint is not None:
             log.info(
                 "%s restored from checkpoint v%d (%d samples, log position %d); continuing at v%d",
@@ -183,9 +188,9 @@ class TrainerCheckpoints:
             extra=self.policy.state(),
             notes=self.hooks.checkpoint_notes(),
         )
-        self.metrics.checkpoint_stall_seconds.labels(model=self.name).observe(
-            time.perf_counter() - started
-        )
+        self.metrics.group(CheckpointMetrics).checkpoint_stall_seconds.labels(
+            model=self.name
+        ).observe(time.perf_counter() - started)
         self._last_checkpoint_at = time.monotonic()
         self._checkpoint_version = self.version
         if final:

@@ -22,15 +22,18 @@ import time
 
 import numpy as np
 
-from ..base.metrics import Metrics
+from ..base.metrics import ErrorMetrics, Metrics
 from ..config.model import ModelSettings
+from ..ingest.metrics import SampleQueueMetrics
 from ..ingest.sample_queue import QueueClosed, SampleQueue
 from ..storage.checkpoint import CheckpointStore, new_lineage_id
 from ..storage.health import StorageHealth
+from ..storage.metrics import StorageMetrics
 from ..wire.samples import Batch
 from ..wire.snapshot import Snapshot, SnapshotSlot
 from .checkpointing import TrainerCheckpoints
 from .hooks import TrainerHooks
+from .metrics import CheckpointMetrics, TrainingMetrics, TrainingStateMetrics
 from .modeling import build_compiled, make_loss
 from .prequential import PrequentialScores
 from .train_step import TrainStep
@@ -65,7 +68,12 @@ class Trainer(TrainerCheckpoints):
         self.queue = queue
         self.slot = slot
         self.metrics = metrics
-        metrics.export("training", "training_state", "durability", "ingest_health", "errors")
+        metrics.group(TrainingMetrics)
+        metrics.group(TrainingStateMetrics)
+        metrics.group(CheckpointMetrics)
+        metrics.group(StorageMetrics)
+        metrics.group(SampleQueueMetrics)
+        metrics.group(ErrorMetrics)
         self.device = device
         self._init_checkpoints(checkpoints, storage)
         self.version = 0
@@ -157,14 +165,16 @@ class Trainer(TrainerCheckpoints):
         deadline = started + limit_s
         while waiting() and time.perf_counter() < deadline:
             time.sleep(_GIVE_WAY_POLL_S)
-        self.metrics.train_yield_seconds.labels(model=self.name).inc(time.perf_counter() - started)
+        self.metrics.group(TrainingMetrics).train_yield_seconds.labels(model=self.name).inc(
+            time.perf_counter() - started
+        )
 
     def _train_safely(self, batch: Batch) -> None:
         try:
             self.train_batch(batch)
         except Exception:
             # A failing step must not kill the trainer: count it, log it, keep going.
-            self.metrics.internal_errors.labels(component="trainer").inc()
+            self.metrics.group(ErrorMetrics).internal_errors.labels(component="trainer").inc()
             log.exception("training step failed for %s (batch of %d)", self.name, len(batch))
 
     def train_batch(self, batch: Batch) -> None:
@@ -181,7 +191,7 @@ class Trainer(TrainerCheckpoints):
         if learned.outliers:
             self._count_outliers(learned.outliers)
         if not result.applied:
-            self.metrics.train_nonfinite.labels(model=self.name).inc()
+            self.metrics.group(TrainingMetrics).train_nonfinite.labels(model=self.name).inc()
             log.warning(
                 "%s: a batch of %d gave a non-finite loss or weights (loss %s); step rolled back",
                 self.name, len(batch), result.loss,
@@ -200,7 +210,7 @@ class Trainer(TrainerCheckpoints):
 
     def _count_outliers(self, samples: int) -> None:
         """Count clipped targets; say so in the log at most once a minute."""
-        self.metrics.train_outliers.labels(model=self.name).inc(samples)
+        self.metrics.group(TrainingMetrics).train_outliers.labels(model=self.name).inc(samples)
         now = time.monotonic()
         if now - self._outliers_logged_at < _OUTLIER_LOG_INTERVAL_S:
             return
@@ -216,7 +226,8 @@ class Trainer(TrainerCheckpoints):
         )  # fmt: skip
 
     def _record(self, batch: Batch, learned: Learned, elapsed: float) -> None:
-        m, name = self.metrics, self.name
+        m, name = self.metrics.group(TrainingMetrics), self.name
+        state = self.metrics.group(TrainingStateMetrics)
         m.train_steps.labels(model=name).inc(learned.steps)
         m.train_samples.labels(model=name).inc(len(batch))
         m.train_batch_size.labels(model=name).observe(len(batch))
@@ -232,12 +243,13 @@ class Trainer(TrainerCheckpoints):
                 mean.cumulative
             )
         if learned.replayed:
-            m.replayed_samples.labels(model=name).inc(learned.replayed)
+            state.replayed_samples.labels(model=name).inc(learned.replayed)
         if self.policy.replay is not None:
-            m.replay_fill.labels(model=name).set(self.policy.replay.fill_ratio)
-        m.model_version.labels(model=name).set(self.version)
-        m.model_samples.labels(model=name).set(self.samples_seen)
-        m.queue_depth.labels(model=name).set(len(self.queue))
+            state.replay_fill.labels(model=name).set(self.policy.replay.fill_ratio)
+        state.model_version.labels(model=name).set(self.version)
+        state.model_samples.labels(model=name).set(self.samples_seen)
+        queue = self.metrics.group(SampleQueueMetrics)
+        queue.queue_depth.labels(model=name).set(len(self.queue))
 
     def _snapshot(self, force: bool = False) -> Snapshot | None:
         """Hand a copy of the weights to the slot, at most every ``serve_interval_s``

@@ -3,7 +3,7 @@
 A ``WeightPublisher`` listens to a model's ``SnapshotSlot``. Its own thread takes the newest
 snapshot (older ones that were never sent are skipped: receivers only want the newest),
 encodes it as safetensors and publishes it QoS 1, retained, inside a signed envelope
-(``weight_format``: Ed25519 over topic, model, lineage, version, times, size and sha256; plus an
+(``weights.format``: Ed25519 over topic, model, lineage, version, times, size and sha256; plus an
 HMAC with ``weights.hmac_key``). Nothing rides in MQTT 5 properties, so the stream works over
 MQTT 3.1.1 too. A payload over ``max_inline_bytes`` is announced by a signed manifest instead
 (the same header, no body) and served from ``GET /v1/models/{name}/weights``. While the broker
@@ -23,7 +23,7 @@ Every ``refresh_interval_s`` without a new snapshot, the newest one is published
 new ``signed_at`` (same bytes, same ``created_at``): receivers that limit the age of what they
 accept (``weights.max_age_s``) keep accepting an idle learner's retained weights.
 
-The encoded snapshots kept for HTTP pulls are ``weight_store``'s (``EncodedWeights`` and
+The encoded snapshots kept for HTTP pulls are ``weights.store``'s (``EncodedWeights`` and
 ``WeightStore`` are re-exported here: ``server/api`` imports them from this module), the log
 lines about the versions ``version_log``'s.
 """
@@ -36,8 +36,9 @@ import time
 from typing import Any
 
 from ..base.latest_worker import LatestWorker
-from ..base.metrics import Metrics
+from ..base.metrics import ErrorMetrics, Metrics
 from ..mqtt.connection import MqttConnection, RawMessage
+from ..mqtt.metrics import PublishRefusedMetrics
 from ..wire.snapshot import Snapshot
 from .format import (
     ENVELOPE_CONTENT_TYPE,
@@ -49,6 +50,7 @@ from .format import (
     sha256_hex,
 )
 from .keys import SigningKey
+from .metrics import FreshnessMetrics, WeightsPublishedMetrics
 from .store import EncodedWeights, WeightStore
 from .version_log import VersionLog
 
@@ -83,7 +85,10 @@ class WeightPublisher:
         self.fingerprint = fingerprint
         self.connection = connection
         self.metrics = metrics
-        metrics.export("weights_published", "freshness", "errors", "publish_refused")
+        metrics.group(WeightsPublishedMetrics)
+        metrics.group(FreshnessMetrics)
+        metrics.group(ErrorMetrics)
+        metrics.group(PublishRefusedMetrics)
         self.store = store
         self.signer = signer
         self.hmac_key = hmac_key
@@ -153,7 +158,9 @@ class WeightPublisher:
         try:
             self.publish(snapshot)
         except Exception:
-            self.metrics.internal_errors.labels(component="weight_publisher").inc()
+            self.metrics.group(ErrorMetrics).internal_errors.labels(
+                component="weight_publisher"
+            ).inc()
             log.exception("could not publish weights of %s v%d", self.model, snapshot.version)
 
     def publish(self, snapshot: Snapshot) -> EncodedWeights:
@@ -255,7 +262,9 @@ class WeightPublisher:
                 self._restore_if_due()
                 self._refresh_if_due()
             except Exception:
-                self.metrics.internal_errors.labels(component="weight_publisher").inc()
+                self.metrics.group(ErrorMetrics).internal_errors.labels(
+                    component="weight_publisher"
+                ).inc()
                 log.exception("could not re-sign the weights of %s", self.model)
 
     def _refresh_if_due(self) -> None:
@@ -265,7 +274,9 @@ class WeightPublisher:
             if last is None or not due or not self.connection.connected.is_set():
                 return
             self._send_locked(last)
-        self.metrics.weights_published.labels(model=self.model, kind="refresh").inc()
+        self.metrics.group(WeightsPublishedMetrics).weights_published.labels(
+            model=self.model, kind="refresh"
+        ).inc()
         log.debug("weights %s v%d re-signed and published again", self.model, last.version)
 
     def _seen(self, message: RawMessage) -> None:
@@ -274,7 +285,7 @@ class WeightPublisher:
         foreign = self._foreign(message.payload)
         if foreign is None:
             return
-        self.metrics.weights_foreign.labels(model=self.model).inc()
+        self.metrics.group(WeightsPublishedMetrics).weights_foreign.labels(model=self.model).inc()
         log.log(
             logging.WARNING if message.retained else logging.ERROR,
             "weights %s: %s on its own weight topic %s is not this learner's (key id %s, "
@@ -331,7 +342,9 @@ class WeightPublisher:
             )
             self._restored_at = now
             self._send_locked(last)
-        self.metrics.weights_published.labels(model=self.model, kind="restore").inc()
+        self.metrics.group(WeightsPublishedMetrics).weights_published.labels(
+            model=self.model, kind="restore"
+        ).inc()
         log.warning(
             "weights %s v%d (lineage %s) put back on %s as the retained message",
             self.model, last.version, last.lineage, self.topic,
@@ -340,7 +353,7 @@ class WeightPublisher:
     def _record(
         self, snapshot: Snapshot, encoded: EncodedWeights, kind: str, seconds: float
     ) -> None:
-        m = self.metrics
+        m = self.metrics.group(WeightsPublishedMetrics)
         self.published_version = snapshot.version
         m.weights_published.labels(model=self.model, kind=kind).inc()
         m.weights_publish_seconds.labels(model=self.model).observe(seconds)
@@ -348,7 +361,10 @@ class WeightPublisher:
         m.published_version.labels(model=self.model).set(snapshot.version)
         if snapshot.newest_published_at is not None:
             freshness = max(0.0, time.time() - snapshot.newest_published_at)
-            m.freshness.labels(model=self.model, stage="published").observe(freshness)
+            published = self.metrics.group(FreshnessMetrics).freshness.labels(
+                model=self.model, stage="published"
+            )
+            published.observe(freshness)
         size, ms = len(encoded.payload), seconds * 1000
         self._versions.record(
             snapshot.version,

@@ -1,6 +1,6 @@
 """The weight stream over MQTT, shared by replicas and the client ``WeightSubscriber``.
 
-A ``WeightReceiver`` is a ``WeightVerifier`` (``weight_verifier``: what is checked, in which
+A ``WeightReceiver`` is a ``WeightVerifier`` (``weights.verifier``: what is checked, in which
 order, and the freshness rules) fed by its own paho client subscribed to one model's weight
 topic, speaking the protocol, keepalive, reconnect back-off, TLS and credentials of the
 ``[broker]`` settings. The network thread only enqueues; the verifier's thread does the rest.

@@ -2,7 +2,7 @@
 Ed25519 and/or HMAC, or nothing when explicitly allowed) and where a replica's policy comes
 from (``receiver_authenticator``: its configured key, key file, or the public key a learner
 sharing its storage dir wrote). A receiver with no key refuses to start unless
-``weights.allow_unsigned``. The keys themselves are ``weight_keys``'.
+``weights.allow_unsigned``. The keys themselves are ``weights.keys``'.
 """
 
 from __future__ import annotations

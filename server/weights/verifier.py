@@ -5,7 +5,7 @@ A ``WeightVerifier`` takes raw messages (``submit``, from any thread; only the n
 and a worker thread checks each in this order, refusing it (counted by outcome via
 ``on_outcome``, never stopping) at the first failure:
 
-1. a well-formed envelope (``weight_format``): else ``unsigned`` (no envelope at all) or
+1. a well-formed envelope (``weights.format``): else ``unsigned`` (no envelope at all) or
    ``bad_payload``;
 2. its signature with the learner's public key (``bad_signature``), and its HMAC when a
    shared key is set (``bad_hmac``); a missing one is ``unsigned``;
