@@ -21,7 +21,7 @@ import msgpack
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.server.messaging.broker import parse_broker_url
+from livefit.server.mqtt.broker import parse_broker_url
 
 
 class Counter:

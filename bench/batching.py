@@ -18,7 +18,7 @@ from bench.load import LoadResult, run_load
 from bench.models import MLP
 from bench.serving import rotate
 from livefit.clients.metrics import MetricsReader
-from livefit.server.config import ServeSettings
+from livefit.server.config.model_tables import ServeSettings
 
 # "0b": a second copy of 0, served by the last model of the learner: the A/A pair shows how
 # far two identical settings differ here (noise, and the model's place in the process)

@@ -107,8 +107,9 @@ def livefit_score(
 ) -> tuple[float, float, float]:
     """(client-side served score, the learner's served score, seconds) for one stream."""
     from livefit.clients.delayed import DelayedLabelStream
+    from livefit.clients.pacing import RatePacer
     from livefit.clients.predict import PredictClient
-    from livefit.clients.publish import RatePacer, SamplePublisher
+    from livefit.clients.publisher import SamplePublisher
 
     started = time.perf_counter()
     labels = SamplePublisher(fleet.broker.url, f"livefit/{model}/labels", fmt="json")

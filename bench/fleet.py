@@ -15,8 +15,9 @@ from typing import Any
 
 from bench.config import learner_config
 from bench.models import LSTM, MLP, ModelSpec
-from bench.procs import livefit_server, wait_all
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, running
+from bench.procs import livefit_server, running, wait_all
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.mosquitto import Mosquitto
 
 # Every model a benchmark asks a fleet for: one name per benchmark, so that counters and
 # weights of one never mix with another's when a quick run shares the fleet. Settings are

@@ -34,7 +34,7 @@ import numpy as np
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.models import MLP, ModelSpec
 from bench.procs import started_own_learner
-from livefit.server.processes.local_processes import LivefitProcess
+from livefit.local_servers import LivefitProcess
 
 MODEL = "fresh"
 
@@ -71,7 +71,7 @@ class _Target:
 def _measure(
     ctx: Context, result: BenchResult, side: str, target: _Target, broker_url: str, probes: int
 ) -> None:
-    from livefit.clients.publish import SamplePublisher
+    from livefit.clients.publisher import SamplePublisher
 
     times: list[float] = []
     sound_probes = 0

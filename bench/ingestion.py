@@ -23,7 +23,7 @@ from pathlib import Path
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.models import MLP
 from bench.procs import ToolProcess
-from livefit.server.processes.local_processes import LivefitProcess
+from livefit.local_servers import LivefitProcess
 
 MODEL = "ingest"
 MODEL_1K = "ingest1k"  # the same with train.max_batch_size 1024: what a bigger batch buys

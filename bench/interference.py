@@ -18,7 +18,7 @@ from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, p
 from bench.load import LoadResult, run_load
 from bench.models import MLP, ModelSpec
 from bench.procs import ToolProcess, started_own_learner
-from livefit.server.processes.local_processes import LivefitProcess
+from livefit.local_servers import LivefitProcess
 
 CLIENTS = 64
 MODEL = "busy"

@@ -30,8 +30,8 @@ from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.load import run_load
 from bench.models import MLP
 from bench.procs import ToolProcess, started_own_learner
-from livefit.server.logs import TRAINING_ENV, WORKER_ENV
-from livefit.server.processes.local_processes import LivefitProcess
+from livefit.local_servers import LivefitProcess
+from livefit.server.base.logs import TRAINING_ENV, WORKER_ENV
 
 CLIENTS = 16
 MODEL = "soak"

@@ -43,7 +43,7 @@ class ModelSpec:
         """The Keras network (``compiled``: with livefit's optimizer and loss)."""
         import keras
 
-        from livefit.models import build_model
+        from livefit.models.builders import build_model
 
         model = build_model(
             self.builder,

@@ -30,8 +30,8 @@ from bench.load import LoadResult, run_load
 from bench.models import MLP, ModelSpec
 from bench.procs import QUIET_ENV
 from bench.slow_clients import SLOW_LINE_S, slow_row, with_slow_clients
-from livefit.server.config import ServeSettings
-from livefit.server.processes.local_processes import LivefitProcess
+from livefit.local_servers import LivefitProcess
+from livefit.server.config.model_tables import ServeSettings
 
 MODEL = "over"
 CAPACITY_CLIENTS = 64

@@ -1,4 +1,5 @@
-"""What benchmarks add to the process toolkit (``livefit.server.processes.local_processes``): their
+"""What benchmarks add to the process toolkit (``livefit.server.runtime.local_process``,
+``livefit.server.runtime.mosquitto``, ``livefit.local_servers``): their
 environment and working directory, starting servers together, and tools whose output lines
 the bench reads.
 
@@ -21,17 +22,22 @@ from typing import Any
 
 from bench.config import relocated
 from bench.harness import REPO
-from livefit.server.processes import local_processes
-from livefit.server.processes.children import start_child
-from livefit.server.processes.local_processes import (
-    HttpProcess,
-    LivefitProcess,
-    LocalProcess,
-    Mosquitto,
-    quiet_env,
-)
+from livefit.local_servers import HttpProcess, LivefitProcess
+from livefit.server.runtime.children import start_child
+from livefit.server.runtime.local_process import QUIET_ENV as BASE_QUIET_ENV
+from livefit.server.runtime.local_process import LocalProcess, quiet_env, stop_all
+from livefit.server.runtime.mosquitto import Mosquitto
 
-QUIET_ENV = {**local_processes.QUIET_ENV, "PYTHONWARNINGS": "ignore"}
+QUIET_ENV = {**BASE_QUIET_ENV, "PYTHONWARNINGS": "ignore"}
+
+
+@contextlib.contextmanager
+def running(*processes: LocalProcess) -> Iterator[None]:
+    """Stop every process on the way out (``stop_all``), whatever happened."""
+    try:
+        yield
+    finally:
+        stop_all(processes)
 
 
 def bench_env() -> dict[str, str]:
@@ -172,7 +178,7 @@ def started_own_learner(
     """``own_learner``'s broker and learner, started (the learner given 240 s to be ready:
     a split one starts two TensorFlow processes), and stopped on leaving."""
     broker, learner = own_learner(config_text, workdir, name, workers)
-    with local_processes.running(broker, learner):
+    with running(broker, learner):
         broker.start()
         learner.start(ready_timeout_s=240)
         yield broker, learner

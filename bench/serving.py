@@ -24,9 +24,10 @@ import numpy as np
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import LSTM, MLP, ModelSpec
-from bench.procs import http_server, start_all, wait_all
-from livefit.server.config import ServeSettings
-from livefit.server.processes.local_processes import HttpProcess, free_port, running
+from bench.procs import http_server, running, start_all, wait_all
+from livefit.local_servers import HttpProcess
+from livefit.server.config.model_tables import ServeSettings
+from livefit.server.runtime.local_process import free_port
 
 _SERVE_DEFAULTS = ServeSettings()
 # livefit's serve defaults, given to LitServe too

@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.harness import Row, Spread, paired_ratios
 from bench.load import LoadResult
-from livefit.server.processes.local_processes import LivefitProcess
+from livefit.local_servers import LivefitProcess
 
 SLOW_LINE_S = 5.0  # one header line this often
 PARTIAL_HEAD = b"POST /v1/models/over:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"

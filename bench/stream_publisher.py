@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from livefit.clients.publish import SamplePublisher
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import cycle_chunks, stream_for_shape
 
 

@@ -188,12 +188,13 @@ def _livefit(
 ) -> tuple[float, dict[str, int]]:
     from prometheus_client import CollectorRegistry
 
-    from livefit.server.config import ModelSettings
-    from livefit.server.ingestion.samples import SampleChunk, SampleQueue
-    from livefit.server.metrics import Metrics
-    from livefit.server.snapshot import SnapshotSlot
-    from livefit.server.training.modeling import resolve_device
-    from livefit.server.training.trainer import Trainer
+    from livefit.server.base.metrics import Metrics
+    from livefit.server.config.model import ModelSettings
+    from livefit.server.ingest.sample_queue import SampleQueue
+    from livefit.server.train.modeling import resolve_device
+    from livefit.server.train.trainer import Trainer
+    from livefit.server.wire.samples import SampleChunk
+    from livefit.server.wire.snapshot import SnapshotSlot
 
     n = len(x)
     settings = ModelSettings.model_validate(

@@ -4,7 +4,7 @@ processes; the learner in one process (``--workers 0``) beside them.
 
 One learner (the shared fleet's, model ``mlp``) publishes its weights; replica groups follow
 it, each group a parent that binds the port and supervises its workers
-(``server/processes/workers.py``). Each split learner (``server/processes/learner_group.py``:
+(``server/runtime/workers.py``). Each split learner (``server/runtime/learner_group.py``:
 a training process and N serving processes fed over a local socket) and the one-process
 learner run the same model on their own mosquitto and storage, idle (no samples arrive: what
 is measured is the serving path). The ceiling is the serving benchmark's: a
@@ -29,9 +29,10 @@ import httpx
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP
-from bench.procs import http_server, livefit_server, own_learner
+from bench.procs import http_server, livefit_server, own_learner, running
 from bench.serving import rotate
-from livefit.server.processes.local_processes import HttpProcess, free_port, running
+from livefit.local_servers import HttpProcess
+from livefit.server.runtime.local_process import free_port
 
 TARGETS = {64: 0.7, 1: 0.5}  # livefit ÷ ceiling (req/s) at this many clients (issue #18)
 

@@ -22,10 +22,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from livefit.clients.pacing import Chunks, RatePacer, _messages
-from livefit.clients.predict import PredictClient, PredictError
-from livefit.clients.publish_results import BrokerConnectionError, PublishError
-from livefit.clients.publisher import SamplePublisher
+from .pacing import Chunks, RatePacer, _messages
+from .predict import PredictClient
+from .predict_calls import PredictError
+from .publish_results import BrokerConnectionError, PublishError
+from .publisher import SamplePublisher
 
 
 class DelayedLabelStream:

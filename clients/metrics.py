@@ -13,7 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, sorted label pairs)
 
 
-GROUP_LABEL = "worker"  # a group's processes label their series with it (server/metrics_merge.py)
+GROUP_LABEL = (
+    "worker"  # a group's processes label their series with it (server/base/metrics_merge.py)
+)
 SUMMED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 

@@ -1,4 +1,4 @@
-"""Encode samples into the MQTT payload the server decodes (server/messaging/codec.py).
+"""Encode samples into the MQTT payload the server decodes (server/wire/codec.py).
 
 The contract: a JSON or msgpack map with ``x`` and ``y`` and optional ``w``, ``id``, ``ts``,
 ``source``, ``seq``. A single sample's ``x`` has the model's input shape; a batch adds a leading
@@ -15,9 +15,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from livefit.wire import CONTENT_TYPES, Format, raw_buffer
-
-__all__ = ["CONTENT_TYPES", "Format", "encode_samples"]
+from livefit.server.wire.encoding import CONTENT_TYPES, Format, raw_buffer
 
 
 def encode_samples(

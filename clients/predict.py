@@ -30,14 +30,11 @@ import httpx
 import numpy as np
 from numpy.typing import ArrayLike
 
-from livefit.clients.predict_calls import (
+from .predict_calls import (
     PROTOCOLS,
-    VERSION_HEADER,
     HttpCall,
-    PredictError,
     PredictResult,
     Protocol,
-    error_message,
     labels_call,
     model_version_call,
     parse_labels,
@@ -45,42 +42,12 @@ from livefit.clients.predict_calls import (
     parse_prediction,
     predict_call,
 )
-from livefit.clients.predict_retry import (
-    CONNECT_ERRORS,
-    FIRST_BACKOFF_S,
+from .predict_retry import (
     RETRY_STATUSES,
     Outcome,
     _Attempts,
     _RetryPolicy,
-    parse_retry_after,
-    retry_delay_s,
 )
-
-__all__ = [
-    "CONNECT_ERRORS",
-    "DEADLINE_HEADER",
-    "FIRST_BACKOFF_S",
-    "PROTOCOLS",
-    "READY_PATH",
-    "RETRY_STATUSES",
-    "VERSION_HEADER",
-    "AsyncPredictClient",
-    "HttpCall",
-    "Outcome",
-    "PredictClient",
-    "PredictError",
-    "PredictResult",
-    "Protocol",
-    "error_message",
-    "labels_call",
-    "model_version_call",
-    "parse_labels",
-    "parse_model_version",
-    "parse_prediction",
-    "parse_retry_after",
-    "predict_call",
-    "retry_delay_s",
-]
 
 DEADLINE_HEADER = "X-Deadline-Ms"
 READY_PATH = "/v2/health/ready"

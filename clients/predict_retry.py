@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from livefit.clients.predict_calls import PredictError, error_message
+from .predict_calls import PredictError, error_message
 
 RETRY_STATUSES = frozenset({429, 503})
 FIRST_BACKOFF_S = 0.05

@@ -29,35 +29,16 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from livefit.clients.pacing import Chunks, RatePacer
-from livefit.clients.publish_args import add_arguments, parse_shape
-from livefit.clients.publish_results import (
+from .pacing import Chunks
+from .publish_args import parse_shape
+from .publish_results import (
     BrokerConnectionError,
-    ProtocolUnsupported,
     PublishError,
     PublishStats,
-    PublishTimeout,
 )
-from livefit.clients.publish_window import MAX_WINDOW
-from livefit.clients.publisher import SamplePublisher
-from livefit.clients.rejections import RejectionWatcher
-from livefit.clients.synthetic import cycle_chunks, load_file, stream_chunks, stream_for_shape
-
-__all__ = [
-    "MAX_WINDOW",
-    "BrokerConnectionError",
-    "Chunks",
-    "ProtocolUnsupported",
-    "PublishError",
-    "PublishStats",
-    "PublishTimeout",
-    "RatePacer",
-    "RejectionWatcher",
-    "SamplePublisher",
-    "add_arguments",
-    "parse_shape",
-    "run",
-]
+from .publisher import SamplePublisher
+from .rejections import RejectionWatcher
+from .synthetic import cycle_chunks, load_file, stream_chunks, stream_for_shape
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         return _fail(str(exc), 2)
     if getattr(args, "label_delay", None) is not None:
-        from livefit.clients.delayed import run_delayed
+        from .delayed import run_delayed
 
         return run_delayed(args, chunks, publisher)
     try:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from livefit.clients.payloads import CONTENT_TYPES
-from livefit.clients.publish_window import MAX_WINDOW
+from livefit.server.wire.encoding import CONTENT_TYPES
+
+from .publish_window import MAX_WINDOW
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,8 +18,9 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
-from livefit.clients.publish_results import PublishError, PublishTimeout
-from livefit.server.messaging.broker import BrokerAddress
+from livefit.server.mqtt.broker import BrokerAddress
+
+from .publish_results import PublishError, PublishTimeout
 
 MAX_WINDOW = 65_535  # paho's message ids; beyond this publish() fails with MQTT_ERR_QUEUE_SIZE
 

@@ -22,11 +22,13 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from livefit.clients.pacing import Chunks, RatePacer, _messages
-from livefit.clients.payloads import CONTENT_TYPES, Format, encode_samples
-from livefit.clients.publish_results import BrokerConnectionError, ProtocolUnsupported, PublishStats
-from livefit.clients.publish_window import MAX_WINDOW, PublishWindow
-from livefit.server.messaging.broker import parse_broker_url
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.wire.encoding import CONTENT_TYPES, Format
+
+from .pacing import Chunks, RatePacer, _messages
+from .payloads import encode_samples
+from .publish_results import BrokerConnectionError, ProtocolUnsupported, PublishStats
+from .publish_window import MAX_WINDOW, PublishWindow
 
 _PROTOCOLS = {"5": MQTTProtocolVersion.MQTTv5, "3.1.1": MQTTProtocolVersion.MQTTv311}
 

@@ -28,17 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from livefit.models import weight_names
-from livefit.server.config import BrokerSettings
-from livefit.server.messaging.broker import parse_broker_url
+from livefit.models.builders import weight_names
+from livefit.server.config.sections import BrokerSettings
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.weights.format import WeightsMeta, architecture_fingerprint
+from livefit.server.weights.keys import VerifyKey, parse_verify_key
+from livefit.server.weights.receiver import WeightReceiver
 from livefit.server.weights.receiver_auth import Authenticator
-from livefit.server.weights.weight_format import WeightsMeta, architecture_fingerprint
-from livefit.server.weights.weight_keys import VerifyKey, parse_verify_key
-from livefit.server.weights.weight_receiver import (
-    DEFAULT_MAX_PULL_BYTES,
-    ReceivedWeights,
-    WeightReceiver,
-)
+from livefit.server.weights.verifier import DEFAULT_MAX_PULL_BYTES, ReceivedWeights
 
 
 class WeightSubscriber:

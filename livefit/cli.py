@@ -7,7 +7,7 @@ import socket
 import sys
 from typing import Any
 
-from livefit import __version__
+from . import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,12 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     replica.set_defaults(handler=_replica)
 
     from livefit.clients import publish
+    from livefit.clients.publish_args import add_arguments
 
     pub = commands.add_parser("publish", help="stream samples to a model's MQTT topic")
-    publish.add_arguments(pub)
+    add_arguments(pub)
     pub.set_defaults(handler=publish.run)
 
-    from livefit import demo
+    from . import demo
 
     dem = commands.add_parser("demo", help="broker, server and publisher in one command")
     demo.add_arguments(dem)
@@ -71,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace):
     """Load and validate the config, apply --host/--port, set up logging; None on error."""
-    from livefit.server.config import ConfigError, load_settings
-    from livefit.server.logs import configure_logging
+    from livefit.server.base.logs import configure_logging
+    from livefit.server.config.settings import ConfigError, load_settings
 
     try:
         settings = load_settings(args.config)
@@ -90,7 +91,7 @@ def _settings(args: argparse.Namespace):
 def _with_tensorflow(settings: Any) -> Any:
     """Import TensorFlow and size its thread pools, in a process that runs models (a worker
     group's parent only supervises: without TensorFlow it takes about 60 MiB, not 600)."""
-    from livefit.server.training.modeling import configure_tensorflow
+    from livefit.server.train.modeling import configure_tensorflow
 
     configure_tensorflow(settings.tensorflow)
     return settings
@@ -114,9 +115,9 @@ def _apply_workers(args: argparse.Namespace, settings: Any, minimum: int) -> boo
 def _keys_usable(settings: Any, signing: bool, verifying: bool, missing_ok: bool = False) -> bool:
     """The weight keys this command reads, read and parsed before anything starts; False (one
     line on stderr naming the file and what is wrong) when one is unusable."""
-    from livefit.server.config import ConfigError
+    from livefit.server.config.settings import ConfigError
+    from livefit.server.weights.keys import check_signing_keys
     from livefit.server.weights.receiver_auth import check_verify_keys
-    from livefit.server.weights.weight_keys import check_signing_keys
 
     try:
         if signing:
@@ -135,8 +136,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if not _apply_workers(args, settings, minimum=0):
         return 2
-    from livefit.server.processes.learner_group import TrainingSlot, run_learner_group
-    from livefit.server.processes.workers import WorkerSlot
+    from livefit.server.runtime.learner_group import TrainingSlot, run_learner_group
+    from livefit.server.runtime.workers import WorkerSlot
 
     training = TrainingSlot.from_env()
     slot = WorkerSlot.from_env()
@@ -152,16 +153,16 @@ def _serve(args: argparse.Namespace) -> int:
         )
     _with_tensorflow(settings)
     if training is not None:  # a split learner's training process
-        from livefit.server.processes.training_process import run_training
+        from livefit.server.runtime.training_process import run_training
 
         return run_training(settings, training)
-    from livefit.server.processes.serve import run_server
+    from livefit.server.runtime.serve import run_server
 
     if slot is not None:  # one of a split learner's serving processes
-        from livefit.server.processes.learner_serving import LearnerServingRuntime
+        from livefit.server.runtime.learner_serving import LearnerServingRuntime
 
         return run_server(settings, LearnerServingRuntime(settings, slot), slot)
-    from livefit.server.processes.runtime import LearnerRuntime
+    from livefit.server.runtime.learner import LearnerRuntime
 
     return run_server(settings, LearnerRuntime(settings))
 
@@ -170,7 +171,7 @@ def _replica(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if settings is None:
         return 2
-    from livefit.server.processes.workers import WorkerSlot, run_workers
+    from livefit.server.runtime.workers import WorkerSlot, run_workers
 
     if not _apply_workers(args, settings, minimum=1):
         return 2
@@ -184,8 +185,8 @@ def _replica(args: argparse.Namespace) -> int:
             argv, workers, settings.http.host, settings.http.port, settings.http.worker_timeout_s
         )
     _with_tensorflow(settings)
-    from livefit.server.processes.replica import ReplicaRuntime
-    from livefit.server.processes.serve import run_server
+    from livefit.server.runtime.replica import ReplicaRuntime
+    from livefit.server.runtime.serve import run_server
 
     if slot is not None:  # one of a worker group's processes
         instance = f"{socket.gethostname()}-{settings.http.port}-w{slot.index}"

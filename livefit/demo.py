@@ -39,18 +39,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from livefit.demo_broker import _broker, _clear_retained
-from livefit.demo_stop import _Stop
-from livefit.demo_traffic import INPUT_DIM, _Predictor, _Publisher
-from livefit.demo_view import _Progress, _show, _summary
-from livefit.server.messaging.broker import ManagedBroker
-from livefit.server.processes.local_processes import (
-    LivefitProcess,
-    NotReady,
-    free_port,
-    quiet_env,
-    stop_all,
-)
+from livefit.server.runtime.broker import ManagedBroker
+from livefit.server.runtime.local_process import free_port, quiet_env, stop_all
+
+from .demo_broker import _broker, _clear_retained
+from .demo_stop import _Stop
+from .demo_traffic import INPUT_DIM, _Predictor, _Publisher
+from .demo_view import _Progress, _show, _summary
+from .local_servers import LivefitProcess, NotReady
 
 STOP_GRACE_S = 3.0  # children get SIGTERM, then SIGKILL after this long
 READY_TIMEOUT_S = 300.0  # TensorFlow's import alone took 100 s on a busy 2-core machine
@@ -116,7 +112,7 @@ def _run_children(
     broker: str, protocol: str,
 ) -> tuple[int, bool]:  # fmt: skip
     """Start learner and replica, run the traffic; (exit status, whether something failed)."""
-    from livefit.server.weights.weight_keys import (
+    from livefit.server.weights.keys import (
         default_key_path,
         default_public_path,
         ensure_signing_key,

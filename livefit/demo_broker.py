@@ -11,9 +11,11 @@ from typing import Any
 
 from rich.console import Console
 
-from livefit.demo_stop import _Stop
-from livefit.server.messaging.broker import ManagedBroker
-from livefit.server.processes.local_processes import Mosquitto, free_port, is_listening
+from livefit.server.runtime.broker import ManagedBroker
+from livefit.server.runtime.local_process import free_port, is_listening
+from livefit.server.runtime.mosquitto import Mosquitto
+
+from .demo_stop import _Stop
 
 
 def _broker(
@@ -21,13 +23,13 @@ def _broker(
 ) -> tuple[str, str, ManagedBroker | None] | None:
     """(URL, MQTT protocol, what to stop or None) of the broker to use; None (and why said)
     if there is none to use."""
-    from livefit.server.messaging.broker import (
+    from livefit.server.mqtt.broker import (
         DEFAULT_HOST,
         DEFAULT_PORT,
         BrokerAddress,
-        EmbeddedAmqtt,
         parse_broker_url,
     )
+    from livefit.server.runtime.broker import EmbeddedAmqtt
 
     if url != "auto":
         try:
@@ -67,8 +69,8 @@ def _connect_once(
 ) -> tuple[str, str, ManagedBroker | None] | None:
     """Connect to a broker the demo did not start, as its learner will: MQTT 5, or 3.1.1
     where the broker does not speak 5; None (and the broker's reason said) if it refuses."""
-    from livefit.server.config import BrokerSettings
-    from livefit.server.messaging.probe import probe
+    from livefit.server.config.sections import BrokerSettings
+    from livefit.server.mqtt.probe import probe
 
     settings, protocol = BrokerSettings(), "5"
     result = probe(address, settings, protocol)
@@ -89,7 +91,7 @@ def _clear_retained(broker: str, topic: str) -> None:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
-    from livefit.server.messaging.broker import parse_broker_url
+    from livefit.server.mqtt.broker import parse_broker_url
 
     address = parse_broker_url(broker)
     client = mqtt.Client(CallbackAPIVersion.VERSION2)

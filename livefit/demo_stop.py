@@ -10,8 +10,8 @@ import threading
 from types import FrameType
 from typing import Any
 
-from livefit.server.processes.local_processes import LocalProcess
-from livefit.server.processes.stop_signals import on_stop_signals
+from livefit.server.runtime.local_process import LocalProcess
+from livefit.server.runtime.stop_signals import on_stop_signals
 
 
 class _Stop:

@@ -31,7 +31,8 @@ class _Publisher(threading.Thread):
         self.error: str | None = None
 
     def run(self) -> None:
-        from livefit.clients.publish import PublishError, SamplePublisher
+        from livefit.clients.publish_results import PublishError
+        from livefit.clients.publisher import SamplePublisher
         from livefit.clients.synthetic import stream_chunks, stream_for_shape
 
         args = self.args

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from livefit.demo_stop import _Stop
-from livefit.demo_traffic import _Predictor, _Publisher
+from .demo_stop import _Stop
+from .demo_traffic import _Predictor, _Publisher
 
 
 class _Progress:

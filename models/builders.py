@@ -16,16 +16,15 @@ from typing import Any
 
 import keras
 
-from livefit.models import BUILTIN_BUILDERS
-from livefit.models.names import BUILDER_OPTIONS
-from livefit.models.outputs import (
+from .names import BUILDER_OPTIONS, BUILTIN_BUILDERS
+from .outputs import (
     default_output_activation,
     default_target_scaling,
     output_problem,
     target_scaling_problem,
 )
-from livefit.models.standardize import with_standardization
-from livefit.models.target_scaling import TARGET_SCALING_LAYER, with_target_scaling
+from .standardize import with_standardization
+from .target_scaling import TARGET_SCALING_LAYER, with_target_scaling
 
 _DEFAULT_OPTIONS = BUILDER_OPTIONS
 

@@ -4,7 +4,7 @@
 (option keys, activation names) against these lists when it loads a file, so a typo fails at
 once with the key and the nearest valid names instead of a traceback once TensorFlow is up.
 The lists are the string identifiers that ``keras.losses.get``, ``keras.optimizers.get`` (as
-``livefit.server.training.modeling`` calls them) and ``keras.activations.get`` (what ``Dense`` and
+``livefit.server.train.modeling`` calls them) and ``keras.activations.get`` (what ``Dense`` and
 ``LSTM`` call) accept in the Keras version livefit pins, minus abstract base classes that cannot
 be built from a name alone; ``tests/test_models.py`` compares them with the installed Keras'
 own tables and resolves every name through those functions, so the lists cannot drift.
@@ -17,6 +17,8 @@ import importlib.util
 import pkgutil
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+BUILTIN_BUILDERS = ("linear", "mlp", "lstm")  # what ``builders.build_model`` builds by name
 
 # keras.losses.get(name): exact, case-sensitive lookup.
 LOSSES: frozenset[str] = frozenset({

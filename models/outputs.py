@@ -2,7 +2,7 @@
 
 Keras-free, so that ``livefit.server.config`` rejects a combination that cannot train when it
 loads a file, before TensorFlow is up; ``livefit.models.builders`` applies the same rules when
-it builds a network, and ``livefit.server.training.modeling`` warns with them about custom builders.
+it builds a network, and ``livefit.server.train.modeling`` warns with them about custom builders.
 
 - **Classifiers.** Keras' cross-entropies take probabilities: a linear output under
   ``binary_crossentropy`` is clipped to [1e-7, 1 - 1e-7] and gets no gradient outside [0, 1].

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import keras
 
-from livefit.models.standardize import Standardize
+from .standardize import Standardize
 
 TARGET_SCALING_LAYER = "target_scaling"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from livefit.server.processes.local_processes import Mosquitto
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.layouts import ONE_PROCESS, with_layout
 
 # The small network the weight-stream and dashboard tests train (16 hidden units).

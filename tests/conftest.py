@@ -14,7 +14,8 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from livefit.server.processes.local_processes import Mosquitto, free_port
+from livefit.server.runtime.local_process import free_port
+from livefit.server.runtime.mosquitto import Mosquitto
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +42,7 @@ def amqtt_broker() -> Iterator[str]:
     pytest.importorskip("amqtt")
     port = free_port()
     code = (
-        "import sys, time\nfrom livefit.server.messaging.broker import EmbeddedAmqtt\n"
+        "import sys, time\nfrom livefit.server.runtime.broker import EmbeddedAmqtt\n"
         f"EmbeddedAmqtt(port={port})\nprint('ready', flush=True)\ntime.sleep(600)\n"
     )
     process = subprocess.Popen(

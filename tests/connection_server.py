@@ -16,7 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main() -> int:
-    from livefit.server.processes.serve import run_server
+    from livefit.server.runtime.serve import run_server
     from tests.stub_runtime import StubRuntime
 
     http = {**json.loads(sys.argv[2]), "port": int(sys.argv[1])}

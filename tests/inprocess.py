@@ -8,7 +8,7 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from livefit.server.processes.local_processes import free_port
+from livefit.server.runtime.local_process import free_port
 
 
 class InProcessServer:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from livefit.server.processes.local_processes import LivefitProcess
+from livefit.local_servers import LivefitProcess
 
 ONE_PROCESS, SPLIT = "one process", "split"
 LAYOUTS = (ONE_PROCESS, SPLIT)

@@ -9,18 +9,19 @@ from typing import Any
 
 import numpy as np
 
-from livefit.models import build_model
-from livefit.server.config import ModelSettings, Settings
-from livefit.server.inference.serving import ServedModel, ServingModel
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.weights.weight_format import (
+from livefit.models.builders import build_model
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.config.settings import Settings
+from livefit.server.serve.serving import ServedModel, ServingModel
+from livefit.server.weights.format import (
     WeightsMeta,
     architecture_fingerprint,
     encode_weights,
     sha256_hex,
 )
-from livefit.server.weights.weight_store import EncodedWeights, WeightStore
+from livefit.server.weights.store import EncodedWeights, WeightStore
+from livefit.server.wire.snapshot import Snapshot, SnapshotSlot
 
 
 class HeldServingModel(ServingModel):

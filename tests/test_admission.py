@@ -18,17 +18,13 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from livefit.server.config import ModelSettings
-from livefit.server.inference.batcher import (
-    BatchCost,
-    DeadlineExceeded,
-    Prediction,
-    QueueFull,
-    RequestBatcher,
-    Reservation,
-)
-from livefit.server.inference.serving import ServedModel
-from livefit.server.metrics import Metrics
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.serve.admission import QueueFull, Reservation
+from livefit.server.serve.batch_cost import BatchCost
+from livefit.server.serve.batch_types import DeadlineExceeded, Prediction
+from livefit.server.serve.batcher import RequestBatcher
+from livefit.server.serve.serving import ServedModel
 
 
 class TimedModel:

@@ -12,9 +12,11 @@ import httpx
 import numpy as np
 import pytest
 
-from livefit.server.config import ServeSettings
-from livefit.server.inference.batcher import ArrivalRate, AutoTimeout, BatchCost, RequestBatcher
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.config.model_tables import ServeSettings
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.serve.batch_cost import ArrivalRate, AutoTimeout, BatchCost
+from livefit.server.serve.batcher import RequestBatcher
 
 
 def cost(per_row_s: float, per_batch_s: float) -> BatchCost:

@@ -9,7 +9,9 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import pytest
 
-from livefit.server.inference.batcher import BatchStats, DeadlineExceeded, QueueFull, RequestBatcher
+from livefit.server.serve.admission import QueueFull
+from livefit.server.serve.batch_types import BatchStats, DeadlineExceeded
+from livefit.server.serve.batcher import RequestBatcher
 
 HUGE_MS = 1e9
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from bench.memory import MAIN, TreeRssSampler, _row
-from livefit.server.logs import TRAINING_ENV, WORKER_ENV
+from livefit.server.base.logs import TRAINING_ENV, WORKER_ENV
 
 pytestmark = pytest.mark.timeout(60)
 

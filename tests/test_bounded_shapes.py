@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from livefit.models import build_model
-from livefit.server.config import ModelSettings
-from livefit.server.inference.serving import ServingModel
-from livefit.server.ingestion.samples import Batch, SampleQueue
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import Snapshot, SnapshotSlot
-from livefit.server.training.trainer import Trainer
+from livefit.models.builders import build_model
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.serve.serving import ServingModel
+from livefit.server.train.trainer import Trainer
+from livefit.server.wire.samples import Batch
+from livefit.server.wire.snapshot import Snapshot, SnapshotSlot
 
 SIZES = (1, 3, 17, 64, 5, 255, 256, 2, 100)
 

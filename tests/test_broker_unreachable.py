@@ -17,7 +17,9 @@ from pathlib import Path
 
 import httpx
 
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.local_process import free_port
+from livefit.server.runtime.mosquitto import Mosquitto
 
 CONFIG = """
 [broker]

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as st_save
 
-from livefit.server.metrics import Metrics
+from livefit.server.base.metrics import Metrics
 from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
-from livefit.server.storage.storage_health import StorageHealth
-from livefit.server.training.checkpoint_writer import CheckpointWriter
+from livefit.server.storage.health import StorageHealth
+from livefit.server.storage.metrics import StorageMetrics
+from livefit.server.train.checkpoint_writer import CheckpointWriter
 
 
 def checkpoint(version: int) -> Checkpoint:
@@ -143,12 +144,16 @@ def test_any_checkpoint_failure_is_storage_trouble(tmp_path: Path) -> None:
     storage = StorageHealth(metrics)
     writer = CheckpointWriter("m", _Failing(tmp_path, "m"), metrics, storage)
     writer.write(checkpoint(1))
-    assert not storage.healthy and metrics.storage_healthy._value.get() == 0
+    assert not storage.healthy and metrics.group(StorageMetrics).storage_healthy._value.get() == 0
     assert "storage checkpoint failing" in storage.problems()[0]
     assert writer.failure is not None and "header too large" in writer.failure
     writer.store = CheckpointStore(tmp_path, "m")
     writer.write(checkpoint(2))
-    assert storage.healthy and metrics.storage_healthy._value.get() == 1 and writer.failure is None
+    assert (
+        storage.healthy
+        and metrics.group(StorageMetrics).storage_healthy._value.get() == 1
+        and writer.failure is None
+    )
 
 
 def test_no_checkpoint_and_high_water_mark(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Child processes livefit starts die with their parent, even a SIGKILLed one, and only then.
 
 ``livefit serve`` with ``broker.url = "auto"`` and nothing on 127.0.0.1:1883 starts mosquitto
-through ``local_processes.Mosquitto`` (the demo starts its learner, replica and mosquitto
+through ``runtime.mosquitto.Mosquitto`` (the demo starts its learner, replica and mosquitto
 through the same toolkit, on ``children.start_child``, tested in test_demo.py). Port 1883 is
 not ours to free in a test, so the parent in the first test is a small process that starts the
 broker exactly as ``serve`` does, on a free port, and is then killed with SIGKILL. The last
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.processes.children import start_child
-from livefit.server.processes.local_processes import free_port
+from livefit.server.runtime.children import start_child
+from livefit.server.runtime.local_process import free_port
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("mosquitto") is None,
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 PARENT = """
 import sys, time
 from pathlib import Path
-from livefit.server.processes.local_processes import Mosquitto
+from livefit.server.runtime.mosquitto import Mosquitto
 child = Mosquitto(Path(sys.argv[1]), int(sys.argv[2])).start()
 print(child.process.pid, flush=True)
 time.sleep(120)
@@ -98,7 +98,8 @@ import json, signal, sys, time
 from pathlib import Path
 from livefit.clients.publish import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from livefit.server.processes.local_processes import LivefitProcess, NotReady, is_listening
+from livefit.local_servers import LivefitProcess, NotReady
+from livefit.server.runtime.local_process import is_listening
 from tests.configs import learner_config, model
 from tests.layouts import SPLIT, metric
 

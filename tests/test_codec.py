@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from livefit.clients.payloads import encode_samples
-from livefit.server.messaging import codec
-from livefit.server.messaging.codec import REASONS, Rejection, SampleSpec, decode_message
-from livefit.wire import CONTENT_TYPES, RAW_DTYPES
+from livefit.server.wire import codec
+from livefit.server.wire.codec import SampleSpec, decode_message
+from livefit.server.wire.encoding import CONTENT_TYPES, RAW_DTYPES
+from livefit.server.wire.rejection import REASONS, Rejection
 
 SPEC = SampleSpec(input_shape=(3,), target_shape=(1,), max_message_bytes=4096, max_samples=50)
 SEQ_SPEC = SampleSpec(input_shape=(4, 2), target_shape=(2,))
@@ -225,7 +226,7 @@ def test_an_unforeseen_exception_becomes_an_internal_rejection(
 
 @pytest.mark.parametrize("dtype", [*sorted(RAW_DTYPES), ">f8", ">i4", "<u4"])
 def test_what_the_publisher_encodes_raw_the_server_decodes(dtype: str) -> None:
-    """Both sides take their encoding from ``livefit.wire``: every dtype a publisher holds is
+    """Both sides take their encoding from ``livefit.server.wire.encoding``: every dtype a publisher holds is
     sent as a buffer the server accepts (its own, made little-endian, or float32)."""
     values = np.arange(6).reshape(2, 3) % 3
     x = values.astype(np.dtype(dtype))

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from livefit.models import BUILTIN_BUILDERS
-from livefit.server import config
-from livefit.server.config import ConfigError, load_settings
+from livefit.models.names import BUILTIN_BUILDERS
+from livefit.server.config import settings as config
+from livefit.server.config.model import ModelSettings
+from livefit.server.config.model_tables import ServeSettings
+from livefit.server.config.settings import ConfigError, Settings, load_settings
 
 MINIMAL = """
 [models.demo]
@@ -68,7 +70,7 @@ def test_numeric_env_values_for_string_keys(tmp_path: Path) -> None:
 
 
 def test_default_serving_batch_sizes_are_powers_of_two() -> None:
-    serve = config.ServeSettings(max_batch_size=48)
+    serve = ServeSettings(max_batch_size=48)
     assert serve.batch_sizes() == [1, 2, 4, 8, 16, 32, 48]
 
 
@@ -206,7 +208,7 @@ def test_sparse_categorical_targets_are_scalars(tmp_path: Path) -> None:
 
 
 def test_builder_names_agree_with_models_package() -> None:
-    assert config.BUILTIN_BUILDERS == BUILTIN_BUILDERS
+    assert BUILTIN_BUILDERS == BUILTIN_BUILDERS
 
 
 def test_tensorflow_thread_pools_are_applied_before_the_first_op(tmp_path) -> None:
@@ -222,8 +224,8 @@ def test_tensorflow_thread_pools_are_applied_before_the_first_op(tmp_path) -> No
     )
     code = (
         "import tensorflow as tf\n"
-        "from livefit.server.config import load_settings\n"
-        "from livefit.server.training.modeling import configure_tensorflow\n"
+        "from livefit.server.config.settings import load_settings\n"
+        "from livefit.server.train.modeling import configure_tensorflow\n"
         f"configure_tensorflow(load_settings({str(config)!r}, environ={{}}).tensorflow)\n"
         "tf.constant(1.0) + 1.0\n"
         "print(tf.config.threading.get_intra_op_parallelism_threads(),"
@@ -241,7 +243,7 @@ def test_bundled_example_shows_the_real_defaults() -> None:
 
     example = tomllib.loads(config.bundled_example_path().read_text())
     model = example["models"]["demo"]
-    defaults = config.ModelSettings(input_shape=[8], output_shape=[1])
+    defaults = ModelSettings(input_shape=[8], output_shape=[1])
     for key, value in model.items():
         if key in ("input_shape", "output_shape", "train"):
             continue
@@ -252,7 +254,7 @@ def test_bundled_example_shows_the_real_defaults() -> None:
     for key, value in model["train"].items():
         assert getattr(defaults.train, key) == value, key
     for section in ("broker", "http", "storage"):
-        section_defaults = config.Settings.model_fields[section].default.model_dump()
+        section_defaults = Settings.model_fields[section].default.model_dump()
         for key, value in example[section].items():
             assert section_defaults[key] == value, f"{section}.{key}"
 

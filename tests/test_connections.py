@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from livefit.clients.metrics import MetricsReader
-from livefit.server.processes.local_processes import free_port
+from livefit.server.runtime.local_process import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parent.parent

@@ -29,15 +29,22 @@ import pytest
 from fastapi import FastAPI
 from websockets.sync.client import ClientConnection, connect
 
-from livefit.clients.publish import SamplePublisher
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from livefit.server.api.dashboard import build_dashboard_router, render_page
-from livefit.server.api.dashboard_stats import collect_stats
-from livefit.server.metrics import GROUPS, Metrics
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.base.metrics import Metrics
+from livefit.server.http.dashboard import build_dashboard_router
+from livefit.server.http.dashboard_page import render_page
+from livefit.server.http.dashboard_stats import collect_stats
+from livefit.server.ingest.metrics import SampleQueueMetrics
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.serve.metrics import ServingMetrics
+from livefit.server.train.metrics import TrainingMetrics, TrainingStateMetrics
+from livefit.server.weights.metrics import FreshnessMetrics, WeightsReceivedMetrics
 from tests import configs
 from tests.configs import SMALL_MLP, model
 from tests.inprocess import InProcessServer
+from tests.metric_groups import every_family
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -50,40 +57,46 @@ def reject_constant(name: str) -> float:
 
 def fill_metrics() -> Metrics:
     """ "demo" with hand-picked values, "idle" at zero, "healthy" with no error, no "ghost"."""
-    metrics = Metrics()
-    metrics.export(*GROUPS)  # a one-process learner's parts, and a replica's
+    metrics = every_family()  # a one-process learner's parts, and a replica's
     metrics.init_model("demo")
     metrics.init_model("idle")
-    metrics.predict_requests.labels(model="healthy", code="200").inc(5)
-    metrics.predict_latency.labels(model="idle")  # a histogram with no observation yet
-    metrics.train_samples.labels(model="demo").inc(150)
-    metrics.train_steps.labels(model="demo").inc(3)
-    metrics.queue_depth.labels(model="demo").set(7)
-    metrics.train_loss.labels(model="demo").set(0.25)
-    metrics.prequential_loss.labels(model="demo").set(math.nan)
-    metrics.model_version.labels(model="demo").set(3)
-    metrics.serving_version.labels(model="demo").set(2)
-    metrics.weights_age.labels(model="demo").set(1.5)
-    metrics.predict_requests.labels(model="demo", code="200").inc(8)
-    metrics.predict_requests.labels(model="demo", code="429").inc(2)
+    metrics.group(ServingMetrics).predict_requests.labels(model="healthy", code="200").inc(5)
+    metrics.group(ServingMetrics).predict_latency.labels(
+        model="idle"
+    )  # a histogram with no observation yet
+    metrics.group(TrainingMetrics).train_samples.labels(model="demo").inc(150)
+    metrics.group(TrainingMetrics).train_steps.labels(model="demo").inc(3)
+    metrics.group(SampleQueueMetrics).queue_depth.labels(model="demo").set(7)
+    metrics.group(TrainingMetrics).train_loss.labels(model="demo").set(0.25)
+    metrics.group(TrainingMetrics).prequential_loss.labels(model="demo").set(math.nan)
+    metrics.group(TrainingStateMetrics).model_version.labels(model="demo").set(3)
+    metrics.group(ServingMetrics).serving_version.labels(model="demo").set(2)
+    metrics.group(WeightsReceivedMetrics).weights_age.labels(model="demo").set(1.5)
+    metrics.group(ServingMetrics).predict_requests.labels(model="demo", code="200").inc(8)
+    metrics.group(ServingMetrics).predict_requests.labels(model="demo", code="429").inc(2)
     for seconds in [0.003] * 4 + [0.007] * 4 + [0.02] * 2:
-        metrics.predict_latency.labels(model="demo").observe(seconds)
+        metrics.group(ServingMetrics).predict_latency.labels(model="demo").observe(seconds)
     for rows in (4, 12):
-        metrics.predict_batch_size.labels(model="demo").observe(rows)
+        metrics.group(ServingMetrics).predict_batch_size.labels(model="demo").observe(rows)
     for seconds in (0.3, 100.0, 100.0):  # the median lies beyond the last finite bucket (60 s)
-        metrics.freshness.labels(model="demo", stage="published").observe(seconds)
+        metrics.group(FreshnessMetrics).freshness.labels(model="demo", stage="published").observe(
+            seconds
+        )
     return metrics
 
 
 def test_a_group_shows_freshness_to_served_not_mixed_with_published() -> None:
     """A split learner's /metrics has the training process's freshness to published and the
     serving processes' to served; the dashboard shows served (what predictions get)."""
-    metrics = Metrics()
-    metrics.export(*GROUPS)
+    metrics = every_family()
     for seconds in (0.02, 0.02, 0.02):
-        metrics.freshness.labels(model="demo", stage="published").observe(seconds)
+        metrics.group(FreshnessMetrics).freshness.labels(model="demo", stage="published").observe(
+            seconds
+        )
     for seconds in (4.0, 4.0):
-        metrics.freshness.labels(model="demo", stage="served").observe(seconds)
+        metrics.group(FreshnessMetrics).freshness.labels(model="demo", stage="served").observe(
+            seconds
+        )
     stats = collect_stats(metrics.registry.collect(), ["demo"], "learner")["models"]["demo"]
     assert 2.0 < stats["freshness_p50"] <= 5.0  # the served buckets alone (mixed: 0.025)
 

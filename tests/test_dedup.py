@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from livefit.server.ingestion.dedup import SequenceTracker
+from livefit.server.ingest.dedup import SequenceTracker
 
 
 def feed(tracker: SequenceTracker, seqs: list[int], source: str = "s") -> list[int]:

@@ -22,7 +22,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.server.processes.local_processes import Mosquitto, free_port
+from livefit.server.runtime.local_process import free_port
+from livefit.server.runtime.mosquitto import Mosquitto
 
 pytestmark = [
     pytest.mark.skipif(

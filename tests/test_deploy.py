@@ -31,16 +31,11 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
-from livefit.server.config import Settings, load_settings
-from livefit.server.messaging.broker import parse_broker_url
-from livefit.server.metrics import GROUPS, Metrics
-from livefit.server.processes.local_processes import (
-    LivefitProcess,
-    LocalProcess,
-    free_port,
-    quiet_env,
-    wait_listening,
-)
+from livefit.local_servers import LivefitProcess
+from livefit.server.config.settings import Settings, load_settings
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.runtime.local_process import LocalProcess, free_port, quiet_env, wait_listening
+from tests.metric_groups import every_family
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -243,8 +238,7 @@ def exported_series() -> set[str]:
         "info": ("_info",),
     }
     names: set[str] = set()
-    metrics = Metrics()
-    metrics.export(*GROUPS)  # the families of every part some livefit process runs
+    metrics = every_family()  # the families of every part some livefit process runs
     for family in metrics.registry.collect():
         names.update(family.name + s for s in suffixes.get(family.type, ("",)))
     return names
@@ -418,7 +412,7 @@ def test_replicas_verify_the_learners_weight_key_and_cannot_sign() -> None:
     signing_key_file points, and the public key into the one the replicas mount where
     verify_key_file points; no replica mounts the private key."""
     script = "\n".join(services()["weights-key-init"]["command"])
-    found = re.search(r"python -m livefit\.server\.weights\.weight_keys (\S+) (\S+)", script)
+    found = re.search(r"python -m livefit\.server\.weights\.keys (\S+) (\S+)", script)
     assert found is not None, script
     private, public = found.groups()
     init = {m.target: m.source for m in mounts(services()["weights-key-init"])}
@@ -560,7 +554,7 @@ def test_dashboard_panels_are_well_formed() -> None:
 def test_dashboard_uses_only_metrics_livefit_exports() -> None:
     used = {name for expr in expressions() for name in re.findall(r"livefit_\w+", expr)}
     unknown = used - exported_series()
-    assert not unknown, f"not exported by livefit.server.metrics: {sorted(unknown)}"
+    assert not unknown, f"not exported by livefit.server.base.metrics: {sorted(unknown)}"
     expected = {"livefit_train_loss", "livefit_prequential_loss", "livefit_serving_version"}
     assert expected <= used
 

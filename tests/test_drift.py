@@ -1,6 +1,6 @@
 """DriftDetector on synthetic per-sample loss streams, with fixed seeds.
 
-The bounds below are the figures measured with the defaults (see server/training/drift.py), with some
+The bounds below are the figures measured with the defaults (see server/train/drift.py), with some
 room: a change of the defaults that makes detection slower or noisier fails here.
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from river.drift import PageHinkley as RiverPageHinkley
 
-from livefit.server.training.drift import DriftDetector, DriftMethod, PageHinkley
+from livefit.server.train.drift import DriftDetector, DriftMethod, PageHinkley
 
 SEEDS = range(10)
 

@@ -17,7 +17,8 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 
 pytestmark = pytest.mark.e2e

@@ -6,11 +6,12 @@ import time
 
 import pytest
 
-from livefit.server.config import BrokerSettings
-from livefit.server.messaging.broker import BrokerAddress, EmbeddedAmqtt
-from livefit.server.messaging.mqtt import MqttConnection
-from livefit.server.metrics import Metrics
-from livefit.server.processes.local_processes import free_port
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.sections import BrokerSettings
+from livefit.server.mqtt.broker import BrokerAddress
+from livefit.server.mqtt.connection import MqttConnection
+from livefit.server.runtime.broker import EmbeddedAmqtt
+from livefit.server.runtime.local_process import free_port
 
 pytest.importorskip("amqtt")
 # amqtt's own modules warn on import (deprecated APIs); not ours to fix.

@@ -17,16 +17,11 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from livefit.server.labels.ids import key_of
-from livefit.server.labels.wire import decode_labels, decode_predictions
-from livefit.server.messaging.codec import (
-    REASONS,
-    DecodedMessage,
-    Rejection,
-    SampleSpec,
-    decode_message,
-)
-from livefit.wire import RAW_DTYPES
+from livefit.server.wire.codec import DecodedMessage, SampleSpec, decode_message
+from livefit.server.wire.encoding import RAW_DTYPES
+from livefit.server.wire.label_ids import key_of
+from livefit.server.wire.labels import decode_labels, decode_predictions
+from livefit.server.wire.rejection import REASONS, Rejection
 
 SPEC = SampleSpec(input_shape=(3,), target_shape=(1,), max_message_bytes=64 * 1024, max_samples=100)
 SPECS = [

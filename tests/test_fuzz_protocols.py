@@ -16,7 +16,10 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from livefit.server.api.protocols import OIP_DATATYPES, RequestError, parse_oip, parse_tfserving
+from livefit.server.http.oip import parse_oip
+from livefit.server.http.oip_tensors import OIP_DATATYPES
+from livefit.server.http.protocol_common import RequestError
+from livefit.server.http.tfserving import parse_tfserving
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SHAPES = [(2,), (1,), (2, 3)]

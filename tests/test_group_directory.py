@@ -1,4 +1,4 @@
-"""A worker group's private directory (``server/processes/group_directory.py``): it fits its
+"""A worker group's private directory (``server/runtime/group_directory.py``): it fits its
 Unix sockets under any ``TMPDIR``, and a new group removes the directories that SIGKILLed
 parents left behind, and only those.
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.processes import group_directory as directories
-from livefit.server.processes.group_directory import (
+from livefit.server.runtime import group_directory as directories
+from livefit.server.runtime.group_directory import (
     OWNER_FILE,
     PREFIX,
     SHORT_TMP,
@@ -32,7 +32,7 @@ from livefit.server.processes.group_directory import (
     release_group_directory,
     sweep_abandoned,
 )
-from livefit.server.processes.listening import StartupError
+from livefit.server.runtime.listening import StartupError
 
 
 def _dead_pid() -> int:
@@ -190,7 +190,7 @@ def test_a_live_owner_holding_its_lock_is_left_whatever_pid_it_records(short_tmp
 IN_NAMESPACE = """
 import sys, tempfile
 tempfile.tempdir = sys.argv[1]
-from livefit.server.processes.group_directory import group_directory
+from livefit.server.runtime.group_directory import group_directory
 print(group_directory(), flush=True)
 sys.stdin.read()
 """

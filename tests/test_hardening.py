@@ -37,9 +37,12 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.clients.publish import PublishStats, SamplePublisher
+from livefit.clients.publish_results import PublishStats
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream, stream_chunks
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port, quiet_env
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.local_process import free_port, quiet_env
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests import configs
 from tests.configs import model
 from tests.layouts import ONE_PROCESS, SPLIT, metric, with_layout

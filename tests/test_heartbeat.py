@@ -1,4 +1,4 @@
-"""A worker group's liveness check (``server/heartbeat.py``, ``WorkerGroup._kill_if_silent``):
+"""A worker group's liveness check (``server/base/heartbeat.py``, ``WorkerGroup._kill_if_silent``):
 a serving process's event loop beats; the parent kills a process that served and then went
 silent past the timeout, and no other. The end-to-end case (SIGSTOP of a split learner's
 serving process, killed and started again) is ``test_learner_group.py``'s."""
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.heartbeat import Silence, beating
-from livefit.server.processes.workers import GroupMember, WorkerGroup
+from livefit.server.base.heartbeat import Silence, beating
+from livefit.server.runtime.workers import GroupMember, WorkerGroup
 
 
 def test_the_event_loop_beats_while_inside_and_stops_after(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from livefit.clients.metrics import MetricsReader
-from livefit.server.api import protocols
-from livefit.server.api.app import create_app
+from livefit.server.http import predict_request
+from livefit.server.http.app import create_app
 from tests.inprocess import InProcessServer
 from tests.stub_runtime import StubRuntime
 
@@ -231,17 +231,17 @@ def test_an_unforeseen_exception_is_a_counted_json_500(
     def broken(*args: object) -> None:
         raise RuntimeError("formatter bug\nsecond line")
 
-    monkeypatch.setattr(protocols, "format_tfserving", broken)
+    monkeypatch.setattr(predict_request, "format_tfserving", broken)
     metrics = MetricsReader(open_server.url)
     before = metrics.value("livefit_predict_requests_total", model="m", code="500")
-    with caplog.at_level(logging.INFO, logger="livefit.server.api.predict_api"):
+    with caplog.at_level(logging.INFO, logger="livefit.server.http.predict_handlers"):
         response = httpx.post(
             f"{open_server.url}/v1/models/m:predict", content=b'{"instances": [[1, 2]]}'
         )
     assert response.status_code == 500
     assert "RuntimeError" in response.json()["error"]
     assert metrics.value("livefit_predict_requests_total", model="m", code="500") == before + 1
-    records = [r for r in caplog.records if r.name == "livefit.server.api.predict_api"]
+    records = [r for r in caplog.records if r.name == "livefit.server.http.predict_handlers"]
     assert len(records) == 1 and records[0].levelno == logging.ERROR
     line = records[0].getMessage()
     assert "RuntimeError" in line and "formatter bug" in line and "\n" not in line
@@ -266,6 +266,6 @@ def test_a_client_gone_mid_body_is_one_quiet_line(
             time.sleep(0.05)
         time.sleep(0.2)  # anything logged after the count is in too
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
-    ours = [r for r in caplog.records if r.name == "livefit.server.api.predict_api"]
+    ours = [r for r in caplog.records if r.name == "livefit.server.http.predict_request"]
     assert len(ours) == 1 and ours[0].levelno <= logging.INFO and ours[0].exc_info is None
     assert "disconnected" in ours[0].getMessage()

@@ -19,15 +19,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from livefit.server.ingestion.dedup import SequenceTracker
-from livefit.server.ingestion.ingest import IngestWorker
-from livefit.server.ingestion.route import Route
-from livefit.server.ingestion.samples import SampleQueue
-from livefit.server.ingestion.wal import WriteAheadLog
-from livefit.server.messaging.codec import SampleSpec
-from livefit.server.messaging.mqtt import RawMessage
-from livefit.server.metrics import Metrics
-from livefit.server.storage.storage_health import StorageHealth
+from livefit.server.base.metrics import Metrics
+from livefit.server.ingest.dedup import SequenceTracker
+from livefit.server.ingest.route import Route
+from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.ingest.worker import IngestWorker
+from livefit.server.mqtt.connection import RawMessage
+from livefit.server.storage.health import StorageHealth
+from livefit.server.storage.wal import WriteAheadLog
+from livefit.server.wire.codec import SampleSpec
 
 TOPIC = "livefit/m/samples"
 
@@ -127,7 +127,7 @@ def test_an_exception_nobody_foresaw_is_a_rejection(monkeypatch: pytest.MonkeyPa
     def broken(*_: object) -> None:
         raise MemoryError("the decoder blew up")
 
-    monkeypatch.setattr("livefit.server.ingestion.ingest.decode_message", broken)
+    monkeypatch.setattr("livefit.server.ingest.worker.decode_message", broken)
     worker._take(message(7, valid(1)))
     worker.flush()
     assert connection.acks == [7]

@@ -35,8 +35,10 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.predict import PredictClient
-from livefit.server.labels.wire import encode_predictions
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, stop_all
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.local_process import stop_all
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.wire.labels import encode_predictions
 from tests import configs
 from tests.layouts import ONE_PROCESS, metric, with_layout
 

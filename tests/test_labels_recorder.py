@@ -13,13 +13,13 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
-from livefit.server.config import BrokerSettings
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.sections import BrokerSettings
 from livefit.server.labels.recorder import PredictionRecorder
-from livefit.server.labels.wire import decode_labels, decode_predictions
-from livefit.server.messaging.broker import parse_broker_url
-from livefit.server.messaging.codec import SampleSpec
-from livefit.server.metrics import Metrics
-from livefit.server.processes.local_processes import Mosquitto
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.wire.codec import SampleSpec
+from livefit.server.wire.labels import decode_labels, decode_predictions
 
 SPEC = SampleSpec(input_shape=(2,), target_shape=(1,))
 

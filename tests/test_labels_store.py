@@ -9,15 +9,16 @@ import json
 import numpy as np
 import pytest
 
-from livefit.server.labels.ids import IdError, check_ids
 from livefit.server.labels.store import JoinStore, Policy, Shapes
-from livefit.server.labels.wire import (
+from livefit.server.wire.codec import SampleSpec
+from livefit.server.wire.label_ids import IdError, check_ids
+from livefit.server.wire.labels import (
     PredictionBatch,
     decode_labels,
     decode_predictions,
     encode_predictions,
 )
-from livefit.server.messaging.codec import Rejection, SampleSpec
+from livefit.server.wire.rejection import Rejection
 
 SPEC = SampleSpec(input_shape=(2,), target_shape=(1,))
 SHAPES = Shapes(input=(2,), output=(1,), target=(1,))

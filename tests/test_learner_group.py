@@ -26,7 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.local_process import free_port
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import SMALL_MLP, learner_config, model
 from tests.layouts import with_workers
 from tests.test_replica_workers import children_of, per_worker, predict_on_new_connections
@@ -241,7 +243,7 @@ def test_sigterm_trains_what_was_accepted_then_stops_serving(
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     log = learner.log.read_text()
     # in order: the training process's last checkpoint, then the serving processes stopped
-    checkpoint = log.rindex("[training] livefit.server.training.trainer: checkpoint demo")
+    checkpoint = log.rindex("[training] livefit.server.train.checkpoint_writer: checkpoint demo")
     assert checkpoint < log.index("[worker 0] uvicorn.error: Shutting down")
     # nothing left to replay: whatever the broker handed over was trained and checkpointed
     again = LivefitProcess(config(broker, storage), tmp_path / "b").start()
@@ -271,13 +273,13 @@ def test_sighup_stops_every_process_of_the_group_as_sigterm_does(
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     log = learner.log.read_text()
     for said in (
-        "livefit.server.processes.workers: SIGHUP: stopping the learner",
-        "[training] livefit.server.processes.training_process: SIGHUP: stopping the training",
-        "[worker 0] livefit.server.processes.serve: SIGHUP: stopping, as on SIGTERM",
+        "livefit.server.runtime.workers: SIGHUP: stopping the learner",
+        "[training] livefit.server.runtime.training_process: SIGHUP: stopping the training",
+        "[worker 0] livefit.server.runtime.serve: SIGHUP: stopping, as on SIGTERM",
     ):
         assert said in log, log[-3000:]
     hangup = log.index("SIGHUP")
-    assert log.rindex("[training] livefit.server.training.trainer: checkpoint demo") > hangup
+    assert log.rindex("[training] livefit.server.train.checkpoint_writer: checkpoint demo") > hangup
     assert "starting it again" not in log  # a hangup of a process of the group is no crash
 
 

@@ -15,13 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from livefit.server.config import ModelSettings
-from livefit.server.ingestion.samples import SampleChunk, SampleQueue
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import SnapshotSlot
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.ingest.sample_queue import SampleQueue
 from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
-from livefit.server.training.checkpointing import VERSION_BLOCK
-from livefit.server.training.trainer import Trainer
+from livefit.server.storage.metrics import StorageMetrics
+from livefit.server.train.checkpointing import VERSION_BLOCK
+from livefit.server.train.trainer import Trainer
+from livefit.server.wire.samples import SampleChunk
+from livefit.server.wire.snapshot import SnapshotSlot
 
 SETTINGS = ModelSettings.model_validate(
     {"builder": "linear", "input_shape": [2], "output_shape": [1], "seed": 0,
@@ -196,6 +198,8 @@ def test_a_stop_whose_final_checkpoint_fails_says_so(
     with caplog.at_level(logging.ERROR):
         t.stop()
     assert t.samples_seen == 40 and not store.paths()
-    assert not t.storage.healthy and t.metrics.storage_healthy._value.get() == 0
+    assert (
+        not t.storage.healthy and t.metrics.group(StorageMetrics).storage_healthy._value.get() == 0
+    )
     assert "stopping without a final checkpoint" in caplog.text
     assert "header too large" in caplog.text

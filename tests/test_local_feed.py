@@ -24,7 +24,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from livefit.server.api.weights_api import MAX_WAITING, build_weights_router
+from livefit.server.http.weights_api import MAX_WAITING, build_weights_router
+from livefit.server.weights.format import sha256_hex
+from livefit.server.weights.keys import SigningKey
 from livefit.server.weights.local_feed import (
     FEED_FILE,
     LocalWeightFeed,
@@ -32,10 +34,8 @@ from livefit.server.weights.local_feed import (
     encode_frame,
 )
 from livefit.server.weights.receiver_auth import Authenticator
-from livefit.server.weights.weight_format import sha256_hex
-from livefit.server.weights.weight_keys import SigningKey
-from livefit.server.weights.weight_store import EncodedWeights, WeightStore
-from livefit.server.weights.weight_verifier import WeightVerifier
+from livefit.server.weights.store import EncodedWeights, WeightStore
+from livefit.server.weights.verifier import WeightVerifier
 from tests.inprocess import InProcessServer
 from tests.weight_envelopes import Weights, envelope, forged
 

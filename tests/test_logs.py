@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from livefit.server.logs import configure_logging
+from livefit.server.base.logs import configure_logging
 
 
 def test_json_lines(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,9 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from livefit.clients.metrics import MetricsReader
-from livefit.server.config import HttpSettings
-from livefit.server.metrics_merge import merge_expositions
-from livefit.server.processes.machine import default_serving_processes, usable_cores
+from livefit.server.base.metrics_merge import merge_expositions
+from livefit.server.config.machine import default_serving_processes, usable_cores
+from livefit.server.config.sections import HttpSettings
 
 
 @pytest.mark.parametrize(("cores", "serving"), [(1, 1), (2, 1), (3, 2), (5, 4), (64, 4)])

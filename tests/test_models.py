@@ -14,7 +14,8 @@ import keras
 import numpy as np
 import pytest
 
-from livefit.models import BUILTIN_BUILDERS, build_model, weight_names
+from livefit.models.builders import build_model, weight_names
+from livefit.models.names import BUILTIN_BUILDERS
 
 CUSTOM = "tests.custom_builder:build"
 BATCH_SIZE = 32
@@ -202,8 +203,8 @@ def test_config_name_lists_are_what_keras_resolves() -> None:
     from keras.src import activations, losses, optimizers
 
     from livefit.models import names
-    from livefit.server.config import ModelSettings
-    from livefit.server.training.modeling import make_loss, make_optimizer
+    from livefit.server.config.model import ModelSettings
+    from livefit.server.train.modeling import make_loss, make_optimizer
 
     assert set(losses.ALL_OBJECTS_DICT) == names.LOSSES | names.LOSS_BASES
     assert set(optimizers.ALL_OBJECTS_DICT) == names.OPTIMIZERS | names.OPTIMIZER_BASES

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from livefit.server.config import ModelSettings
-from livefit.server.ingestion.samples import Batch, SampleQueue
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import SnapshotSlot
-from livefit.server.training.trainer import Trainer
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.train.trainer import Trainer
+from livefit.server.wire.samples import Batch
+from livefit.server.wire.snapshot import SnapshotSlot
 
 
 def trainer(optimizer: str = "adam", learning_rate: float = 0.01) -> Trainer:

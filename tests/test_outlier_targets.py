@@ -21,7 +21,8 @@ import httpx
 import numpy as np
 import pytest
 
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 from tests.layouts import metric
 from tests.test_hardening import publish_raw

@@ -11,15 +11,17 @@ import keras
 import numpy as np
 import pytest
 
-from livefit.models import BUILTIN_BUILDERS, build_model
-from livefit.models.builders import output_activation_name
-from livefit.server.config import ConfigError, ModelSettings, load_settings
-from livefit.server.inference.serving import ServingModel
-from livefit.server.ingestion.samples import Batch, SampleQueue
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import SnapshotSlot
-from livefit.server.training.modeling import build_compiled, build_uncompiled
-from livefit.server.training.trainer import Trainer
+from livefit.models.builders import build_model, output_activation_name
+from livefit.models.names import BUILTIN_BUILDERS
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.config.settings import ConfigError, load_settings
+from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.serve.serving import ServingModel
+from livefit.server.train.modeling import build_compiled, build_uncompiled
+from livefit.server.train.trainer import Trainer
+from livefit.server.wire.samples import Batch
+from livefit.server.wire.snapshot import SnapshotSlot
 
 SHAPES = {"linear": [3], "mlp": [3], "lstm": [4, 3]}
 
@@ -214,7 +216,7 @@ def test_custom_builder_whose_output_does_not_fit_the_loss_is_warned_about(
     builder: str, loss: str, warned: str | None
 ) -> None:
     recorder = _Recorder()
-    logger = logging.getLogger("livefit.server.training.modeling")
+    logger = logging.getLogger("livefit.server.train.modeling")
     logger.addHandler(recorder)
     try:
         build_compiled(settings(builder=builder, input_shape=[5], output_shape=[1], loss=loss),

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 
 pytestmark = pytest.mark.e2e

@@ -14,10 +14,10 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from livefit.server.api.app import create_app
-from livefit.server.config import load_settings
-from livefit.server.processes.local_processes import Mosquitto
-from livefit.server.processes.runtime import LearnerRuntime
+from livefit.server.config.settings import load_settings
+from livefit.server.http.app import create_app
+from livefit.server.runtime.learner import LearnerRuntime
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.inprocess import InProcessServer
 from tests.linear import linear_forward
 
@@ -256,8 +256,8 @@ def test_predictions_are_served_by_plain_routes_and_documented() -> None:
     from prometheus_client import CollectorRegistry
     from starlette.routing import Match
 
-    from livefit.server.api.predict_api import build_predict_router
-    from livefit.server.metrics import Metrics
+    from livefit.server.base.metrics import Metrics
+    from livefit.server.http.predict_api import build_predict_router
 
     router = build_predict_router(lambda: {}, Metrics(CollectorRegistry()))
     for path in ("/v1/models/m:predict", "/v2/models/m/infer"):

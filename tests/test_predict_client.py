@@ -1,6 +1,6 @@
 """The prediction clients against a real uvicorn on a free port, sync and asyncio, both protocols.
 
-The app speaks livefit's codecs (``livefit.server.api.protocols``) for a model "double" (outputs are
+The app speaks livefit's codecs (``livefit.server.http.protocol_common``) for a model "double" (outputs are
 twice the inputs, version 7) and scripts failures by model name to exercise retries: "flaky" is
 busy twice, "busy" once for 0.3 s, "stalled" once for 30 s, "dated" once with an HTTP-date,
 "down" and "unhinted" always; "bad" refuses, "slow" misses its deadline.
@@ -27,17 +27,13 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from livefit.clients.predict import (
-    AsyncPredictClient,
-    PredictClient,
-    PredictError,
-    PredictResult,
-    parse_retry_after,
-    retry_delay_s,
-)
-from livefit.server.api import protocols
-from livefit.server.api.protocols import ParsedRequest, RequestError
-from livefit.server.processes.local_processes import free_port
+from livefit.clients.predict import AsyncPredictClient, PredictClient
+from livefit.clients.predict_calls import PredictError, PredictResult
+from livefit.clients.predict_retry import parse_retry_after, retry_delay_s
+from livefit.server.http.oip import format_oip, oip_model_metadata, parse_oip
+from livefit.server.http.protocol_common import ParsedRequest, RequestError
+from livefit.server.http.tfserving import format_tfserving, parse_tfserving, tfserving_model_status
+from livefit.server.runtime.local_process import free_port
 
 INPUT_SHAPE = (3,)
 VERSION = 7
@@ -103,15 +99,15 @@ def scripted(name: str, count: int) -> JSONResponse | None:
 def parse(protocol: str, body: bytes) -> ParsedRequest:
     """The request body read by livefit's own codec for ``protocol``."""
     if protocol == "tfserving":
-        return protocols.parse_tfserving(body, INPUT_SHAPE, MAX_ROWS)
-    return protocols.parse_oip(body, INPUT_SHAPE, MAX_ROWS)
+        return parse_tfserving(body, INPUT_SHAPE, MAX_ROWS)
+    return parse_oip(body, INPUT_SHAPE, MAX_ROWS)
 
 
 def answer(protocol: str, parsed: ParsedRequest, outputs: np.ndarray, name: str) -> dict[str, Any]:
     """The response body livefit's own codec writes for ``protocol``."""
     if protocol == "tfserving":
-        return protocols.format_tfserving(parsed, outputs, VERSION)
-    return protocols.format_oip(parsed, outputs, name, VERSION)
+        return format_tfserving(parsed, outputs, VERSION)
+    return format_oip(parsed, outputs, name, VERSION)
 
 
 def build_app(seen: Seen) -> FastAPI:
@@ -143,15 +139,15 @@ def build_app(seen: Seen) -> FastAPI:
     @app.get("/v1/models/{name}")
     async def tfserving_status(name: str) -> JSONResponse:
         if name == "loading":
-            return JSONResponse(protocols.tfserving_model_status(None, ready=False))
-        return scripted(name, 0) or JSONResponse(protocols.tfserving_model_status(VERSION, True))
+            return JSONResponse(tfserving_model_status(None, ready=False))
+        return scripted(name, 0) or JSONResponse(tfserving_model_status(VERSION, True))
 
     @app.get("/v2/models/{name}")
     async def oip_metadata(name: str) -> JSONResponse:
         versions = [] if name == "loading" else [str(VERSION)]
         if name != "loading" and (failure := scripted(name, 0)) is not None:
             return failure
-        return JSONResponse(protocols.oip_model_metadata(name, versions, INPUT_SHAPE, INPUT_SHAPE))
+        return JSONResponse(oip_model_metadata(name, versions, INPUT_SHAPE, INPUT_SHAPE))
 
     @app.get("/v2/health/ready")
     async def ready() -> JSONResponse:

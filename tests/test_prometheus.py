@@ -13,9 +13,11 @@ import httpx
 import pytest
 import yaml
 
-from livefit.clients.publish import SamplePublisher
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.local_process import free_port
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config
 
 pytestmark = pytest.mark.e2e

@@ -15,18 +15,10 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
-from livefit.server.api.protocols import (
-    OIP_DATATYPES,
-    ParsedRequest,
-    RequestError,
-    format_oip,
-    format_tfserving,
-    oip_model_metadata,
-    parse_oip,
-    parse_tfserving,
-    tfserving_model_status,
-    triton_model_config,
-)
+from livefit.server.http.oip import format_oip, oip_model_metadata, parse_oip, triton_model_config
+from livefit.server.http.oip_tensors import OIP_DATATYPES
+from livefit.server.http.protocol_common import ParsedRequest, RequestError
+from livefit.server.http.tfserving import format_tfserving, parse_tfserving, tfserving_model_status
 
 
 def _body(document: Any) -> bytes:

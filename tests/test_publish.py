@@ -24,12 +24,18 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from livefit.clients import publish
-from livefit.clients.payloads import CONTENT_TYPES, encode_samples
-from livefit.clients.publish import PublishTimeout, RatePacer, SamplePublisher, parse_shape
+from livefit.clients.pacing import RatePacer
+from livefit.clients.payloads import encode_samples
+from livefit.clients.publish_args import add_arguments, parse_shape
+from livefit.clients.publish_results import PublishTimeout
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream, SequenceStream, cycle_chunks, load_file
-from livefit.server.messaging.broker import BrokerAddress, parse_broker_url
-from livefit.server.messaging.codec import SampleSpec, decode_message
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
+from livefit.local_servers import LivefitProcess
+from livefit.server.mqtt.broker import BrokerAddress, parse_broker_url
+from livefit.server.runtime.local_process import free_port
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.wire.codec import SampleSpec, decode_message
+from livefit.server.wire.encoding import CONTENT_TYPES
 
 # ---------------------------------------------------------------------------------------------
 # A plain paho subscriber that records what arrives.
@@ -182,7 +188,7 @@ def test_batch_with_mismatched_lengths_is_refused() -> None:
     ],
 )
 def test_server_codec_decodes_what_we_encode(fmt: str, raw: bool, batched: bool) -> None:
-    """Contract check against server/messaging/codec.py: same samples, weights and identifiers."""
+    """Contract check against server/wire/codec.py: same samples, weights and identifiers."""
     stream = SequenceStream(5, 3, output_dim=2, seed=3)
     x, y = stream.sample(4)
     w = np.array([1.0, 0.5, 0.0, 2.0], dtype=np.float32)
@@ -469,7 +475,7 @@ def test_rate_limit_paces_samples(broker: Mosquitto) -> None:
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="livefit publish")
-    publish.add_arguments(parser)
+    add_arguments(parser)
     return parser.parse_args(list(argv))
 
 

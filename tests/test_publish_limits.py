@@ -32,11 +32,12 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.clients.publish import SamplePublisher
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
-from livefit.server.weights.weight_format import open_envelope
-from livefit.server.weights.weight_keys import SigningKey
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.weights.format import open_envelope
+from livefit.server.weights.keys import SigningKey
 from tests.configs import learner_config, model
 from tests.layouts import metric
 from tests.weight_envelopes import Weights, envelope

@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from livefit.clients.publish import PublishStats, SamplePublisher
+from livefit.clients.publish_results import PublishStats
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream, stream_chunks
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 from tests.layouts import ONE_PROCESS, SPLIT, learner_pid, metric, with_layout
 

@@ -11,7 +11,7 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from livefit.server.training.replay import ReplayBuffer, ReplayMode, mix, replay_count
+from livefit.server.train.replay import ReplayBuffer, ReplayMode, mix, replay_count
 
 
 def _batch(start: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.layouts import with_workers
 from tests.test_weight_stream import ROWS, config, publish_samples, settle
 

@@ -8,7 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from livefit.server.ingestion.samples import BLOCK_ROWS, QueueClosed, SampleChunk, SampleQueue
+from livefit.server.ingest.sample_queue import BLOCK_ROWS, QueueClosed, SampleQueue
+from livefit.server.wire.samples import SampleChunk
 
 
 def chunk(n: int, start: int = 0, ts: float | None = None) -> SampleChunk:

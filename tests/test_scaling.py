@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load, save
 
-from livefit.server.training.scaling import ROBUST_COUNT, SMALL_COUNT, RunningStandardizer
+from livefit.server.train.scaling import ROBUST_COUNT, SMALL_COUNT, RunningStandardizer
 
 
 def _random_batches(
@@ -174,11 +174,12 @@ def test_a_first_batch_of_two_samples_does_not_stall_learning() -> None:
     come), then full ones: with the two samples' own standard deviation the next batch's inputs
     came out tens of times too large, and their gradients held Nadam's second moments up for
     the rest of a 5,000-sample stream (loss 8.6 at the end, 12 at sample 500)."""
-    from livefit.server.config import ModelSettings
-    from livefit.server.ingestion.samples import Batch, SampleQueue
-    from livefit.server.metrics import Metrics
-    from livefit.server.snapshot import SnapshotSlot
-    from livefit.server.training.trainer import Trainer
+    from livefit.server.base.metrics import Metrics
+    from livefit.server.config.model import ModelSettings
+    from livefit.server.ingest.sample_queue import SampleQueue
+    from livefit.server.train.trainer import Trainer
+    from livefit.server.wire.samples import Batch
+    from livefit.server.wire.snapshot import SnapshotSlot
 
     settings = ModelSettings.model_validate(
         {"builder": "linear", "input_shape": [8], "output_shape": [1], "learning_rate": 0.05,

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from livefit.server.api.app import create_app
+from livefit.server.http.app import create_app
 from tests.inprocess import InProcessServer
 from tests.stub_runtime import StubRuntime
 

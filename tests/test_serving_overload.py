@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from livefit.server.api.app import create_app
+from livefit.server.http.app import create_app
 from tests.inprocess import InProcessServer
 from tests.stub_runtime import StubRuntime
 

@@ -1,5 +1,5 @@
 """SIGHUP stops a livefit process as SIGTERM does, unless the process started with it ignored
-(``nohup``): then it stays ignored (``server/processes/stop_signals.py``). The whole split
+(``nohup``): then it stays ignored (``server/runtime/stop_signals.py``). The whole split
 learner under SIGHUP is attacked in test_learner_group.py; here, a real process under each
 start condition installs the stop handlers as every livefit process does and is sent SIGHUP.
 """
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX sig
 # Installs the stop handlers, sends itself SIGHUP, and says what happened.
 HANGS_UP = """
 import os, signal, time
-from livefit.server.processes.stop_signals import on_stop_signals
+from livefit.server.runtime.stop_signals import on_stop_signals
 heard = []
 on_stop_signals(lambda signum, frame: heard.append(signal.Signals(signum).name))
 os.kill(os.getpid(), signal.SIGHUP)

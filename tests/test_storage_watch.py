@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.metrics import Metrics
-from livefit.server.storage.storage_health import StorageHealth
-from livefit.server.storage.storage_lock import StorageLock, StorageLocked
-from livefit.server.storage.storage_watch import StorageWatch
+from livefit.server.base.metrics import Metrics
+from livefit.server.storage.health import StorageHealth
+from livefit.server.storage.lock import StorageLock, StorageLocked
+from livefit.server.storage.metrics import StorageMetrics
+from livefit.server.storage.watch import StorageWatch
 
 
 def test_a_deleted_lock_file_is_lost_and_taken_again(tmp_path: Path) -> None:
@@ -43,7 +44,7 @@ def test_the_watch_reports_once_stops_the_log_and_keeps_the_path_locked(tmp_path
     watch.check()
     watch.check()
     assert len(lost) == 1 and "storage_lost" in health.problems()[0]
-    assert metrics.storage_healthy._value.get() == 0
+    assert metrics.group(StorageMetrics).storage_healthy._value.get() == 0
     with pytest.raises(StorageLocked, match="in use by another livefit learner"):
         StorageLock(storage).acquire()
     shutil.rmtree(storage)  # deleted again: locked again, still unhealthy, reported once

@@ -10,17 +10,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from livefit.models import build_model, weight_names
+from livefit.models.builders import build_model, weight_names
 from livefit.models.standardize import standardize_layer
 from livefit.models.target_scaling import TARGET_SCALING_LAYER, target_scaling_layer
-from livefit.server.config import ModelSettings
-from livefit.server.inference.serving import ServingModel
-from livefit.server.ingestion.samples import Batch, SampleQueue
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import SnapshotSlot
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.serve.serving import ServingModel
 from livefit.server.storage.checkpoint import CheckpointStore
-from livefit.server.training.modeling import build_uncompiled
-from livefit.server.training.trainer import Trainer
+from livefit.server.train.modeling import build_uncompiled
+from livefit.server.train.trainer import Trainer
+from livefit.server.wire.samples import Batch
+from livefit.server.wire.snapshot import SnapshotSlot
 
 W = np.array([[1.0], [-2.0], [0.5]])
 

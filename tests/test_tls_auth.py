@@ -14,11 +14,12 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.payloads import encode_samples
-from livefit.server.config import BrokerSettings
-from livefit.server.messaging.broker import parse_broker_url
-from livefit.server.messaging.mqtt import MqttConnection
-from livefit.server.metrics import Metrics
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.sections import BrokerSettings
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.mqtt.connection import MqttConnection
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 
 # paho leaves the socket of a refused TLS handshake to the garbage collector (paho/client.py

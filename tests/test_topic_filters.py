@@ -1,4 +1,4 @@
-"""MQTT topic-filter matching (server/topic_filters.py): the examples of the MQTT 3.1.1 and 5
+"""MQTT topic-filter matching (server/config/topic_filters.py): the examples of the MQTT 3.1.1 and 5
 specifications (section 4.7), and properties checked against an independent regex translation
 on generated filters and topics."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from livefit.server.topic_filters import filter_problem, topic_matches
+from livefit.server.config.topic_filters import filter_problem, topic_matches
 
 SPEC_EXAMPLES = [
     ("sport/tennis/player1/#", "sport/tennis/player1", True),

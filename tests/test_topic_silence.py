@@ -16,7 +16,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.clients.payloads import encode_samples
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 
 USERS = {"learner": "learner-pw-1", "publisher": "publisher-pw-2"}
@@ -101,10 +102,10 @@ def test_a_refused_subscription_is_an_error_naming_the_topic(
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.reasoncodes import ReasonCode
 
-    from livefit.server.config import BrokerSettings
-    from livefit.server.messaging.broker import parse_broker_url
-    from livefit.server.messaging.mqtt import MqttConnection
-    from livefit.server.metrics import Metrics
+    from livefit.server.base.metrics import Metrics
+    from livefit.server.config.sections import BrokerSettings
+    from livefit.server.mqtt.broker import parse_broker_url
+    from livefit.server.mqtt.connection import MqttConnection
 
     address = parse_broker_url("mqtt://learner:pw@127.0.0.1:1")
     connection = MqttConnection(address, BrokerSettings(), Metrics(), client_id="suback")

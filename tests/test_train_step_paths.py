@@ -6,9 +6,9 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from livefit.server.config import ModelSettings
-from livefit.server.training.modeling import build_compiled, make_loss
-from livefit.server.training.train_step import TrainStep
+from livefit.server.config.model import ModelSettings
+from livefit.server.train.modeling import build_compiled, make_loss
+from livefit.server.train.train_step import TrainStep
 
 
 def step_pair() -> tuple[TrainStep, TrainStep]:

@@ -7,12 +7,14 @@ import time
 
 import numpy as np
 
-from livefit.server.config import ModelSettings
-from livefit.server.ingestion.samples import SampleChunk, SampleQueue
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import SnapshotSlot
-from livefit.server.training.hooks import TrainerHooks
-from livefit.server.training.trainer import Trainer
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.train.hooks import TrainerHooks
+from livefit.server.train.metrics import TrainingMetrics
+from livefit.server.train.trainer import Trainer
+from livefit.server.wire.samples import SampleChunk
+from livefit.server.wire.snapshot import SnapshotSlot
 
 
 def run_trainer(yield_ms: float, busy_for_s: float) -> tuple[Trainer, float, float]:
@@ -37,7 +39,7 @@ def run_trainer(yield_ms: float, busy_for_s: float) -> tuple[Trainer, float, flo
     started = time.monotonic()
     trainer.start()
     trainer.stop()
-    waited = metrics.train_yield_seconds.labels(model="m")._value.get()
+    waited = metrics.group(TrainingMetrics).train_yield_seconds.labels(model="m")._value.get()
     return trainer, waited, time.monotonic() - started
 
 

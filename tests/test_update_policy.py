@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from livefit.models.standardize import standardize_layer
-from livefit.server.config import ModelSettings
-from livefit.server.ingestion.samples import Batch, SampleQueue
-from livefit.server.metrics import Metrics
-from livefit.server.snapshot import SnapshotSlot
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.ingest.sample_queue import SampleQueue
 from livefit.server.storage.checkpoint import CheckpointStore
-from livefit.server.training.hooks import TrainerHooks
-from livefit.server.training.trainer import Trainer
+from livefit.server.train.hooks import TrainerHooks
+from livefit.server.train.trainer import Trainer
+from livefit.server.wire.samples import Batch
+from livefit.server.wire.snapshot import SnapshotSlot
 
 
 def trainer(
@@ -133,7 +134,7 @@ def test_no_extra_steps_while_predictions_wait() -> None:
 
 
 def test_the_queue_says_how_much_a_batch_left_behind() -> None:
-    from livefit.server.ingestion.samples import SampleChunk
+    from livefit.server.wire.samples import SampleChunk
 
     queue = SampleQueue(1000)
     x = np.zeros((100, 3), np.float32)

@@ -14,13 +14,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from livefit.clients.publish import SamplePublisher
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream
-from livefit.server.api.app import create_app
-from livefit.server.config import load_settings
-from livefit.server.processes.local_processes import Mosquitto
-from livefit.server.processes.runtime import LearnerRuntime
-from livefit.server.snapshot import Snapshot
+from livefit.server.config.settings import load_settings
+from livefit.server.http.app import create_app
+from livefit.server.runtime.learner import LearnerRuntime
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.wire.snapshot import Snapshot
 from tests.inprocess import InProcessServer
 from tests.linear import linear_forward
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from livefit.server.ingestion.wal import StorageError, WriteAheadLog
+from livefit.server.storage.wal import StorageError, WriteAheadLog
 
 
 def fill(wal: WriteAheadLog, n: int, model: str = "m") -> list[int]:

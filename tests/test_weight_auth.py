@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from livefit.server.config import ConfigError, Settings, WeightsSettings
-from livefit.server.messaging.broker import parse_broker_url
-from livefit.server.weights.receiver_auth import Authenticator, receiver_authenticator
-from livefit.server.weights.weight_format import (
+from livefit.server.config.model_tables import WeightsSettings
+from livefit.server.config.settings import ConfigError, Settings
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.weights.format import (
     MAGIC,
     SIGNING_CONTEXT,
     WeightsMeta,
@@ -35,7 +35,7 @@ from livefit.server.weights.weight_format import (
     encode_weights,
     open_envelope,
 )
-from livefit.server.weights.weight_keys import (
+from livefit.server.weights.keys import (
     SigningKey,
     default_key_path,
     default_public_path,
@@ -43,7 +43,9 @@ from livefit.server.weights.weight_keys import (
     learner_signing_key,
     parse_verify_key,
 )
-from livefit.server.weights.weight_receiver import ReceivedWeights, WeightReceiver
+from livefit.server.weights.receiver import WeightReceiver
+from livefit.server.weights.receiver_auth import Authenticator, receiver_authenticator
+from livefit.server.weights.verifier import ReceivedWeights
 from tests.weight_envelopes import Weights, envelope, forged, payload, signed_for
 
 TOPIC = "livefit/demo/weights"
@@ -282,7 +284,7 @@ def test_key_init_command_for_compose(tmp_path: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "livefit.server.weights.weight_keys",
+        "livefit.server.weights.keys",
         str(private),
         str(public),
     ]
@@ -303,7 +305,7 @@ def test_processes_starting_together_on_one_storage_share_one_key(tmp_path: Path
     storage = tmp_path / "data"
     script = (
         "import sys; from pathlib import Path\n"
-        "from livefit.server.weights.weight_keys import *\n"
+        "from livefit.server.weights.keys import *\n"
         "s = Path(sys.argv[1])\n"
         "key, made = ensure_signing_key(default_key_path(s), default_public_path(s))\n"
         "print(key.key_id, made)\n"

@@ -19,9 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto
-from livefit.server.weights.weight_format import seal, sha256_hex, signed_message
-from livefit.server.weights.weight_keys import SigningKey
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.weights.format import seal, sha256_hex, signed_message
+from livefit.server.weights.keys import SigningKey
 from tests.configs import learner_config, model
 from tests.weight_envelopes import Weights, envelope, payload
 

@@ -15,18 +15,19 @@ import numpy as np
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.server.config import BrokerSettings
-from livefit.server.messaging.broker import parse_broker_url
-from livefit.server.messaging.mqtt import MqttConnection
-from livefit.server.metrics import Metrics
-from livefit.server.processes.local_processes import Mosquitto
-from livefit.server.snapshot import Snapshot
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.sections import BrokerSettings
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.mqtt.connection import MqttConnection
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.weights.format import open_envelope
+from livefit.server.weights.keys import SigningKey
+from livefit.server.weights.metrics import WeightsPublishedMetrics
+from livefit.server.weights.publisher import WeightPublisher
+from livefit.server.weights.receiver import WeightReceiver
 from livefit.server.weights.receiver_auth import Authenticator
-from livefit.server.weights.weight_format import open_envelope
-from livefit.server.weights.weight_keys import SigningKey
-from livefit.server.weights.weight_publisher import WeightPublisher
-from livefit.server.weights.weight_receiver import WeightReceiver
-from livefit.server.weights.weight_store import WeightStore
+from livefit.server.weights.store import WeightStore
+from livefit.server.wire.snapshot import Snapshot
 from tests.weight_envelopes import Weights
 
 TOPIC = "refresh/weights"
@@ -83,8 +84,18 @@ def test_idle_learner_re_signs_its_newest_snapshot(broker: Mosquitto) -> None:
     assert {(h.version, h.lineage, h.created_at) for h in headers} == {(7, "d" * 32, created)}
     signed = [h.signed_at for h in headers]
     assert signed == sorted(signed) and len(set(signed)) == 3
-    assert metrics.weights_published.labels(model="demo", kind="refresh")._value.get() >= 2
-    assert metrics.weights_published.labels(model="demo", kind="inline")._value.get() == 1
+    assert (
+        metrics.group(WeightsPublishedMetrics)
+        .weights_published.labels(model="demo", kind="refresh")
+        ._value.get()
+        >= 2
+    )
+    assert (
+        metrics.group(WeightsPublishedMetrics)
+        .weights_published.labels(model="demo", kind="inline")
+        ._value.get()
+        == 1
+    )
 
     outcomes: list[str] = []
     receiver = WeightReceiver(

@@ -36,13 +36,15 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.clients.publish import SamplePublisher
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.clients.weights import WeightSubscriber
-from livefit.models import build_model
-from livefit.server.processes.local_processes import LivefitProcess, Mosquitto, free_port
-from livefit.server.weights.weight_format import open_envelope, sha256_hex
-from livefit.server.weights.weight_keys import (
+from livefit.local_servers import LivefitProcess
+from livefit.models.builders import build_model
+from livefit.server.runtime.local_process import free_port
+from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.weights.format import open_envelope, sha256_hex
+from livefit.server.weights.keys import (
     SigningKey,
     default_key_path,
     default_public_path,
@@ -277,7 +279,7 @@ def test_forged_weights_are_refused_and_the_next_real_ones_taken(
 SUBSCRIBER_SCRIPT = """
 import json, sys
 from livefit.clients.weights import WeightSubscriber
-from livefit.models import build_model
+from livefit.models.builders import build_model
 broker, key, rows, wanted = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 model = build_model("mlp", [8], [1], {"hidden_units": [16]}, seed=99, scaling="standardize")
 with WeightSubscriber(model, broker, "demo", verify_key=key) as weights:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from livefit.models import build_model, weight_names
-from livefit.server.weights.weight_format import (
+from livefit.models.builders import build_model, weight_names
+from livefit.server.weights.format import (
     MAGIC,
     EnvelopeHeader,
     WeightsMeta,
@@ -18,7 +18,7 @@ from livefit.server.weights.weight_format import (
     seal,
     sha256_hex,
 )
-from livefit.server.weights.weight_keys import SigningKey
+from livefit.server.weights.keys import SigningKey
 
 
 @dataclass

@@ -25,13 +25,13 @@ def learn_inprocess(stream: Stream, knobs: Knobs, chunk: int = CHUNK) -> Score:
     """
     import keras
 
-    from livefit.server.ingestion.samples import SampleChunk
+    from livefit.server.wire.samples import SampleChunk
 
     trainer = _trainer(knobs, stream)
     trainer.scores = recorder = _recording_scores(trainer.scores)
     queue = trainer.queue
     started = time.perf_counter()
-    with _quiet("livefit.server.training.update_policy"):  # a warning per detected drift
+    with _quiet("livefit.server.train.update_policy"):  # a warning per detected drift
         for start in range(0, len(stream), chunk):
             x, y = stream.x[start : start + chunk], stream.y[start : start + chunk]
             queue.put(SampleChunk(x, y, np.ones(len(x), dtype=np.float32)))
@@ -75,12 +75,12 @@ class InProcess:
 def _trainer(knobs: Knobs, stream: Stream) -> Any:
     from prometheus_client import CollectorRegistry
 
-    from livefit.server.config import ModelSettings
-    from livefit.server.ingestion.samples import SampleQueue
-    from livefit.server.metrics import Metrics
-    from livefit.server.snapshot import SnapshotSlot
-    from livefit.server.training.modeling import resolve_device
-    from livefit.server.training.trainer import Trainer
+    from livefit.server.base.metrics import Metrics
+    from livefit.server.config.model import ModelSettings
+    from livefit.server.ingest.sample_queue import SampleQueue
+    from livefit.server.train.modeling import resolve_device
+    from livefit.server.train.trainer import Trainer
+    from livefit.server.wire.snapshot import SnapshotSlot
 
     config = knobs.model_config(stream.table())
     config.setdefault("train", {})["queue_capacity"] = len(stream) + 1
@@ -108,7 +108,7 @@ def _quiet(logger_name: str) -> Iterator[None]:
 def _recording_scores(scores: Any) -> Any:
     """The trainer's prequential scores, also keeping each sample's figure: 1.0 where a
     classifier predicted right, a regressor's absolute error."""
-    from livefit.server.training.prequential import PrequentialScores, correct_predictions
+    from livefit.server.train.prequential import PrequentialScores, correct_predictions
 
     class Recording(PrequentialScores):
         def __init__(self) -> None:

@@ -67,7 +67,7 @@ class Knobs:
 
     def resolved(self) -> dict[str, Any]:
         """The effective learning settings: these knobs over livefit's defaults."""
-        from livefit.server.config import ModelSettings
+        from livefit.server.config.model import ModelSettings
 
         s = ModelSettings.model_validate(self.model_config(BINARY_TABLE))
         replay = s.train.replay_capacity > 0 and s.train.replay_share > 0

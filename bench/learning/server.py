@@ -55,7 +55,7 @@ def feed(fleet: Fleet, model: str, stream: Stream, rate: float = PUBLISH_RATE) -
     model's first step is slow (TensorFlow's first call), and the messages queued behind it
     would otherwise make one big first minibatch, which no long-running server has.
     """
-    from livefit.clients.publish import SamplePublisher
+    from livefit.clients.publisher import SamplePublisher
 
     started = time.perf_counter()
     topic = f"livefit/{model}/samples"

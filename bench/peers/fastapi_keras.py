@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 def _prefork(app: FastAPI, port: int, workers: int) -> None:
     """``workers`` processes serving ``app`` on one socket, as ``livefit replica --workers``
     shares its port; the forked ones die with this one."""
-    from livefit.server.processes.children import die_with_parent
+    from livefit.server.runtime.children import die_with_parent
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

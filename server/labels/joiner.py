@@ -35,20 +35,17 @@ from typing import Literal
 import msgpack
 import numpy as np
 
-from livefit.server.config import ModelSettings
-from livefit.server.ingestion.samples import SampleChunk
-from livefit.server.ingestion.wal import WalRecord
-from livefit.server.labels.score import ServedScore
-from livefit.server.labels.store import OUTCOMES, Applied, JoinStore, Policy, Shapes
-from livefit.server.labels.wire import (
-    LabelBatch,
-    PredictionBatch,
-    decode_labels,
-    decode_predictions,
-)
-from livefit.server.messaging.codec import Rejection, SampleSpec
-from livefit.server.messaging.mqtt import RawMessage
-from livefit.server.metrics import Metrics
+from ..base.metrics import Metrics
+from ..config.model import ModelSettings
+from ..mqtt.connection import RawMessage
+from ..storage.wal import WalRecord
+from ..wire.codec import SampleSpec
+from ..wire.labels import LabelBatch, PredictionBatch, decode_labels, decode_predictions
+from ..wire.rejection import Rejection
+from ..wire.samples import SampleChunk
+from .metrics import LabelMetrics
+from .score import ServedScore
+from .store import OUTCOMES, Applied, JoinStore, Policy, Shapes
 
 log = logging.getLogger(__name__)
 EVENT_CONTENT_TYPE = "application/vnd.livefit.label-event+msgpack"  # its log records
@@ -83,7 +80,7 @@ class LabelJoiner:
         self.spec = spec
         self.labels_topic, self.predictions_topic = topics
         self.metrics = metrics
-        metrics.export("labels")
+        metrics.group(LabelMetrics)
         self.trained = trained
         self.output_shape = tuple(settings.output_shape)
         labels = settings.labels
@@ -106,11 +103,13 @@ class LabelJoiner:
         self._next_tick = 0.0
         self._saved: dict[int, SampleChunk] = {}  # restored samples, by position, for replay
         for outcome in OUTCOMES:
-            metrics.labels.labels(model=model, outcome=outcome)
-        metrics.pending_predictions.labels(model=model).set_function(
+            metrics.group(LabelMetrics).labels.labels(model=model, outcome=outcome)
+        metrics.group(LabelMetrics).pending_predictions.labels(model=model).set_function(
             lambda: len(self.store.pending)
         )
-        metrics.pending_labels.labels(model=model).set_function(lambda: len(self.store.early))
+        metrics.group(LabelMetrics).pending_labels.labels(model=model).set_function(
+            lambda: len(self.store.early)
+        )
 
     # ingest side -------------------------------------------------------------------------------
     def owns(self, topic: str) -> bool:
@@ -127,7 +126,9 @@ class LabelJoiner:
         try:
             decoded = decode_labels(payload, self.spec, content_type)
         except Rejection:
-            self.metrics.labels.labels(model=self.model, outcome="rejected").inc()
+            self.metrics.group(LabelMetrics).labels.labels(
+                model=self.model, outcome="rejected"
+            ).inc()
             raise
         return LabelEvent("labels", message.received_at, decoded, payload, content_type)
 
@@ -169,7 +170,7 @@ class LabelJoiner:
         return applied.chunk
 
     def _observe(self, applied: Applied) -> None:
-        m, model = self.metrics, self.model
+        m, model = self.metrics.group(LabelMetrics), self.model
         for outcome, count in applied.outcomes.items():
             m.labels.labels(model=model, outcome=outcome).inc(count)
         delay = m.label_delay.labels(model=model)

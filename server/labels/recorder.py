@@ -32,13 +32,15 @@ import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from livefit.server.config import BrokerSettings, Settings
-from livefit.server.labels.ids import RowId
-from livefit.server.labels.wire import PREDICTIONS_CONTENT_TYPE, encode_predictions
-from livefit.server.messaging.broker import BrokerAddress
-from livefit.server.messaging.paho_client import paho_client
-from livefit.server.messaging.publish_guard import PublishGuard, publish_packet_bytes
-from livefit.server.metrics import Metrics
+from ..base.metrics import Metrics
+from ..config.sections import BrokerSettings
+from ..config.settings import Settings
+from ..mqtt.broker import BrokerAddress
+from ..mqtt.paho_client import paho_client
+from ..mqtt.publish_guard import PublishGuard, publish_packet_bytes
+from ..wire.label_ids import RowId
+from ..wire.labels import PREDICTIONS_CONTENT_TYPE, encode_predictions
+from .metrics import PredictionRecordMetrics
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_ROWS = 1024  # rows per prediction-record message at most
@@ -76,10 +78,16 @@ class PredictionRecorder:
         self.protocol = protocol or broker.protocol
         self.max_rows = max_rows
         self.source = client_id
-        metrics.export("prediction_records")
-        self._sent = metrics.prediction_records.labels(model=model, outcome="sent")
-        self._dropped = metrics.prediction_records.labels(model=model, outcome="dropped")
-        self._refused = metrics.prediction_records.labels(model=model, outcome="refused")
+        metrics.group(PredictionRecordMetrics)
+        self._sent = metrics.group(PredictionRecordMetrics).prediction_records.labels(
+            model=model, outcome="sent"
+        )
+        self._dropped = metrics.group(PredictionRecordMetrics).prediction_records.labels(
+            model=model, outcome="dropped"
+        )
+        self._refused = metrics.group(PredictionRecordMetrics).prediction_records.labels(
+            model=model, outcome="refused"
+        )
         limit = broker.max_packet_size_bytes
         self.guard = PublishGuard(metrics, f"MQTT client {client_id!r}", limit)
         self._buffer: deque[_Record] = deque()

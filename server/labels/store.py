@@ -34,9 +34,9 @@ from typing import Any, Literal
 import msgpack
 import numpy as np
 
-from livefit.server.ingestion.samples import SampleChunk
-from livefit.server.labels.ids import RowId, key_of
-from livefit.server.labels.wire import LabelBatch, PredictionBatch
+from ..wire.label_ids import RowId, key_of
+from ..wire.labels import LabelBatch, PredictionBatch
+from ..wire.samples import SampleChunk
 
 OUTCOMES = ("joined", "expired", "unknown_id", "duplicate", "late", "rejected")
 

@@ -45,7 +45,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 if TYPE_CHECKING:
-    from livefit.server.snapshot import Snapshot
+    from ..wire.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 PREFIX = "ckpt-"

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from livefit.server.snapshot import Snapshot
-from livefit.server.weights.weight_publisher import WeightPublisher
+from ..wire.snapshot import Snapshot
+from .publisher import WeightPublisher
 
 log = logging.getLogger(__name__)
 FEED_FILE = "weights.sock"

@@ -2,7 +2,7 @@
 Ed25519 and/or HMAC, or nothing when explicitly allowed) and where a replica's policy comes
 from (``receiver_authenticator``: its configured key, key file, or the public key a learner
 sharing its storage dir wrote). A receiver with no key refuses to start unless
-``weights.allow_unsigned``. The keys themselves are ``weight_keys``'.
+``weights.allow_unsigned``. The keys themselves are ``weights.keys``'.
 """
 
 from __future__ import annotations
@@ -13,22 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from livefit.server.config import ConfigError, Settings, WeightsSettings
-from livefit.server.weights.weight_format import (
-    ED25519_SIGNATURE_BYTES,
-    Envelope,
-    WeightsRejected,
-    hmac_tag,
-)
-from livefit.server.weights.weight_keys import (
-    DEFAULT_PUBLIC_NAME,
-    KEYS_DIR,
-    VerifyKey,
-    default_public_path,
-    parse_verify_key,
-)
+from ..config.model_tables import WeightsSettings
+from ..config.settings import ConfigError, Settings
+from .format import ED25519_SIGNATURE_BYTES, Envelope, WeightsRejected, hmac_tag
+from .keys import DEFAULT_PUBLIC_NAME, KEYS_DIR, VerifyKey, default_public_path, parse_verify_key
 
-log = logging.getLogger("livefit.server.weights.weight_keys")  # the name its lines always had
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

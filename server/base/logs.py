@@ -1,0 +1,58 @@
+"""Logging setup: plain lines for people, one JSON object per line for log pipelines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+# Set by a worker group for each serving worker (server/runtime/workers.py), and for a split
+# learner's training process (learner_group.py): its lines say which process wrote them.
+WORKER_ENV = "LIVEFIT_WORKER_INDEX"
+TRAINING_ENV = "LIVEFIT_TRAINING_DIR"
+
+
+def process_label() -> str | None:
+    """``"0"``, ``"1"``... for a serving worker, ``"training"`` for a split learner's training
+    process, None for a process on its own."""
+    if os.environ.get(TRAINING_ENV):
+        return "training"
+    return os.environ.get(WORKER_ENV)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        worker = process_label()
+        if worker is not None:
+            entry["worker"] = int(worker) if worker.isdigit() else worker
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure_logging(level: str = "INFO", json_format: bool = False) -> None:
+    """Configure the root logger once for the process."""
+    handler = logging.StreamHandler()
+    if json_format:
+        handler.setFormatter(JsonFormatter())
+    else:
+        worker = process_label()
+        who = f" [worker {worker}]" if worker is not None else ""
+        who = " [training]" if worker == "training" else who
+        formatter = logging.Formatter(f"%(asctime)s %(levelname)s{who} %(name)s: %(message)s")
+        formatter.converter = time.gmtime
+        handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("uvicorn.access",):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

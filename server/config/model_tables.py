@@ -1,0 +1,181 @@
+"""A model's sub-tables: ``[models.<name>.train]`` (minibatches and the update policy),
+``.drift``, ``.serve`` (request batching, admission and limits), ``.weights`` (the weight
+stream, signing and verification), ``.checkpoint`` and ``.labels`` (delayed labels).
+
+This module owns those tables; ``config.model`` puts them in ``ModelSettings`` and ``config``
+re-exports them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from .sections import Section
+
+
+class TrainSettings(Section):
+    """How the trainer forms minibatches from the sample queue."""
+
+    max_batch_size: int = Field(256, ge=1, le=65536)
+    max_wait_ms: float = Field(0.0, ge=0, le=60_000)
+    queue_capacity: int = Field(20_000, ge=1)  # samples held between ingestion and training
+    # The update policy (defaults measured by the learning-quality benchmark, BENCHMARKS.md):
+    steps_per_batch: int = Field(2, ge=1, le=100)  # gradient steps on each minibatch
+    replay_capacity: int = Field(500, ge=0)  # samples kept for replay (0: no replay)
+    replay_mode: Literal["reservoir", "window"] = "window"
+    replay_share: float = Field(0.75, ge=0, lt=1)  # share of replayed samples in each step
+    # "caught_up": steps beyond the first and replayed samples only for a batch that took every
+    # queued sample, while no prediction request waits (the trainer keeps up, so the extra work
+    # uses time it would spend waiting); otherwise one plain step. "always": every batch.
+    extras_when: Literal["caught_up", "always"] = "caught_up"
+    # Before each step, wait up to this long while prediction requests are queued (0: never).
+    yield_to_serving_ms: float = Field(2.0, ge=0, le=1000)
+    # With target scaling: a target more than this many standard deviations from the running
+    # mean of the targets (from the 10th target on; widened by 100 / count below 100 targets)
+    # is an outlier, clipped to that bound before it trains or enters the statistics, and
+    # counted (0: no bound).
+    target_outlier_std: float = Field(8.0, ge=0)
+
+
+class DriftSettings(Section):
+    """Drift detection on the prequential loss, and what to do when it fires."""
+
+    enabled: bool = True  # detect, count and report drift (a cheap test on the losses)
+    method: Literal["page_hinkley", "adwin"] = "page_hinkley"
+    threshold: float = Field(50.0, gt=0)  # Page-Hinkley lambda, in standardised loss units
+    reaction: Literal["none", "reset_optimizer", "boost_lr"] = "none"
+    boost_factor: float = Field(3.0, gt=1)  # learning rate multiplier for boost_lr
+    boost_steps: int = Field(200, ge=1)  # training steps the boost lasts
+    events_topic: str | None = None  # default livefit/<name>/events
+
+
+class ServeSettings(Section):
+    """Request batching and limits for the prediction API."""
+
+    max_batch_size: int = Field(64, ge=1, le=65536)
+    # 0: a batch fires as soon as the model is free, with every request queued by then (they
+    # queue while the previous batch runs). Measured: 3.3x the requests/s of 2 ms at 1 client,
+    # the same or better at 64 (BENCHMARKS.md); Triton's default is also 0. "auto": chosen
+    # per batch from the measured arrival rate and batch cost (0 unless waiting lowers the mean
+    # latency; server/serve/batch_cost.py AutoTimeout), at most max_batch_timeout_ms. Not the
+    # default:
+    # measured within noise of 0 at 1, 16 and 64 clients, where on the CPU benchmark model it
+    # chooses 0 or under 1 ms anyway; its case (a GPU) is unmeasured (BENCHMARKS.md).
+    batch_timeout_ms: float | Literal["auto"] = 0.0
+    max_batch_timeout_ms: float = Field(10.0, ge=0, le=10_000)
+    max_queue_rows: int = Field(4096, ge=1)
+    # Admission: a request that cannot join the next batch is refused at once (429) when the
+    # batcher expects it to wait longer than this before its batch starts (from the event
+    # loop's lag and the batch cost it fits online); any request, when it would be answered
+    # after its deadline. "auto": two full-batch model calls, at least 50 ms.
+    max_queue_wait_ms: float | Literal["auto"] = "auto"
+    default_deadline_ms: float = Field(5000.0, gt=0)
+    allowed_batch_sizes: list[int] | None = None
+    max_request_rows: int = Field(1024, ge=1)
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+
+    @field_validator("batch_timeout_ms")
+    @classmethod
+    def _check_timeout(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0 <= float(value) <= 10_000:
+            raise ValueError('must be "auto" or a number of milliseconds from 0 to 10000')
+        return value
+
+    @field_validator("max_queue_wait_ms")
+    @classmethod
+    def _check_wait(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0 < float(value) <= 600_000:
+            raise ValueError('must be "auto" or a number of milliseconds above 0')
+        return value
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> ServeSettings:
+        sizes = self.allowed_batch_sizes
+        if sizes is not None:
+            if not sizes or sorted(set(sizes)) != sizes or sizes[0] < 1:
+                raise ValueError("allowed_batch_sizes must be strictly increasing positive ints")
+            if sizes[-1] != self.max_batch_size:
+                raise ValueError("the last allowed_batch_sizes entry must equal max_batch_size")
+        return self
+
+    def batch_sizes(self) -> list[int]:
+        """The padded batch sizes the inference function sees (powers of two by default)."""
+        if self.allowed_batch_sizes is not None:
+            return list(self.allowed_batch_sizes)
+        sizes, size = [], 1
+        while size < self.max_batch_size:
+            sizes.append(size)
+            size *= 2
+        return [*sizes, self.max_batch_size]
+
+
+class WeightsSettings(Section):
+    """The weight stream: how often snapshots go out, how they are signed and verified."""
+
+    # The weight topic gets at most one snapshot (the newest) per publish_interval_s; the
+    # learner's own serving (in its process, or its serving processes) one per
+    # serve_interval_s, stretched to 20x the time a snapshot's copy takes (server/training).
+    publish_interval_s: float = Field(0.5, gt=0, le=3600)
+    serve_interval_s: float = Field(0.15, gt=0, le=3600)
+    topic: str | None = None
+    # Learner: Ed25519 private key (PEM, or raw/base64/hex seed); default
+    # <storage.dir>/keys/weights-signing.key, created on first start.
+    signing_key_file: str | None = None
+    # Replicas, WeightSubscriber: the learner's public key (base64 of the raw 32 bytes, or PEM)
+    # or a file holding it; default <storage.dir>/keys/weights-signing.pub when it exists.
+    verify_key: str | None = None
+    verify_key_file: str | None = None
+    allow_unsigned: bool = False  # replicas: accept weights nobody signed (trusted networks only)
+    hmac_key: SecretStr | None = None  # shared secret (weaker: any holder can forge)
+    max_inline_bytes: int = Field(16 * 1024 * 1024, ge=1024)  # larger: manifest + HTTP pull
+    keep_versions: int = Field(4, ge=1, le=100)  # recent payloads kept for HTTP download
+    pull_url: str | None = None  # replicas: the learner's base URL to pull from (http.public_url)
+    pull_timeout_s: float = Field(30.0, gt=0)
+    max_pull_bytes: int = Field(256 * 1024 * 1024, ge=1024)  # a pulled payload larger: refused
+    max_age_s: float = Field(86400.0, ge=0)  # refuse weights signed longer ago (0: no limit)
+    refresh_interval_s: float = Field(3600.0, gt=0)  # learner re-signs its newest snapshot
+
+    @field_validator("pull_url")
+    @classmethod
+    def _check_pull_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/?#]+(/[^?#]*)?$", value):
+            raise ValueError("must be the learner's base URL, http(s)://host:port")
+        return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _check_verify_key(self) -> WeightsSettings:
+        if self.verify_key and self.verify_key_file:
+            raise ValueError("set verify_key or verify_key_file, not both")
+        return self
+
+    def key_bytes(self) -> bytes | None:
+        return self.hmac_key.get_secret_value().encode() if self.hmac_key else None
+
+
+class CheckpointSettings(Section):
+    """How often a model's training state is saved (and at shutdown)."""
+
+    interval_s: float = Field(30.0, gt=0)
+    keep: int = Field(3, ge=1, le=1000)
+
+
+class LabelsSettings(Section):
+    """Delayed labels (README "Delayed labels"): how long a prediction waits for its label."""
+
+    ttl_s: float = Field(3600.0, gt=0)  # a prediction (or early label) waits this long at most
+    max_pending: int = Field(100_000, ge=1, le=10_000_000)  # predictions waiting, at most
+    on_expiry: Literal["drop", "default"] = "drop"  # "default": learn default_y instead
+    default_y: float | list[Any] | None = None  # the label learned on expiry (target-shaped)
+    tick_s: float = Field(1.0, gt=0, le=3600)  # how often the learner checks for expiry
+    record_buffer_rows: int = Field(10_000, ge=1)  # serving side: records waiting for the broker
+    topic: str | None = None  # default livefit/<name>/labels
+    predictions_topic: str | None = None  # default livefit/<name>/predictions
+
+    @model_validator(mode="after")
+    def _check_default(self) -> LabelsSettings:
+        if self.on_expiry == "default" and self.default_y is None:
+            raise ValueError('on_expiry = "default" needs default_y, the label to learn')
+        return self

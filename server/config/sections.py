@@ -1,0 +1,163 @@
+"""The sections of the whole process: the broker (with TLS), HTTP, storage, logging,
+TensorFlow's thread pools and the split learner's processes; and ``Section``, the base of
+every settings table (unknown keys refused, defaults validated).
+
+This module owns those tables; a model's tables are ``config.model``'s and
+``config.model_tables``', and the whole tree, its loading and the environment overrides are
+``config``'s, which re-exports every name here.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from .machine import default_serving_processes
+
+MIN_WORKER_TIMEOUT_S = 3.0  # http.worker_timeout_s: three heartbeats (server/base/heartbeat.py)
+
+
+class Section(BaseModel):
+    # Numbers become strings where a string is expected: LIVEFIT_..._HMAC_KEY=123456 is a key.
+    model_config = ConfigDict(extra="forbid", validate_default=True, coerce_numbers_to_str=True)
+
+
+class TlsSettings(Section):
+    """TLS material for ``mqtts://`` brokers (all paths are PEM files)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure: bool = False  # skip hostname verification: for test CAs only
+
+
+class BrokerSettings(Section):
+    """How livefit reaches its MQTT broker."""
+
+    url: str = "auto"
+    client_id: str = "livefit-learner"
+    protocol: Literal["5", "3.1.1"] = "5"
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    session_expiry_s: int = Field(86400, ge=0)
+    receive_maximum: int = Field(1000, ge=1, le=65535)
+    reconnect_min_s: float = Field(0.5, gt=0)
+    reconnect_max_s: float = Field(5.0, gt=0)
+    connect_timeout_s: float = Field(10.0, gt=0)
+    # No PUBLISH larger than this is sent (it is counted as refused); the broker's own limit,
+    # sent in an MQTT 5 CONNACK, applies too. Set it for an MQTT 3.1.1 broker with a limit
+    # (mosquitto max_packet_size, AWS IoT Core 128 KB): a larger packet makes the broker drop
+    # the connection. A snapshot over it is announced by a manifest and pulled over HTTP.
+    max_packet_size_bytes: int | None = Field(None, ge=1024)
+    tls: TlsSettings = TlsSettings()
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if value != "auto" and not re.match(r"^mqtts?://[^/]+$", value):
+            raise ValueError('must be "auto" or mqtt://[user:pass@]host:port or mqtts://...')
+        return value
+
+
+class HttpSettings(Section):
+    """Where the HTTP API listens, and the address other processes use to reach it."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    public_url: str | None = None  # default http://<host>:<port>; put in weight manifests
+    token: SecretStr | None = None  # bearer token for the weight download (and predictions)
+    protect_predictions: bool = False  # require the token on prediction and model endpoints
+    body_timeout_s: float = Field(10.0, gt=0)  # a request body must arrive within this
+    # Connection limits (server/http/connections.py): a request head must arrive within
+    # header_timeout_s (of the connection opening, or of a later request's first byte), an idle
+    # connection is closed after keep_alive_timeout_s, a head over max_header_bytes gets 431,
+    # and at most max_connections are open (the oldest idle or head-sending one makes room).
+    header_timeout_s: float = Field(10.0, gt=0)
+    keep_alive_timeout_s: float = Field(5.0, gt=0)
+    max_connections: int = Field(1000, ge=16)
+    max_header_bytes: int = Field(65536, ge=1024)
+    # Processes answering HTTP on http.port. `livefit replica`: that many whole replicas
+    # (server/runtime/workers.py; unset, 0 and 1 all mean one process). `livefit serve`:
+    # N >= 1 splits the learner into a training process and N serving processes
+    # (server/runtime/learner_group.py); unset, the same with one serving process per usable
+    # core beside training's, 1 to 4 (server/config/machine.py); 0 keeps the whole learner
+    # in one process, predictions served beside training.
+    workers: int | None = Field(None, ge=0, le=64)
+    # A process of a group (above: a serving process, a split learner's training process) that
+    # has not beaten for this long (SIGSTOPped, or wedged: a serving process's event loop, the
+    # training process's main thread) is SIGKILLed and started again (server/base/heartbeat.py);
+    # 0 turns the check off; otherwise at least MIN_WORKER_TIMEOUT_S (a serving process beats
+    # every second: below a few beats the check kills processes that run).
+    worker_timeout_s: float = Field(30.0, ge=0)
+
+    @field_validator("worker_timeout_s")
+    @classmethod
+    def _worker_timeout_beats(cls, value: float) -> float:
+        if 0 < value < MIN_WORKER_TIMEOUT_S:
+            raise ValueError(
+                f"must be 0 (off) or at least {MIN_WORKER_TIMEOUT_S:g} s: a serving process "
+                "beats once a second"
+            )
+        return value
+
+    def replica_workers(self) -> int:
+        return max(1, self.workers or 1)
+
+    def learner_workers(self) -> int:
+        """Serving processes of ``livefit serve`` (0: none, the learner in one process)."""
+        if self.workers is not None:
+            return self.workers
+        return default_serving_processes()
+
+    def token_bytes(self) -> bytes | None:
+        return self.token.get_secret_value().encode() if self.token else None
+
+    def base_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+
+class StorageSettings(Section):
+    """Where and how livefit keeps state: write-ahead log, checkpoints, broker persistence."""
+
+    dir: str = "./livefit-data"
+    wal: bool = True  # acknowledge samples only once they are in the write-ahead log
+    fsync: bool = (
+        True  # fsync each WAL commit (and checkpoints): survive power loss, not only crashes
+    )
+    wal_segment_bytes: int = Field(64 * 1024 * 1024, ge=4096)
+    wal_group_max: int = Field(1000, ge=1)  # messages per WAL commit at most
+    # A commit waits up to this long for more messages once the inbox is empty (one fsync for
+    # the group); 0: commit as soon as the inbox is empty.
+    wal_commit_window_ms: float = Field(1.0, ge=0, le=1000)
+
+
+class LoggingSettings(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    json_format: bool = Field(False, alias="json")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, coerce_numbers_to_str=True)
+
+
+class TensorFlowSettings(Section):
+    """TensorFlow's thread pools, for the whole process (0: TensorFlow's default, one thread
+    per core). Fewer intra-op threads leave cores to the event loop when one process both
+    trains and serves on a small machine."""
+
+    intra_op_threads: int = Field(0, ge=0, le=1024)
+    inter_op_threads: int = Field(0, ge=0, le=1024)
+
+
+class ProcessSettings(Section):
+    """Operating-system settings of a split learner's processes (``http.workers`` >= 1)."""
+
+    # Added to the niceness of the training process's threads that train (ingestion, trainers,
+    # TensorFlow's pools; not the main thread's status and metrics answers). When training and
+    # serving both want the cores, the kernel gives them to the serving processes first; an
+    # idle machine still trains at full speed. Default 0 (equal shares): at 10 the training
+    # threads starved whenever anything else saturated the machine (BENCHMARKS "interference").
+    training_niceness: int = Field(0, ge=0, le=19)

@@ -1,0 +1,148 @@
+"""Early admission: a prediction request refused from its head alone, at the HTTP protocol
+level, with a prepared 429; an admitted one sent straight to its endpoint
+(``EarlyAdmission``, called by ``connections``).
+
+This module owns that fast path; what it serves an admitted request with is
+``predict_handlers``'s ``PredictHandlers``, and the refusal decision is the batcher's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..base.metrics import Metrics
+from ..serve.admission import RESERVATION_KEY, retry_after
+from ..serve.metrics import ServingMetrics
+from ..serve.serving import ServedModel
+from .predict_handlers import PredictHandlers, Served
+from .predict_request import _DECIMAL, Guard
+
+
+class EarlyAdmission:
+    """Refuses a prediction request from its head alone, at the HTTP protocol level
+    (``server/http/connections.py`` calls it once a request head has arrived), before any ASGI,
+    routing or body work.
+
+    Under overload most requests are refused; through the ASGI stack a refusal cost about as
+    much event-loop time as serving (middleware, routing, a task per request), so at three
+    times the capacity the loop could not even keep up with refusing. Here it costs a
+    dictionary lookup, the batcher's admission check and one write. Only the plain case is
+    taken: a POST to a known model's ``:predict`` or ``/infer`` path, with the bearer token
+    when ``http.protect_predictions`` asks for one (else the app answers 401); anything else
+    goes to the app, which checks admission again (``_shed_early``) before reading the body.
+    The answer and its count (``livefit_predict_requests_total``) are those the app would give;
+    these refusals (microseconds each) are not timed in ``livefit_predict_latency_seconds``.
+    An admitted request goes straight to its endpoint, without the app's middleware and
+    routing (which cost about half of an answered request's event-loop time).
+    """
+
+    def __init__(
+        self, served: Served, metrics: Metrics, token: bytes | None = None,
+        guard: Guard | None = None, body_timeout_s: float = 10.0,
+    ) -> None:  # fmt: skip
+        self.served = served
+        self.metrics = metrics
+        self.token = token
+        metrics.group(ServingMetrics)
+        # The same endpoints the app routes to (its own instance), called without the app's
+        # middleware and routing: an admitted prediction's ASGI work drops by about half.
+        handlers = PredictHandlers(served, metrics, guard, body_timeout_s)
+        self._direct = (_endpoint_app(handlers.serve_tf), _endpoint_app(handlers.serve_v2))
+        self._counted: dict[str, Any] = {}
+        self._answers: dict[tuple[str, str, int], bytes] = {}
+        self._models: dict[bytes, ServedModel] = {}
+
+    def __call__(
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], scope: dict[str, Any]
+    ) -> bytes | ASGIApp | None:
+        """The whole 429 response to send; or the ASGI app that serves this admitted
+        request, its place held (a ``Reservation`` in ``scope``) until it reaches the queue or
+        ends; or None to let the whole app handle the request."""
+        if method != b"POST":
+            return None
+        path = url.partition(b"?")[0]
+        if path.startswith(b"/v1/models/") and path.endswith(b":predict"):
+            name, direct = path[11:-8], self._direct[0]
+        elif path.startswith(b"/v2/models/") and path.endswith(b"/infer"):
+            name, direct = path[11:-6], self._direct[1]
+        else:
+            return None
+        model = self._models.get(name)
+        if model is None:  # first request for it, or no such model
+            model = self.served().get(name.decode("latin-1"))
+            if model is not None:
+                self._models[name] = model
+        batcher = model.batcher if model is not None else None
+        if model is None or batcher is None or not model.ready():
+            return None
+        timeout_s = model.settings.serve.default_deadline_ms / 1000.0
+        authorized = self.token is None
+        for field, value in headers:
+            if field == b"x-deadline-ms":
+                text = value.decode("latin-1")
+                if not _DECIMAL.fullmatch(text) or not float(text) > 0:
+                    return None  # the app answers 400
+                timeout_s = min(timeout_s, float(text) / 1000.0)
+            elif field == b"authorization" and self.token is not None:
+                scheme, _, given = value.partition(b" ")
+                authorized = scheme.lower() == b"bearer" and hmac.compare_digest(
+                    given.strip(), self.token
+                )
+        if not authorized:
+            return None
+        refused = batcher.refusal(1, timeout_s)
+        if refused is None:
+            scope[RESERVATION_KEY] = batcher.reserve(1)
+            scope["path_params"] = {"name": model.name}
+            return direct
+        return self._refusal(model.name, refused)
+
+    def _refusal(self, name: str, refused: tuple[str, float, float]) -> bytes:
+        """The prepared 429 for a refusal of ``refused`` (the batcher's reason, wait and
+        bound), counted."""
+        reason, wait, _ = refused
+        key = (name, reason, retry_after(wait))
+        answer = self._answers.get(key)
+        if answer is None:  # a few per model: made once
+            answer = self._answers[key] = _refusal_response(*key)
+        counted = self._counted.get(name)
+        if counted is None:
+            counted = self._counted[name] = self.metrics.group(
+                ServingMetrics
+            ).predict_requests.labels(model=name, code="429")
+        counted.inc()  # not timed: livefit_predict_latency_seconds times what the app answers
+        return answer
+
+
+def _endpoint_app(endpoint: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
+    """``endpoint`` as a bare ASGI app (it answers every error itself, as JSON)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        response = await endpoint(request)
+        await response(scope, receive, send)
+
+    return app
+
+
+_REFUSAL_TEXT = {
+    "wait": "the expected wait is over serve.max_queue_wait_ms",
+    "deadline": "it would be answered after its deadline",
+    "rows": "its queue holds serve.max_queue_rows rows",
+}
+
+
+def _refusal_response(name: str, reason: str, retry_after_s: int) -> bytes:
+    message = f"model {name} is overloaded: {_REFUSAL_TEXT[reason]}; retry later"
+    body = json.dumps({"error": message}).encode()
+    return (
+        f"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: {retry_after_s}\r\n\r\n"
+    ).encode() + body

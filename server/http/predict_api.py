@@ -1,0 +1,170 @@
+"""Prediction endpoints: TensorFlow Serving REST (v1) and the Open Inference Protocol (v2).
+
+Every error is JSON ``{"error": "..."}`` telling the user what to fix: 400 bad input, 404
+unknown model, 405 a method other than POST, 408 a body too slow, 413 too many rows or bytes,
+429 (with Retry-After) when the model's queue is full, 503 before the model has weights, 504
+when the request's deadline passed first. Every answer carries the version of the weights that
+computed it (``model_version`` and the ``X-Model-Version`` header).
+
+Numbers from headers and parameters are read by ASCII rules and range-checked (Python's
+``int``, ``float`` and ``str.isdigit`` take other scripts' digits and unbounded sizes). An
+exception nobody foresaw still answers JSON: a 500, counted under ``code="500"`` and logged
+in one line. A client that goes away before its body arrived is counted under ``code="499"``
+(nothing is sent) and logged at DEBUG.
+
+This module owns the routes (``build_predict_router``, one helper per protocol) and the
+model-metadata answers; what a request's parts mean is ``predict_request``'s, what the
+prediction routes do ``predict_handlers``'s, and the refusal from the request head
+``early_admission``'s. The names other modules import from here are re-exported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from livefit import __version__
+
+from ..base.metrics import Metrics
+from ..serve.serving import ServedModel
+from .oip import oip_model_metadata, triton_model_config
+from .openapi_docs import (
+    BINARY_HEADER_PARAM,
+    DEADLINE_HEADER_PARAM,
+    OIP_REQUEST,
+    OIP_RESPONSE,
+    TFSERVING_REQUEST,
+    TFSERVING_RESPONSE,
+    predict_openapi,
+)
+from .predict_handlers import PredictHandlers, Served
+from .predict_request import (
+    Guard,
+    _format_tf,
+    _format_v2,
+    _parse_tf,
+    _parse_v2,
+    error_response,
+)
+from .tfserving import tfserving_model_status
+
+
+async def _post_only(request: Request) -> Response:
+    """Any other method on ``:predict``: without this, ``GET /v1/models/m:predict`` matches
+    the status route ``/v1/models/{name}`` and answers "unknown model 'm:predict'"."""
+    return error_response(
+        405, f"method {request.method} not allowed; predictions are POST", {"Allow": "POST"}
+    )
+
+
+def build_predict_router(
+    served: Served, metrics: Metrics, guard: Guard | None = None, body_timeout_s: float = 10.0
+) -> APIRouter:
+    """The v1 and v2 prediction and model-metadata routes over the models ``served()`` returns.
+
+    ``guard(request)`` raises a 401 ApiError when a request is not allowed.
+    """
+    router = APIRouter()
+    handlers = PredictHandlers(served, metrics, guard, body_timeout_s)
+    _tfserving_routes(router, handlers)
+    _oip_routes(router, handlers)
+    _direct_routes(router, handlers)
+    return router
+
+
+def _tfserving_routes(router: APIRouter, handlers: PredictHandlers) -> None:
+    """TF Serving REST: predict and model status (the documented routes)."""
+
+    @router.post(
+        "/v1/models/{name}:predict",
+        openapi_extra=predict_openapi(
+            TFSERVING_REQUEST, TFSERVING_RESPONSE, (DEADLINE_HEADER_PARAM,)
+        ),
+    )
+    async def tfserving_predict(name: str, request: Request) -> JSONResponse:
+        """TensorFlow Serving REST predict (row ``instances`` or column ``inputs`` format)."""
+        return await handlers.predict(request, name, _parse_tf, _format_tf)
+
+    @router.get("/v1/models/{name}")
+    async def tfserving_status(name: str, request: Request) -> JSONResponse:
+        """TensorFlow Serving model status: the version being served, AVAILABLE once ready."""
+        return handlers.about(name, request, _tfserving_status)
+
+
+def _oip_routes(router: APIRouter, handlers: PredictHandlers) -> None:
+    """Open Inference Protocol: infer, model metadata, readiness, Triton's config, server
+    metadata (the documented routes)."""
+
+    @router.post(
+        "/v2/models/{name}/infer",
+        openapi_extra=predict_openapi(
+            OIP_REQUEST, OIP_RESPONSE, (DEADLINE_HEADER_PARAM, BINARY_HEADER_PARAM)
+        ),
+    )
+    async def oip_infer(name: str, request: Request) -> JSONResponse:
+        """Open Inference Protocol v2 inference (KServe v2, Triton)."""
+        return await handlers.predict(request, name, _parse_v2, _format_v2)
+
+    @router.get("/v2/models/{name}")
+    async def oip_metadata(name: str, request: Request) -> JSONResponse:
+        """OIP model metadata: versions, input and output tensors."""
+        return handlers.about(name, request, _metadata)
+
+    @router.get("/v2/models/{name}/ready")
+    async def oip_ready(name: str, request: Request) -> JSONResponse:
+        """OIP model readiness: 200 once it holds weights, else 503."""
+        return handlers.about(name, request, _readiness)
+
+    @router.get("/v2/models/{name}/config")
+    async def triton_config(name: str, request: Request) -> JSONResponse:
+        """Triton's model configuration (tritonclient ``get_model_config``)."""
+        return handlers.about(name, request, _config)
+
+    @router.get("/v2")
+    async def oip_server_metadata() -> dict[str, Any]:
+        return {"name": "livefit", "version": __version__, "extensions": []}
+
+
+def _direct_routes(router: APIRouter, handlers: PredictHandlers) -> None:
+    """The plain Starlette routes that serve the two prediction paths, ahead of the rest."""
+    # The two prediction routes above document the API (OpenAPI). Requests are served by plain
+    # Starlette routes to the same handler, matched first: FastAPI's parameter machinery cost
+    # 40-50 us a request (measured through the ASGI app), on the event loop that is the
+    # bottleneck under load.
+    tf_path, v2_path = "/v1/models/{name}:predict", "/v2/models/{name}/infer"
+    router.routes[:0] = [
+        Route(tf_path, handlers.serve_tf, methods=["POST"], include_in_schema=False),
+        Route(tf_path, _post_only, include_in_schema=False),
+        Route(v2_path, handlers.serve_v2, methods=["POST"], include_in_schema=False),
+    ]
+
+
+def _tfserving_status(model: ServedModel) -> JSONResponse:
+    return JSONResponse(tfserving_model_status(_version(model), model.ready()))
+
+
+def _readiness(model: ServedModel) -> JSONResponse:
+    ready = model.ready()
+    return JSONResponse({"name": model.name, "ready": ready}, status_code=200 if ready else 503)
+
+
+def _metadata(model: ServedModel) -> JSONResponse:
+    version = _version(model)
+    s = model.settings
+    versions = [] if version is None else [str(version)]
+    return JSONResponse(oip_model_metadata(model.name, versions, s.input_shape, s.output_shape))
+
+
+def _config(model: ServedModel) -> JSONResponse:
+    s = model.settings
+    return JSONResponse(
+        triton_model_config(model.name, s.input_shape, s.output_shape, s.serve.max_request_rows)
+    )
+
+
+def _version(model: ServedModel) -> int | None:
+    latest = model.serving.source()
+    return latest.version if latest is not None else None

@@ -1,0 +1,195 @@
+"""What the prediction and model-metadata routes do (``PredictHandlers``): find the model,
+shed a request that cannot be served in time before its body is read (``_shed_early``), read
+and parse it, queue it on the model's batcher (``_run``), answer, and count and time every
+request under its status.
+
+This module owns the handlers; the routes that call them are ``predict_api``'s and the early
+admission from the request head is ``early_admission``'s. Its log lines keep the
+``predict_api`` logger's name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ..base.metrics import Metrics
+from ..serve.admission import RESERVATION_KEY, QueueFull, Reservation
+from ..serve.batch_types import DeadlineExceeded
+from ..serve.metrics import ServingMetrics
+from ..serve.serving import NotReady, ServedModel
+from .predict_request import (
+    _DECIMAL,
+    DEADLINE_HEADER,
+    ApiError,
+    Formatter,
+    Guard,
+    Parser,
+    _format_tf,
+    _format_v2,
+    _parse_tf,
+    _parse_v2,
+    _read_body,
+    _timeout_s,
+    error_response,
+)
+from .protocol_common import ParsedRequest, RequestError
+
+log = logging.getLogger(__name__)
+UNKNOWN_MODEL = "unknown"  # the model label of requests naming no model this server has
+
+Served = Callable[[], Mapping[str, ServedModel]]
+
+
+class PredictHandlers:
+    """What the prediction and model-metadata routes do, over the models ``served()`` returns.
+
+    ``guard(request)`` raises a 401 ApiError when a request is not allowed. Every prediction
+    request is counted and timed under its status, whatever happens.
+    """
+
+    def __init__(
+        self, served: Served, metrics: Metrics, guard: Guard | None, body_timeout_s: float
+    ) -> None:
+        self.served = served
+        self.metrics = metrics
+        self.guard = guard
+        metrics.group(ServingMetrics)
+        self.body_timeout_s = body_timeout_s
+        self._observed: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def observe(self, name: str, code: int, seconds: float) -> None:
+        """Count and time a request; a name that is no model is counted as ``"unknown"``, so
+        clients cannot create series at will. The labelled children are looked up once."""
+        if name not in self.served():
+            name = UNKNOWN_MODEL
+        children = self._observed.get((name, code))
+        if children is None:
+            children = self._observed[(name, code)] = (
+                self.metrics.group(ServingMetrics).predict_requests.labels(
+                    model=name, code=str(code)
+                ),
+                self.metrics.group(ServingMetrics).predict_latency.labels(model=name),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def lookup(self, request: Request, name: str) -> ServedModel:
+        """The model ``name``, once the guard lets ``request`` through; else 401 or 404."""
+        if self.guard is not None:
+            self.guard(request)
+        model = self.served().get(name)
+        if model is None:
+            known = ", ".join(sorted(self.served())) or "none"
+            raise ApiError(404, f"unknown model {name!r}; this server has: {known}")
+        return model
+
+    async def predict(
+        self, request: Request, name: str, parse: Parser, fmt: Formatter
+    ) -> JSONResponse:
+        """Answer one request and count it under its status, whatever happens: an exception
+        nobody foresaw is a JSON 500, counted and logged in one line, never a bare
+        uvicorn 500 that no metric sees."""
+        started = time.perf_counter()
+        try:
+            response = await self._answer(request, name, parse, fmt)
+        except Exception as exc:
+            log.error(
+                "prediction request for model %r failed unexpectedly: %s: %s",
+                name[:100], type(exc).__name__, " ".join(str(exc).split())[:300],
+            )  # fmt: skip
+            response = error_response(
+                500, f"internal error ({type(exc).__name__}); the server log has the details"
+            )
+        self.observe(name, response.status_code, time.perf_counter() - started)
+        return response
+
+    async def _answer(
+        self, request: Request, name: str, parse: Parser, fmt: Formatter
+    ) -> JSONResponse:
+        reservation: Reservation | None = request.scope.get(RESERVATION_KEY)
+        if reservation is not None:
+            reservation.start()  # admitted from its head; the event loop has reached it
+        try:
+            model = self.lookup(request, name)
+            if reservation is None:  # not admitted from its head (server/http/connections.py)
+                reservation = _shed_early(model, request)
+            limit = model.settings.serve.max_request_bytes
+            body = await _read_body(request, limit, self.body_timeout_s)
+            parsed = parse(body, model, request)
+            timeout_s = _timeout_s(request, parsed, model)
+            outputs, version = await _run(model, parsed, timeout_s, reservation)
+            if parsed.ids is not None and model.recorder is not None:
+                model.recorder.record(parsed.ids, parsed.rows, outputs, version)
+            response = JSONResponse(fmt(parsed, model, outputs, version))
+            response.headers["X-Model-Version"] = str(version)
+        except ApiError as exc:
+            response = error_response(exc.status, exc.message, exc.headers)
+        except RequestError as exc:
+            response = error_response(exc.status, exc.message)
+        finally:
+            if reservation is not None:
+                reservation.release()
+        return response
+
+    def about(
+        self, name: str, request: Request, answer: Callable[[ServedModel], JSONResponse]
+    ) -> JSONResponse:
+        """``answer(model)``, or the error (401, 404) that stands in its way."""
+        try:
+            model = self.lookup(request, name)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        return answer(model)
+
+    async def serve_tf(self, request: Request) -> Response:
+        return await self.predict(request, request.path_params["name"], _parse_tf, _format_tf)
+
+    async def serve_v2(self, request: Request) -> Response:
+        return await self.predict(request, request.path_params["name"], _parse_v2, _format_v2)
+
+
+async def _run(
+    model: ServedModel, parsed: ParsedRequest, timeout_s: float, reservation: Reservation | None
+) -> tuple[Any, int]:
+    if not model.ready() or model.batcher is None:
+        raise ApiError(503, f"model {model.name} is not ready yet (no weights); retry shortly",
+                       {"Retry-After": "1"})  # fmt: skip
+    try:
+        prediction = await model.batcher.submit(parsed.rows, timeout_s, reservation)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), {"Retry-After": str(exc.retry_after_s)}) from None
+    except DeadlineExceeded as exc:
+        raise ApiError(504, str(exc)) from None
+    except NotReady as exc:
+        raise ApiError(503, str(exc), {"Retry-After": "1"}) from None
+    except Exception as exc:
+        log.exception("prediction failed for model %s", model.name)
+        raise ApiError(500, f"prediction failed: {type(exc).__name__}: {exc}") from None
+    return prediction.outputs, prediction.version
+
+
+def _shed_early(model: ServedModel, request: Request) -> Reservation | None:
+    """429 before reading or parsing the body when even a one-row request could not be
+    admitted now (expected wait, deadline from the model default or ``X-Deadline-Ms``, queued
+    rows): under overload, refusing must cost far less than serving, or the refused starve the
+    accepted. An admitted request holds its place until it is queued, where the batcher checks
+    again with the real row count and deadline. (``EarlyAdmission`` does this from the head,
+    before this app runs at all, for requests a livefit server takes whole.)"""
+    batcher = model.batcher
+    if batcher is None:
+        return None
+    timeout_s = model.settings.serve.default_deadline_ms / 1000.0
+    header = request.headers.get(DEADLINE_HEADER)
+    if header is not None and _DECIMAL.fullmatch(header) and float(header) > 0:
+        timeout_s = min(timeout_s, float(header) / 1000.0)  # invalid ones get their 400 later
+    try:
+        batcher.admit(1, timeout_s)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), {"Retry-After": str(exc.retry_after_s)}) from None
+    return batcher.reserve(1, started=True)

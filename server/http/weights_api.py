@@ -1,0 +1,99 @@
+"""``GET /v1/models/{name}/weights``: the current snapshot (or a recent version) as safetensors.
+
+Replicas pull from here when a snapshot is too large to publish inline (the manifest on MQTT
+names the version, and binds it by size and sha256 in its signed header); people and tools can
+fetch weights the same way. Headers carry the version, lineage and sha256 (also as the ETag).
+
+A split learner's serving process gets each snapshot over its local feed a moment after the
+training process names it on the weight topic: a replica pulling the version a manifest named
+can ask before it arrived. There (``wait_newer_s`` > 0) a ``?version=N`` newer than every kept
+version waits for it up to ``wait_newer_s``, and is 404 only if it did not come (or a newer one
+came instead). At most ``MAX_WAITING`` requests wait at once; past that a version not held is
+404 at once, so requests for versions that will never come cannot pile up polling the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from ..weights.format import WEIGHTS_CONTENT_TYPE
+from ..weights.store import EncodedWeights, WeightStore
+from .predict_request import ApiError, Guard, error_response
+
+StoreLookup = Callable[[str], WeightStore | None]
+MAX_WAITING = 16  # pulls waiting for a version on its way, per serving process
+POLL_S = 0.02
+
+
+def build_weights_router(
+    store_for: StoreLookup,
+    models: Callable[[], list[str]],
+    guard: Guard | None = None,
+    wait_newer_s: float = 0.0,
+) -> APIRouter:
+    router = APIRouter()
+    waiting = [0]  # requests in _arriving now (one event loop: no lock needed)
+
+    @router.get("/v1/models/{name}/weights")
+    async def weights(name: str, request: Request, version: int | None = None) -> Response:
+        """The newest snapshot, or ``?version=N`` while it is among the last few kept."""
+        if guard is not None:
+            try:
+                guard(request)
+            except ApiError as exc:
+                return error_response(exc.status, exc.message, exc.headers)
+        if name not in models():
+            return error_response(
+                404, f"unknown model {name!r}; this server has: {', '.join(models())}"
+            )
+        store = store_for(name)
+        item = store.get(version) if store is not None else None
+        if (
+            item is None
+            and store is not None
+            and version is not None
+            and wait_newer_s > 0
+            and waiting[0] < MAX_WAITING
+        ):
+            waiting[0] += 1
+            try:
+                item = await _arriving(store, version, wait_newer_s)
+            finally:
+                waiting[0] -= 1
+        if item is None:
+            if version is None:
+                return error_response(503, f"model {name} has no weights yet", {"Retry-After": "1"})
+            newest = store.get() if store is not None else None
+            hint = f"; newest is {newest.version}" if newest is not None else ""
+            return error_response(404, f"version {version} of {name} is no longer kept{hint}")
+        return Response(
+            item.payload,
+            media_type=WEIGHTS_CONTENT_TYPE,
+            headers={
+                "X-Model-Version": str(item.version),
+                "X-Weights-Lineage": item.lineage,
+                "X-Weights-Sha256": item.sha256,
+                "ETag": f'"{item.sha256}"',
+                "Cache-Control": "no-cache",
+            },
+        )
+
+    return router
+
+
+async def _arriving(store: WeightStore, version: int, timeout: float) -> EncodedWeights | None:
+    """``version`` once the store has it; None when a version at least as new came without it,
+    or ``timeout`` passed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        newest = store.get()
+        if newest is not None and newest.version >= version:
+            return store.get(version)
+        if loop.time() >= deadline:
+            return None
+        await asyncio.sleep(POLL_S)

@@ -1,0 +1,253 @@
+"""A replica: the serving half of livefit, fed by the weight stream instead of a trainer.
+
+Same config file, same prediction API, batcher and limits as the learner; no training. Each
+model's weights arrive on its weight topic (retained, so a replica started late gets the
+newest at once), are verified by a ``WeightReceiver`` (the learner's Ed25519 signature, see
+``weights.keys``) and swapped in between batches. A replica is ready only once every model holds
+a version. Without a key to verify weights with (and without ``weights.allow_unsigned``) a
+replica does not start: it says which setting is missing before it connects anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from livefit.models.builders import weight_names
+
+from ..config.model import ModelSettings
+from ..config.sections import BrokerSettings
+from ..config.settings import ConfigError, Settings
+from ..http.auth import TokenGuard
+from ..labels.recorder import recorder_for
+from ..mqtt.broker import BrokerAddress
+from ..mqtt.probe import for_broker
+from ..serve.metrics import ServingMetrics
+from ..serve.serving import ServedModel
+from ..train.modeling import enable_gpu_memory_growth, resolve_device
+from ..weights.format import architecture_fingerprint, sha256_hex
+from ..weights.metrics import FreshnessMetrics, WeightsReceivedMetrics
+from ..weights.receiver import WeightReceiver
+from ..weights.receiver_auth import Authenticator, receiver_authenticator
+from ..weights.store import EncodedWeights, WeightStore
+from ..weights.verifier import OUTCOMES, ReceivedWeights, WeightVerifier
+from ..weights.version_log import VersionLog
+from ..wire.snapshot import Snapshot, SnapshotSlot
+from .broker import resolve_broker
+from .process_runtime import ProcessRuntime, serving_half
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplicaModel:
+    """One model on a replica: where its weights come from and how it is served."""
+
+    name: str
+    settings: ModelSettings
+    slot: SnapshotSlot
+    served: ServedModel
+    store: WeightStore
+    receiver: WeightVerifier | None = None  # a WeightReceiver on a replica
+
+
+class ReplicaRuntime(ProcessRuntime):
+    """Receives weights for every configured model and serves them."""
+
+    role = "replica"
+
+    def __init__(
+        self, settings: Settings, registry: CollectorRegistry | None = None, instance: str = ""
+    ) -> None:
+        super().__init__(settings, registry)
+        self.instance = instance or f"{socket.gethostname()}-{settings.http.port}"
+        self.models: dict[str, ReplicaModel] = {}
+        self._version_logs: dict[str, VersionLog] = {}
+
+    def _start(self) -> None:
+        self._build_models()
+        auth = self._authenticators()  # a missing key fails here, before any connection
+        storage = Path(self.settings.storage.dir)
+        address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
+        broker = for_broker(address, self.settings.broker)  # the learner's protocol, found
+        for replica_model in self.models.values():
+            replica_model.receiver = self._receiver(
+                replica_model, address, broker, auth[replica_model.name]
+            )
+            replica_model.receiver.start()
+            replica_model.served.recorder = recorder_for(
+                self.settings, replica_model.name, address, self.metrics,
+                f"{self.settings.broker.client_id}-replica-{self.instance}-"
+                f"{replica_model.name}-predictions", broker.protocol,
+            )  # fmt: skip
+        deadline = time.monotonic() + self.settings.broker.connect_timeout_s
+        for replica_model in self.models.values():
+            assert replica_model.receiver is not None
+            if not replica_model.receiver.connected.wait(max(0.0, deadline - time.monotonic())):
+                log.warning("replica not connected to %s yet; retrying in the background", address)
+                break
+
+    def _build_models(self) -> None:
+        """Every configured model, built and warmed (GPU memory grown as needed, not taken
+        whole: a learner or other processes may share the GPU)."""
+        enable_gpu_memory_growth()
+        self.metrics.watch_gpus()
+        for name, model_settings in self.settings.models.items():
+            self.models[name] = self._build(name, model_settings)
+
+    def _build(self, name: str, settings: ModelSettings) -> ReplicaModel:
+        device = resolve_device(settings.device)
+        self.metrics.init_model(name)
+        self.metrics.group(ServingMetrics)
+        self.metrics.group(WeightsReceivedMetrics)
+        self.metrics.group(FreshnessMetrics)
+        for outcome in OUTCOMES:
+            self.metrics.group(WeightsReceivedMetrics).weights_received.labels(
+                model=name, outcome=outcome
+            )
+        slot = SnapshotSlot()
+        served = serving_half(
+            name, settings, device, slot, lambda snapshot: self._swapped(name, snapshot)
+        )
+        serving = served.serving
+        slot.subscribe(served.snapshot_arrived)
+        age = self.metrics.group(WeightsReceivedMetrics).weights_age.labels(model=name)
+        age.set_function(
+            lambda: time.time() - serving.snapshot.created_at if serving.snapshot else 0.0
+        )
+        self.metrics.model_ready.labels(model=name).set(1)
+        return ReplicaModel(
+            name, settings, slot, served, WeightStore(settings.weights.keep_versions)
+        )
+
+    def _authenticators(self) -> dict[str, Authenticator]:
+        """Each model's verification policy; ConfigError (logged) names what to set."""
+        found = {}
+        for name in self.settings.models:
+            wait_s = self.settings.broker.connect_timeout_s  # for a learner starting beside us
+            try:
+                found[name] = receiver_authenticator(self.settings, name, wait_s)
+            except ConfigError as exc:
+                log.error("replica cannot start: %s", exc)
+                raise
+            log.info("weights of %s are verified with %s", name, found[name].describe)
+        return found
+
+    def _receiver(
+        self, replica_model: ReplicaModel, address: BrokerAddress, broker: BrokerSettings,
+        auth: Authenticator,
+    ) -> WeightReceiver:  # fmt: skip
+        weights = replica_model.settings.weights
+        return WeightReceiver(
+            address,
+            **self._verification(replica_model, auth),
+            broker=broker,
+            client_id=f"{broker.client_id}-replica-{self.instance}-{replica_model.name}",
+            # Pulls go to the learner this replica is configured for, never to a URL a message
+            # names; the bearer token goes only there.
+            pull_url=weights.pull_url or self.settings.http.public_url,
+            pull_timeout_s=weights.pull_timeout_s,
+        )
+
+    def _verification(self, replica_model: ReplicaModel, auth: Authenticator) -> dict[str, Any]:
+        """What a verifier of ``replica_model``'s weights needs, whatever carries them."""
+        name = replica_model.name
+        model = replica_model.served.serving.model
+        names = weight_names(model)
+        counter = self.metrics.group(WeightsReceivedMetrics).weights_received
+        weights = replica_model.settings.weights
+        return {
+            "model": name,
+            "topic": self.settings.weights_topic(name),
+            "fingerprint": architecture_fingerprint(names, model.get_weights()),
+            "on_weights": lambda received: self._received(replica_model, received),
+            "auth": auth,
+            "on_outcome": lambda outcome: counter.labels(model=name, outcome=outcome).inc(),
+            "pull_headers": TokenGuard(self.settings.http.token_bytes()).headers(),
+            "max_pull_bytes": weights.max_pull_bytes,
+            "max_age_s": weights.max_age_s,
+        }
+
+    def _received(self, replica_model: ReplicaModel, received: ReceivedWeights) -> None:
+        meta = received.meta
+        replica_model.store.add(
+            EncodedWeights(
+                meta.version,
+                received.payload,
+                sha256_hex(received.payload),
+                meta.created_at,
+                meta.lineage,
+            )
+        )
+        replica_model.slot.publish(
+            Snapshot(
+                model=replica_model.name,
+                version=meta.version,
+                weights=tuple(received.arrays),
+                created_at=meta.created_at,
+                samples_seen=meta.samples_seen,
+                newest_published_at=meta.newest_published_at,
+                lineage=meta.lineage,
+            )
+        )
+
+    def _swapped(self, name: str, snapshot: Snapshot) -> None:
+        self.metrics.group(ServingMetrics).serving_version.labels(model=name).set(snapshot.version)
+        if snapshot.newest_published_at is not None:
+            freshness = max(0.0, time.time() - snapshot.newest_published_at)
+            self.metrics.group(FreshnessMetrics).freshness.labels(
+                model=name, stage="served"
+            ).observe(freshness)
+        versions = self._version_logs.get(name)
+        if versions is None:
+            versions = self._version_logs.setdefault(name, VersionLog(log, name, "served"))
+        versions.record(snapshot.version, f"{name} now serves version {snapshot.version}")
+
+    def ready(self) -> bool:
+        """Connected to the weight stream and holding a version of every model."""
+        return self.started and not self.problems()
+
+    def problems(self) -> list[str]:
+        """Why the replica is not ready, one line per problem (empty when ready)."""
+        if not self.started:
+            return ["starting"]
+        found = []
+        for name, m in self.models.items():
+            receiver = m.receiver
+            if receiver is None:
+                found.append(f"model {name}: not connected to the MQTT broker")
+                continue
+            if not receiver.connected.is_set():
+                found.append(f"model {name}: {receiver.not_connected_reason()}")
+            if m.slot.latest is None:
+                refused = f"; refused: {receiver.last_refused}" if receiver.last_refused else ""
+                found.append(
+                    f"model {name}: no weights yet on {receiver.topic} (is a learner for this "
+                    f"model running on this broker?){refused}"
+                )
+        return found
+
+    def served(self) -> dict[str, ServedModel]:
+        return {name: m.served for name, m in self.models.items()}
+
+    def weight_store(self, name: str) -> WeightStore | None:
+        replica_model = self.models.get(name)
+        return replica_model.store if replica_model is not None else None
+
+    def stop(self) -> None:
+        for replica_model in self.models.values():
+            if replica_model.receiver is not None:
+                replica_model.receiver.stop()
+                replica_model.receiver = None
+            if replica_model.served.recorder is not None:
+                replica_model.served.recorder.stop()
+                replica_model.served.recorder = None
+        for versions in self._version_logs.values():
+            versions.flush()
+        self.started = False

@@ -1,0 +1,191 @@
+"""A split learner's training process: the learner without its HTTP side.
+
+Everything ``LearnerRuntime`` does (storage lock, MQTT ingestion, write-ahead log, trainers,
+checkpoints, the weight topic), minus the serving half: its models are served by the group's
+serving processes (``learner_serving.py``), which it feeds every snapshot over the local weight
+feed, and whose busy board its trainers read to give way to queued predictions. Every
+``STATUS_INTERVAL_S`` it sends its readiness problems on the feed, and it answers its metrics on
+the group's metrics socket (``worker="training"``). SIGTERM, SIGINT or SIGHUP stops it in the
+learner's order (stop ingesting, train what was accepted, checkpoint, publish); exit 0 then,
+2 when a check before start failed (the storage is locked by another learner), 1 when a part
+could not start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+from prometheus_client import CollectorRegistry
+
+from ..base.heartbeat import touch
+from ..base.metrics_merge import WorkerMetrics
+from ..config.model import ModelSettings
+from ..config.settings import Settings
+from ..serve.busy_board import BusyBoard
+from ..serve.serving import ServedModel
+from ..storage.lock import StorageLocked
+from ..train.hooks import TrainerHooks
+from ..weights.local_feed import (
+    STATUS_INTERVAL_S,
+    STATUS_KEY,
+    LocalWeightFeed,
+    LocalWeightPublisher,
+)
+from ..wire.snapshot import SnapshotSlot
+from .children import start_spawner
+from .learner import LearnerRuntime
+from .learner_group import TrainingSlot
+from .learner_models import LearnerHooks, ModelRuntime
+from .stop_signals import on_stop_signals
+from .workers import TRAINING
+
+log = logging.getLogger(__name__)
+
+
+class TrainingRuntime(LearnerRuntime):
+    """The learner's background parts, serving through the group's serving processes."""
+
+    def __init__(
+        self, settings: Settings, slot: TrainingSlot, registry: CollectorRegistry | None = None
+    ) -> None:
+        super().__init__(settings, registry)
+        # A second learner on this storage names the ``livefit serve`` parent: stopping it
+        # stops the learner, where stopping this process would only get it started again.
+        self.lock_owner_pid = os.getppid()
+        self.slot = slot
+        self.feed = LocalWeightFeed(slot.directory)
+        self.board: BusyBoard | None = None
+        self.local: list[LocalWeightPublisher] = []
+
+    def _start(self) -> None:
+        self.board = self.slot.board(list(self.settings.models))
+        super()._start()
+        for runtime in self.models.values():
+            assert runtime.publisher is not None
+            local = LocalWeightPublisher(self.feed, runtime.publisher)
+            runtime.slot.subscribe(local.offer)
+            local.start()
+            if runtime.slot.latest is not None:
+                local.offer(runtime.slot.latest)
+            self.local.append(local)
+        self.send_status()  # queued until the feed starts (run_training, at full priority)
+
+    def _build_served(
+        self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
+    ) -> ServedModel | None:
+        return None
+
+    def _hooks(self, runtime: ModelRuntime) -> TrainerHooks:
+        return _TrainingHooks(self, runtime)
+
+    def send_status(self) -> None:
+        """Tell the serving processes why this learner is not ready (nothing when it is)."""
+        body = json.dumps({"problems": self.problems()}).encode()
+        self.feed.send(b"S", STATUS_KEY, body)
+
+    def stop(self) -> None:
+        super().stop()  # the trainers' final snapshots reach the local publishers here
+        for local in self.local:
+            local.stop()
+        self.local.clear()
+        self.feed.stop()
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+
+
+class _TrainingHooks(LearnerHooks):
+    """The learner's hooks; predictions wait when any serving process says so on the board."""
+
+    def __init__(self, training: TrainingRuntime, runtime: ModelRuntime) -> None:
+        super().__init__(training, runtime)
+        self.training = training
+
+    def predictions_waiting(self) -> bool:
+        board = self.training.board
+        return board is not None and board.busy(self.runtime.name)
+
+
+def lower_thread_priority(increment: int) -> None:
+    """Add ``increment`` to the calling thread's niceness (Linux keeps it per thread, and a new
+    thread inherits its creator's). Best effort: logged and skipped where refused."""
+    if increment <= 0:
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+    except OSError as exc:
+        log.warning("could not lower the training threads' priority: %s", exc)
+
+
+def start_lowered(runtime: TrainingRuntime, increment: int) -> None:
+    """``runtime.start()`` on a thread ``increment`` nicer than this one, so that every thread
+    it starts (ingestion, the trainers and the pools of TensorFlow, whose context it creates,
+    checkpoint writers, weight publishers) yields the cores to the serving processes. The
+    calling thread keeps its priority, and with it the control plane it runs afterwards (the
+    status it sends, the local feed, its metrics answers): a lowered process starved by other
+    work on the machine would otherwise miss its status deadline and its metrics scrapes, and
+    readiness would flap. The children ``start`` forks (a mosquitto for ``broker.url =
+    "auto"``) are forked by the spawner thread (``children.start_child``: this thread ends
+    once ``start`` returns, and a child's parent-death signal follows its forking thread),
+    started here first so that they keep this thread's priority. Raises what ``start``
+    raised."""
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        lower_thread_priority(increment)
+        try:
+            runtime.start()
+        except BaseException as exc:  # handed to the caller
+            failure.append(exc)
+
+    start_spawner()
+    starter = threading.Thread(target=start, name="livefit-training-start")
+    starter.start()
+    starter.join()
+    if failure:
+        raise failure[0]
+    if increment > 0:
+        log.info("training threads at niceness +%d (processes.training_niceness)", increment)
+
+
+def run_training(settings: Settings, slot: TrainingSlot) -> int:
+    """Run the training process until SIGTERM, SIGINT or SIGHUP; its exit status."""
+    runtime = TrainingRuntime(settings, slot)
+    stopping = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("%s: stopping the training process", signal.Signals(signum).name)
+        stopping.set()
+
+    on_stop_signals(stop)  # SIGTERM, SIGINT, SIGHUP (stop_signals.py)
+    try:
+        runtime.preflight()
+    except StorageLocked as exc:
+        runtime.stop()
+        print(f"livefit: {exc}", file=sys.stderr)
+        return 2
+    try:
+        start_lowered(runtime, settings.processes.training_niceness)
+    except Exception:
+        log.exception("the training process could not start")
+        return 1
+    runtime.feed.start()  # the parent starts the serving processes once it exists
+    metrics = WorkerMetrics(runtime.metrics.registry, TRAINING, (), slot.directory)
+    metrics.start()
+    log.info("training process ready: %s", ", ".join(runtime.models))
+    beat = slot.heartbeat_file()
+    touch(beat)
+    try:
+        while not stopping.wait(STATUS_INTERVAL_S):
+            runtime.send_status()
+            touch(beat)
+    finally:
+        metrics.stop()
+        runtime.stop()
+    return 0

@@ -1,0 +1,79 @@
+"""Prediction serving's metric families (``base.metrics``: a part claims its group)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ..base.metrics import LATENCY_BUCKETS, SIZE_BUCKETS, MetricGroup
+
+
+class ServingMetrics(MetricGroup):
+    """Prediction serving: requests, batches, the queue, the version served."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.predict_requests = Counter(
+            "livefit_predict_requests_total", "Prediction requests by HTTP status code",
+            ["model", "code"], registry=registry,
+        )  # fmt: skip
+        self.predict_latency = Histogram(
+            "livefit_predict_latency_seconds", "Whole prediction request time, parse to response",
+            ["model"], buckets=LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.predict_queue_seconds = Histogram(
+            "livefit_predict_queue_seconds", "Time a request waited in the batcher's queue",
+            ["model"], buckets=LATENCY_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.predict_batch_size = Histogram(
+            "livefit_predict_batch_size", "Rows per model call (before padding)", ["model"],
+            buckets=SIZE_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.predict_queue_rows = Gauge(
+            "livefit_predict_queue_rows", "Rows waiting in the batcher's queue", ["model"],
+            registry=registry,
+        )  # fmt: skip
+        self.serving_version = Gauge(
+            "livefit_serving_version", "Version of the weights that answers predictions",
+            ["model"], registry=registry,
+        )  # fmt: skip
+
+    def init_model(self, model: str) -> None:
+        self.predict_queue_rows.labels(model=model)
+        self.serving_version.labels(model=model)
+
+
+class AdmissionMetrics(MetricGroup):
+    """Admission: refusals, the batch cost, the wait bound, the batch timeout."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.predict_refused = Counter(
+            "livefit_predict_refused_total",
+            "Prediction requests refused at admission (429), by reason: wait (expected wait "
+            "over serve.max_queue_wait_ms), deadline (would finish after its deadline), rows "
+            "(serve.max_queue_rows)",
+            ["model", "reason"], registry=registry,
+        )  # fmt: skip
+        self.predict_batch_cost = Gauge(
+            "livefit_predict_batch_cost_seconds",
+            "The fitted batch cost (one batch takes per_row * rows + per_batch seconds)",
+            ["model", "term"], registry=registry,
+        )  # fmt: skip
+        self.predict_wait_bound = Gauge(
+            "livefit_predict_max_queue_wait_seconds",
+            "The expected wait over which requests are refused now (serve.max_queue_wait_ms; "
+            "auto: from the model's batch time)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.predict_batch_timeout = Gauge(
+            "livefit_predict_batch_timeout_seconds",
+            "How long a batch may wait for more requests after its oldest arrived: "
+            "serve.batch_timeout_ms, or with auto the value chosen for the latest batch",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.predict_expected_wait = Gauge(
+            "livefit_predict_expected_wait_seconds",
+            "Expected wait of a one-row request arriving now, before its batch starts "
+            "(event-loop lag, running batch, queued batches)",
+            ["model"], registry=registry,
+        )  # fmt: skip

@@ -1,0 +1,144 @@
+"""The trainer's metric families (``base.metrics``: a part claims its group)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ..base.metrics import SIZE_BUCKETS, STEP_BUCKETS, MetricGroup
+
+
+class TrainingMetrics(MetricGroup):
+    """The trainer: steps, losses, prequential scores, steps rolled back, clipped targets."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.train_steps = Counter(
+            "livefit_train_steps_total",
+            "Training steps (minibatches) run",
+            ["model"],
+            registry=registry,
+        )
+        self.train_samples = Counter(
+            "livefit_train_samples_total", "Samples trained on", ["model"], registry=registry
+        )
+        self.train_batch_size = Histogram(
+            "livefit_train_batch_size", "Samples per training step", ["model"],
+            buckets=SIZE_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.train_yield_seconds = Counter(
+            "livefit_train_yield_seconds", "Time the trainer waited for queued predictions",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.train_step_seconds = Histogram(
+            "livefit_train_step_seconds", "Wall time of one training step (predict + train)",
+            ["model"], buckets=STEP_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.train_loss = Gauge(
+            "livefit_train_loss", "Training loss of the last step", ["model"], registry=registry
+        )
+        self.prequential_loss = Gauge(
+            "livefit_prequential_loss",
+            "Test-then-train loss: mean over the last prequential_window samples, each scored "
+            "before the model trained on it",
+            ["model"],
+            registry=registry,
+        )
+        self.prequential_accuracy = Gauge(
+            "livefit_prequential_accuracy",
+            "Test-then-train accuracy over the last prequential_window samples (classifiers)",
+            ["model"],
+            registry=registry,
+        )
+        self.prequential_score = Gauge(
+            "livefit_prequential_score",
+            "Test-then-train scores: loss, and accuracy and log_loss (classifiers) or mse and "
+            "mae (regression), over the sliding window or since the start (cumulative)",
+            ["model", "metric", "window"],
+            registry=registry,
+        )
+        self.train_nonfinite = Counter(
+            "livefit_train_nonfinite_total",
+            "Training steps rolled back because the loss, gradients, predictions or the updated "
+            "weights were not finite",
+            ["model"],
+            registry=registry,
+        )
+        self.train_outliers = Counter(
+            "livefit_train_outliers_total",
+            "Samples whose regression target lay beyond train.target_outlier_std standard "
+            "deviations of the running target statistics, clipped to that bound",
+            ["model"],
+            registry=registry,
+        )
+
+    def init_model(self, model: str) -> None:
+        self.train_steps.labels(model=model)
+        self.train_samples.labels(model=model)
+        self.train_yield_seconds.labels(model=model)
+        self.train_nonfinite.labels(model=model)
+        self.train_outliers.labels(model=model)
+
+
+class TrainingStateMetrics(MetricGroup):
+    """Replay, drift, and the version and samples of the trainer's weights."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.replayed_samples = Counter(
+            "livefit_replayed_samples_total", "Replayed samples mixed into training steps",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.replay_fill = Gauge(
+            "livefit_replay_buffer_fill_ratio", "How full the replay buffer is (0 to 1)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.drift_detected = Counter(
+            "livefit_drift_detected_total", "Drifts the detector found in the prequential loss",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.model_version = Gauge(
+            "livefit_model_version", "Training steps in the trainer's weights", ["model"],
+            registry=registry,
+        )  # fmt: skip
+        self.model_samples = Gauge(
+            "livefit_model_samples",
+            "Samples trained into the current weights' lineage (restored from checkpoints)",
+            ["model"],
+            registry=registry,
+        )
+
+    def init_model(self, model: str) -> None:
+        self.model_version.labels(model=model)
+
+
+class CheckpointMetrics(MetricGroup):
+    """Checkpoints: written, their time, size and stalls, and those set aside."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.checkpoints = Counter(
+            "livefit_checkpoints_total", "Checkpoints written, by outcome (ok or failed)",
+            ["model", "outcome"], registry=registry,
+        )  # fmt: skip
+        self.checkpoint_seconds = Histogram(
+            "livefit_checkpoint_seconds", "Time to write one checkpoint (in the background)",
+            ["model"], buckets=STEP_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.checkpoint_stall_seconds = Histogram(
+            "livefit_checkpoint_stall_seconds",
+            "Time the trainer paused to copy its state for a checkpoint",
+            ["model"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
+            registry=registry,
+        )
+        self.checkpoint_bytes = Gauge(
+            "livefit_checkpoint_bytes",
+            "Size of the last checkpoint file",
+            ["model"],
+            registry=registry,
+        )
+        self.checkpoints_set_aside = Counter(
+            "livefit_checkpoints_set_aside_total",
+            "Checkpoints that failed their checksum at start, renamed *.corrupt and not used",
+            ["model"], registry=registry,
+        )  # fmt: skip

@@ -1,0 +1,237 @@
+"""How a trainer learns from one minibatch: online scaling, replay, several steps, drift.
+
+Per batch, after the compiled step scored it (test-then-train):
+- ``steps_per_batch`` gradient steps, each on the new samples plus, with a replay buffer,
+  ``replay_share`` of replayed ones (sampled afresh for each step; the batch joins the buffer
+  only afterwards, so it never replays itself). With ``extras_when="caught_up"`` (the
+  default) only a batch that took every queued sample (``Batch.backlog == 0``) gets the extra
+  steps and the replay: the trainer is keeping up, and the extra work spends time it would
+  otherwise wait. A batch taken from a backlog, or while prediction requests wait for the
+  model, gets one step on its own samples, so a stream faster than the trainer is trained at
+  the plain step's rate and predictions go first. The batch joins the buffer either way;
+- the running standardizer takes in the batch and the model's ``Standardize`` layer gets the
+  new statistics (scoring and training of this batch used the statistics from before it,
+  as a streaming scaler must); with target scaling, likewise the targets' running
+  standardizer and the model's ``target_scaling`` layer (only new samples count, once);
+- with target scaling, a target beyond ``train.target_outlier_std`` standard deviations of
+  the targets' running statistics is clipped to that bound first: for the step, the
+  statistics, the replay buffer and the prequential scores alike, so one sample can move
+  neither the scaling nor the weights without bound (``Learned.outliers`` counts them);
+- the drift detector reads the batch's prequential losses; on drift it reports, and with a
+  reaction configured resets the optimizer state or raises the learning rate for a while.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from livefit.models.standardize import broadcast_statistic, standardize_layer
+from livefit.models.target_scaling import target_scaling_layer
+
+from ..config.model import ModelSettings
+from ..wire.samples import Batch
+from .drift import DriftDetector
+from .replay import ReplayBuffer, mix
+from .scaling import RunningStandardizer
+from .train_step import StepResult, TrainStep
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What learning one batch did: the first step's result (its scores are prequential)."""
+
+    first: StepResult
+    steps: int  # steps applied (each one version)
+    replayed: int  # replayed samples, over all steps
+    drift: bool
+    y: np.ndarray  # the batch's targets as trained and scored (outliers clipped)
+    outliers: int = 0  # samples whose target was clipped
+
+
+class UpdatePolicy:
+    """Scaling, replay, steps per batch and drift handling for one model's trainer thread."""
+
+    def __init__(
+        self,
+        settings: ModelSettings,
+        step: TrainStep,
+        on_drift: Callable[[int], None] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        train = settings.train
+        self.step = step
+        self.steps_per_batch = train.steps_per_batch
+        self.replay_share = train.replay_share
+        self.extras_always = train.extras_when == "always"
+        self.replay = (
+            ReplayBuffer(train.replay_capacity, train.replay_mode, seed)
+            if train.replay_capacity > 0 and train.replay_share > 0
+            else None
+        )
+        self.layer = standardize_layer(step.model)
+        self.scaler = (
+            RunningStandardizer(per_last_axis=settings.builder == "lstm")
+            if self.layer is not None
+            else None
+        )
+        self.target_layer = target_scaling_layer(step.model)
+        self.target_scaler = RunningStandardizer() if self.target_layer is not None else None
+        self.target_outlier_std = train.target_outlier_std
+        drift = settings.drift
+        self.drift = (
+            DriftDetector(drift.method, threshold=drift.threshold)
+            if drift.enabled and drift.method == "page_hinkley"
+            else DriftDetector(drift.method)
+            if drift.enabled
+            else None
+        )
+        self.reaction = drift.reaction
+        self.boost_factor = drift.boost_factor
+        self.boost_steps = drift.boost_steps
+        self.on_drift = on_drift
+        self._base_lr = float(np.asarray(step.model.optimizer.learning_rate))
+        self._boost_left = 0
+        self._saved_scaler: RunningStandardizer | None = None
+        self._saved_target_scaler: RunningStandardizer | None = None
+
+    def learn(self, batch: Batch, extras_allowed: bool = True) -> Learned:
+        """Score and learn ``batch``; rolled-back steps are not counted in ``steps``.
+
+        With ``extras_when="caught_up"`` the extra steps and the replay need ``extras_allowed``
+        (the trainer passes False while prediction requests wait) and a batch without backlog.
+        """
+        first: StepResult | None = None
+        steps = replayed = 0
+        batch, outliers = self._clip_target_outliers(batch)
+        statistics = self._next_statistics(batch)
+        target_statistics = self._next_target_statistics(batch)
+        extras = self.extras_always or (extras_allowed and batch.backlog == 0)
+        for _ in range(self.steps_per_batch if extras else 1):
+            x, y, w, k = self._with_replay(batch) if extras else (batch.x, batch.y, batch.w, 0)
+            result = self.step(x, y, w, statistics, target_statistics)
+            statistics = target_statistics = None  # set by the first applied step
+            if first is None:
+                first = _first_rows(result, len(batch))
+            if not result.applied:
+                break
+            steps += 1
+            replayed += k
+            self._after_step()
+        assert first is not None
+        if steps:
+            self._absorb(batch)
+        else:  # rolled back: so are the statistics
+            if self._saved_scaler is not None:
+                self.scaler = self._saved_scaler
+            if self._saved_target_scaler is not None:
+                self.target_scaler = self._saved_target_scaler
+        drift = self._watch(first)
+        return Learned(first, steps, replayed, drift, batch.y, outliers)
+
+    def _with_replay(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        if self.replay is None:
+            return batch.x, batch.y, batch.w, 0
+        return mix(batch.x, batch.y, batch.w, self.replay, self.replay_share)
+
+    def _clip_target_outliers(self, batch: Batch) -> tuple[Batch, int]:
+        """``batch`` with its outlying targets clipped to the targets' running bounds, and
+        how many samples that changed (the batch itself when none)."""
+        if self.target_scaler is None or self.target_layer is None:
+            return batch, 0
+        shape = self.target_layer.stats_shape
+        y = np.reshape(batch.y, (len(batch.y), *shape))
+        clipped, outliers = self.target_scaler.clip_outliers(y, self.target_outlier_std)
+        if not outliers:
+            return batch, 0
+        return replace(batch, y=np.reshape(clipped, batch.y.shape)), outliers
+
+    def _next_statistics(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
+        """The scaling statistics including ``batch``, for the step to set after its update."""
+        if self.scaler is None or self.layer is None:
+            return None
+        self._saved_scaler = self.scaler.copy()
+        self.scaler.update(batch.x)
+        mean, std = self.scaler.mean_std()
+        shape = self.layer.stats_shape
+        return broadcast_statistic(mean, shape), broadcast_statistic(std, shape)
+
+    def _next_target_statistics(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
+        """The targets' statistics including ``batch`` (its new samples only, never replayed
+        ones), for the step to set after its update."""
+        if self.target_scaler is None or self.target_layer is None:
+            return None
+        self._saved_target_scaler = self.target_scaler.copy()
+        shape = self.target_layer.stats_shape
+        self.target_scaler.update(np.reshape(batch.y, (len(batch.y), *shape)))
+        mean, std = self.target_scaler.mean_std()
+        return broadcast_statistic(mean, shape), broadcast_statistic(std, shape)
+
+    def _absorb(self, batch: Batch) -> None:
+        """The batch joins the replay buffer."""
+        if self.replay is not None:
+            self.replay.add(batch.x, batch.y, batch.w)
+
+    def _watch(self, first: StepResult) -> bool:
+        if self.drift is None or not first.applied:
+            return False
+        if not self.drift.update(first.prequential_losses):
+            return False
+        log.warning(
+            "drift detected (detection %d); reaction: %s", self.drift.detections, self.reaction
+        )
+        if self.reaction == "reset_optimizer":
+            for variable in self.step.model.optimizer.variables:
+                variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+        elif self.reaction == "boost_lr":
+            self._set_lr(self._base_lr * self.boost_factor)
+            self._boost_left = self.boost_steps
+        if self.on_drift is not None:
+            self.on_drift(self.drift.detections)
+        return True
+
+    def _after_step(self) -> None:
+        if self._boost_left > 0:
+            self._boost_left -= 1
+            if self._boost_left == 0:
+                self._set_lr(self._base_lr)
+
+    def _set_lr(self, value: float) -> None:
+        self.step.model.optimizer.learning_rate = value
+
+    # checkpoint state --------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays to save with a checkpoint (the scalers' running statistics)."""
+        state: dict[str, np.ndarray] = {}
+        for prefix, scaler in (("scaler_", self.scaler), ("target_scaler_", self.target_scaler)):
+            if scaler is not None:
+                state.update({f"{prefix}{k}": v for k, v in scaler.state().items()})
+        return state
+
+    def restore(self, extra: dict[str, np.ndarray]) -> None:
+        if self.scaler is not None and "scaler_count" in extra:
+            self.scaler = _restored_scaler(extra, "scaler_")
+        if self.target_scaler is not None and "target_scaler_count" in extra:
+            self.target_scaler = _restored_scaler(extra, "target_scaler_")
+
+
+def _restored_scaler(extra: dict[str, np.ndarray], prefix: str) -> RunningStandardizer:
+    """The running standardizer saved under ``prefix`` in a checkpoint's extra arrays."""
+    state = {k.removeprefix(prefix): v for k, v in extra.items() if k.startswith(prefix)}
+    state["count"] = np.asarray(state["count"]).reshape(())
+    state["per_last_axis"] = np.asarray(state["per_last_axis"]).reshape(())
+    return RunningStandardizer.from_state(state)
+
+
+def _first_rows(result: StepResult, n: int) -> StepResult:
+    """The scores of the new samples only: replayed ones are not test-then-train."""
+    if len(result.prequential_losses) == n:
+        return result
+    return StepResult(
+        result.loss, result.prequential_losses[:n], result.predictions[:n], result.applied
+    )

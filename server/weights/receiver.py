@@ -1,0 +1,116 @@
+"""The weight stream over MQTT, shared by replicas and the client ``WeightSubscriber``.
+
+A ``WeightReceiver`` is a ``WeightVerifier`` (``weights.verifier``: what is checked, in which
+order, and the freshness rules) fed by its own paho client subscribed to one model's weight
+topic, speaking the protocol, keepalive, reconnect back-off, TLS and credentials of the
+``[broker]`` settings. The network thread only enqueues; the verifier's thread does the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import paho.mqtt.client as paho
+
+from ..config.sections import BrokerSettings
+from ..mqtt.broker import BrokerAddress
+from ..mqtt.connection_status import ConnectionStatus
+from ..mqtt.paho_client import paho_client
+from .receiver_auth import Authenticator
+from .verifier import (
+    DEFAULT_MAX_PULL_BYTES,
+    ReceivedWeights,
+    WeightVerifier,
+)
+
+log = logging.getLogger(__name__)
+
+
+class WeightReceiver(WeightVerifier):
+    """Subscribes to ``topic`` and delivers verified, newer weights to ``on_weights``."""
+
+    def __init__(
+        self,
+        address: BrokerAddress,
+        model: str,
+        topic: str,
+        fingerprint: str,
+        on_weights: Callable[[ReceivedWeights], None],
+        auth: Authenticator,
+        *,
+        on_outcome: Callable[[str], None] | None = None,
+        broker: BrokerSettings | None = None,
+        client_id: str = "",
+        pull_url: str | None = None,
+        pull_timeout_s: float = 30.0,
+        pull_headers: dict[str, str] | None = None,
+        max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES,
+        max_age_s: float = 86400.0,
+    ) -> None:
+        super().__init__(
+            model, topic, fingerprint, on_weights, auth, on_outcome=on_outcome,
+            pull_url=pull_url, pull_timeout_s=pull_timeout_s, pull_headers=pull_headers,
+            max_pull_bytes=max_pull_bytes, max_age_s=max_age_s,
+        )  # fmt: skip
+        self.address = address
+        self.broker = broker or BrokerSettings()
+        self.status = ConnectionStatus(
+            address, client_id, self.broker, what=f"weight stream of {model}: "
+        )
+        self.connected = self.status.connected
+        self._client = self._make_client(client_id)
+
+    def start(self) -> None:
+        super().start()
+        self._client.connect_async(
+            self.address.host, self.address.port, keepalive=self.broker.keepalive_s
+        )
+        self._client.loop_start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        try:
+            self._client.disconnect()
+        finally:
+            self._client.loop_stop()
+        super().stop(timeout)
+
+    def not_connected_reason(self) -> str:
+        return self.status.reason()
+
+    def _make_client(self, client_id: str) -> paho.Client:
+        client = paho_client(client_id, self.address, self.broker, persistent=False)
+        client.on_connect = self._on_connect
+        client.on_connect_fail = lambda _client, _userdata: self.status.failed()
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        return client
+
+    def _on_connect(
+        self, client: paho.Client, userdata: object, flags: object, reason: object, props: object
+    ) -> None:
+        if getattr(reason, "is_failure", False):  # said once, then with back-off
+            self.status.failed(reason)
+            return
+        client.subscribe(self.topic, qos=1)
+        failed = self.status.succeeded()
+        if failed:
+            log.info("weight stream of %s: connected to %s after %d failed attempts",
+                     self.model, self.address, failed)  # fmt: skip
+
+    def _on_disconnect(
+        self, client: paho.Client, userdata: object, flags: object, reason: object, props: object
+    ) -> None:
+        was_connected = self.connected.is_set()
+        self.connected.clear()
+        code = getattr(reason, "value", reason)
+        if was_connected and code != 0 and not self._stopping.is_set():
+            log.warning("weight stream of %s: disconnected from %s: %s; reconnecting",
+                        self.model, self.address, reason)  # fmt: skip
+
+    def _on_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
+        try:
+            self.submit(bytes(message.payload))
+        except Exception:
+            log.exception("could not enqueue a weights message")
