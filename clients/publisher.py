@@ -25,7 +25,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.wire.encoding import CONTENT_TYPES, Format
 
-from .pacing import Chunks, RatePacer, _messages
+from .pacing import Chunks, RatePacer, split_messages
 from .payloads import encode_samples
 from .publish_results import BrokerConnectionError, ProtocolUnsupported, PublishStats
 from .publish_window import MAX_WINDOW, PublishWindow
@@ -183,7 +183,7 @@ class SamplePublisher(PublishWindow):
         rejected, dropped = self._rejected, self._dropped
         start = time.monotonic()
         samples = messages = 0
-        for xs, ys in _messages(chunks, batch):
+        for xs, ys in split_messages(chunks, batch):
             if stop is not None and stop.is_set():
                 break
             if pacer is not None:
