@@ -6,7 +6,6 @@ broker it did not start, deleting the retained weights its learner left there:
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from rich.console import Console
 
 from livefit.server.runtime.broker import ManagedBroker
 from livefit.server.runtime.local_process import free_port, is_listening
-from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.runtime.mosquitto import Mosquitto, find_mosquitto
 
 from .demo_stop import StopRequest
 
@@ -60,7 +59,7 @@ def choose_broker(
         address = BrokerAddress(DEFAULT_HOST, DEFAULT_PORT)
         return _connect_once(str(address), address, "already running; the demo uses its own "
                              "topics", console)  # fmt: skip
-    if shutil.which("mosquitto"):
+    if find_mosquitto():
         child = Mosquitto(workdir / "mosquitto", persistence=False)
         stop.children.append(child)
         child.start()
