@@ -44,7 +44,7 @@ from livefit.server.runtime.local_process import free_port, quiet_env, stop_all
 
 from .demo_broker import DemoBroker, choose_broker, clear_retained
 from .demo_stop import StopRequest
-from .demo_traffic import INPUT_DIM, PredictionLoad, SampleStream
+from .demo_traffic import INPUT_DIM, PredictionLoad, PublisherThread
 from .demo_view import Progress, print_summary, show_progress
 from .local_servers import LivefitProcess, NotReady
 
@@ -153,7 +153,7 @@ def _run_traffic(
     replica_url: str, broker: DemoBroker,
 ) -> int:  # fmt: skip
     done = threading.Event()
-    publisher = SampleStream(broker.url, broker.protocol, model, args, done)
+    publisher = PublisherThread(broker.url, broker.protocol, model, args, done)
     predictor = PredictionLoad(url, model, args.clients)
     predictor.start()
     publisher.start()

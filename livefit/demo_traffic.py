@@ -1,5 +1,5 @@
-"""The demo's traffic: a publisher thread (``SampleStream``) streaming a learnable noisy linear
-function of ``INPUT_DIM`` inputs to the model's topic, and a few asyncio clients
+"""The demo's traffic: a publisher thread (``PublisherThread``) streaming a learnable noisy
+linear function of ``INPUT_DIM`` inputs to the model's topic, and a few asyncio clients
 (``PredictionLoad``) sending TF Serving predict requests in a loop, counting latencies, errors
 and the versions that answered.
 """
@@ -19,7 +19,7 @@ import numpy as np
 INPUT_DIM = 8
 
 
-class SampleStream(threading.Thread):
+class PublisherThread(threading.Thread):
     """Streams the synthetic function to the model's topic, ``args.rate`` samples/s in messages
     of ``args.batch``, for ``args.duration`` seconds or until ``done``; ``error`` says why it
     stopped early, if it did."""

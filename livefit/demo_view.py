@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 from .demo_stop import StopRequest
-from .demo_traffic import PredictionLoad, SampleStream
+from .demo_traffic import PredictionLoad, PublisherThread
 
 
 class Progress:
@@ -167,7 +167,7 @@ def show_progress(
 
 def print_summary(
     console: Console, progress: Progress, predictor: PredictionLoad, elapsed: float,
-    publisher: SampleStream,
+    publisher: PublisherThread,
 ) -> bool:  # fmt: skip
     """Print the final table and a few lines (each under 80 columns); True if it learned."""
     progress.poll()
