@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .pacing import Chunks, RatePacer, _messages
+from .pacing import Chunks, RatePacer, split_messages
 from .predict import PredictClient
 from .predict_calls import PredictError
 from .publish_results import BrokerConnectionError, PublishError
@@ -102,7 +102,7 @@ def run_delayed(args: argparse.Namespace, chunks: Chunks, publisher: SamplePubli
             stream = DelayedLabelStream(
                 client, args.model, publisher.publish_payload, publisher.source or "publish"
             )
-            for x, y in _messages(chunks, args.batch):
+            for x, y in split_messages(chunks, args.batch):
                 if pacer is not None:
                     pacer.wait(stream.predicted)
                 stream.send(x, y, delays(len(x)))

@@ -1,6 +1,6 @@
 """Pacing a sample stream: the chunks a publisher reads (``Chunks``), their slicing into
-messages of ``batch`` samples (``_messages``), and ``RatePacer``, which holds a stream to a rate
-in samples per second without letting sleep overshoot add up.
+messages of ``batch`` samples (``split_messages``), and ``RatePacer``, which holds a stream to a
+rate in samples per second without letting sleep overshoot add up.
 
 Owns no connection and no I/O; ``publisher`` and ``delayed`` use it.
 """
@@ -44,7 +44,10 @@ class RatePacer:
             self._sleep(delay)
 
 
-def _messages(chunks: Chunks, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def split_messages(chunks: Chunks, batch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The (x, y) of each message: every chunk cut into runs of ``batch`` samples (the last of
+    a chunk may be shorter; a message never spans two chunks). ValueError on a chunk whose x
+    and y differ in length."""
     for x, y in chunks:
         if len(x) != len(y):
             raise ValueError(f"a chunk has {len(x)} inputs but {len(y)} targets")

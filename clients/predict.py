@@ -2,8 +2,8 @@
 
 ``PredictClient`` (blocking, ``httpx.Client``) and ``AsyncPredictClient`` (``httpx.AsyncClient``)
 differ only in how they send: requests are built and answers parsed by the pure functions of
-``predict_calls``, and retries decided by ``predict_retry`` (``_Attempts``), which both share.
-The names other code imports from here are re-exported from those two modules.
+``predict_calls``, and retries decided by ``predict_retry`` (``Attempts``), which both share.
+Callers catch ``PredictError`` and read ``PredictResult``: import both from ``predict_calls``.
 
 Retries: an answer of 429 or 503, or a failure to connect (refused, connect timeout, connection
 dropped before an answer), is tried again up to ``max_retries`` times, after the server's
@@ -44,9 +44,9 @@ from .predict_calls import (
 )
 from .predict_retry import (
     RETRY_STATUSES,
+    Attempts,
     Outcome,
-    _Attempts,
-    _RetryPolicy,
+    RetryPolicy,
 )
 
 DEADLINE_HEADER = "X-Deadline-Ms"
@@ -83,7 +83,7 @@ class _ClientBase(Generic[TransportT]):
     ) -> None:
         _check_settings(protocol, timeout, max_retries, max_backoff, deadline_ms)
         self.protocol: Protocol = protocol
-        self._policy = _RetryPolicy(
+        self._policy = RetryPolicy(
             max_retries, max_backoff, frozenset(retry_statuses), random.Random()
         )
         sent_headers = dict(headers or {})
@@ -96,8 +96,8 @@ class _ClientBase(Generic[TransportT]):
         """The httpx client, built from ``options`` (its keyword arguments) and ``transport``."""
         raise NotImplementedError
 
-    def _attempts(self) -> _Attempts:
-        return _Attempts(self._policy)
+    def _attempts(self) -> Attempts:
+        return Attempts(self._policy)
 
 
 class PredictClient(_ClientBase[httpx.BaseTransport]):

@@ -1,7 +1,8 @@
 """When to try a prediction call again, as pure functions and one small class (no I/O): 429,
 503 and connection failures are retried, after the server's Retry-After (seconds or an
 HTTP-date) or an exponential backoff with jitter, at most ``max_retries`` times; every other
-failure becomes a ``PredictError`` at once. ``_Attempts`` is told each attempt's outcome.
+failure becomes a ``PredictError`` at once. A client holds one ``RetryPolicy``; each call makes
+an ``Attempts`` from it and tells it each attempt's outcome.
 """
 
 from __future__ import annotations
@@ -61,17 +62,20 @@ Outcome = httpx.Response | httpx.TransportError
 
 
 @dataclass(frozen=True, slots=True)
-class _RetryPolicy:
+class RetryPolicy:
+    """A client's retry settings: at most ``max_retries`` retries of ``statuses`` (and of
+    connection failures), waits of at most ``max_backoff_s``, jitter drawn from ``rng``."""
+
     max_retries: int
     max_backoff_s: float
     statuses: frozenset[int]
     rng: random.Random
 
 
-class _Attempts:
+class Attempts:
     """The retry decision for one call, told the outcome of each attempt in turn."""
 
-    def __init__(self, policy: _RetryPolicy) -> None:
+    def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
         self.sent = 0
 

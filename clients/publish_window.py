@@ -1,10 +1,12 @@
-"""The publisher's bounded in-flight window (``PublishWindow``, ``SamplePublisher``'s base class).
+"""The publisher's bounded in-flight window (``PublishWindow``, an object a ``SamplePublisher``
+owns).
 
-Owns the count of messages handed to paho and not yet acknowledged (QoS 1) or written (QoS 0):
-a message takes a slot before it is published and waits while ``window`` (or the broker's
-Receive Maximum) are in flight; paho's callbacks free slots and count acknowledgements,
-broker rejections and QoS 0 messages lost to a disconnection. A wait fails with
-``PublishTimeout`` only when no acknowledgement arrived for ``ack_timeout_s``.
+Counts the messages handed to paho and not yet acknowledged (QoS 1) or written (QoS 0): a message
+takes a slot before it is published and waits while ``window`` (or the broker's Receive Maximum)
+are in flight; the publisher's paho callbacks free slots and count acknowledgements, broker
+rejections and messages lost to a disconnection. A wait gives up only when no acknowledgement
+arrived for ``ack_timeout_s``. It knows nothing of MQTT beyond those counts: the publisher says
+what each paho event means for them.
 """
 
 from __future__ import annotations
@@ -12,30 +14,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
-
-import paho.mqtt.client as mqtt
-from paho.mqtt.enums import MQTTErrorCode
-from paho.mqtt.reasoncodes import ReasonCode
-
-from livefit.server.mqtt.broker import BrokerAddress
-
-from .publish_results import PublishError, PublishTimeout
 
 MAX_WINDOW = 65_535  # paho's message ids; beyond this publish() fails with MQTT_ERR_QUEUE_SIZE
 
 
 class PublishWindow:
-    """At most ``window`` messages in flight (the base class of ``SamplePublisher``)."""
+    """At most ``window`` messages in flight; thread-safe (the publishing thread takes slots,
+    paho's thread frees them)."""
 
-    # The publisher's own settings this part reads (set by SamplePublisher.__init__).
-    window: int
-    qos: int
-    ack_timeout_s: float
-    address: BrokerAddress
-
-    def _init_window(self, window: int) -> None:
-        """The window's state; ``SamplePublisher.__init__`` calls this once."""
+    def __init__(self, window: int, ack_timeout_s: float) -> None:
+        if not 1 <= window <= MAX_WINDOW:
+            raise ValueError(f"window must be between 1 and {MAX_WINDOW}, got {window}")
+        self.window = window
+        self.ack_timeout_s = ack_timeout_s
         self._lock = threading.Condition()
         self._in_flight = 0
         self._max_in_flight = 0
@@ -54,35 +45,60 @@ class PublishWindow:
         """The most messages ever in flight at once; never more than ``window``."""
         return self._max_in_flight
 
-    def _on_publish(
-        self, _client: Any, _userdata: Any, _mid: int, reason_code: ReasonCode, _props: Any
-    ) -> None:
+    @property
+    def rejected(self) -> int:
+        """Acknowledgements so far that carried a failure reason code."""
+        return self._rejected
+
+    @property
+    def dropped(self) -> int:
+        """Messages so far that left the window unsent (QoS 0 lost to a disconnection)."""
+        return self._dropped
+
+    def limit_to(self, receive_maximum: int) -> None:
+        """Keep at most ``receive_maximum`` in flight (the broker's, from its CONNACK), and never
+        more than ``window``."""
         with self._lock:
-            self._in_flight = max(0, self._in_flight - 1)
-            self._acks += 1
-            if reason_code.is_failure:
-                self._rejected += 1
+            self._limit = min(self.window, receive_maximum)
             self._lock.notify_all()
 
-    def _on_disconnect(self, *_: Any) -> None:
-        if self.qos == 0:  # paho drops unsent QoS 0 packets on reconnect; they never get acked
-            with self._lock:
-                self._dropped += self._in_flight
-                self._in_flight = 0
-                self._lock.notify_all()
-
-    def _acquire_slot(self) -> None:
+    def acquire(self) -> bool:
+        """Take a slot, waiting while the window is full; False (no slot taken) after
+        ``ack_timeout_s`` without an acknowledgement."""
         with self._lock:
             if not self._wait_for(lambda: self._in_flight < self._limit, None):
-                raise self._timeout(f"with the window of {self.window} full")
+                return False
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
+            return True
 
-    def _release_slot(self, dropped: int = 0) -> None:
+    def release(self, dropped: int = 0) -> None:
+        """Free a slot whose message will never be acknowledged; ``dropped``: it was lost."""
         with self._lock:
             self._in_flight = max(0, self._in_flight - 1)
             self._dropped += dropped
             self._lock.notify_all()
+
+    def acknowledged(self, failed: bool) -> None:
+        """Free a slot for an acknowledgement (``failed``: the broker rejected the message)."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            self._acks += 1
+            if failed:
+                self._rejected += 1
+            self._lock.notify_all()
+
+    def drop_all(self) -> None:
+        """Free every slot, counting its message as dropped (QoS 0 across a disconnection)."""
+        with self._lock:
+            self._dropped += self._in_flight
+            self._in_flight = 0
+            self._lock.notify_all()
+
+    def wait_empty(self, timeout_s: float | None = None) -> bool:
+        """Wait until nothing is in flight; False if no ack came for timeout_s (ack_timeout_s)."""
+        with self._lock:
+            return self._wait_for(lambda: self._in_flight == 0, timeout_s)
 
     def _wait_for(self, condition: Callable[[], bool], timeout_s: float | None) -> bool:
         """With the lock held: wait until ``condition``; False after timeout_s without an ack."""
@@ -96,20 +112,3 @@ class PublishWindow:
                 return False
             self._lock.wait(remaining)
         return True
-
-    def _check_result(self, rc: MQTTErrorCode) -> None:
-        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
-            return
-        if rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
-            if self.qos == 1:
-                return  # paho keeps it and sends it after reconnecting; on_publish follows
-            self._release_slot(dropped=1)
-            return
-        self._release_slot()
-        raise PublishError(f"paho refused the message: {mqtt.error_string(rc)}")
-
-    def _timeout(self, when: str) -> PublishTimeout:
-        return PublishTimeout(
-            f"{self._in_flight} messages unacknowledged {when}: no PUBACK from the broker at "
-            f"{self.address} for {self.ack_timeout_s:g} s"
-        )

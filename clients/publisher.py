@@ -2,10 +2,10 @@
 
 It keeps at most ``window`` messages unacknowledged (paho has 65,535 message ids and no flow
 control of its own), paces to a rate in samples per second (``pacing.RatePacer``), stamps every
-message with ``ts``, ``source`` and an increasing ``seq``, and sets the MQTT 5 ContentType. The
-window is its base class's (``publish_window``); the errors it raises and the ``PublishStats`` of
-a stream are ``publish_results``'. It owns the paho client; the CLI (``publish``) and the
-rejection watcher (``rejections``) only borrow it.
+message with ``ts``, ``source`` and an increasing ``seq``, and sets the MQTT 5 ContentType. It
+owns its window (a ``publish_window.PublishWindow``, which its paho callbacks feed) and the paho
+client; the CLI (``publish``) and the rejection watcher (``rejections``) only borrow it. The
+errors it raises and the ``PublishStats`` of a stream are ``publish_results``'.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -25,15 +25,21 @@ from paho.mqtt.reasoncodes import ReasonCode
 from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.wire.encoding import CONTENT_TYPES, Format
 
-from .pacing import Chunks, RatePacer, _messages
+from .pacing import Chunks, RatePacer, split_messages
 from .payloads import encode_samples
-from .publish_results import BrokerConnectionError, ProtocolUnsupported, PublishStats
+from .publish_results import (
+    BrokerConnectionError,
+    ProtocolUnsupported,
+    PublishError,
+    PublishStats,
+    PublishTimeout,
+)
 from .publish_window import MAX_WINDOW, PublishWindow
 
 _PROTOCOLS = {"5": MQTTProtocolVersion.MQTTv5, "3.1.1": MQTTProtocolVersion.MQTTv311}
 
 
-class SamplePublisher(PublishWindow):
+class SamplePublisher:
     """Publishes sample messages to one topic with at most ``window`` of them unacknowledged.
 
     Use as a context manager (connect, then flush and disconnect on exit) or call connect(),
@@ -65,8 +71,7 @@ class SamplePublisher(PublishWindow):
             raise ValueError("raw buffers need the msgpack format")
         if qos not in (0, 1):
             raise ValueError(f"qos must be 0 or 1, got {qos}")
-        if not 1 <= window <= MAX_WINDOW:
-            raise ValueError(f"window must be between 1 and {MAX_WINDOW}, got {window}")
+        self._window = PublishWindow(window, ack_timeout_s)  # ValueError for a bad ``window``
         self.address = parse_broker_url(broker_url)
         self.topic, self.fmt, self.raw, self.qos, self.window = topic, fmt, raw, qos, window
         self.source = source
@@ -77,11 +82,20 @@ class SamplePublisher(PublishWindow):
         self.ack_timeout_s = ack_timeout_s
         self.ca_certs = ca_certs
         self._client: mqtt.Client | None = None
-        self._init_window(window)
         self._seq = 0
         self._connected = threading.Event()
         self._connack: ReasonCode | None = None
         self._properties = self._publish_properties()
+
+    @property
+    def in_flight(self) -> int:
+        """Messages handed to paho and not yet acknowledged (QoS 1) or written (QoS 0)."""
+        return self._window.in_flight
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most messages ever in flight at once; never more than ``window``."""
+        return self._window.max_in_flight
 
     @property
     def client(self) -> mqtt.Client:
@@ -129,7 +143,7 @@ class SamplePublisher(PublishWindow):
         ack_timeout_s, PublishError when paho refuses the message.
         """
         client = self.client
-        self._acquire_slot()
+        self._take_slot()
         try:
             seq = self._seq
             payload = encode_samples(
@@ -147,7 +161,7 @@ class SamplePublisher(PublishWindow):
             self._seq += 1
             info = client.publish(self.topic, payload, qos=self.qos, properties=self._properties)
         except BaseException:
-            self._release_slot()
+            self._window.release()
             raise
         self._check_result(info.rc)
         return seq
@@ -155,11 +169,11 @@ class SamplePublisher(PublishWindow):
     def publish_payload(self, payload: bytes) -> None:
         """Send one ready-made message (delayed labels) under the same window and QoS."""
         client = self.client
-        self._acquire_slot()
+        self._take_slot()
         try:
             info = client.publish(self.topic, payload, qos=self.qos, properties=self._properties)
         except BaseException:
-            self._release_slot()
+            self._window.release()
             raise
         self._check_result(info.rc)
 
@@ -180,10 +194,10 @@ class SamplePublisher(PublishWindow):
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
         pacer = RatePacer(rate) if rate > 0 else None
-        rejected, dropped = self._rejected, self._dropped
+        rejected, dropped = self._window.rejected, self._window.dropped
         start = time.monotonic()
         samples = messages = 0
-        for xs, ys in _messages(chunks, batch):
+        for xs, ys in split_messages(chunks, batch):
             if stop is not None and stop.is_set():
                 break
             if pacer is not None:
@@ -198,14 +212,12 @@ class SamplePublisher(PublishWindow):
         if not self.flush():
             raise self._timeout("at the end of the stream")
         seconds = time.monotonic() - start
-        return PublishStats(
-            samples, messages, seconds, self._rejected - rejected, self._dropped - dropped
-        )
+        rejected, dropped = self._window.rejected - rejected, self._window.dropped - dropped
+        return PublishStats(samples, messages, seconds, rejected, dropped)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until nothing is in flight; False if no ack came for timeout_s (ack_timeout_s)."""
-        with self._lock:
-            return self._wait_for(lambda: self._in_flight == 0, timeout_s)
+        return self._window.wait_empty(timeout_s)
 
     def close(self) -> None:
         """Disconnect and stop paho's thread; unacknowledged messages are abandoned."""
@@ -224,6 +236,27 @@ class SamplePublisher(PublishWindow):
                 raise self._timeout("on exit")
         finally:
             self.close()
+
+    def _take_slot(self) -> None:
+        if not self._window.acquire():
+            raise self._timeout(f"with the window of {self.window} full")
+
+    def _check_result(self, rc: MQTTErrorCode) -> None:
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+            return
+        if rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+            if self.qos == 1:
+                return  # paho keeps it and sends it after reconnecting; on_publish follows
+            self._window.release(dropped=1)
+            return
+        self._window.release()
+        raise PublishError(f"paho refused the message: {mqtt.error_string(rc)}")
+
+    def _timeout(self, when: str) -> PublishTimeout:
+        return PublishTimeout(
+            f"{self._window.in_flight} messages unacknowledged {when}: no PUBACK from the broker "
+            f"at {self.address} for {self.ack_timeout_s:g} s"
+        )
 
     def _publish_properties(self) -> Properties | None:
         if self.protocol != "5":
@@ -264,7 +297,7 @@ class SamplePublisher(PublishWindow):
             )
         raise BrokerConnectionError(f"the MQTT broker at {self.address} refused us: {reason}")
 
-    # paho callbacks: run on paho's thread, only update counters under the lock.
+    # paho callbacks: run on paho's thread, only update the window's counters.
     def _on_connect(
         self,
         client: mqtt.Client,
@@ -275,9 +308,15 @@ class SamplePublisher(PublishWindow):
     ) -> None:
         if not reason_code.is_failure:
             # paho ignores the broker's Receive Maximum; exceeding it is a protocol error.
-            receive_max = getattr(properties, "ReceiveMaximum", MAX_WINDOW)
-            with self._lock:
-                self._limit = min(self.window, receive_max)
-                self._lock.notify_all()
+            self._window.limit_to(getattr(properties, "ReceiveMaximum", MAX_WINDOW))
         self._connack = reason_code
         self._connected.set()
+
+    def _on_publish(
+        self, _client: Any, _userdata: Any, _mid: int, reason_code: ReasonCode, _props: Any
+    ) -> None:
+        self._window.acknowledged(failed=reason_code.is_failure)
+
+    def _on_disconnect(self, *_: Any) -> None:
+        if self.qos == 0:  # paho drops unsent QoS 0 packets on reconnect; they never get acked
+            self._window.drop_all()

@@ -42,10 +42,10 @@ from rich.console import Console
 from livefit.server.runtime.broker import ManagedBroker
 from livefit.server.runtime.local_process import free_port, quiet_env, stop_all
 
-from .demo_broker import _broker, _clear_retained
-from .demo_stop import _Stop
-from .demo_traffic import INPUT_DIM, _Predictor, _Publisher
-from .demo_view import _Progress, _show, _summary
+from .demo_broker import DemoBroker, choose_broker, clear_retained
+from .demo_stop import StopRequest
+from .demo_traffic import INPUT_DIM, PredictionLoad, PublisherThread
+from .demo_view import Progress, print_summary, show_progress
 from .local_servers import LivefitProcess, NotReady
 
 STOP_GRACE_S = 3.0  # children get SIGTERM, then SIGKILL after this long
@@ -75,28 +75,28 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo: 0 when the model learned (prequential loss fell), 1 when not or when
     something failed, 128 + signal number when interrupted (130 for Ctrl-C)."""
     console = Console(highlight=False)
-    stop = _Stop()
+    stop = StopRequest()
     stop.install()
     temporary = args.workdir is None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="livefit-demo-"))
     keep_workdir = not temporary
     model = f"demo-{secrets.token_hex(3)}"  # its own topics on a shared broker
     managed: ManagedBroker | None = None
-    broker = None
+    broker: DemoBroker | None = None
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        broker = _broker(args.broker, workdir, stop, console)
+        broker = choose_broker(args.broker, workdir, stop, console)
         if broker is None:
             return 1
-        url, protocol, managed = broker
-        code, failed = _run_children(args, console, stop, workdir, model, url, protocol)
+        managed = broker.managed
+        code, failed = _run_children(args, console, stop, workdir, model, broker)
         keep_workdir = keep_workdir or failed
         return code
     finally:
         apps = [child for child in stop.children if child is not managed]
         stop_all(apps, timeout=STOP_GRACE_S)  # learner and replica, then the broker
         if broker is not None and managed is None:
-            _clear_retained(broker[0], f"livefit/{model}/weights")
+            clear_retained(broker.url, f"livefit/{model}/weights")
         if managed is not None:
             with contextlib.suppress(Exception):
                 managed.stop()
@@ -108,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_children(
-    args: argparse.Namespace, console: Console, stop: _Stop, workdir: Path, model: str,
-    broker: str, protocol: str,
+    args: argparse.Namespace, console: Console, stop: StopRequest, workdir: Path, model: str,
+    broker: DemoBroker,
 ) -> tuple[int, bool]:  # fmt: skip
     """Start learner and replica, run the traffic; (exit status, whether something failed)."""
     from livefit.server.weights.keys import (
@@ -124,7 +124,7 @@ def _run_children(
     console.print(f"[bold]model[/bold] {model} (topics livefit/{model}/...)")
     console.print(f"[bold]weights[/bold] signed with Ed25519 key {key.key_id}")
     port = args.port or free_port()
-    config = _write_config(workdir, model, broker, port, protocol, key_file, public_file)
+    config = _write_config(workdir, model, broker, port, key_file, public_file)
     server = _child(config, workdir, "serve", "server", port)
     replica = _child(config, workdir, "replica", "replica", free_port())
     for child in (server, replica):
@@ -140,32 +140,32 @@ def _run_children(
             console.print(child.tail(lines=15), markup=False)
             return 1, True
         console.print(f"[bold]{what}[/bold] {child.url}")
-    code = _run_traffic(args, console, stop, model, server.url, replica.url, broker, protocol)
+    code = _run_traffic(args, console, stop, model, server.url, replica.url, broker)
     return code, False
 
 
-def _interrupted(stop: _Stop) -> int:
+def _interrupted(stop: StopRequest) -> int:
     return 128 + (stop.signal or signal.SIGINT)
 
 
 def _run_traffic(
-    args: argparse.Namespace, console: Console, stop: _Stop, model: str, url: str,
-    replica_url: str, broker: str, protocol: str,
+    args: argparse.Namespace, console: Console, stop: StopRequest, model: str, url: str,
+    replica_url: str, broker: DemoBroker,
 ) -> int:  # fmt: skip
     done = threading.Event()
-    publisher = _Publisher(broker, protocol, model, args, done)
-    predictor = _Predictor(url, model, args.clients)
+    publisher = PublisherThread(broker.url, broker.protocol, model, args, done)
+    predictor = PredictionLoad(url, model, args.clients)
     predictor.start()
     publisher.start()
-    progress = _Progress(url, replica_url, model)
+    progress = Progress(url, replica_url, model)
     started = time.monotonic()
     try:
-        _show(console, progress, predictor, args.duration, stop, live=not args.no_live)
+        show_progress(console, progress, predictor, args.duration, stop, live=not args.no_live)
     finally:
         done.set()
         predictor.stop()
         publisher.join(timeout=5)
-    learned = _summary(console, progress, predictor, time.monotonic() - started, publisher)
+    learned = print_summary(console, progress, predictor, time.monotonic() - started, publisher)
     if stop.requested:
         return _interrupted(stop)
     return 0 if learned else 1
@@ -176,13 +176,12 @@ def _toml(value: object) -> str:
 
 
 def _write_config(
-    workdir: Path, model: str, broker: str, port: int, protocol: str, key_file: Path,
-    public_file: Path,
-) -> Path:  # fmt: skip
+    workdir: Path, model: str, broker: DemoBroker, port: int, key_file: Path, public_file: Path
+) -> Path:
     config = workdir / "demo.toml"
     config.write_text(
-        f"[broker]\nurl = {_toml(broker)}\nclient_id = {_toml('livefit-' + model)}\n"
-        f'protocol = "{protocol}"\n'
+        f"[broker]\nurl = {_toml(broker.url)}\nclient_id = {_toml('livefit-' + model)}\n"
+        f'protocol = "{broker.protocol}"\n'
         "session_expiry_s = 0  # nothing left on a shared broker once the demo ends\n"
         f"[http]\nport = {port}\n[storage]\ndir = {_toml(workdir / 'data')}\n"
         f'[models.{model}]\nbuilder = "mlp"\ninput_shape = [{INPUT_DIM}]\noutput_shape = [1]\n'

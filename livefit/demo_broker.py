@@ -1,11 +1,12 @@
 """Which broker the demo uses (one given, one already on 127.0.0.1:1883, or one it starts:
 mosquitto, else an embedded amqtt), checked by connecting once as the learner will; and, on a
-broker it did not start, deleting the retained weights its learner left there.
+broker it did not start, deleting the retained weights its learner left there:
+``choose_broker`` and ``clear_retained``.
 """
 
 from __future__ import annotations
 
-import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,26 @@ from rich.console import Console
 
 from livefit.server.runtime.broker import ManagedBroker
 from livefit.server.runtime.local_process import free_port, is_listening
-from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.runtime.mosquitto import Mosquitto, find_mosquitto
 
-from .demo_stop import _Stop
+from .demo_stop import StopRequest
 
 
-def _broker(
-    url: str, workdir: Path, stop: _Stop, console: Console
-) -> tuple[str, str, ManagedBroker | None] | None:
-    """(URL, MQTT protocol, what to stop or None) of the broker to use; None (and why said)
-    if there is none to use."""
+@dataclass(frozen=True)
+class DemoBroker:
+    """The broker the demo uses: its URL, the MQTT version to speak to it, and the broker the
+    demo started (to stop at the end), or None for one it found running."""
+
+    url: str
+    protocol: str
+    managed: ManagedBroker | None
+
+
+def choose_broker(
+    url: str, workdir: Path, stop: StopRequest, console: Console
+) -> DemoBroker | None:
+    """The broker to use for ``--broker`` ``url`` (started in ``workdir`` and registered in
+    ``stop.children`` if the demo starts one); None (and why said) if there is none to use."""
     from livefit.server.mqtt.broker import (
         DEFAULT_HOST,
         DEFAULT_PORT,
@@ -48,12 +59,12 @@ def _broker(
         address = BrokerAddress(DEFAULT_HOST, DEFAULT_PORT)
         return _connect_once(str(address), address, "already running; the demo uses its own "
                              "topics", console)  # fmt: skip
-    if shutil.which("mosquitto"):
+    if find_mosquitto():
         child = Mosquitto(workdir / "mosquitto", persistence=False)
         stop.children.append(child)
         child.start()
         console.print(f"[bold]broker[/bold] {child.url} (mosquitto started for the demo)")
-        return child.url, child.protocol, child
+        return DemoBroker(child.url, child.protocol, child)
     try:
         embedded = EmbeddedAmqtt(port=free_port())
     except RuntimeError as exc:  # amqtt is not installed: say what to install
@@ -61,12 +72,10 @@ def _broker(
         return None
     address = BrokerAddress(DEFAULT_HOST, embedded.port)
     console.print(f"[bold]broker[/bold] {address} (embedded amqtt: MQTT 3.1.1, may lose samples)")
-    return str(address), embedded.protocol, embedded
+    return DemoBroker(str(address), embedded.protocol, embedded)
 
 
-def _connect_once(
-    url: str, address: Any, how: str, console: Console
-) -> tuple[str, str, ManagedBroker | None] | None:
+def _connect_once(url: str, address: Any, how: str, console: Console) -> DemoBroker | None:
     """Connect to a broker the demo did not start, as its learner will: MQTT 5, or 3.1.1
     where the broker does not speak 5; None (and the broker's reason said) if it refuses."""
     from livefit.server.config.sections import BrokerSettings
@@ -82,10 +91,10 @@ def _connect_once(
         return None
     speaks = "" if protocol == "5" else "; MQTT 3.1.1 only"
     console.print(f"[bold]broker[/bold] {address} ({how}{speaks})")  # no password shown
-    return url, protocol, None
+    return DemoBroker(url, protocol, None)
 
 
-def _clear_retained(broker: str, topic: str) -> None:
+def clear_retained(broker: str, topic: str) -> None:
     """Delete the retained weights the demo's learner left on a broker the demo did not start
     (an empty retained message deletes it), so the user's broker keeps nothing of the demo."""
     import paho.mqtt.client as mqtt

@@ -1,6 +1,7 @@
-"""The demo's traffic: a publisher thread streaming a learnable noisy linear function of
-``INPUT_DIM`` inputs to the model's topic, and a few asyncio clients sending TF Serving predict
-requests in a loop, counting latencies, errors and the versions that answered.
+"""The demo's traffic: a publisher thread (``PublisherThread``) streaming a learnable noisy
+linear function of ``INPUT_DIM`` inputs to the model's topic, and a few asyncio clients
+(``PredictionLoad``) sending TF Serving predict requests in a loop, counting latencies, errors
+and the versions that answered.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import numpy as np
 INPUT_DIM = 8
 
 
-class _Publisher(threading.Thread):
-    """Streams the synthetic function to the model's topic until ``done`` or the count."""
+class PublisherThread(threading.Thread):
+    """Streams the synthetic function to the model's topic, ``args.rate`` samples/s in messages
+    of ``args.batch``, for ``args.duration`` seconds or until ``done``; ``error`` says why it
+    stopped early, if it did."""
 
     def __init__(
         self, broker: str, protocol: str, model: str, args: argparse.Namespace,
@@ -53,8 +56,10 @@ class _Publisher(threading.Thread):
 
 
 @dataclass
-class _Predictor:
-    """A few asyncio clients sending TF-Serving predict requests in a loop, on a thread."""
+class PredictionLoad:
+    """``clients`` asyncio clients sending TF-Serving predict requests in a loop, on a thread of
+    their own between ``start`` and ``stop``; what they saw is in ``latencies`` (seconds, of
+    the answered requests), ``errors`` and ``versions``."""
 
     url: str
     model: str
@@ -66,11 +71,13 @@ class _Predictor:
     _thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Start the clients' thread."""
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True,
                                         name="demo-predictor")  # fmt: skip
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the clients and wait (5 s at most) for their thread."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -1,6 +1,7 @@
 """What the demo shows: the learner's /metrics and the replica's version read periodically
-(``_Progress``), a live table or a line every 5 s while it runs, and the final summary, which
-also says whether the model learned (the prequential loss fell).
+(``Progress``), a live table or a line every 5 s while it runs (``show_progress``), and the
+final summary (``print_summary``), which also says whether the model learned (the prequential
+loss fell).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from .demo_stop import _Stop
-from .demo_traffic import _Predictor, _Publisher
+from .demo_stop import StopRequest
+from .demo_traffic import PredictionLoad, PublisherThread
 
 
-class _Progress:
+class Progress:
     """Reads the learner's /metrics and keeps the first and latest readings."""
 
     def __init__(self, url: str, replica_url: str, model: str) -> None:
@@ -33,6 +34,8 @@ class _Progress:
         self.rates: dict[str, float] = {}
 
     def poll(self) -> None:
+        """Read the learner's metrics and the replica's version now (kept as they were when
+        either cannot be read)."""
         try:
             text = httpx.get(f"{self.url}/metrics", timeout=2).text
             replica = httpx.get(f"{self.replica_url}/v1/models/{self.model}", timeout=2).json()
@@ -68,6 +71,7 @@ class _Progress:
         return _rates(self.first, self.previous)
 
     def get(self, key: str) -> float:
+        """The latest reading of ``key`` (a sample name, summed over the model's series)."""
         return self.latest.get(key, 0.0)
 
     @property
@@ -79,6 +83,7 @@ class _Progress:
         return value
 
     def ratio(self, numerator: str, denominator: str) -> float:
+        """``numerator`` / ``denominator`` of the latest readings (a mean from a sum and count)."""
         return self.get(numerator) / max(self.get(denominator), 1.0)
 
 
@@ -101,7 +106,7 @@ def _loss_text(loss: float | None, digits: int = 5) -> str:
 
 
 def _table(
-    progress: _Progress, predictor: _Predictor, title: str, rates: dict[str, float] | None = None
+    progress: Progress, predictor: PredictionLoad, title: str, rates: dict[str, float] | None = None
 ) -> Table:
     """The demo's figures; ``rates`` replaces the live rates (the summary's whole-run ones)."""
     table = Table(title=title, show_header=False)
@@ -131,8 +136,12 @@ def _table(
     return table
 
 
-def _show(console: Console, progress: _Progress, predictor: _Predictor, duration: float,
-          stop: _Stop, live: bool) -> None:  # fmt: skip
+def show_progress(
+    console: Console, progress: Progress, predictor: PredictionLoad, duration: float,
+    stop: StopRequest, live: bool,
+) -> None:  # fmt: skip
+    """Poll ``progress`` and show it for ``duration`` seconds or until ``stop``: a live table
+    when ``live`` and the console is a terminal, else a line every 5 s."""
     started = time.monotonic()
     if live and console.is_terminal:
         with Live(console=console, refresh_per_second=4) as view:
@@ -156,9 +165,9 @@ def _show(console: Console, progress: _Progress, predictor: _Predictor, duration
         stop.wait(0.5)
 
 
-def _summary(
-    console: Console, progress: _Progress, predictor: _Predictor, elapsed: float,
-    publisher: _Publisher,
+def print_summary(
+    console: Console, progress: Progress, predictor: PredictionLoad, elapsed: float,
+    publisher: PublisherThread,
 ) -> bool:  # fmt: skip
     """Print the final table and a few lines (each under 80 columns); True if it learned."""
     progress.poll()

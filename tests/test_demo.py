@@ -2,12 +2,13 @@
 
 Ctrl-C (SIGINT) stops it within seconds with the summary so far and no traceback, leaving no
 child process and no temporary directory; SIGKILL of the demo takes its children with it; a
-broker URL where nothing listens fails at once.
+broker URL where nothing listens fails at once; Debian's mosquitto is found off a user's PATH.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import signal
@@ -21,9 +22,14 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from rich.console import Console
 
-from livefit.server.runtime.local_process import free_port
-from livefit.server.runtime.mosquitto import Mosquitto
+from livefit import demo_broker
+from livefit.demo_broker import choose_broker
+from livefit.demo_stop import StopRequest
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.runtime.local_process import free_port, is_listening
+from livefit.server.runtime.mosquitto import SBIN_DIRS, Mosquitto
 
 pytestmark = [
     pytest.mark.skipif(
@@ -232,6 +238,32 @@ def test_a_broker_url_where_nothing_listens_fails_at_once(
     assert f"nothing listens at 127.0.0.1:{port}" in demo.output
     assert "existing" not in demo.output and "Traceback" not in demo.output
     assert not list(tmp_path.glob("livefit-demo-*"))
+
+
+@pytest.mark.skipif(
+    not any(Path(folder, "mosquitto").exists() for folder in SBIN_DIRS),
+    reason="mosquitto is not installed in /usr/sbin or /usr/local/sbin here",
+)
+# amqtt's own, on import, should the demo wrongly fall back to it: the assertion says so instead
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_demo_starts_mosquitto_from_sbin_off_a_users_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debian puts mosquitto in /usr/sbin, which is not on a non-root user's PATH: the demo
+    must still start it rather than fall back to the embedded broker."""
+    # as on a fresh machine, whatever else on this one listens on 127.0.0.1:1883
+    monkeypatch.setattr(demo_broker, "is_listening", lambda *_, **__: False)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # a user's PATH, no mosquitto on it
+    said = io.StringIO()
+    broker = choose_broker("auto", tmp_path, StopRequest(), Console(file=said))
+    try:
+        assert broker is not None and broker.managed is not None, said.getvalue()
+        assert broker.managed.kind == "mosquitto", said.getvalue()
+        address = parse_broker_url(broker.url)
+        assert is_listening(address.host, address.port)
+    finally:
+        if broker is not None and broker.managed is not None:
+            broker.managed.stop()
 
 
 def test_demo_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:

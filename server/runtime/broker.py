@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import threading
 from pathlib import Path
 from typing import Protocol
 
 from ..mqtt.broker import DEFAULT_HOST, DEFAULT_PORT, BrokerAddress, parse_broker_url
 from .local_process import is_listening
-from .mosquitto import Mosquitto
+from .mosquitto import Mosquitto, find_mosquitto
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ def resolve_broker(
     if "existing" in allow and is_listening(address.host, address.port):
         log.info("broker: using the broker already listening on %s", address)
         return address, None
-    if "mosquitto" in allow and shutil.which("mosquitto"):
+    if "mosquitto" in allow and find_mosquitto():
         mosquitto = Mosquitto(storage_dir / "mosquitto", address.port, host=address.host)
         managed: ManagedBroker = mosquitto.start()
         log.info("broker: started mosquitto as a child process on %s (persistence on)", address)

@@ -1,4 +1,5 @@
-"""A mosquitto broker as a child process (``Mosquitto``): its config file, its port, restarts."""
+"""A mosquitto broker as a child process (``Mosquitto``): its config file, its port, restarts;
+and where its executable is (``find_mosquitto``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ from pathlib import Path
 from typing import Self
 
 from .local_process import LOOPBACK, LocalProcess, free_port, wait_listening
+
+# Debian installs the broker as /usr/sbin/mosquitto (/usr/local/sbin from source): off the PATH
+# of a user who is not root, who would otherwise fall back to the embedded broker.
+SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin")
+
+
+def find_mosquitto() -> str | None:
+    """The mosquitto executable: the one on PATH, else the one in /usr/sbin or /usr/local/sbin;
+    None when mosquitto is not installed."""
+    return shutil.which("mosquitto") or shutil.which("mosquitto", path=os.pathsep.join(SBIN_DIRS))
 
 
 class Mosquitto(LocalProcess):
@@ -31,14 +42,18 @@ class Mosquitto(LocalProcess):
         self, workdir: Path, port: int | None = None, *, host: str = LOOPBACK,
         persistence: bool = True, debian_defaults: bool = False, extra_config: str = "",
     ) -> None:  # fmt: skip
-        if shutil.which("mosquitto") is None:
-            raise RuntimeError("mosquitto is not on PATH (apt-get install mosquitto)")
+        executable = find_mosquitto()
+        if executable is None:
+            raise RuntimeError(
+                "mosquitto is not installed: not on PATH, in /usr/sbin or in /usr/local/sbin "
+                "(apt-get install mosquitto)"
+            )
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir, self.host, self.port = workdir, host, port or free_port(host)
         self.persistence, self.debian_defaults = persistence, debian_defaults
         self.extra_config = extra_config
         self.conf = workdir / "mosquitto.conf"
-        argv = ["mosquitto", "-c", str(self.conf)]
+        argv = [executable, "-c", str(self.conf)]
         super().__init__("mosquitto", argv, workdir / "mosquitto.log")
 
     @property
