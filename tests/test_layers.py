@@ -60,11 +60,6 @@ PRIVATE_IMPORTS_ALLOWED: dict[str, set[str]] = {
     },
     "livefit.demo_broker": {"_Stop"},
     "livefit.demo_view": {"_Predictor", "_Publisher", "_Stop"},
-    "livefit.server.http.early_admission": {"_DECIMAL"},
-    "livefit.server.http.predict_api": {"_format_tf", "_format_v2", "_parse_tf", "_parse_v2"},
-    "livefit.server.http.predict_handlers": {
-        "_DECIMAL", "_format_tf", "_format_v2", "_parse_tf", "_parse_v2", "_read_body", "_timeout_s",
-    },
     "livefit.server.runtime.learner": {"_remove_temporary_files"},
     "livefit.server.serve.batcher": {"_Pending"},
 }  # fmt: skip

@@ -22,7 +22,7 @@ from ..serve.admission import RESERVATION_KEY, retry_after
 from ..serve.metrics import ServingMetrics
 from ..serve.serving import ServedModel
 from .predict_handlers import PredictHandlers, Served
-from .predict_request import _DECIMAL, Guard
+from .predict_request import Guard, positive_decimal
 
 
 class EarlyAdmission:
@@ -86,10 +86,10 @@ class EarlyAdmission:
         authorized = self.token is None
         for field, value in headers:
             if field == b"x-deadline-ms":
-                text = value.decode("latin-1")
-                if not _DECIMAL.fullmatch(text) or not float(text) > 0:
+                deadline_ms = positive_decimal(value.decode("latin-1"))
+                if deadline_ms is None:
                     return None  # the app answers 400
-                timeout_s = min(timeout_s, float(text) / 1000.0)
+                timeout_s = min(timeout_s, deadline_ms / 1000.0)
             elif field == b"authorization" and self.token is not None:
                 scheme, _, given = value.partition(b" ")
                 authorized = scheme.lower() == b"bearer" and hmac.compare_digest(
