@@ -61,7 +61,6 @@ PRIVATE_IMPORTS_ALLOWED: dict[str, set[str]] = {
     "livefit.demo_broker": {"_Stop"},
     "livefit.demo_view": {"_Predictor", "_Publisher", "_Stop"},
     "livefit.server.runtime.learner": {"_remove_temporary_files"},
-    "livefit.server.serve.batcher": {"_Pending"},
 }  # fmt: skip
 
 

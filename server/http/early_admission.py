@@ -97,9 +97,9 @@ class EarlyAdmission:
                 )
         if not authorized:
             return None
-        refused = batcher.refusal(1, timeout_s)
+        refused = batcher.admission.refusal(1, timeout_s)
         if refused is None:
-            scope[RESERVATION_KEY] = batcher.reserve(1)
+            scope[RESERVATION_KEY] = batcher.admission.reserve(1)
             scope["path_params"] = {"name": model.name}
             return direct
         return self._refusal(model.name, refused)

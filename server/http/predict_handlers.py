@@ -191,7 +191,7 @@ def _shed_early(model: ServedModel, request: Request) -> Reservation | None:
     if deadline_ms is not None:  # invalid ones get their 400 later
         timeout_s = min(timeout_s, deadline_ms / 1000.0)
     try:
-        batcher.admit(1, timeout_s)
+        batcher.admission.admit(1, timeout_s)
     except QueueFull as exc:
         raise ApiError(429, str(exc), {"Retry-After": str(exc.retry_after_s)}) from None
-    return batcher.reserve(1, started=True)
+    return batcher.admission.reserve(1, started=True)
