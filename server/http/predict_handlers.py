@@ -4,7 +4,8 @@ and parse it, queue it on the model's batcher (``_run``), answer, and count and 
 request under its status.
 
 This module owns the handlers; the routes that call them are ``predict_api``'s and the early
-admission from the request head is ``early_admission``'s.
+admission from the request head is ``early_admission``'s, which hands each request it admits
+here with its ``Reservation``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..base.metrics import Metrics
-from ..serve.admission import RESERVATION_KEY, QueueFull, Reservation
+from ..serve.admission import QueueFull, Reservation
 from ..serve.batch_types import DeadlineExceeded
 from ..serve.metrics import ServingMetrics
 from ..serve.serving import NotReady, ServedModel
@@ -89,14 +90,16 @@ class PredictHandlers:
         return model
 
     async def predict(
-        self, request: Request, name: str, parse: Parser, fmt: Formatter
-    ) -> JSONResponse:
+        self, request: Request, name: str, parse: Parser, fmt: Formatter,
+        reservation: Reservation | None = None,
+    ) -> JSONResponse:  # fmt: skip
         """Answer one request and count it under its status, whatever happens: an exception
         nobody foresaw is a JSON 500, counted and logged in one line, never a bare
-        uvicorn 500 that no metric sees."""
+        uvicorn 500 that no metric sees. ``reservation``: the place the request holds since
+        it was admitted from its head (``EarlyAdmission``), given back here in any case."""
         started = time.perf_counter()
         try:
-            response = await self._answer(request, name, parse, fmt)
+            response = await self._answer(request, name, parse, fmt, reservation)
         except Exception as exc:
             log.error(
                 "prediction request for model %r failed unexpectedly: %s: %s",
@@ -109,9 +112,9 @@ class PredictHandlers:
         return response
 
     async def _answer(
-        self, request: Request, name: str, parse: Parser, fmt: Formatter
-    ) -> JSONResponse:
-        reservation: Reservation | None = request.scope.get(RESERVATION_KEY)
+        self, request: Request, name: str, parse: Parser, fmt: Formatter,
+        reservation: Reservation | None,
+    ) -> JSONResponse:  # fmt: skip
         if reservation is not None:
             reservation.start()  # admitted from its head; the event loop has reached it
         try:

@@ -42,7 +42,6 @@ AUTO_WAIT_BATCHES = 2.0  # max_queue_wait "auto": this many full-batch model cal
 AUTO_WAIT_FLOOR_S = 0.05  # ... but at least this: one batch cycle of HTTP work at capacity
 LAG_TICK_S = 0.005  # how often the event loop's lag is measured
 LAG_HALF_LIFE_S = 0.01  # a lag peak halves every 10 ms
-RESERVATION_KEY = "livefit.reservation"  # where a request's Reservation travels in its ASGI scope
 REFUSAL_REASONS = ("wait", "deadline", "rows")
 
 
