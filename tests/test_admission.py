@@ -256,17 +256,17 @@ def test_a_lagging_event_loop_counts_in_the_expected_wait() -> None:
             stuck = asyncio.create_task(batcher.submit(rows(4), 10))
             queued = asyncio.create_task(batcher.submit(rows(4), 10))  # the next batch, full
             await asyncio.sleep(0.02)
-            assert batcher.refusal(1, 10) is None  # busy, but the loop keeps up
+            assert batcher.admission.refusal(1, 10) is None  # busy, but the loop keeps up
             time.sleep(0.2)  # the loop is blocked (as by a burst of work) ...
             for _ in range(3):
                 await asyncio.sleep(0)  # ... and the lag watch runs, late
-            assert batcher.loop_lag_s > 0.1
-            refused = batcher.refusal(1, 10)
+            assert batcher.admission.loop_lag_s > 0.1
+            refused = batcher.admission.refusal(1, 10)
             assert refused is not None and refused[0] == "wait"
             model.gate.set()
             await asyncio.gather(stuck, queued)
             await asyncio.sleep(0.2)  # caught up: the lag fades
-            assert batcher.loop_lag_s < 0.05
+            assert batcher.admission.loop_lag_s < 0.05
 
     asyncio.run(main())
 
@@ -283,18 +283,19 @@ def test_reservations_count_until_the_request_is_queued() -> None:
             stuck = asyncio.create_task(batcher.submit(rows(4), 10))
             await asyncio.sleep(0.005)
             held: list[Reservation] = []
-            while batcher.refusal(1, 10) is None and len(held) < 100:
-                held.append(batcher.reserve(1))
+            while batcher.admission.refusal(1, 10) is None and len(held) < 100:
+                held.append(batcher.admission.reserve(1))
             assert 0 < len(held) < 100  # bounded by the wait, in reserved rows alone
-            assert batcher.expected_wait(0)[0] > 0.025
+            assert batcher.admission.expected_wait(0)[0] > 0.025
             for reservation in held:
                 reservation.release()
                 reservation.release()  # idempotent
             model.gate.set()
             await stuck
-            assert batcher.refusal(1, 10) is None and batcher._reserved == 0
-            done = await batcher.submit(rows(1), 10, batcher.reserve(1))
-            assert done.outputs.shape == (1, 1) and batcher._reserved == 0
+            admission = batcher.admission
+            assert admission.refusal(1, 10) is None and admission.reserved_rows == 0
+            done = await batcher.submit(rows(1), 10, batcher.admission.reserve(1))
+            assert done.outputs.shape == (1, 1) and batcher.admission.reserved_rows == 0
 
     asyncio.run(main())
 
@@ -312,12 +313,12 @@ def test_a_request_that_fits_in_the_next_batch_is_refused_only_for_its_deadline(
             await asyncio.sleep(0.05)  # far past the 1 ms bound
             waiting = [asyncio.create_task(batcher.submit(rows(1), 10)) for _ in range(3)]
             await asyncio.sleep(0)
-            assert batcher.refusal(1, 10) is None  # the 4th row of the next batch
-            assert batcher.refusal(1, 0.001) == ("deadline", pytest.approx(0.05, abs=0.05),
-                                                 0.001)  # fmt: skip
+            assert batcher.admission.refusal(1, 10) is None  # the 4th row of the next batch
+            deadline = ("deadline", pytest.approx(0.05, abs=0.05), 0.001)
+            assert batcher.admission.refusal(1, 0.001) == deadline
             last = asyncio.create_task(batcher.submit(rows(1), 10))
             await asyncio.sleep(0)
-            assert batcher.refusal(1, 10) is not None  # a 5th row would wait a batch more
+            assert batcher.admission.refusal(1, 10) is not None  # a 5th row would wait a batch more
             model.gate.set()
             await asyncio.gather(stuck, *waiting, last)
 

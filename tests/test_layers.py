@@ -51,25 +51,7 @@ VERSION_ROOT = "livefit"
 # #27, "one concept, one module") empty this list; it may only shrink: an entry that no longer
 # happens fails too.
 PRIVATE_IMPORTS_ALLOWED: dict[str, set[str]] = {
-    "livefit.server.http.early_admission": {"_DECIMAL"},
-    "livefit.server.http.oip": {
-        "_bad", "_checked_outputs", "_encodable", "_json_values", "_load_object", "_oip_rows",
-        "_parameters", "_quoted", "_row_ids", "_tensor_parameters",
-    },
-    "livefit.server.http.oip_tensors": {
-        "_BINARY_HINT", "_bad", "_batch_size", "_check_rows", "_expected", "_json_array",
-        "_to_float32",
-    },
-    "livefit.server.http.predict_api": {"_format_tf", "_format_v2", "_parse_tf", "_parse_v2"},
-    "livefit.server.http.predict_handlers": {
-        "_DECIMAL", "_format_tf", "_format_v2", "_parse_tf", "_parse_v2", "_read_body", "_timeout_s",
-    },
-    "livefit.server.http.tfserving": {
-        "_bad", "_batch_size", "_check_rows", "_checked_outputs", "_expected", "_json_array",
-        "_json_values", "_load_object", "_row_ids", "_to_float32",
-    },
     "livefit.server.runtime.learner": {"_remove_temporary_files"},
-    "livefit.server.serve.batcher": {"_Pending"},
 }  # fmt: skip
 
 

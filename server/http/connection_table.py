@@ -8,20 +8,17 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .connection_limits import CLOSE_REASONS, ConnectionLimits
 from .metrics import HttpMetrics
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp
-
     from ..base.metrics import Metrics
     from .connections import LimitedHttpProtocol
+    from .early_admission import AdmittedRequest
 
-Admission = Callable[
-    [bytes, bytes, list[tuple[bytes, bytes]], dict[str, Any]], "bytes | ASGIApp | None"
-]
+Admission = Callable[[bytes, bytes, list[tuple[bytes, bytes]]], "bytes | AdmittedRequest | None"]
 
 
 class ConnectionTable:
@@ -32,8 +29,9 @@ class ConnectionTable:
     (uvicorn arms and cancels one per request): under overload the server handles thousands
     of requests a second, and the timers cost more than the refusals. A timeout therefore
     acts up to a sweep interval late (a quarter of the shortest timeout, at most 0.5 s).
-    ``admission(method, url, headers, scope)`` answers a request from its head alone (a whole
-    response) or returns None."""
+    ``admission(method, url, headers)`` answers a request from its head alone (a whole
+    response), admits it (the app that serves it, with its place in its model's queue) or
+    returns None."""
 
     def __init__(
         self, limits: ConnectionLimits, metrics: Metrics | None = None,

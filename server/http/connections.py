@@ -24,7 +24,8 @@ So livefit runs uvicorn with its own subclass of uvicorn's httptools protocol (i
   (``early_admission.EarlyAdmission``) is answered 429 as soon as its head has arrived, without
   the ASGI app; its body is read and dropped (within ``http.body_timeout_s``) and the
   connection kept alive. An admitted one holds its place in the model's queue and goes
-  straight to its endpoint.
+  straight to its endpoint (an ``AdmittedRequest``); the connection gives that place back
+  when it closes or the response completes, should the endpoint not have.
 * **Connection cap** (``http.max_connections``, lowered to fit the process's descriptor limit).
   At the cap, a new connection takes the place of the oldest *evictable* one, one that has no
   request in progress: idle between requests, or still sending its head (as nginx reuses idle
@@ -45,7 +46,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ..serve.admission import RESERVATION_KEY
 from .connection_limits import (
     ConnectionLimits,
     close_response,
@@ -54,6 +54,7 @@ from .connection_table import ConnectionTable
 
 if TYPE_CHECKING:
     from ..config.sections import HttpSettings
+    from ..serve.admission import Reservation
 
 NO_DEADLINE = math.inf
 HEAD, DRAIN, IDLE = 1, 2, 3  # what a connection's deadline is for
@@ -83,6 +84,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._refused = False
         self._discard = False  # the request was answered by us: ignore the rest of it
         self._chunk = 0  # bytes of the read being parsed
+        self._reservation: Reservation | None = None  # of the request admitted from its head
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -96,8 +98,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.deadline = NO_DEADLINE
         self.table.closed(self)
-        if self.cycle is not None:
-            _release(self.cycle.scope)
+        self._release()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -136,12 +137,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             and not self.pipeline
             and not self.flow.write_paused
         ):
-            scope: dict[str, Any] = self.scope  # type: ignore[assignment]
-            answer = admission(self.parser.get_method(), self.url, self.headers, scope)
+            answer = admission(self.parser.get_method(), self.url, self.headers)
             if isinstance(answer, bytes):
                 self._answer_from_head(answer)
                 return
             if answer is not None:  # admitted: straight to the prediction endpoint
+                self._reservation = answer.reservation
                 app, self.app = self.app, answer
                 try:
                     super().on_headers_complete()
@@ -183,7 +184,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         """uvicorn's, with the keep-alive timeout as a deadline for the sweep, not a timer."""
-        _release(self.cycle.scope)  # the app gave it back already, unless it failed early
+        self._release()  # the app gave it back already, unless it failed early
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
@@ -223,6 +224,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._expiry = expiry
         self.deadline = time.monotonic() + seconds
 
+    def _release(self) -> None:
+        """Give back the place of the request admitted from its head, if not done yet."""
+        reservation, self._reservation = self._reservation, None
+        if reservation is not None:
+            reservation.release()
+
     def _close(self, reason: str, response: bytes) -> None:
         """Answer ``response`` (unless another response is under way) and close."""
         self._head_bytes = -1
@@ -233,12 +240,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if response and (self.cycle is None or self.cycle.response_complete):
             self.transport.write(response)
         self.transport.close()
-
-
-def _release(scope: Any) -> None:
-    reservation = scope.get(RESERVATION_KEY)
-    if reservation is not None:
-        reservation.release()
 
 
 def protocol_class(http: HttpSettings, runtime: Any = None) -> type[asyncio.Protocol]:

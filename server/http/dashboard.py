@@ -8,7 +8,7 @@ Content-Security-Policy that blocks every other origin) so it works offline. It 
 readiness's (a broker unreachable or refusing, no weights yet...), shown in the status line.
 
 This module owns the routes and the headers they send; the numbers come from
-``dashboard_stats`` and the page from ``dashboard_page`` (``render_page`` is re-exported).
+``dashboard_stats`` and the page from ``dashboard_page``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,64 @@
 """Early admission: a prediction request refused from its head alone, at the HTTP protocol
 level, with a prepared 429; an admitted one sent straight to its endpoint
-(``EarlyAdmission``, called by ``connections``).
+(``EarlyAdmission``, called by ``connections``), as an ``AdmittedRequest`` that carries the
+place it holds in its model's queue.
 
 This module owns that fast path; what it serves an admitted request with is
-``predict_handlers``'s ``PredictHandlers``, and the refusal decision is the batcher's.
+``predict_handlers``'s ``PredictHandlers``, and the refusal decision is the batcher's
+``AdmissionControl``'s.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from ..base.metrics import Metrics
-from ..serve.admission import RESERVATION_KEY, retry_after
+from ..serve.admission import Reservation, retry_after
 from ..serve.metrics import ServingMetrics
 from ..serve.serving import ServedModel
 from .predict_handlers import PredictHandlers, Served
-from .predict_request import _DECIMAL, Guard
+from .predict_request import (
+    Formatter,
+    Guard,
+    Parser,
+    format_tf,
+    format_v2,
+    parse_tf,
+    parse_v2,
+    positive_decimal,
+)
+
+
+class AdmittedRequest:
+    """The ASGI app that serves one prediction request admitted from its head: the endpoint
+    the app would route it to, for model ``name``, with the place it holds in the model's
+    queue (``reservation``). The handler gives the place back once the request is queued or
+    ends; the connection does too when it closes or its response completes, should the
+    handler never have run (``release`` is idempotent)."""
+
+    __slots__ = ("format", "handlers", "name", "parse", "reservation")
+
+    def __init__(
+        self, handlers: PredictHandlers, name: str, parse: Parser, fmt: Formatter,
+        reservation: Reservation,
+    ) -> None:  # fmt: skip
+        self.handlers = handlers
+        self.name = name
+        self.parse = parse
+        self.format = fmt
+        self.reservation = reservation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        response = await self.handlers.predict(
+            request, self.name, self.parse, self.format, self.reservation
+        )
+        await response(scope, receive, send)
 
 
 class EarlyAdmission:
@@ -53,25 +89,26 @@ class EarlyAdmission:
         metrics.group(ServingMetrics)
         # The same endpoints the app routes to (its own instance), called without the app's
         # middleware and routing: an admitted prediction's ASGI work drops by about half.
-        handlers = PredictHandlers(served, metrics, guard, body_timeout_s)
-        self._direct = (_endpoint_app(handlers.serve_tf), _endpoint_app(handlers.serve_v2))
+        self._handlers = PredictHandlers(served, metrics, guard, body_timeout_s)
         self._counted: dict[str, Any] = {}
         self._answers: dict[tuple[str, str, int], bytes] = {}
         self._models: dict[bytes, ServedModel] = {}
 
     def __call__(
-        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], scope: dict[str, Any]
-    ) -> bytes | ASGIApp | None:
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> bytes | AdmittedRequest | None:
         """The whole 429 response to send; or the ASGI app that serves this admitted
-        request, its place held (a ``Reservation`` in ``scope``) until it reaches the queue or
-        ends; or None to let the whole app handle the request."""
+        request, its place held (its ``reservation``) until it reaches the queue or ends; or
+        None to let the whole app handle the request."""
         if method != b"POST":
             return None
         path = url.partition(b"?")[0]
+        parse: Parser
+        fmt: Formatter
         if path.startswith(b"/v1/models/") and path.endswith(b":predict"):
-            name, direct = path[11:-8], self._direct[0]
+            name, parse, fmt = path[11:-8], parse_tf, format_tf
         elif path.startswith(b"/v2/models/") and path.endswith(b"/infer"):
-            name, direct = path[11:-6], self._direct[1]
+            name, parse, fmt = path[11:-6], parse_v2, format_v2
         else:
             return None
         model = self._models.get(name)
@@ -86,10 +123,10 @@ class EarlyAdmission:
         authorized = self.token is None
         for field, value in headers:
             if field == b"x-deadline-ms":
-                text = value.decode("latin-1")
-                if not _DECIMAL.fullmatch(text) or not float(text) > 0:
+                deadline_ms = positive_decimal(value.decode("latin-1"))
+                if deadline_ms is None:
                     return None  # the app answers 400
-                timeout_s = min(timeout_s, float(text) / 1000.0)
+                timeout_s = min(timeout_s, deadline_ms / 1000.0)
             elif field == b"authorization" and self.token is not None:
                 scheme, _, given = value.partition(b" ")
                 authorized = scheme.lower() == b"bearer" and hmac.compare_digest(
@@ -97,11 +134,10 @@ class EarlyAdmission:
                 )
         if not authorized:
             return None
-        refused = batcher.refusal(1, timeout_s)
+        admission = batcher.admission
+        refused = admission.refusal(1, timeout_s)
         if refused is None:
-            scope[RESERVATION_KEY] = batcher.reserve(1)
-            scope["path_params"] = {"name": model.name}
-            return direct
+            return AdmittedRequest(self._handlers, model.name, parse, fmt, admission.reserve(1))
         return self._refusal(model.name, refused)
 
     def _refusal(self, name: str, refused: tuple[str, float, float]) -> bytes:
@@ -119,17 +155,6 @@ class EarlyAdmission:
             ).predict_requests.labels(model=name, code="429")
         counted.inc()  # not timed: livefit_predict_latency_seconds times what the app answers
         return answer
-
-
-def _endpoint_app(endpoint: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
-    """``endpoint`` as a bare ASGI app (it answers every error itself, as JSON)."""
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive, send)
-        response = await endpoint(request)
-        await response(scope, receive, send)
-
-    return app
 
 
 _REFUSAL_TEXT = {

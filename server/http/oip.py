@@ -1,27 +1,26 @@
 """The Open Inference Protocol (KServe v2): parse an ``/infer`` body holding the model's one
 input tensor (JSON data or the binary-data extension), format the infer response, and the model
 metadata and Triton-style config answers. Pure functions, no I/O; the tensor's data is decoded
-by ``oip_tensors``.
+by ``oip_tensors``, the parts both protocols share are ``protocol_common``'s.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .oip_tensors import _oip_rows, _parameters, _tensor_parameters
+from .oip_tensors import BINARY_HINT, optional_object, tensor_parameters, tensor_rows
 from .protocol_common import (
     ParsedRequest,
-    _bad,
-    _checked_outputs,
-    _encodable,
-    _json_values,
-    _load_object,
-    _quoted,
-    _row_ids,
+    bad_request,
+    checked_outputs,
+    json_values,
+    load_object,
+    row_ids,
 )
 
 PLATFORM = "livefit-keras"
@@ -46,15 +45,15 @@ def parse_oip(
     whole body is JSON.
     """
     header, binary = _split_body(body, header_length)
-    document = _load_object(header, binary_hint=header_length is None)
+    document = load_object(header, BINARY_HINT if header_length is None else "")
     tensor = _single_input(document.get("inputs"), input_name)
     output_names = _requested_outputs(document.get("outputs"), output_name)
-    rows = _oip_rows(tensor, tuple(input_shape), max_rows, binary)
+    rows = tensor_rows(tensor, tuple(input_shape), max_rows, binary)
     if tensor["name"] != input_name:
-        raise _bad(
+        raise bad_request(
             f'unknown input {_quoted(tensor["name"])}; the model has one input, "{input_name}"'
         )
-    parameters = _parameters(document.get("parameters"), "parameters")
+    parameters = optional_object(document.get("parameters"), "parameters")
     return ParsedRequest(
         rows=rows,
         protocol="oip",
@@ -62,7 +61,7 @@ def parse_oip(
         request_id=_request_id(document),
         output_names=output_names,
         parameters=parameters,
-        ids=_row_ids(parameters.get("ids"), len(rows), "parameters.ids"),
+        ids=row_ids(parameters.get("ids"), len(rows), "parameters.ids"),
     )
 
 
@@ -81,12 +80,12 @@ def format_oip(
     """
     if parsed.output_names:
         _check_output_names(parsed.output_names, output_name)
-    data = _checked_outputs(parsed, outputs)
+    data = checked_outputs(parsed, outputs)
     tensor = {
         "name": output_name,
         "shape": list(data.shape),
         "datatype": "FP32",
-        "data": _json_values(data.reshape(-1)),
+        "data": json_values(data.reshape(-1)),
     }
     request_id = parsed.request_id if parsed.request_id is not None else uuid.uuid4().hex
     answer: dict[str, Any] = {
@@ -156,7 +155,7 @@ def _split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryvi
     if header_length is None:
         return body, memoryview(b"")
     if not 0 <= header_length <= len(body):
-        raise _bad(
+        raise bad_request(
             f"Inference-Header-Content-Length is {header_length}, "
             f"but the body has {len(body)} bytes"
         )
@@ -166,26 +165,26 @@ def _split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryvi
 def _request_id(document: dict[str, Any]) -> str | None:
     value = document.get("id")
     if value is not None and not isinstance(value, str):
-        raise _bad('"id" must be a string')
+        raise bad_request('"id" must be a string')
     if value is not None and not _encodable(value):  # echoed in the response
-        raise _bad('"id" must be valid Unicode text (it holds a lone surrogate)')
+        raise bad_request('"id" must be valid Unicode text (it holds a lone surrogate)')
     return value
 
 
 def _single_input(inputs: Any, input_name: str) -> dict[str, Any]:
     if not isinstance(inputs, list) or not inputs:
-        raise _bad('"inputs" must be a non-empty list of tensors')
+        raise bad_request('"inputs" must be a non-empty list of tensors')
     if len(inputs) > 1:
         names = [t.get("name") if isinstance(t, dict) else None for t in inputs]
-        raise _bad(
+        raise bad_request(
             f'the model has one input ("{input_name}"), but the request sends '
             f"{len(inputs)}: {names}; send one tensor"
         )
     tensor = inputs[0]
     if not isinstance(tensor, dict):
-        raise _bad('inputs[0] must be an object with "name", "shape", "datatype" and "data"')
+        raise bad_request('inputs[0] must be an object with "name", "shape", "datatype" and "data"')
     if not isinstance(tensor.get("name"), str):
-        raise _bad(f'inputs[0].name must be a string, e.g. "{input_name}"')
+        raise bad_request(f'inputs[0].name must be a string, e.g. "{input_name}"')
     return tensor
 
 
@@ -195,9 +194,9 @@ def _requested_outputs(outputs: Any, output_name: str) -> list[str] | None:
     if not isinstance(outputs, list) or not all(
         isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
     ):
-        raise _bad('"outputs" must be a list of objects with a "name"')
+        raise bad_request('"outputs" must be a list of objects with a "name"')
     for i, requested in enumerate(outputs):
-        _tensor_parameters(requested.get("parameters"), f"outputs[{i}].parameters")
+        tensor_parameters(requested.get("parameters"), f"outputs[{i}].parameters")
     names = [o["name"] for o in outputs]
     _check_output_names(names, output_name)
     return names or None
@@ -207,4 +206,19 @@ def _check_output_names(names: list[str], output_name: str) -> None:
     unknown = sorted(set(names) - {output_name})
     if unknown:
         shown = ", ".join(_quoted(name) for name in unknown)
-        raise _bad(f'unknown output {shown}; the model has one output, "{output_name}"')
+        raise bad_request(f'unknown output {shown}; the model has one output, "{output_name}"')
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` can go into a UTF-8 response (JSON escapes may make lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _quoted(text: str, limit: int = 80) -> str:
+    """``text`` for an error message: JSON-quoted, ASCII only, cut at ``limit`` characters."""
+    shown = json.dumps(text[:limit])
+    return shown if len(text) <= limit else shown[:-1] + '..."'

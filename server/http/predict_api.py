@@ -15,7 +15,7 @@ in one line. A client that goes away before its body arrived is counted under ``
 This module owns the routes (``build_predict_router``, one helper per protocol) and the
 model-metadata answers; what a request's parts mean is ``predict_request``'s, what the
 prediction routes do ``predict_handlers``'s, and the refusal from the request head
-``early_admission``'s. The names other modules import from here are re-exported.
+``early_admission``'s.
 """
 
 from __future__ import annotations
@@ -41,14 +41,7 @@ from .openapi_docs import (
     predict_openapi,
 )
 from .predict_handlers import PredictHandlers, Served
-from .predict_request import (
-    Guard,
-    _format_tf,
-    _format_v2,
-    _parse_tf,
-    _parse_v2,
-    error_response,
-)
+from .predict_request import Guard, error_response, format_tf, format_v2, parse_tf, parse_v2
 from .tfserving import tfserving_model_status
 
 
@@ -86,7 +79,7 @@ def _tfserving_routes(router: APIRouter, handlers: PredictHandlers) -> None:
     )
     async def tfserving_predict(name: str, request: Request) -> JSONResponse:
         """TensorFlow Serving REST predict (row ``instances`` or column ``inputs`` format)."""
-        return await handlers.predict(request, name, _parse_tf, _format_tf)
+        return await handlers.predict(request, name, parse_tf, format_tf)
 
     @router.get("/v1/models/{name}")
     async def tfserving_status(name: str, request: Request) -> JSONResponse:
@@ -106,7 +99,7 @@ def _oip_routes(router: APIRouter, handlers: PredictHandlers) -> None:
     )
     async def oip_infer(name: str, request: Request) -> JSONResponse:
         """Open Inference Protocol v2 inference (KServe v2, Triton)."""
-        return await handlers.predict(request, name, _parse_v2, _format_v2)
+        return await handlers.predict(request, name, parse_v2, format_v2)
 
     @router.get("/v2/models/{name}")
     async def oip_metadata(name: str, request: Request) -> JSONResponse:

@@ -4,8 +4,8 @@ and parse it, queue it on the model's batcher (``_run``), answer, and count and 
 request under its status.
 
 This module owns the handlers; the routes that call them are ``predict_api``'s and the early
-admission from the request head is ``early_admission``'s. Its log lines keep the
-``predict_api`` logger's name.
+admission from the request head is ``early_admission``'s, which hands each request it admits
+here with its ``Reservation``.
 """
 
 from __future__ import annotations
@@ -19,24 +19,24 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..base.metrics import Metrics
-from ..serve.admission import RESERVATION_KEY, QueueFull, Reservation
+from ..serve.admission import QueueFull, Reservation
 from ..serve.batch_types import DeadlineExceeded
 from ..serve.metrics import ServingMetrics
 from ..serve.serving import NotReady, ServedModel
 from .predict_request import (
-    _DECIMAL,
     DEADLINE_HEADER,
     ApiError,
     Formatter,
     Guard,
     Parser,
-    _format_tf,
-    _format_v2,
-    _parse_tf,
-    _parse_v2,
-    _read_body,
-    _timeout_s,
+    deadline_s,
     error_response,
+    format_tf,
+    format_v2,
+    parse_tf,
+    parse_v2,
+    positive_decimal,
+    read_body,
 )
 from .protocol_common import ParsedRequest, RequestError
 
@@ -90,14 +90,16 @@ class PredictHandlers:
         return model
 
     async def predict(
-        self, request: Request, name: str, parse: Parser, fmt: Formatter
-    ) -> JSONResponse:
+        self, request: Request, name: str, parse: Parser, fmt: Formatter,
+        reservation: Reservation | None = None,
+    ) -> JSONResponse:  # fmt: skip
         """Answer one request and count it under its status, whatever happens: an exception
         nobody foresaw is a JSON 500, counted and logged in one line, never a bare
-        uvicorn 500 that no metric sees."""
+        uvicorn 500 that no metric sees. ``reservation``: the place the request holds since
+        it was admitted from its head (``EarlyAdmission``), given back here in any case."""
         started = time.perf_counter()
         try:
-            response = await self._answer(request, name, parse, fmt)
+            response = await self._answer(request, name, parse, fmt, reservation)
         except Exception as exc:
             log.error(
                 "prediction request for model %r failed unexpectedly: %s: %s",
@@ -110,9 +112,9 @@ class PredictHandlers:
         return response
 
     async def _answer(
-        self, request: Request, name: str, parse: Parser, fmt: Formatter
-    ) -> JSONResponse:
-        reservation: Reservation | None = request.scope.get(RESERVATION_KEY)
+        self, request: Request, name: str, parse: Parser, fmt: Formatter,
+        reservation: Reservation | None,
+    ) -> JSONResponse:  # fmt: skip
         if reservation is not None:
             reservation.start()  # admitted from its head; the event loop has reached it
         try:
@@ -120,9 +122,9 @@ class PredictHandlers:
             if reservation is None:  # not admitted from its head (server/http/connections.py)
                 reservation = _shed_early(model, request)
             limit = model.settings.serve.max_request_bytes
-            body = await _read_body(request, limit, self.body_timeout_s)
+            body = await read_body(request, limit, self.body_timeout_s)
             parsed = parse(body, model, request)
-            timeout_s = _timeout_s(request, parsed, model)
+            timeout_s = deadline_s(request, parsed, model)
             outputs, version = await _run(model, parsed, timeout_s, reservation)
             if parsed.ids is not None and model.recorder is not None:
                 model.recorder.record(parsed.ids, parsed.rows, outputs, version)
@@ -148,10 +150,12 @@ class PredictHandlers:
         return answer(model)
 
     async def serve_tf(self, request: Request) -> Response:
-        return await self.predict(request, request.path_params["name"], _parse_tf, _format_tf)
+        """The TF Serving ``:predict`` route's endpoint (the model named in the path)."""
+        return await self.predict(request, request.path_params["name"], parse_tf, format_tf)
 
     async def serve_v2(self, request: Request) -> Response:
-        return await self.predict(request, request.path_params["name"], _parse_v2, _format_v2)
+        """The OIP ``/infer`` route's endpoint (the model named in the path)."""
+        return await self.predict(request, request.path_params["name"], parse_v2, format_v2)
 
 
 async def _run(
@@ -186,10 +190,11 @@ def _shed_early(model: ServedModel, request: Request) -> Reservation | None:
         return None
     timeout_s = model.settings.serve.default_deadline_ms / 1000.0
     header = request.headers.get(DEADLINE_HEADER)
-    if header is not None and _DECIMAL.fullmatch(header) and float(header) > 0:
-        timeout_s = min(timeout_s, float(header) / 1000.0)  # invalid ones get their 400 later
+    deadline_ms = positive_decimal(header) if header is not None else None
+    if deadline_ms is not None:  # invalid ones get their 400 later
+        timeout_s = min(timeout_s, deadline_ms / 1000.0)
     try:
-        batcher.admit(1, timeout_s)
+        batcher.admission.admit(1, timeout_s)
     except QueueFull as exc:
         raise ApiError(429, str(exc), {"Retry-After": str(exc.retry_after_s)}) from None
-    return batcher.reserve(1, started=True)
+    return batcher.admission.reserve(1, started=True)

@@ -4,8 +4,8 @@
 TF Serving and OIP parse and format steps over ``tfserving`` and ``oip``.
 
 This module owns those steps and the constants they use; ``predict_handlers`` puts them
-together, and ``predict_api`` re-exports the names other modules import. Its log lines keep
-the ``predict_api`` logger's name.
+together, ``predict_api`` routes to them and ``early_admission`` reads the deadline header by
+the same rule (``positive_decimal``).
 """
 
 from __future__ import annotations
@@ -58,18 +58,31 @@ def error_response(
     return JSONResponse({"error": safe}, status_code=status, headers=headers)
 
 
-def _parse_tf(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
+def positive_decimal(text: str) -> float | None:
+    """``text`` as a positive number when it is a decimal in ASCII digits (as the
+    ``X-Deadline-Ms`` header must be), else None."""
+    if not _DECIMAL.fullmatch(text):
+        return None
+    number = float(text)
+    return number if number > 0 else None
+
+
+def parse_tf(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
+    """The TF Serving ``Parser``: a ``:predict`` body for ``model``."""
     s = model.settings
     return parse_tfserving(body, s.input_shape, s.serve.max_request_rows)
 
 
-def _format_tf(
+def format_tf(
     parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
 ) -> dict[str, Any]:
+    """The TF Serving ``Formatter``: the ``:predict`` answer."""
     return format_tfserving(parsed, outputs, version)
 
 
-def _parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
+def parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
+    """The OIP ``Parser``: an ``/infer`` body for ``model``, its binary part split off by the
+    Inference-Header-Content-Length header."""
     s = model.settings
     header = request.headers.get(OIP_HEADER_LENGTH)
     if header is not None and not _BYTE_COUNT.fullmatch(header):
@@ -86,13 +99,14 @@ def _parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedReques
     )
 
 
-def _format_v2(
+def format_v2(
     parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
 ) -> dict[str, Any]:
+    """The OIP ``Formatter``: the ``/infer`` answer."""
     return format_oip(parsed, outputs, model.name, version)
 
 
-async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The body, refused with 413 past ``limit`` bytes and 408 when it trickles in too slowly."""
     declared = request.headers.get("content-length")
     if declared is not None and _BYTE_COUNT.fullmatch(declared) and int(declared) > limit:
@@ -113,7 +127,7 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
-def _timeout_s(request: Request, parsed: ParsedRequest, model: ServedModel) -> float:
+def deadline_s(request: Request, parsed: ParsedRequest, model: ServedModel) -> float:
     """The request's deadline: the model default, shortened by X-Deadline-Ms or OIP ``timeout``.
 
     Like Triton, a request may only shorten the configured default, never lengthen it.

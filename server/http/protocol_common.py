@@ -1,6 +1,8 @@
 """What both prediction protocols share: the parsed request (``ParsedRequest``), the error a
-client gets (``RequestError``, 400 or 413), and the pure helpers that read a JSON body into
-finite float32 rows and turn outputs back into JSON (``null`` for non-finite values).
+client gets (``RequestError``, 400 or 413: ``bad_request``, ``check_rows``), and the pure
+helpers that read a JSON body into finite float32 rows (``load_object``, ``json_array``,
+``to_float32``, ``batch_size``, ``row_ids``) and turn outputs back into JSON
+(``checked_outputs``, ``json_values``: ``null`` for non-finite values).
 
 Pure functions, no I/O. ``tfserving``, ``oip`` and ``oip_tensors`` build on it.
 """
@@ -19,9 +21,6 @@ from ..wire.label_ids import IdError, RowId, check_ids
 Protocol = Literal["tfserving", "oip"]
 TfFormat = Literal["row", "col"]
 MAX_RANK = 32  # dimensions of a request's array at most (numpy's own limit is 64)
-_BINARY_HINT = (
-    "; binary tensor data after the JSON needs the Inference-Header-Content-Length header"
-)
 
 
 class RequestError(Exception):
@@ -48,62 +47,68 @@ class ParsedRequest:
     ids: list[RowId] | None = None  # one per row, for delayed labels; echoed in the response
 
 
-def _row_ids(value: Any, rows: int, where: str) -> list[RowId] | None:
+def row_ids(value: Any, rows: int, where: str) -> list[RowId] | None:
     """Per-row ids (delayed labels): absent, or one distinct valid id per row."""
     if value is None:
         return None
     try:
         return check_ids(value, rows, where)
     except IdError as exc:
-        raise _bad(str(exc)) from None
+        raise bad_request(str(exc)) from None
 
 
-def _bad(message: str) -> RequestError:
+def bad_request(message: str) -> RequestError:
+    """The 400 a request gets for ``message`` (to raise)."""
     return RequestError(400, message)
 
 
-def _check_rows(n: int, max_rows: int) -> None:
+def check_rows(n: int, max_rows: int) -> None:
+    """413 when a request holds ``n`` examples, more than ``max_rows``."""
     if n > max_rows:
         raise RequestError(413, f"{n} examples in one request; at most {max_rows} are allowed")
 
 
-def _load_object(body: bytes, binary_hint: bool = False) -> dict[str, Any]:
+def load_object(body: bytes, extra_data_hint: str = "") -> dict[str, Any]:
     """The body's JSON object. NaN and Infinity tokens parse (TF Serving's JSON allows them);
-    the values are refused later, with a message about the values."""
+    the values are refused later, with a message about the values. ``extra_data_hint`` ends
+    the message when the JSON is followed by more data or is not UTF-8 (for OIP: binary data
+    sent without its header)."""
     try:
         document = json.loads(body)
     except RecursionError:
-        raise _bad("the JSON body is nested too deeply") from None
+        raise bad_request("the JSON body is nested too deeply") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         extra = isinstance(exc, UnicodeDecodeError) or exc.msg == "Extra data"
-        hint = _BINARY_HINT if binary_hint and extra else ""
-        raise _bad(f"the body is not valid JSON ({exc}){hint}") from None
+        hint = extra_data_hint if extra else ""
+        raise bad_request(f"the body is not valid JSON ({exc}){hint}") from None
     except ValueError as exc:  # Python's limit on the digits of an integer read from text
         reason = str(exc).split(";")[0]
-        raise _bad(f"the body holds a number too long to read ({reason}); send numbers") from None
+        raise bad_request(
+            f"the body holds a number too long to read ({reason}); send numbers"
+        ) from None
     if not isinstance(document, dict):
-        raise _bad(f"the body must be a JSON object, not {_json_type(document)}")
+        raise bad_request(f"the body must be a JSON object, not {_json_type(document)}")
     return document
 
 
-def _json_array(value: Any, where: str, mixed_bools: str) -> np.ndarray:
+def json_array(value: Any, where: str, mixed_bools: str) -> np.ndarray:
     """An array of the JSON values in ``value`` (any numeric or bool dtype); 400 otherwise.
 
     Booleans among numbers (which numpy reads as 0 and 1) are refused with ``mixed_bools``;
     an array of booleans only comes back as such, for the caller to take or refuse."""
     leaves = _leaf_types(value, where)
     if bool in leaves and leaves & {int, float}:
-        raise _bad(mixed_bools)
+        raise bad_request(mixed_bools)
     try:
         array = np.asarray(value)
     except ValueError:
-        raise _bad(f"{where} is ragged: every example must have the same shape") from None
+        raise bad_request(f"{where} is ragged: every example must have the same shape") from None
     except RecursionError:
-        raise _bad(f"{where} is nested too deeply") from None
+        raise bad_request(f"{where} is nested too deeply") from None
     if array.dtype.kind in "US":
-        raise _bad(f"{where} holds strings; send numbers")
+        raise bad_request(f"{where} holds strings; send numbers")
     if array.dtype.kind not in "biuf":
-        raise _bad(f"{where} holds null, objects or integers too large; send numbers")
+        raise bad_request(f"{where} holds null, objects or integers too large; send numbers")
     return array
 
 
@@ -113,26 +118,26 @@ def _leaf_types(value: Any, where: str) -> set[type]:
     level, types, depth = [value], {type(value)}, 0
     while list in types:
         if depth == MAX_RANK:
-            raise _bad(f"{where} is nested more than {MAX_RANK} lists deep")
+            raise bad_request(f"{where} is nested more than {MAX_RANK} lists deep")
         level = list(chain.from_iterable(v for v in level if type(v) is list))
         types = (types - {list}) | set(map(type, level))
         depth += 1
     return types
 
 
-def _to_float32(array: np.ndarray, where: str) -> np.ndarray:
+def to_float32(array: np.ndarray, where: str) -> np.ndarray:
     """Finite float32 values for the model, from any numeric or bool array."""
     try:
         with np.errstate(over="raise", invalid="raise"):
             rows = array.astype(np.float32, copy=False)
     except FloatingPointError:
-        raise _bad(f"{where} holds numbers too large for float32") from None
+        raise bad_request(f"{where} holds numbers too large for float32") from None
     if not np.isfinite(rows).all():
-        raise _bad(f"{where} holds NaN or infinity; send finite numbers")
+        raise bad_request(f"{where} holds NaN or infinity; send finite numbers")
     return rows
 
 
-def _batch_size(shape: tuple[int, ...], input_shape: tuple[int, ...]) -> int | None:
+def batch_size(shape: tuple[int, ...], input_shape: tuple[int, ...]) -> int | None:
     """N where ``shape`` is [N, *input_shape], or [N, *input_shape[:-1]] if that ends in 1."""
     if len(shape) == len(input_shape) + 1 and shape[1:] == input_shape:
         return shape[0]
@@ -142,13 +147,14 @@ def _batch_size(shape: tuple[int, ...], input_shape: tuple[int, ...]) -> int | N
     return None
 
 
-def _expected(input_shape: tuple[int, ...]) -> str:
+def expected_shape(input_shape: tuple[int, ...]) -> str:
+    """The shape a request's array must have, for an error message: ``[N, 2, 3]``."""
     return "[" + ", ".join(["N", *(str(d) for d in input_shape)]) + "]"
 
 
-def _checked_outputs(parsed: ParsedRequest, outputs: np.ndarray) -> np.ndarray:
+def checked_outputs(parsed: ParsedRequest, outputs: np.ndarray) -> np.ndarray:
     """Outputs as float32 with one row per request row; a mismatch is a server bug, not a 400."""
-    with np.errstate(over="ignore"):  # overflow gives infinity, which _json_values nulls
+    with np.errstate(over="ignore"):  # overflow gives infinity, which json_values nulls
         data = np.asarray(outputs, dtype=np.float32)
     n = len(parsed.rows)
     if data.ndim == 0 or data.shape[0] != n:
@@ -157,28 +163,13 @@ def _checked_outputs(parsed: ParsedRequest, outputs: np.ndarray) -> np.ndarray:
     return data
 
 
-def _json_values(data: np.ndarray) -> list[Any]:
+def json_values(data: np.ndarray) -> list[Any]:
     """Nested lists of floats, with null for NaN and infinity (JSON has neither)."""
     if np.isfinite(data).all():
         return data.tolist()
     values = data.astype(object)
     values[~np.isfinite(data)] = None
     return values.tolist()
-
-
-def _encodable(text: str) -> bool:
-    """Whether ``text`` can go into a UTF-8 response (JSON escapes may make lone surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _quoted(text: str, limit: int = 80) -> str:
-    """``text`` for an error message: JSON-quoted, ASCII only, cut at ``limit`` characters."""
-    shown = json.dumps(text[:limit])
-    return shown if len(text) <= limit else shown[:-1] + '..."'
 
 
 def _json_type(value: Any) -> str:

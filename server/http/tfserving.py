@@ -13,16 +13,16 @@ import numpy as np
 from .protocol_common import (
     ParsedRequest,
     TfFormat,
-    _bad,
-    _batch_size,
-    _check_rows,
-    _checked_outputs,
-    _expected,
-    _json_array,
-    _json_values,
-    _load_object,
-    _row_ids,
-    _to_float32,
+    bad_request,
+    batch_size,
+    check_rows,
+    checked_outputs,
+    expected_shape,
+    json_array,
+    json_values,
+    load_object,
+    row_ids,
+    to_float32,
 )
 
 
@@ -32,10 +32,10 @@ def parse_tfserving(body: bytes, input_shape: Sequence[int], max_rows: int) -> P
     Either format may name the model's single input (``{"x": ...}``); any one name is accepted
     and echoed in ``input_name``. ``signature_name`` is kept in ``parameters`` and not checked.
     """
-    document = _load_object(body)
+    document = load_object(body)
     parameters = _signature(document)
     if ("instances" in document) == ("inputs" in document):
-        raise _bad(
+        raise bad_request(
             'the body needs exactly one of "instances" (row format) or "inputs" (column format)'
         )
     if "instances" in document:
@@ -48,7 +48,7 @@ def parse_tfserving(body: bytes, input_shape: Sequence[int], max_rows: int) -> P
     rows = _tf_rows(values, tuple(input_shape), where)
     return ParsedRequest(
         rows=rows, protocol="tfserving", tf_format=tf_format, input_name=name,
-        parameters=parameters, ids=_row_ids(document.get("ids"), len(rows), '"ids"'),
+        parameters=parameters, ids=row_ids(document.get("ids"), len(rows), '"ids"'),
     )  # fmt: skip
 
 
@@ -60,9 +60,9 @@ def format_tfserving(parsed: ParsedRequest, outputs: np.ndarray, version: int) -
     scalar per row, answers ``[3.5, 4.0]``. ``model_version`` is our addition; TF Serving's REST
     response does not say which version answered.
     """
-    data = _checked_outputs(parsed, outputs)
+    data = checked_outputs(parsed, outputs)
     key = "outputs" if parsed.tf_format == "col" else "predictions"
-    answer = {key: _json_values(data), "model_version": str(version)}
+    answer = {key: json_values(data), "model_version": str(version)}
     if parsed.ids is not None:
         answer["ids"] = parsed.ids
     return answer
@@ -87,25 +87,25 @@ def _signature(document: dict[str, Any]) -> dict[str, Any]:
         return {}
     name = document["signature_name"]
     if not isinstance(name, str):
-        raise _bad('"signature_name" must be a string')
+        raise bad_request('"signature_name" must be a string')
     return {"signature_name": name}
 
 
 def _tf_instances(instances: Any, max_rows: int) -> tuple[str | None, Any]:
     if not isinstance(instances, list) or not instances:
-        raise _bad('"instances" must be a non-empty list, one entry per example')
-    _check_rows(len(instances), max_rows)
+        raise bad_request('"instances" must be a non-empty list, one entry per example')
+    check_rows(len(instances), max_rows)
     if not any(isinstance(instance, dict) for instance in instances):
         return None, instances
     keys = {frozenset(i) if isinstance(i, dict) else None for i in instances}
     if len(keys) != 1 or None in keys:
-        raise _bad(
+        raise bad_request(
             "every instance must be an object with the same input name, "
             'e.g. {"x": [...]}, or every instance a plain array'
         )
     names = sorted(keys.pop() or ())
     if len(names) != 1:
-        raise _bad(f"the model has one input, but each instance names {len(names)}: {names}")
+        raise bad_request(f"the model has one input, but each instance names {len(names)}: {names}")
     return names[0], [instance[names[0]] for instance in instances]
 
 
@@ -113,39 +113,39 @@ def _tf_columns(inputs: Any, max_rows: int) -> tuple[str | None, Any]:
     name = None
     if isinstance(inputs, dict):
         if len(inputs) != 1:
-            raise _bad(
+            raise bad_request(
                 f'the model has one input, but "inputs" names {len(inputs)}: {sorted(inputs)}'
             )
         ((name, inputs),) = inputs.items()
     if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict):
-        raise _bad(
+        raise bad_request(
             '"inputs" holds objects; in column format it is an array with the batch first, '
             'or {"<input name>": array} (Open Inference Protocol requests go to the v2 API)'
         )
     if isinstance(inputs, list):
-        _check_rows(len(inputs), max_rows)
+        check_rows(len(inputs), max_rows)
     return name, inputs
 
 
 def _tf_rows(values: Any, input_shape: tuple[int, ...], where: str) -> np.ndarray:
-    array = _json_array(values, where, f"{where} holds true/false; send numbers")
+    array = json_array(values, where, f"{where} holds true/false; send numbers")
     if array.dtype.kind == "b":
-        raise _bad(f"{where} holds true/false; send numbers")
-    array = _to_float32(array, where)
+        raise bad_request(f"{where} holds true/false; send numbers")
+    array = to_float32(array, where)
     if array.ndim == 0:
-        raise _bad(f"{where} must be a list with one entry per example, not a single number")
+        raise bad_request(f"{where} must be a list with one entry per example, not a single number")
     if array.shape[0] == 0:
-        raise _bad(f"{where} holds no examples")
-    n = _batch_size(array.shape, input_shape)
+        raise bad_request(f"{where} holds no examples")
+    n = batch_size(array.shape, input_shape)
     if n is None and array.shape == input_shape:
-        raise _bad(
+        raise bad_request(
             f"{where} has shape {list(array.shape)}: each entry is one example, so send one "
             f"example of shape {list(input_shape)} as a list of one "
-            f"(expected {_expected(input_shape)})"
+            f"(expected {expected_shape(input_shape)})"
         )
     if n is None:
-        raise _bad(
+        raise bad_request(
             f"{where} has shape {list(array.shape)}, but each example must have shape "
-            f"{list(input_shape)} (expected {_expected(input_shape)})"
+            f"{list(input_shape)} (expected {expected_shape(input_shape)})"
         )
     return array.reshape((n, *input_shape))

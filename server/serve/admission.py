@@ -1,4 +1,5 @@
-"""Admission by expected wait, for ``RequestBatcher`` (which inherits ``Admission``).
+"""Admission by expected wait: the ``AdmissionControl`` each ``RequestBatcher`` owns
+(``batcher.admission``).
 
 **Admission.** A request is queued only if it can expect to be served in time; otherwise
 ``submit`` raises ``QueueFull`` at once, before the request waits at all (HTTP 429). The
@@ -20,9 +21,10 @@ refused at once instead of waiting for their deadline; counting the event loop's
 loop itself responsive (it must still read and refuse everything that arrives).
 
 This module owns that decision and what feeds it: the wait estimate, the refusal and its
-reasons (``QueueFull``), the places admitted requests hold (``Reservation``) and the event
-loop's measured lag. The queue and the model calls are ``batcher``'s; the batch cost is
-``batch_cost``'s.
+reasons (``QueueFull``), the places admitted requests hold (``Reservation``), the running
+batch's expected end and the event loop's measured lag. The queue and the model calls are
+``batcher``'s: it tells its ``AdmissionControl`` when a batch starts and ends and when the
+queue shrinks, and lets it read how many rows are queued. The batch cost is ``batch_cost``'s.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from typing import Literal
 
 from .batch_cost import BatchCost
@@ -40,7 +42,6 @@ AUTO_WAIT_BATCHES = 2.0  # max_queue_wait "auto": this many full-batch model cal
 AUTO_WAIT_FLOOR_S = 0.05  # ... but at least this: one batch cycle of HTTP work at capacity
 LAG_TICK_S = 0.005  # how often the event loop's lag is measured
 LAG_HALF_LIFE_S = 0.01  # a lag peak halves every 10 ms
-RESERVATION_KEY = "livefit.reservation"  # where a request's Reservation travels in its ASGI scope
 REFUSAL_REASONS = ("wait", "deadline", "rows")
 
 
@@ -68,58 +69,106 @@ class Reservation:
     so a saturated loop refuses new requests instead of growing a backlog of admitted ones.
     ``start`` and ``release`` are idempotent."""
 
-    __slots__ = ("_batcher", "_rows", "created")
+    __slots__ = ("_admission", "created", "rows")
 
-    def __init__(self, batcher: Admission, rows: int, created: float) -> None:
-        self._batcher: Admission | None = batcher
-        self._rows = rows
+    def __init__(self, admission: AdmissionControl, rows: int, created: float) -> None:
+        self._admission: AdmissionControl | None = admission
+        self.rows = rows
         self.created = created
 
     def start(self) -> None:
-        if self._batcher is not None:
-            self._batcher._unstarted.pop(self, None)
-            self._batcher._verdict = None
+        """The request's handler runs: the event loop has reached it."""
+        if self._admission is not None:
+            self._admission.reservation_started(self)
 
     def release(self) -> None:
-        batcher, self._batcher = self._batcher, None
-        if batcher is not None:
-            batcher._unstarted.pop(self, None)
-            batcher._reserved -= self._rows
-            batcher._verdict = None
+        """Give the place back (the request is queued, refused or gone); once only."""
+        admission, self._admission = self._admission, None
+        if admission is not None:
+            admission.reservation_released(self)
 
 
-class Admission:
-    """The admission half of ``RequestBatcher``: it owns the state set up by
-    ``_init_admission`` and reads the queue's and the running batch's, which the batcher
-    keeps."""
+class AdmissionControl:
+    """Whether a model's batcher can take one more request in time (see the module's
+    docstring). Owned by a ``RequestBatcher``, which reports its batches and queue to it
+    (``batch_started``, ``batch_done``, ``queue_shrank``, the ``queued_rows`` it reads); the
+    HTTP side asks it (``refusal``, ``admit``) and holds places with it (``reserve``)."""
 
-    # kept by the batcher
-    name: str
-    max_batch_size: int
-    cost: BatchCost
-    model_cost: BatchCost
-    _queue: Sized
-    _queued_rows: int
-    _running_rows: int
-    _running_since: float
-    _running_predicted: float
-    _watch: asyncio.TimerHandle | None  # the lag watch below, scheduled by start and stop
-
-    def _init_admission(
+    def __init__(
         self,
+        name: str,
+        max_batch_size: int,
+        cost: BatchCost,
+        model_cost: BatchCost,
+        queued_rows: Callable[[], int],
         max_queue_rows: int,
         max_queue_wait_ms: float | Literal["auto"] | None,
-        on_refuse: Callable[[str], None] | None,
+        on_refuse: Callable[[str], None] | None = None,
     ) -> None:
-        """The bounds and the admission state, from ``RequestBatcher.__init__``."""
+        """``cost``: the batch cycle's cost (the expected wait); ``model_cost``: the model
+        call's alone (the "auto" wait bound); ``queued_rows()``: rows in the batcher's queue.
+        ``on_refuse(reason)`` is called for each refused request."""
+        self.name = name
+        self.max_batch_size = max_batch_size
+        self.cost = cost
+        self.model_cost = model_cost
+        self._queued_rows = queued_rows
         self.max_queue_rows = max_queue_rows
         self.max_queue_wait_ms = max_queue_wait_ms
+        self.on_refuse = on_refuse
         self.loop_lag_s = 0.0  # how late the event loop runs callbacks now (see _watch_loop)
         self._watched_at = 0.0
-        self.on_refuse = on_refuse
+        self._watch: asyncio.TimerHandle | None = None
         self._reserved = 0  # rows of admitted requests not queued yet (see Reservation)
         self._verdict: tuple[str, float, float] | None = None  # see refusal()
         self._unstarted: OrderedDict[Reservation, None] = OrderedDict()  # oldest first
+        # the batch on the model now: its rows, when it started, its predicted time
+        self._running_rows = 0
+        self._running_since = 0.0
+        self._running_predicted = 0.0
+
+    @property
+    def reserved_rows(self) -> int:
+        """Rows of admitted requests that hold a place and are not queued yet."""
+        return self._reserved
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start watching ``loop``'s lag (see ``_watch_loop``)."""
+        self._watched_at = due = loop.time() + LAG_TICK_S
+        self._watch = loop.call_at(due, self._watch_loop, loop, due)
+
+    def stop(self) -> None:
+        """Stop watching the event loop's lag."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def batch_started(self, rows: int, now: float) -> None:
+        """A batch of ``rows`` rows went to the model at ``now``: its predicted time counts
+        in the expected wait until ``batch_done``."""
+        self._running_rows, self._running_since = rows, now
+        self._running_predicted = self.cost.predict(rows)
+
+    def batch_done(self) -> None:
+        """The running batch ended (answered or failed): the wait may be shorter now."""
+        self._running_rows = 0
+        self._verdict = None
+
+    def queue_shrank(self) -> None:
+        """A request left the batcher's queue: the wait may be shorter now."""
+        self._verdict = None
+
+    def reservation_started(self, reservation: Reservation) -> None:
+        """``reservation``'s handler runs (``Reservation.start``): its age no longer says how
+        far behind the event loop is."""
+        self._unstarted.pop(reservation, None)
+        self._verdict = None
+
+    def reservation_released(self, reservation: Reservation) -> None:
+        """``reservation``'s place is given back (``Reservation.release``, once)."""
+        self._unstarted.pop(reservation, None)
+        self._reserved -= reservation.rows
+        self._verdict = None
 
     def _watch_loop(self, loop: asyncio.AbstractEventLoop, scheduled: float) -> None:
         """Every ``LAG_TICK_S`` (``scheduled``: when this call was due): how late it ran is how
@@ -133,7 +182,7 @@ class Admission:
         self.loop_lag_s = max(lag, self.loop_lag_s * fade)
         self._verdict = None
         # every LAG_TICK_S while there is work; an idle model's loop is watched 20x less often
-        busy = self._queue or self._reserved or self._running_rows
+        busy = self._queued_rows() or self._reserved or self._running_rows
         tick = LAG_TICK_S if busy else LAG_TICK_S * 20
         self._watch = loop.call_at(now + tick, self._watch_loop, loop, now + tick)
 
@@ -160,7 +209,7 @@ class Admission:
         if self._running_rows:
             left = self._running_predicted - (now - self._running_since)
             wait += left if left >= 0.0 else -left
-        full, partial = divmod(self._queued_rows + self._reserved, size)
+        full, partial = divmod(self._queued_rows() + self._reserved, size)
         wait += full * cost.predict(size)
         if partial and partial + rows > size:
             wait += cost.predict(partial)
@@ -182,7 +231,7 @@ class Admission:
         verdict = self._verdict
         if verdict is not None and wait_bound:  # still over the bound: refused in a call
             return self._refused(*verdict)
-        queued = self._queued_rows
+        queued = self._queued_rows()
         if queued == 0 and not self._reserved and not self._running_rows:
             return None  # an idle model always takes the request
         if queued and queued + rows > self.max_queue_rows:
@@ -216,7 +265,7 @@ class Admission:
             return
         reason, wait, limit = refused
         if reason == "rows":
-            why = f"{self._queued_rows} rows queued (max_queue_rows={self.max_queue_rows})"
+            why = f"{self._queued_rows()} rows queued (max_queue_rows={self.max_queue_rows})"
         elif reason == "wait":
             why = (
                 f"expected wait {wait * 1000:.0f} ms is over max_queue_wait_ms "
@@ -239,7 +288,3 @@ class Admission:
         if not started:
             self._unstarted[reservation] = None
         return reservation
-
-    def retry_after_s(self) -> int:
-        """Seconds after which the queue has likely drained (at least 1)."""
-        return max(1, math.ceil(self.expected_wait()[0]))

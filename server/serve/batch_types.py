@@ -1,15 +1,15 @@
-"""What goes through the batcher: the model call's signature (``PredictFn``), a queued request
-(``_Pending``), its answer (``Prediction``) or its ``DeadlineExceeded``, and the report after
-each model call (``BatchStats``).
+"""What goes into and out of the batcher: the model call's signature (``PredictFn``), a
+request's answer (``Prediction``) or its ``DeadlineExceeded``, and the report after each model
+call (``BatchStats``).
 
-This module owns these plain types and nothing else; ``batcher`` uses and re-exports them.
+This module owns these plain types and nothing else; ``batcher`` uses them, and callers import
+them from here.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,19 +27,6 @@ class Prediction:
     outputs: np.ndarray
     version: int
     queue_seconds: float
-
-
-@dataclass(slots=True)
-class _Pending:
-    rows: np.ndarray
-    future: asyncio.Future[Prediction]
-    enqueued_at: float
-    deadline: float
-    taken_at: float = field(default=0.0)
-
-    @property
-    def size(self) -> int:
-        return int(self.rows.shape[0])
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,10 @@ call reaches every request of its batch. The model call runs in a single-thread 
 the loop.
 
 This module owns the queue, the batch loop and the model thread. Admission by expected wait
-(``submit`` refuses at once with ``QueueFull`` a request that cannot be served in time) is
-``admission``'s, which ``RequestBatcher`` inherits; the batch cost and the "auto" timeout are
-``batch_cost``'s. Their names are re-exported here.
+(``submit`` refuses at once with ``QueueFull`` a request that cannot be served in time) is the
+``AdmissionControl`` each batcher owns (``admission``), told here when batches start and end;
+the batch cost and the "auto" timeout are ``batch_cost``'s; what goes in and out is
+``batch_types``'.
 """
 
 from __future__ import annotations
@@ -27,23 +28,37 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
-from .admission import (
-    LAG_TICK_S,
-    Admission,
-    Reservation,
-)
+from .admission import AdmissionControl, Reservation
 from .batch_cost import AutoTimeout, BatchCost
-from .batch_types import BatchStats, DeadlineExceeded, PredictFn, Prediction, _Pending
+from .batch_types import BatchStats, DeadlineExceeded, PredictFn, Prediction
 
 log = logging.getLogger(__name__)
 
 
-class RequestBatcher(Admission):
-    """Groups concurrent requests of one model into model calls."""
+@dataclass(slots=True)
+class _Pending:
+    """A queued request: its rows, the future its answer is set on, when it was queued, its
+    deadline and when a batch took it."""
+
+    rows: np.ndarray
+    future: asyncio.Future[Prediction]
+    enqueued_at: float
+    deadline: float
+    taken_at: float = field(default=0.0)
+
+    @property
+    def size(self) -> int:
+        return int(self.rows.shape[0])
+
+
+class RequestBatcher:
+    """Groups concurrent requests of one model into model calls; its ``admission`` decides
+    which requests it can take in time."""
 
     def __init__(
         self,
@@ -80,12 +95,16 @@ class RequestBatcher(Admission):
         self._arrived = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"serve-{name}")
         self._task: asyncio.Task[None] | None = None
-        self._watch: asyncio.TimerHandle | None = None  # see Admission._watch_loop
-        # the batch on the model now: its rows, when it started, its predicted time
-        self._running_rows = 0
-        self._running_since = 0.0
-        self._running_predicted = 0.0
-        self._init_admission(max_queue_rows, max_queue_wait_ms, on_refuse)
+        self.admission = AdmissionControl(
+            name,
+            max_batch_size,
+            cost=self.cost,
+            model_cost=self.model_cost,
+            queued_rows=lambda: self._queued_rows,
+            max_queue_rows=max_queue_rows,
+            max_queue_wait_ms=max_queue_wait_ms,
+            on_refuse=on_refuse,
+        )
 
     def _init_costs(
         self,
@@ -124,14 +143,11 @@ class RequestBatcher(Admission):
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._loop(), name=f"batcher-{self.name}")
-        self._watched_at = due = loop.time() + LAG_TICK_S
-        self._watch = loop.call_at(due, self._watch_loop, loop, due)
+        self.admission.start(loop)
 
     async def stop(self) -> None:
         """Stop the background task; queued requests fail with an error, never hang."""
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
+        self.admission.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -157,7 +173,7 @@ class RequestBatcher(Admission):
         if reservation is not None:
             reservation.release()
         n = int(rows.shape[0])
-        self.admit(n, timeout_s, wait_bound=reservation is None)
+        self.admission.admit(n, timeout_s, wait_bound=reservation is None)
         now = time.monotonic()
         future: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
         pending = _Pending(rows=rows, future=future, enqueued_at=now, deadline=now + timeout_s)
@@ -198,13 +214,11 @@ class RequestBatcher(Admission):
         """Run one batch; a successful one's time (call, hand-over and answers) feeds the cost."""
         rows = sum(p.size for p in batch)
         started = time.monotonic()
-        self._running_rows, self._running_since = rows, started
-        self._running_predicted = self.cost.predict(rows)
+        self.admission.batch_started(rows, started)
         try:
             ok = await self._run(batch)
         finally:
-            self._running_rows = 0
-            self._verdict = None
+            self.admission.batch_done()
         if ok:
             self.cost.observe(rows, time.monotonic() - started)
 
@@ -262,7 +276,7 @@ class RequestBatcher(Admission):
     def _pop(self) -> None:
         pending = self._queue.popleft()
         self._queued_rows -= pending.size
-        self._verdict = None
+        self.admission.queue_shrank()
 
     async def _run(self, batch: list[_Pending]) -> bool:
         rows = batch[0].rows if len(batch) == 1 else np.concatenate([p.rows for p in batch])

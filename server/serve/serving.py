@@ -246,13 +246,13 @@ class ServedModel:
         self.batcher.start()
         batcher = self.batcher
         metrics.group(AdmissionMetrics).predict_wait_bound.labels(model=name).set_function(
-            batcher.max_wait_s
+            batcher.admission.max_wait_s
         )
         metrics.group(AdmissionMetrics).predict_batch_timeout.labels(model=name).set_function(
             batcher.timeout_s
         )
         metrics.group(AdmissionMetrics).predict_expected_wait.labels(model=name).set_function(
-            lambda: batcher.expected_wait(1)[0]
+            lambda: batcher.admission.expected_wait(1)[0]
         )
         self._loop = asyncio.get_running_loop()
         self.snapshot_arrived()  # serve the newest weights from the first request on
