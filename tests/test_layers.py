@@ -77,7 +77,6 @@ PRIVATE_IMPORTS_ALLOWED: dict[str, set[str]] = {
         "_bad", "_batch_size", "_check_rows", "_checked_outputs", "_expected", "_json_array",
         "_json_values", "_load_object", "_row_ids", "_to_float32",
     },
-    "livefit.server.runtime.learner": {"_remove_temporary_files"},
     "livefit.server.serve.batcher": {"_Pending"},
 }  # fmt: skip
 

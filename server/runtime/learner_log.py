@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..base.metrics import Metrics
@@ -22,7 +21,7 @@ from ..wire.codec import decode_message
 from ..wire.rejection import Rejection
 
 if TYPE_CHECKING:
-    from .learner_models import ModelRuntime
+    from .learner import ModelRuntime
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +95,3 @@ class LearnerLog:
         removed = self.wal.truncate(min(frontiers, default=0))
         if removed:
             log.info("write-ahead log: %d old segments removed", removed)
-
-
-def _remove_temporary_files(storage: Path) -> None:
-    """Delete what an interrupted atomic write left (``*.tmp`` beside checkpoints and marks):
-    only whole files are ever renamed into place, so nothing else reads them."""
-    removed = 0
-    for leftover in (storage / "checkpoints").glob("*/*.tmp"):
-        leftover.unlink(missing_ok=True)
-        removed += 1
-    if removed:
-        log.info("removed %d temporary files left by an interrupted write", removed)

@@ -38,9 +38,8 @@ from ..weights.local_feed import (
 )
 from ..wire.snapshot import SnapshotSlot
 from .children import start_spawner
-from .learner import LearnerRuntime
+from .learner import LearnerHooks, LearnerRuntime, ModelRuntime
 from .learner_group import TrainingSlot
-from .learner_models import LearnerHooks, ModelRuntime
 from .stop_signals import on_stop_signals
 from .workers import TRAINING
 
