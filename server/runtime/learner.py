@@ -47,7 +47,6 @@ from ..serve.serving import ServedModel
 from ..storage.checkpoint import CheckpointStore
 from ..storage.health import StorageHealth
 from ..storage.lock import StorageLock
-from ..storage.wal import WriteAheadLog
 from ..storage.watch import StorageWatch
 from ..train.hooks import TrainerHooks
 from ..train.metrics import TrainingStateMetrics
@@ -85,8 +84,9 @@ class ModelRuntime:
     labels: LabelJoiner | None = None  # joins its delayed labels to its predictions
 
 
-class LearnerRuntime(LearnerLog, ProcessRuntime):
-    """Owns the broker connection, the ingest worker and one trainer per model."""
+class LearnerRuntime(ProcessRuntime):
+    """Owns the broker connection, the write-ahead log and each model's parts (its MQTT
+    session, ingest worker, trainer, weight stream and serving half)."""
 
     role = "learner"
     lock_owner_pid: int | None = None  # the storage lock names this pid (None: this process)
@@ -95,11 +95,13 @@ class LearnerRuntime(LearnerLog, ProcessRuntime):
         super().__init__(settings, registry)
         self.models: dict[str, ModelRuntime] = {}
         self.managed_broker: ManagedBroker | None = None
-        self.wal: WriteAheadLog | None = None
+        self.learner_log = LearnerLog(self.models, self.metrics)
         self.storage_lock = StorageLock(Path(settings.storage.dir))
         self.storage_health = StorageHealth(self.metrics)
+        # The storage dir deleted or replaced: the log takes nothing more, so nothing more is
+        # acknowledged.
         self.storage_watch = StorageWatch(
-            self.storage_lock, self.storage_health, self._storage_lost
+            self.storage_lock, self.storage_health, self.learner_log.mark_lost
         )
 
     def preflight(self) -> None:
@@ -114,17 +116,10 @@ class LearnerRuntime(LearnerLog, ProcessRuntime):
         address, self.managed_broker = resolve_broker(self.settings.broker.url, storage)
         enable_gpu_memory_growth()
         self.metrics.watch_gpus()
-        if self.settings.storage.wal:
-            self.wal = WriteAheadLog(
-                storage / "wal",
-                self.settings.storage.wal_segment_bytes,
-                self.settings.storage.fsync,
-            )
+        self.learner_log.create(self.settings.storage)
         for name, model_settings in self.settings.models.items():
             self.models[name] = self._build_model(name, model_settings, storage)
-        if self.wal is not None:
-            restored = [m.trainer.trained_position for m in self.models.values() if m.trainer]
-            self.wal.open(start_after=max(restored, default=0))
+        self.learner_log.open()
         self.storage_watch.start()
         routes = self._sessions(address)
         for runtime in self.models.values():
@@ -133,7 +128,7 @@ class LearnerRuntime(LearnerLog, ProcessRuntime):
         for runtime in self.models.values():
             assert runtime.trainer is not None
             runtime.trainer.start()
-        self._replay(routes)
+        self.learner_log.replay(routes)
         for runtime in self.models.values():
             assert runtime.ingest is not None and runtime.connection is not None
             runtime.ingest.start()
@@ -198,7 +193,7 @@ class LearnerRuntime(LearnerLog, ProcessRuntime):
             hooks=self._hooks(runtime),
             storage=self.storage_health,
         )
-        runtime.trainer.on_checkpoint(self._truncate_log)
+        runtime.trainer.on_checkpoint(self.learner_log.truncate)
         runtime.trainer.warm_up()
         restored = runtime.trainer.restored_from
         if runtime.dedup and settings.dedup and restored and "dedup" in restored.notes:
@@ -266,14 +261,14 @@ class LearnerRuntime(LearnerLog, ProcessRuntime):
 
     def _ingest_worker(self, runtime: ModelRuntime, route: Route) -> IngestWorker:
         assert runtime.connection is not None
-        storage = self.settings.storage
+        storage, wal = self.settings.storage, self.learner_log.wal
         worker = IngestWorker(
             runtime.connection,
             route,
             self.metrics,
-            self.wal,
+            wal,
             storage.wal_group_max,
-            commit_window_s=storage.wal_commit_window_ms / 1000.0 if self.wal is not None else 0.0,
+            commit_window_s=storage.wal_commit_window_ms / 1000.0 if wal is not None else 0.0,
             storage=self.storage_health,
             stall_after_s=runtime.settings.stall_after_s,
             silent_topic_warn_s=runtime.settings.silent_topic_warn_s,
@@ -331,12 +326,6 @@ class LearnerRuntime(LearnerLog, ProcessRuntime):
             content_type="application/json",
         )  # fmt: skip
 
-    def _storage_lost(self, reason: str) -> None:
-        """The storage dir was deleted or replaced (``storage.watch``): the log takes nothing
-        more, so nothing more is acknowledged."""
-        if self.wal is not None:
-            self.wal.mark_lost(reason)
-
     def weight_store(self, name: str) -> WeightStore | None:
         runtime = self.models.get(name)
         return runtime.store if runtime is not None else None
@@ -390,9 +379,7 @@ class LearnerRuntime(LearnerLog, ProcessRuntime):
             if runtime.connection is not None:
                 runtime.connection.stop()
                 runtime.connection = None
-        if self.wal is not None:
-            self.wal.close()
-            self.wal = None
+        self.learner_log.close()
         self.storage_watch.stop()
         if self.managed_broker is not None:
             self.managed_broker.stop()
@@ -413,8 +400,7 @@ class LearnerHooks(TrainerHooks):
         return served is not None and served.busy()
 
     def log_frontier(self, trained_position: int) -> int:
-        wal = self.learner.wal
-        return wal.frontier(self.runtime.name, trained_position) if wal is not None else 0
+        return self.learner.learner_log.frontier(self.runtime.name, trained_position)
 
     def checkpoint_notes(self) -> dict[str, bytes]:
         """The dedup sequence numbers and the delayed labels' pending state."""
