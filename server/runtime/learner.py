@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from livefit.models.builders import weight_names
 
+from ..base.metrics import Metrics
 from ..config.model import ModelSettings
 from ..config.settings import Settings
 from ..ingest.dedup import SequenceTracker
@@ -60,7 +61,7 @@ from ..wire.codec import SampleSpec
 from ..wire.snapshot import SnapshotSlot
 from .broker import ManagedBroker, resolve_broker
 from .learner_log import LearnerLog
-from .process_runtime import ProcessRuntime, serving_half
+from .process_runtime import serving_half, start_all_or_none
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class ModelRuntime:
     labels: LabelJoiner | None = None  # joins its delayed labels to its predictions
 
 
-class LearnerRuntime(ProcessRuntime):
+class LearnerRuntime:
     """Owns the broker connection, the write-ahead log and each model's parts (its MQTT
     session, ingest worker, trainer, weight stream and serving half)."""
 
@@ -92,7 +93,9 @@ class LearnerRuntime(ProcessRuntime):
     lock_owner_pid: int | None = None  # the storage lock names this pid (None: this process)
 
     def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
-        super().__init__(settings, registry)
+        self.settings = settings
+        self.metrics = Metrics(registry, role=self.role)
+        self.started = False
         self.models: dict[str, ModelRuntime] = {}
         self.managed_broker: ManagedBroker | None = None
         self.learner_log = LearnerLog(self.models, self.metrics)
@@ -109,6 +112,11 @@ class LearnerRuntime(ProcessRuntime):
         ``StorageLocked`` naming the other process when the storage dir is in use."""
         self.storage_lock.acquire(self.settings.http.port, self.lock_owner_pid)
         _remove_temporary_files(Path(self.settings.storage.dir))
+
+    def start(self) -> None:
+        """Start every part; raises (after stopping what did start) if a part cannot start."""
+        start_all_or_none(self._start, self.stop)
+        self.started = True
 
     def _start(self) -> None:
         storage = Path(self.settings.storage.dir)
