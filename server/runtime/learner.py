@@ -90,10 +90,16 @@ class LearnerRuntime:
     session, ingest worker, trainer, weight stream and serving half)."""
 
     role = "learner"
-    lock_owner_pid: int | None = None  # the storage lock names this pid (None: this process)
 
-    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: CollectorRegistry | None = None,
+        lock_owner_pid: int | None = None,
+    ) -> None:
+        """``lock_owner_pid``: the process the storage lock names (None: this one)."""
         self.settings = settings
+        self.lock_owner_pid = lock_owner_pid
         self.metrics = Metrics(registry, role=self.role)
         self.started = False
         self.models: dict[str, ModelRuntime] = {}

@@ -52,10 +52,9 @@ class TrainingRuntime(LearnerRuntime):
     def __init__(
         self, settings: Settings, slot: TrainingSlot, registry: CollectorRegistry | None = None
     ) -> None:
-        super().__init__(settings, registry)
         # A second learner on this storage names the ``livefit serve`` parent: stopping it
         # stops the learner, where stopping this process would only get it started again.
-        self.lock_owner_pid = os.getppid()
+        super().__init__(settings, registry, lock_owner_pid=os.getppid())
         self.slot = slot
         self.feed = LocalWeightFeed(slot.directory)
         self.board: BusyBoard | None = None
