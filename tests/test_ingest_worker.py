@@ -112,7 +112,7 @@ def test_every_message_ends_acknowledged_exactly_once(batch: list[bytes]) -> Non
     worker, connection, _, metrics = worker_for(None)
     for mid, payload in enumerate(batch, start=1):
         worker._take(message(mid, payload))
-    worker.flush()
+    worker.commit.flush()
     assert connection.acks == list(range(1, len(batch) + 1))
     rejected = len(connection.published)
     accepted = metrics.registry.get_sample_value(
@@ -129,7 +129,7 @@ def test_an_exception_nobody_foresaw_is_a_rejection(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr("livefit.server.ingest.worker.decode_message", broken)
     worker._take(message(7, valid(1)))
-    worker.flush()
+    worker.commit.flush()
     assert connection.acks == [7]
     report = json.loads(connection.published[0][1])
     assert report["reason"] == "internal" and "MemoryError" in report["detail"]
@@ -157,7 +157,7 @@ def test_a_log_that_cannot_store_a_group_leaves_no_trace(tmp_path: Path) -> None
     worker, connection, samples, metrics = worker_for(None)
     wal = FailingLog(tmp_path / "wal")
     wal.open()
-    worker.wal = wal
+    worker.commit.wal = wal
     worker.start()
     try:
         for seq in range(5):
@@ -170,8 +170,8 @@ def test_a_log_that_cannot_store_a_group_leaves_no_trace(tmp_path: Path) -> None
             time.sleep(0.01)
         time.sleep(0.3)  # several retries
         assert connection.acks == [] and len(samples) == 0
-        assert not worker.storage.healthy
-        assert "No space left" in worker.storage.problems()[0]
+        assert not worker.commit.storage.healthy
+        assert "No space left" in worker.commit.storage.problems()[0]
         assert worker.route.sequences is not None
         assert worker.route.sequences.dumps() == "{}"  # nothing held while nothing is durable
         wal.full = False  # room again: the same group goes through, once
@@ -184,7 +184,7 @@ def test_a_log_that_cannot_store_a_group_leaves_no_trace(tmp_path: Path) -> None
         worker.stop()
         wal.close()
     assert connection.acks == [1, 2, 3, 4, 5] and len(samples) == 5
-    assert worker.storage.healthy
+    assert worker.commit.storage.healthy
     logged = [r for r in WriteAheadLog(tmp_path / "wal").replay()]
     assert len(logged) == 5  # positions of failed attempts are skipped, never reused
     assert len({r.position for r in logged}) == 5
@@ -194,10 +194,10 @@ def test_stopping_while_the_log_fails_forgets_the_pending_numbers(tmp_path: Path
     worker, connection, _, _ = worker_for(None)
     wal = FailingLog(tmp_path / "wal")
     wal.open()
-    worker.wal = wal
+    worker.commit.wal = wal
     worker._take(message(1, valid(0)))
     worker._stopping.set()
-    worker.flush()
+    worker.commit.flush()
     assert connection.acks == []
     assert worker.route.sequences is not None
     assert not worker.route.sequences.check("s", 0)  # the redelivered message is accepted
@@ -217,14 +217,14 @@ def test_a_queue_nobody_drains_reports_a_stall(tmp_path: Path) -> None:
         assert worker.stalled()
     finally:
         worker.stop()
-        assert worker.wal is not None
-        worker.wal.close()
+        assert worker.commit.wal is not None
+        worker.commit.wal.close()
 
 
 def test_without_dedup_gaps_are_counted_and_duplicates_kept() -> None:
     worker, _, samples, metrics = worker_for(None, dedup=False)
     for mid, seq in enumerate([0, 1, 1, 5], start=1):
         worker._take(message(mid, valid(seq)))
-    worker.flush()
+    worker.commit.flush()
     assert len(samples) == 4  # the repeat is trained too: dedup is off
     assert metrics.registry.get_sample_value("livefit_ingest_seq_missing", {"model": "m"}) == 3

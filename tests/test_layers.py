@@ -46,14 +46,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # The root module holds the version only; every package may read it.
 VERSION_ROOT = "livefit"
 
-# Today's private-name imports across modules (57 names in 14 modules), by importing module:
-# each says a concept is cut across files. The engineers who make these classes whole (issue
-# #27, "one concept, one module") empty this list; it may only shrink: an entry that no longer
-# happens fails too.
-PRIVATE_IMPORTS_ALLOWED: dict[str, set[str]] = {
-    "livefit.server.runtime.learner": {"_remove_temporary_files"},
-}  # fmt: skip
-
 
 @dataclass(frozen=True)
 class Import:
@@ -193,12 +185,7 @@ def test_no_private_name_is_imported_from_another_module() -> None:
             continue
         if each.target != each.module:
             found.setdefault(each.module, set()).add(each.name)
-    new = {m: names - PRIVATE_IMPORTS_ALLOWED.get(m, set()) for m, names in found.items()}
-    new = {m: names for m, names in new.items() if names}
-    assert not new, f"private names imported across modules: {new}"
-    gone = {m: names - found.get(m, set()) for m, names in PRIVATE_IMPORTS_ALLOWED.items()}
-    gone = {m: names for m, names in gone.items() if names}
-    assert not gone, f"no longer imported: take them off PRIVATE_IMPORTS_ALLOWED: {gone}"
+    assert not found, f"private names imported across modules: {found}"
 
 
 def _is_docstring(node: ast.stmt) -> bool:

@@ -1,11 +1,10 @@
-"""The ingest worker's group commit: held messages -> write-ahead log -> acks -> queue.
+"""One model's group commit: held messages -> write-ahead log -> acks -> queue.
 
-``GroupCommit`` is the part of ``IngestWorker`` that finishes a group of handled messages
-(``Held``): it writes the accepted ones to the log as one group with one fsync (retried with
+``GroupCommit`` holds the group of messages an ``IngestWorker`` has handled (``Held``) and
+finishes it: it writes the accepted ones to the log as one group with one fsync (retried with
 back-off while storage fails), and only then holds their sequence numbers, acknowledges them in
 arrival order and queues their samples (waiting while the queue is full: backpressure). Without
-a log, each message is acknowledged once queued. A base class of ``IngestWorker``; the
-attributes declared below are the worker's, set by its ``__init__``.
+a log, each message is acknowledged once queued. The worker owns one and decides when to flush.
 """
 
 from __future__ import annotations
@@ -53,29 +52,47 @@ class Held:
 
 
 class GroupCommit:
-    """Commits an ``IngestWorker``'s held group (its base class)."""
+    """The group of handled messages one ``IngestWorker`` holds, and its commit.
 
-    # The worker's own state this part reads and writes (set by IngestWorker.__init__).
-    connection: MqttConnection
-    route: Route
-    metrics: Metrics
-    wal: WriteAheadLog | None
-    storage: StorageHealth
-    _held: list[Held]
-    _stopping: threading.Event
-    _delivery_deadline: float | None  # set once stopping: see STOP_DELIVERY_S
-    _last_finished_at: float
+    ``held`` is the group (its first message is the oldest waiting); ``flush`` commits it and
+    starts a new one. A group the log could not store before ``stopping`` was set is dropped
+    (the broker redelivers it); one whose write raised anything but a storage error stays
+    held, and is tried again at the next flush.
+    """
+
+    def __init__(
+        self,
+        connection: MqttConnection,
+        route: Route,
+        metrics: Metrics,
+        wal: WriteAheadLog | None,
+        storage: StorageHealth,
+        stopping: threading.Event,
+    ) -> None:
+        self.connection = connection
+        self.route = route
+        self.metrics = metrics
+        self.wal = wal
+        self.storage = storage
+        self.held: list[Held] = []
+        self.last_acked_at = time.time()  # when a message was last acknowledged
+        self._stopping = stopping
+        self._delivery_deadline: float | None = None  # set once stopping: see STOP_DELIVERY_S
+
+    def hold(self, item: Held) -> None:
+        """Add a handled message (or a tick) to the group; it ends at the next ``flush``."""
+        self.held.append(item)
 
     def flush(self) -> None:
         """Log the held group durably, then ack each message and queue its samples."""
-        if not self._held:
+        if not self.held:
             return
-        held = self._held
+        held = self.held
         if self.wal is not None and not self._log(held):
-            self._held = []
+            self.held = []
             self._forget_pending()  # stopping with the group not durable: the broker has it
             return
-        self._held = []
+        self.held = []
         if self.wal is not None:  # durable now: remember sequence numbers, ack in order
             self._commit_sequences()
             for item in held:
@@ -153,7 +170,7 @@ class GroupCommit:
         if message is None:
             return
         self.connection.ack(message)
-        self._last_finished_at = time.time()
+        self.last_acked_at = time.time()
 
     def _commit_sequences(self) -> None:
         tracker = self.route.sequences

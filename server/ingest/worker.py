@@ -18,8 +18,9 @@ and predictions topics take the same way as events for its ``LabelJoiner`` (``la
 in the same group, acknowledged once durable, then joined; the samples a join makes are queued
 like any others. Without a WAL
 (``storage.wal = false``) messages are acknowledged once queued, and a crash can lose what was
-queued but not yet trained. The commit is ``group_commit``'s (the worker's base class); where a
-model's messages go is its ``route``.
+queued but not yet trained. The worker decides what a message is and when a group ends; the
+group it holds and the commit are its ``GroupCommit``'s (``group_commit``); where a model's
+messages go is its ``route``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ DEAD_LETTER_PAYLOAD_LIMIT = 4096  # bytes of the original payload echoed in the 
 LOGGED_PAYLOAD_BYTES = 64  # bytes of a rejected payload shown in the log line
 
 
-class IngestWorker(GroupCommit):
+class IngestWorker:
     """Drains one MQTT connection's inbox into its model's queue."""
 
     def __init__(
@@ -73,22 +74,20 @@ class IngestWorker(GroupCommit):
         metrics.group(SampleQueueMetrics)
         metrics.group(WalMetrics)
         metrics.group(ErrorMetrics)
-        self.wal = wal
         self.group_max = group_max
         self.commit_window_s = commit_window_s
-        self.storage = storage or StorageHealth(metrics)
         self.stall_after_s = stall_after_s
         self.silent_topic_warn_s = silent_topic_warn_s
         self._last_sample_at: float | None = None  # monotonic; a message on the samples topic
         self._silence_warned = False
-        self._held: list[Held] = []
         self._in_hand: RawMessage | None = None
         self._group_started = 0.0  # when the first message of the held group was taken
-        self._last_finished_at = time.time()  # when a message was last acknowledged
         self._log_limiter = LogLimiter()
         self._stopping = threading.Event()
-        self._delivery_deadline: float | None = None
         self._thread: threading.Thread | None = None
+        self.commit = GroupCommit(
+            connection, route, metrics, wal, storage or StorageHealth(metrics), self._stopping
+        )
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -113,7 +112,7 @@ class IngestWorker(GroupCommit):
             return False
         now = time.time()
         limit = self.stall_after_s
-        return now - oldest > limit and now - self._last_finished_at > limit
+        return now - oldest > limit and now - self.commit.last_acked_at > limit
 
     def seconds_since_message(self) -> float:
         """Seconds since a message last arrived on the samples topic; since the first
@@ -144,7 +143,7 @@ class IngestWorker(GroupCommit):
         )  # fmt: skip
 
     def _oldest_waiting(self) -> float | None:
-        held, in_hand = self._held, self._in_hand
+        held, in_hand = self.commit.held, self._in_hand
         first = next((item.message for item in held if item.message is not None), None)
         if first is not None:
             return first.received_at
@@ -162,22 +161,22 @@ class IngestWorker(GroupCommit):
         inbox = self.connection.inbox
         while not self._stopping.is_set():
             wait = POLL_S
-            if self._held:
+            if self.commit.held:
                 wait = self._group_started + self.commit_window_s - time.monotonic()
             try:
                 message = inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait()
             except queue.Empty:
                 self._tick()
                 self._warn_if_silent()
-                if self._held:
+                if self.commit.held:
                     self._flush_safely()
                 continue
-            if not self._held:
+            if not self.commit.held:
                 self._group_started = time.monotonic()
             self._take(message)
             self._tick()
             self._warn_if_silent()
-            if len(self._held) >= self.group_max:
+            if len(self.commit.held) >= self.group_max:
                 self._flush_safely()
         self._flush_safely()
 
@@ -187,7 +186,7 @@ class IngestWorker(GroupCommit):
         try:
             self.handle(message)
         except Exception as exc:  # a bug or a case nobody foresaw: reject, never get stuck
-            self._held.append(Held(message))
+            self.commit.hold(Held(message))
             self.metrics.group(ErrorMetrics).internal_errors.labels(component="ingest").inc()
             try:
                 self._reject(message, Rejection("internal", f"{type(exc).__name__}: {exc}"[:300]))
@@ -208,16 +207,16 @@ class IngestWorker(GroupCommit):
             log.exception("delayed-label expiry check failed for %s", self.route.model)
             return
         if event is not None:
-            if not self._held:
+            if not self.commit.held:
                 self._group_started = time.monotonic()
-            self._held.append(Held(None, event=event))
+            self.commit.hold(Held(None, event=event))
 
     def _flush_safely(self) -> None:
         try:
-            self.flush()
+            self.commit.flush()
         except Exception:
             self.metrics.group(ErrorMetrics).internal_errors.labels(component="ingest").inc()
-            log.exception("ingest failed to finish a group of %d messages", len(self._held))
+            log.exception("ingest failed to finish a group of %d messages", len(self.commit.held))
 
     def route_for(self, topic: str) -> Route | None:
         route = self.route
@@ -230,28 +229,28 @@ class IngestWorker(GroupCommit):
         route = self.route_for(message.topic)
         if route is None:
             log.warning("message on %s matches no model; acknowledged and dropped", message.topic)
-            self._held.append(Held(message))
+            self.commit.hold(Held(message))
             return
         if route.labels is not None and route.labels.owns(message.topic):
             try:
                 event = route.labels.decode(message)
             except Rejection as rejection:
                 self._reject(message, rejection)
-                self._held.append(Held(message))
+                self.commit.hold(Held(message))
                 return
-            self._held.append(Held(message, event=event))
+            self.commit.hold(Held(message, event=event))
             return
         self._last_sample_at = time.monotonic()
         try:
             decoded = decode_message(message.payload, route.spec, message.content_type)
         except Rejection as rejection:
             self._reject(message, rejection)
-            self._held.append(Held(message))
+            self.commit.hold(Held(message))
             return
         if self._is_duplicate(decoded):
-            self._held.append(Held(message))
+            self.commit.hold(Held(message))
             return
-        self._held.append(Held(message, decoded))
+        self.commit.hold(Held(message, decoded))
 
     def _is_duplicate(self, decoded: DecodedMessage) -> bool:
         route = self.route

@@ -1,5 +1,5 @@
-"""Processes, wired: the learner's runtime (``learner``: the start and stop order; its models
-built in ``learner_models``, its write-ahead log replayed and truncated in ``learner_log``) and
+"""Processes, wired: the learner's runtime (``learner``: its models built and wired, the start
+and stop order; its write-ahead log replayed and truncated in ``learner_log``) and
 the replica's (``replica``), their common part (``process_runtime``), uvicorn in front
 (``serve``; the socket it binds first, ``listening``; stop signals ``stop_signals``), replica
 worker groups (``workers``, ``group_directory``), the split learner (``learner_group``

@@ -13,9 +13,9 @@ Each model has its own MQTT session (client id ``<broker.client_id>-<model>``), 
 and ingest worker: a model whose trainer cannot keep up holds back only its own stream, and the
 others keep their latency. All models share one write-ahead log.
 
-This module owns that order (``LearnerRuntime``) and readiness; what each model runs and how
-it is built is ``learner_models``' (``ModelRuntime``, ``LearnerHooks``, re-exported here), the
-log's replay and truncation ``learner_log``'s.
+This module owns that order (``LearnerRuntime``), readiness, and what the learner runs for each
+model (``ModelRuntime``): how its parts are built and wired, and what its trainer asks of the
+learner (``LearnerHooks``). The log's replay and truncation are ``learner_log``'s.
 """
 
 from __future__ import annotations
@@ -23,47 +23,94 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from livefit.models.builders import weight_names
+
+from ..base.metrics import Metrics
+from ..config.model import ModelSettings
 from ..config.settings import Settings
+from ..ingest.dedup import SequenceTracker
+from ..ingest.metrics import IngestSequenceMetrics
 from ..ingest.route import Route
+from ..ingest.sample_queue import SampleQueue
+from ..ingest.worker import IngestWorker
+from ..labels.joiner import LabelJoiner
 from ..labels.recorder import recorder_for
 from ..mqtt.broker import BrokerAddress
 from ..mqtt.connection import MqttConnection
 from ..mqtt.probe import for_broker
+from ..serve.metrics import ServingMetrics
 from ..serve.serving import ServedModel
+from ..storage.checkpoint import CheckpointStore
 from ..storage.health import StorageHealth
 from ..storage.lock import StorageLock
-from ..storage.wal import WriteAheadLog
 from ..storage.watch import StorageWatch
+from ..train.hooks import TrainerHooks
 from ..train.metrics import TrainingStateMetrics
-from ..train.modeling import enable_gpu_memory_growth
+from ..train.modeling import enable_gpu_memory_growth, resolve_device
+from ..train.trainer import Trainer
+from ..weights.format import architecture_fingerprint
+from ..weights.keys import learner_signing_key
+from ..weights.publisher import WeightPublisher
 from ..weights.store import WeightStore
+from ..wire.codec import SampleSpec
+from ..wire.snapshot import SnapshotSlot
 from .broker import ManagedBroker, resolve_broker
-from .learner_log import LearnerLog, _remove_temporary_files
-from .learner_models import LearnerModels, ModelRuntime
-from .process_runtime import ProcessRuntime
+from .learner_log import LearnerLog
+from .process_runtime import serving_half, start_all_or_none
 
 log = logging.getLogger(__name__)
 
 
-class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
-    """Owns the broker connection, the ingest worker and one trainer per model."""
+@dataclass
+class ModelRuntime:
+    """Everything livefit runs for one configured model."""
+
+    name: str
+    settings: ModelSettings
+    device: str
+    queue: SampleQueue
+    slot: SnapshotSlot
+    trainer: Trainer | None = None
+    served: ServedModel | None = None
+    store: WeightStore | None = None
+    publisher: WeightPublisher | None = None
+    dedup: SequenceTracker | None = None  # (source, seq) numbers: dedup, or only counting gaps
+    connection: MqttConnection | None = None
+    ingest: IngestWorker | None = None
+    labels: LabelJoiner | None = None  # joins its delayed labels to its predictions
+
+
+class LearnerRuntime:
+    """Owns the broker connection, the write-ahead log and each model's parts (its MQTT
+    session, ingest worker, trainer, weight stream and serving half)."""
 
     role = "learner"
-    lock_owner_pid: int | None = None  # the storage lock names this pid (None: this process)
 
-    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
-        super().__init__(settings, registry)
+    def __init__(
+        self,
+        settings: Settings,
+        registry: CollectorRegistry | None = None,
+        lock_owner_pid: int | None = None,
+    ) -> None:
+        """``lock_owner_pid``: the process the storage lock names (None: this one)."""
+        self.settings = settings
+        self.lock_owner_pid = lock_owner_pid
+        self.metrics = Metrics(registry, role=self.role)
+        self.started = False
         self.models: dict[str, ModelRuntime] = {}
         self.managed_broker: ManagedBroker | None = None
-        self.wal: WriteAheadLog | None = None
+        self.learner_log = LearnerLog(self.models, self.metrics)
         self.storage_lock = StorageLock(Path(settings.storage.dir))
         self.storage_health = StorageHealth(self.metrics)
+        # The storage dir deleted or replaced: the log takes nothing more, so nothing more is
+        # acknowledged.
         self.storage_watch = StorageWatch(
-            self.storage_lock, self.storage_health, self._storage_lost
+            self.storage_lock, self.storage_health, self.learner_log.mark_lost
         )
 
     def preflight(self) -> None:
@@ -72,23 +119,21 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
         self.storage_lock.acquire(self.settings.http.port, self.lock_owner_pid)
         _remove_temporary_files(Path(self.settings.storage.dir))
 
+    def start(self) -> None:
+        """Start every part; raises (after stopping what did start) if a part cannot start."""
+        start_all_or_none(self._start, self.stop)
+        self.started = True
+
     def _start(self) -> None:
         storage = Path(self.settings.storage.dir)
         self.preflight()
         address, self.managed_broker = resolve_broker(self.settings.broker.url, storage)
         enable_gpu_memory_growth()
         self.metrics.watch_gpus()
-        if self.settings.storage.wal:
-            self.wal = WriteAheadLog(
-                storage / "wal",
-                self.settings.storage.wal_segment_bytes,
-                self.settings.storage.fsync,
-            )
+        self.learner_log.create(self.settings.storage)
         for name, model_settings in self.settings.models.items():
             self.models[name] = self._build_model(name, model_settings, storage)
-        if self.wal is not None:
-            restored = [m.trainer.trained_position for m in self.models.values() if m.trainer]
-            self.wal.open(start_after=max(restored, default=0))
+        self.learner_log.open()
         self.storage_watch.start()
         routes = self._sessions(address)
         for runtime in self.models.values():
@@ -97,7 +142,7 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
         for runtime in self.models.values():
             assert runtime.trainer is not None
             runtime.trainer.start()
-        self._replay(routes)
+        self.learner_log.replay(routes)
         for runtime in self.models.values():
             assert runtime.ingest is not None and runtime.connection is not None
             runtime.ingest.start()
@@ -134,6 +179,146 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
             runtime.ingest = self._ingest_worker(runtime, route)
         return routes
 
+    # each model's parts -----------------------------------------------------------------------
+    def _build_model(self, name: str, settings: ModelSettings, storage: Path) -> ModelRuntime:
+        # The weight-signing key first (made on first start): a replica started beside this
+        # learner on the same storage dir waits for its public key.
+        learner_signing_key(settings.weights, storage, name)
+        device = resolve_device(settings.device)
+        runtime = ModelRuntime(
+            name=name,
+            settings=settings,
+            device=device,
+            queue=SampleQueue(settings.train.queue_capacity),
+            slot=SnapshotSlot(),
+            dedup=SequenceTracker(),
+        )
+        self.metrics.init_model(name)
+        runtime.trainer = Trainer(
+            name,
+            settings,
+            runtime.queue,
+            runtime.slot,
+            self.metrics,
+            device,
+            checkpoints=CheckpointStore(
+                storage / "checkpoints" / name, name, settings.checkpoint.keep
+            ),
+            hooks=self._hooks(runtime),
+            storage=self.storage_health,
+        )
+        runtime.trainer.on_checkpoint(self.learner_log.truncate)
+        runtime.trainer.warm_up()
+        restored = runtime.trainer.restored_from
+        if runtime.dedup and settings.dedup and restored and "dedup" in restored.notes:
+            runtime.dedup.loads(restored.notes["dedup"].decode("utf-8", "replace"))
+        runtime.labels = self._label_joiner(runtime)
+        if restored is not None:
+            runtime.labels.restore(restored.notes)
+        runtime.served = self._build_served(name, settings, device, runtime.slot)
+        self.metrics.model_ready.labels(model=name).set(1)
+        log.info("model %s built on %s (%s builder)", name, device, settings.builder)
+        return runtime
+
+    def _label_joiner(self, runtime: ModelRuntime) -> LabelJoiner:
+        trainer, name = runtime.trainer, runtime.name
+        return LabelJoiner(
+            runtime.name,
+            runtime.settings,
+            self._spec(runtime.settings),
+            (self.settings.labels_topic(name), self.settings.predictions_topic(name)),
+            self.metrics,
+            trained=lambda: trainer.trained_position if trainer is not None else 0,
+        )
+
+    def _hooks(self, runtime: ModelRuntime) -> TrainerHooks:
+        return LearnerHooks(self, runtime)
+
+    def _build_served(
+        self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
+    ) -> ServedModel | None:
+        """Model ``name``'s serving half in this process (None: served elsewhere)."""
+        self.metrics.group(ServingMetrics)
+        version_gauge = self.metrics.group(ServingMetrics).serving_version.labels(model=name)
+        return serving_half(
+            name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version)
+        )
+
+    def _start_weight_stream(self, runtime: ModelRuntime, connection: MqttConnection) -> None:
+        """Serving swaps and MQTT publishing follow every snapshot from now on."""
+        assert runtime.trainer is not None
+        model = runtime.trainer.model
+        names = weight_names(model)
+        weights = runtime.settings.weights
+        runtime.store = WeightStore(weights.keep_versions)
+        runtime.publisher = WeightPublisher(
+            model=runtime.name,
+            topic=self.settings.weights_topic(runtime.name),
+            names=names,
+            fingerprint=architecture_fingerprint(names, model.get_weights()),
+            connection=connection,
+            metrics=self.metrics,
+            store=runtime.store,
+            signer=learner_signing_key(weights, self.settings.storage.dir, runtime.name),
+            max_inline_bytes=weights.max_inline_bytes,
+            hmac_key=weights.key_bytes(),
+            refresh_interval_s=weights.refresh_interval_s,
+            publish_interval_s=weights.publish_interval_s,
+        )
+        runtime.publisher.watch_topic()  # the connection starts after this
+        runtime.slot.subscribe(runtime.publisher.offer)
+        if runtime.served is not None:
+            runtime.slot.subscribe(runtime.served.snapshot_arrived)
+        runtime.publisher.start()
+        if runtime.slot.latest is not None:
+            runtime.publisher.offer(runtime.slot.latest)
+
+    def _ingest_worker(self, runtime: ModelRuntime, route: Route) -> IngestWorker:
+        assert runtime.connection is not None
+        storage, wal = self.settings.storage, self.learner_log.wal
+        worker = IngestWorker(
+            runtime.connection,
+            route,
+            self.metrics,
+            wal,
+            storage.wal_group_max,
+            commit_window_s=storage.wal_commit_window_ms / 1000.0 if wal is not None else 0.0,
+            storage=self.storage_health,
+            stall_after_s=runtime.settings.stall_after_s,
+            silent_topic_warn_s=runtime.settings.silent_topic_warn_s,
+        )
+        stalled = self.metrics.group(IngestSequenceMetrics).ingest_stalled.labels(
+            model=runtime.name
+        )
+        stalled.set_function(lambda: float(worker.stalled()))
+        silence = self.metrics.group(IngestSequenceMetrics).ingest_seconds_since_message.labels(
+            model=runtime.name
+        )
+        silence.set_function(worker.seconds_since_message)
+        return worker
+
+    def _route(self, runtime: ModelRuntime, subscription: str) -> Route:
+        s = runtime.settings
+        return Route(
+            model=runtime.name,
+            subscription=subscription,
+            spec=self._spec(s),
+            queue=runtime.queue,
+            dead_letter_topic=self.settings.dead_letter_topic(runtime.name),
+            sequences=runtime.dedup,
+            drop_duplicates=s.dedup,
+            labels=runtime.labels,
+        )
+
+    @staticmethod
+    def _spec(s: ModelSettings) -> SampleSpec:
+        return SampleSpec(
+            input_shape=tuple(s.input_shape),
+            target_shape=tuple(s.resolved_target_shape()),
+            max_message_bytes=s.max_message_bytes,
+            max_samples=s.max_samples_per_message,
+        )
+
     def report_drift(self, name: str, detections: int) -> None:
         """Count a detected drift and report it on the model's events topic."""
         self.metrics.group(TrainingStateMetrics).drift_detected.labels(model=name).inc()
@@ -154,12 +339,6 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
             self.settings.events_topic(name), json.dumps(event).encode(), qos=1,
             content_type="application/json",
         )  # fmt: skip
-
-    def _storage_lost(self, reason: str) -> None:
-        """The storage dir was deleted or replaced (``storage.watch``): the log takes nothing
-        more, so nothing more is acknowledged."""
-        if self.wal is not None:
-            self.wal.mark_lost(reason)
 
     def weight_store(self, name: str) -> WeightStore | None:
         runtime = self.models.get(name)
@@ -214,12 +393,48 @@ class LearnerRuntime(LearnerModels, LearnerLog, ProcessRuntime):
             if runtime.connection is not None:
                 runtime.connection.stop()
                 runtime.connection = None
-        if self.wal is not None:
-            self.wal.close()
-            self.wal = None
+        self.learner_log.close()
         self.storage_watch.stop()
         if self.managed_broker is not None:
             self.managed_broker.stop()
             self.managed_broker = None
         self.storage_lock.release()
         self.started = False
+
+
+class LearnerHooks(TrainerHooks):
+    """What model ``runtime``'s trainer asks of the learner around it."""
+
+    def __init__(self, learner: LearnerRuntime, runtime: ModelRuntime) -> None:
+        self.learner = learner
+        self.runtime = runtime
+
+    def predictions_waiting(self) -> bool:
+        served = self.runtime.served
+        return served is not None and served.busy()
+
+    def log_frontier(self, trained_position: int) -> int:
+        return self.learner.learner_log.frontier(self.runtime.name, trained_position)
+
+    def checkpoint_notes(self) -> dict[str, bytes]:
+        """The dedup sequence numbers and the delayed labels' pending state."""
+        runtime = self.runtime
+        tracker = runtime.dedup if runtime.settings.dedup else None
+        found = {"dedup": tracker.dumps().encode()} if tracker is not None else {}
+        if runtime.labels is not None:
+            found.update(runtime.labels.notes())
+        return found
+
+    def drift_detected(self, detections: int) -> None:
+        self.learner.report_drift(self.runtime.name, detections)
+
+
+def _remove_temporary_files(storage: Path) -> None:
+    """Delete what an interrupted atomic write left (``*.tmp`` beside checkpoints and marks):
+    only whole files are ever renamed into place, so nothing else reads them."""
+    removed = 0
+    for leftover in (storage / "checkpoints").glob("*/*.tmp"):
+        leftover.unlink(missing_ok=True)
+        removed += 1
+    if removed:
+        log.info("removed %d temporary files left by an interrupted write", removed)

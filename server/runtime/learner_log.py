@@ -1,19 +1,22 @@
-"""The learner's write-ahead log around its models: replay at start of what was accepted but
-not yet checkpointed (``LearnerLog``, which ``LearnerRuntime`` inherits), truncation after each
-checkpoint, and the removal of temporary files an interrupted write left.
+"""The learner's write-ahead log around its models (``LearnerLog``, which ``LearnerRuntime``
+owns): made in the storage directory, opened past what the restored models trained, replayed
+at start (what was accepted but not yet checkpointed), truncated after each checkpoint, marked
+lost when the storage directory is, closed last.
 
 This module owns those steps; the log itself is ``storage.wal``'s and when they run is
-``runtime``'s.
+``learner``'s.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..base.metrics import Metrics
+from ..config.sections import StorageSettings
 from ..ingest.route import Route
 from ..storage.checkpoint import Checkpoint
 from ..storage.metrics import WalMetrics
@@ -22,20 +25,33 @@ from ..wire.codec import decode_message
 from ..wire.rejection import Rejection
 
 if TYPE_CHECKING:
-    from .learner_models import ModelRuntime
+    from .learner import ModelRuntime
 
 log = logging.getLogger(__name__)
 
 
 class LearnerLog:
-    """The write-ahead-log half of ``LearnerRuntime``."""
+    """The write-ahead log all of a learner's ``models`` share (``wal``: None without one)."""
 
-    # kept by LearnerRuntime (and ProcessRuntime)
-    metrics: Metrics
-    wal: WriteAheadLog | None
-    models: dict[str, ModelRuntime]
+    def __init__(self, models: Mapping[str, ModelRuntime], metrics: Metrics) -> None:
+        self.models = models
+        self.metrics = metrics
+        self.wal: WriteAheadLog | None = None
 
-    def _replay(self, routes: list[Route]) -> None:
+    def create(self, storage: StorageSettings) -> None:
+        """Make the log in the storage directory, not yet open (none with ``storage.wal`` off)."""
+        if storage.wal:
+            self.wal = WriteAheadLog(
+                Path(storage.dir) / "wal", storage.wal_segment_bytes, storage.fsync
+            )
+
+    def open(self) -> None:
+        """Open the log to append past every position the restored models trained."""
+        if self.wal is not None:
+            restored = [m.trainer.trained_position for m in self.models.values() if m.trainer]
+            self.wal.open(start_after=max(restored, default=0))
+
+    def replay(self, routes: list[Route]) -> None:
         """Queue what was accepted (and acknowledged) before a crash but not yet checkpointed."""
         if self.wal is None:
             return
@@ -85,7 +101,7 @@ class LearnerLog:
                 "(livefit_wal_corrupt_records_total)", skipped,
             )  # fmt: skip
 
-    def _truncate_log(self, checkpoint: Checkpoint) -> None:
+    def truncate(self, checkpoint: Checkpoint) -> None:
         """After a checkpoint, drop log segments that every model's fallback checkpoint (the
         previous one: ``Trainer.log_needed_from``) is past."""
         if self.wal is None:
@@ -97,13 +113,19 @@ class LearnerLog:
         if removed:
             log.info("write-ahead log: %d old segments removed", removed)
 
+    def frontier(self, model: str, trained: int) -> int:
+        """The log position ``model`` needs nothing before, having trained through ``trained``
+        (``WriteAheadLog.frontier``; 0 without a log)."""
+        return self.wal.frontier(model, trained) if self.wal is not None else 0
 
-def _remove_temporary_files(storage: Path) -> None:
-    """Delete what an interrupted atomic write left (``*.tmp`` beside checkpoints and marks):
-    only whole files are ever renamed into place, so nothing else reads them."""
-    removed = 0
-    for leftover in (storage / "checkpoints").glob("*/*.tmp"):
-        leftover.unlink(missing_ok=True)
-        removed += 1
-    if removed:
-        log.info("removed %d temporary files left by an interrupted write", removed)
+    def mark_lost(self, reason: str) -> None:
+        """The storage directory was deleted or replaced (``storage.watch``): the log takes
+        nothing more."""
+        if self.wal is not None:
+            self.wal.mark_lost(reason)
+
+    def close(self) -> None:
+        """Commit what is buffered and close; nothing is logged or truncated after this."""
+        if self.wal is not None:
+            self.wal.close()
+            self.wal = None

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from livefit.models.builders import weight_names
 
+from ..base.metrics import Metrics
 from ..config.model import ModelSettings
 from ..config.sections import BrokerSettings
 from ..config.settings import ConfigError, Settings
@@ -40,7 +41,7 @@ from ..weights.verifier import OUTCOMES, ReceivedWeights, WeightVerifier
 from ..weights.version_log import VersionLog
 from ..wire.snapshot import Snapshot, SnapshotSlot
 from .broker import resolve_broker
-from .process_runtime import ProcessRuntime, serving_half
+from .process_runtime import serving_half, start_all_or_none
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class ReplicaModel:
     receiver: WeightVerifier | None = None  # a WeightReceiver on a replica
 
 
-class ReplicaRuntime(ProcessRuntime):
+class ReplicaRuntime:
     """Receives weights for every configured model and serves them."""
 
     role = "replica"
@@ -65,10 +66,17 @@ class ReplicaRuntime(ProcessRuntime):
     def __init__(
         self, settings: Settings, registry: CollectorRegistry | None = None, instance: str = ""
     ) -> None:
-        super().__init__(settings, registry)
+        self.settings = settings
+        self.metrics = Metrics(registry, role=self.role)
+        self.started = False
         self.instance = instance or f"{socket.gethostname()}-{settings.http.port}"
         self.models: dict[str, ReplicaModel] = {}
         self._version_logs: dict[str, VersionLog] = {}
+
+    def start(self) -> None:
+        """Start every part; raises (after stopping what did start) if a part cannot start."""
+        start_all_or_none(self._start, self.stop)
+        self.started = True
 
     def _start(self) -> None:
         self._build_models()

@@ -38,9 +38,8 @@ from ..weights.local_feed import (
 )
 from ..wire.snapshot import SnapshotSlot
 from .children import start_spawner
-from .learner import LearnerRuntime
+from .learner import LearnerHooks, LearnerRuntime, ModelRuntime
 from .learner_group import TrainingSlot
-from .learner_models import LearnerHooks, ModelRuntime
 from .stop_signals import on_stop_signals
 from .workers import TRAINING
 
@@ -53,10 +52,9 @@ class TrainingRuntime(LearnerRuntime):
     def __init__(
         self, settings: Settings, slot: TrainingSlot, registry: CollectorRegistry | None = None
     ) -> None:
-        super().__init__(settings, registry)
         # A second learner on this storage names the ``livefit serve`` parent: stopping it
         # stops the learner, where stopping this process would only get it started again.
-        self.lock_owner_pid = os.getppid()
+        super().__init__(settings, registry, lock_owner_pid=os.getppid())
         self.slot = slot
         self.feed = LocalWeightFeed(slot.directory)
         self.board: BusyBoard | None = None
