@@ -36,6 +36,7 @@ from .hooks import TrainerHooks
 from .metrics import CheckpointMetrics, TrainingMetrics, TrainingStateMetrics
 from .modeling import build_compiled, make_loss
 from .prequential import PrequentialScores
+from .scaling import LevelShift
 from .train_step import TrainStep
 from .update_policy import Learned, UpdatePolicy
 
@@ -188,6 +189,8 @@ class Trainer(TrainerCheckpoints):
         elapsed = time.perf_counter() - started
         if batch.position is not None:
             self.trained_position = batch.position
+        if learned.shift is not None:
+            self._report_shift(learned.shift)
         if learned.outliers:
             self._count_outliers(learned.outliers)
         if not result.applied:
@@ -207,6 +210,17 @@ class Trainer(TrainerCheckpoints):
             )
         self.scores.add(result.prequential_losses, learned.y, result.predictions)
         self._record(batch, learned, elapsed)
+
+    def _report_shift(self, shift: LevelShift) -> None:
+        """Count and log a change of level of the targets (rare: not rate-limited)."""
+        self.metrics.group(TrainingMetrics).train_target_shifts.labels(model=self.name).inc()
+        log.warning(
+            "%s: %d recent targets lay beyond the outlier bound on one side: a new level, not "
+            "outliers; target statistics re-centred on them (features %s, mean %s, std %s), "
+            "replay buffer emptied (livefit_train_target_shifts_total)",
+            self.name, shift.count, shift.features.tolist(), shift.mean.tolist(),
+            np.sqrt(shift.variance).tolist(),
+        )  # fmt: skip
 
     def _count_outliers(self, samples: int) -> None:
         """Count clipped targets; say so in the log at most once a minute."""
