@@ -130,6 +130,13 @@ class WriteAheadLog:
                 if record.position > after:
                     yield record
 
+    @property
+    def first_position(self) -> int:
+        """The oldest position the log can still hold: its oldest segment's first (segments
+        before it were truncated), or the next position when it has none."""
+        segments = self._segments()
+        return _first_position(segments[0]) if segments else self.next_position
+
     def open(self, start_after: int = 0) -> None:
         """Repair a torn tail, then append after the last record (and after ``start_after``)."""
         last = 0

@@ -5,9 +5,9 @@ restores the newest checkpoint (continuing above every version ever handed out),
 versions on disk a block at a time before using them, copies the training state every
 ``checkpoint.interval_s`` for the ``CheckpointWriter`` and, on a clean stop, records the exact
 version so a restart continues without a jump. It also says how far back the write-ahead log
-must be kept (``log_needed_from``): to the previous checkpoint's position, so that a newest
-checkpoint found corrupt at start falls back to the previous one and replays the log from there
-without losing anything acknowledged. A base class of ``Trainer``; the attributes
+must be kept (``log_needed_from``): to the oldest kept checkpoint's position, so that whichever
+kept checkpoints are found corrupt at start, the fallback to any older one replays the log from
+there without losing anything acknowledged. A base class of ``Trainer``; the attributes
 declared below are the trainer's, set by its ``__init__``.
 """
 
@@ -57,9 +57,9 @@ class TrainerCheckpoints:
         self.checkpoints = checkpoints
         self.restored_from: Checkpoint | None = None
         self.checkpointed_position = 0  # WAL position the newest written checkpoint is past
-        # Positions of the checkpoint a fallback would use and of the newest (see log_needed_from)
+        # Positions of the checkpoints kept on disk, oldest first (see log_needed_from)
         keep = checkpoints.keep if checkpoints is not None else 1
-        self._fallback_positions: deque[int] = deque([0], maxlen=min(max(keep, 1), 2))
+        self._fallback_positions: deque[int] = deque([0], maxlen=max(keep, 1))
         self.storage = storage or StorageHealth(metrics)
         self._writer = (
             CheckpointWriter(name, checkpoints, metrics, self.storage) if checkpoints else None
@@ -79,10 +79,9 @@ class TrainerCheckpoints:
 
     @property
     def log_needed_from(self) -> int:
-        """The write-ahead-log position the log must be kept past: the position of the
-        checkpoint a restart falls back to when the newest one is corrupt (the previous one
-        written or restored, or the log's start before there is one; the newest with
-        ``checkpoint.keep = 1``, which has no fallback)."""
+        """The write-ahead-log position the log must be kept past: the position of the oldest
+        checkpoint kept on disk (``checkpoint.keep``), the last a restart can fall back to when
+        newer ones are corrupt, or the log's start before ``keep`` were written or restored."""
         return self._fallback_positions[0]
 
     def _restore(self) -> None:
