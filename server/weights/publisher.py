@@ -10,7 +10,11 @@ MQTT 3.1.1 too. A payload over ``max_inline_bytes`` is announced by a signed man
 is unreachable nothing piles up: the newest snapshot goes out once it is back. An envelope whose
 PUBLISH would be over the broker's maximum packet size (MQTT 5 CONNACK, or
 ``broker.max_packet_size_bytes``) goes out as a manifest too: an oversize packet would make
-the broker drop the connection, and ingestion shares it.
+the broker drop the connection, and ingestion shares it. A manifest itself over that size (a
+tiny limit, a long topic) cannot be sent at all: not counted as published but as failed
+(``livefit_weights_publish_failed_total``), with an error line saying replicas get no weights
+(once, and again after a publish went through). Readiness stays as it is: the learner trains
+and serves its own predictions; the replicas, which get nothing, are the ones not ready.
 
 The learner watches its own weight topic: a message there that is not its own (not signed by
 its key, or of another lineage, or unsigned, or the retained message deleted: a second learner
@@ -115,6 +119,7 @@ class WeightPublisher:
         self._restored_at = -float("inf")  # monotonic time of the last restore
         self._restore_gap_s = 0.0
         self._said_manifest = False
+        self._said_failed = False
 
     def watch_topic(self) -> None:
         """Subscribe to the weight topic to notice messages that are not this learner's.
@@ -170,7 +175,8 @@ class WeightPublisher:
         encoded = self.encode(snapshot)
         self.store.add(encoded)
         kind = self._send(encoded)
-        self._record(snapshot, encoded, kind, time.perf_counter() - started)
+        if kind is not None:
+            self._record(snapshot, encoded, kind, time.perf_counter() - started)
         return encoded
 
     def encode(self, snapshot: Snapshot) -> EncodedWeights:
@@ -224,13 +230,14 @@ class WeightPublisher:
         body = encoded.payload if inline else b""
         return self.signer.seal(header, body, self.hmac_key), "inline" if inline else "manifest"
 
-    def _send(self, encoded: EncodedWeights) -> str:
+    def _send(self, encoded: EncodedWeights) -> str | None:
         with self._send_lock:
             return self._send_locked(encoded)
 
-    def _send_locked(self, encoded: EncodedWeights) -> str:
+    def _send_locked(self, encoded: EncodedWeights) -> str | None:
         """Seal ``encoded`` now and publish it retained: inline when its PUBLISH fits the
-        broker's maximum packet size and ``max_inline_bytes``, else as a manifest."""
+        broker's maximum packet size and ``max_inline_bytes``, else as a manifest. Returns the
+        kind sent, or None when even the manifest is over that size (counted as failed)."""
         data, kind = self.seal(encoded, time.time())
         if kind == "inline" and not self.connection.fits(
             self.topic, data, content_type=ENVELOPE_CONTENT_TYPE
@@ -248,9 +255,29 @@ class WeightPublisher:
         self._last_info = self.connection.publish(
             self.topic, data, qos=1, retain=True, content_type=ENVELOPE_CONTENT_TYPE
         )
+        # kept even when not sent: the refresh tries it again (the broker's limit may change)
         self._last_sent, self._last_sent_at = encoded, time.monotonic()
+        if self._last_info is None:  # over the limit even as a manifest: the guard counted it
+            self._failed(encoded, kind, len(data))
+            return None
+        self._said_failed = False
         self._restore_wanted = False  # this is back on the topic now
         return kind
+
+    def _failed(self, encoded: EncodedWeights, kind: str, size: int) -> None:
+        self.metrics.group(WeightsPublishedMetrics).weights_publish_failed.labels(
+            model=self.model
+        ).inc()
+        if self._said_failed:
+            return
+        self._said_failed = True
+        log.error(
+            "weights %s v%d not published: even as a %s (%d bytes) its PUBLISH is over the "
+            "broker's maximum packet size (%s bytes; broker max_packet_size, "
+            "broker.max_packet_size_bytes): replicas get no weights until a larger limit or a "
+            "shorter weights.topic lets it through (livefit_weights_publish_failed_total)",
+            self.model, encoded.version, kind, size, self.connection.guard.limit_bytes,
+        )  # fmt: skip
 
     def _refresh_loop(self) -> None:
         while not self._stop_refresh.is_set():
@@ -273,7 +300,8 @@ class WeightPublisher:
             due = time.monotonic() - self._last_sent_at >= self.refresh_interval_s
             if last is None or not due or not self.connection.connected.is_set():
                 return
-            self._send_locked(last)
+            if self._send_locked(last) is None:
+                return
         self.metrics.group(WeightsPublishedMetrics).weights_published.labels(
             model=self.model, kind="refresh"
         ).inc()
@@ -341,7 +369,8 @@ class WeightPublisher:
                 min(max(1.0, self._restore_gap_s * 2), RESTORE_GAP_MAX_S) if recent else 0.0
             )
             self._restored_at = now
-            self._send_locked(last)
+            if self._send_locked(last) is None:
+                return
         self.metrics.group(WeightsPublishedMetrics).weights_published.labels(
             model=self.model, kind="restore"
         ).inc()
