@@ -21,7 +21,9 @@ its key, or of another lineage, or unsigned, or the retained message deleted: a 
 of the same model on the broker, or a third party) is logged as an error naming its key id and
 lineage, counted (``livefit_weights_foreign_total``), and the learner's newest snapshot is put
 back as the retained message at once (then no more often than every 1, 2, 4 ... 60 s while
-foreign messages keep coming, so two learners do not flood the topic fighting over it).
+foreign messages keep coming, so two learners do not flood the topic fighting over it; the gap
+starts again from 0 only after a quiet minute past it). Those lines (the foreign message, the
+put back) are logged the first time, then at most once a minute each with how many were not.
 
 Every ``refresh_interval_s`` without a new snapshot, the newest one is published again with a
 new ``signed_at`` (same bytes, same ``created_at``): receivers that limit the age of what they
@@ -40,6 +42,7 @@ import time
 from typing import Any
 
 from ..base.latest_worker import LatestWorker
+from ..base.logs import LogThrottle
 from ..base.metrics import ErrorMetrics, Metrics
 from ..mqtt.connection import MqttConnection, RawMessage
 from ..mqtt.metrics import PublishRefusedMetrics
@@ -60,6 +63,7 @@ from .version_log import VersionLog
 
 log = logging.getLogger(__name__)
 _REFRESH_POLL_S = 1.0
+RESTORE_GAP_MIN_S = 1.0  # the second restore in a fight waits this long, then twice as long ...
 RESTORE_GAP_MAX_S = 60.0  # foreign messages in a row: the snapshot is put back this often at most
 
 
@@ -118,6 +122,8 @@ class WeightPublisher:
         self._restore_wanted = False
         self._restored_at = -float("inf")  # monotonic time of the last restore
         self._restore_gap_s = 0.0
+        self._foreign_lines = LogThrottle()
+        self._restore_lines = LogThrottle()
         self._said_manifest = False
         self._said_failed = False
 
@@ -314,16 +320,19 @@ class WeightPublisher:
         if foreign is None:
             return
         self.metrics.group(WeightsPublishedMetrics).weights_foreign.labels(model=self.model).inc()
-        log.log(
-            logging.WARNING if message.retained else logging.ERROR,
-            "weights %s: %s on its own weight topic %s is not this learner's (key id %s, "
-            "lineage %s): %s. Another learner of this model on the broker (same topic, other "
-            "storage or key), or someone else publishing there; replicas would refuse or follow "
-            "it. Putting this learner's snapshot back",
-            self.model,
-            "the retained message found at subscribe" if message.retained else "a message",
-            self.topic, self.signer.key_id, self._own_lineage() or "not yet known", foreign,
-        )  # fmt: skip
+        held = self._foreign_lines.allow()
+        if held is not None:
+            log.log(
+                logging.WARNING if message.retained else logging.ERROR,
+                "weights %s: %s on its own weight topic %s is not this learner's (key id %s, "
+                "lineage %s): %s. Another learner of this model on the broker (same topic, other "
+                "storage or key), or someone else publishing there; replicas would refuse or "
+                "follow it. Putting this learner's snapshot back (livefit_weights_foreign_total)%s",
+                self.model,
+                "the retained message found at subscribe" if message.retained else "a message",
+                self.topic, self.signer.key_id, self._own_lineage() or "not yet known", foreign,
+                held,
+            )  # fmt: skip
         with self._send_lock:
             self._restore_wanted = True
         self._wake.set()
@@ -364,9 +373,13 @@ class WeightPublisher:
             if not self.connection.connected.is_set():
                 return
             self._restore_wanted = False
-            recent = now - self._restored_at < RESTORE_GAP_MAX_S
+            # The same fight while foreign messages come within a minute after the gap ran out
+            # (comparing with a minute alone restarted the gap at 0 each time it reached 60 s).
+            recent = now - self._restored_at < self._restore_gap_s + RESTORE_GAP_MAX_S
             self._restore_gap_s = (
-                min(max(1.0, self._restore_gap_s * 2), RESTORE_GAP_MAX_S) if recent else 0.0
+                min(max(RESTORE_GAP_MIN_S, self._restore_gap_s * 2), RESTORE_GAP_MAX_S)
+                if recent
+                else 0.0
             )
             self._restored_at = now
             if self._send_locked(last) is None:
@@ -374,10 +387,13 @@ class WeightPublisher:
         self.metrics.group(WeightsPublishedMetrics).weights_published.labels(
             model=self.model, kind="restore"
         ).inc()
-        log.warning(
-            "weights %s v%d (lineage %s) put back on %s as the retained message",
-            self.model, last.version, last.lineage, self.topic,
-        )  # fmt: skip
+        held = self._restore_lines.allow()
+        if held is not None:
+            log.warning(
+                "weights %s v%d (lineage %s) put back on %s as the retained message (next time "
+                "in %.0f s at the soonest)%s",
+                self.model, last.version, last.lineage, self.topic, self._restore_gap_s, held,
+            )  # fmt: skip
 
     def _record(
         self, snapshot: Snapshot, encoded: EncodedWeights, kind: str, seconds: float
