@@ -101,6 +101,7 @@ def test_a_fallback_to_the_oldest_kept_checkpoint_loses_nothing_and_a_gap_is_sai
         log = restarted.log.read_text()
     finally:
         assert restarted.stop() == 0
+    print(f"the two newest set aside: {trained:.0f} of {6 * PART} samples in the lineage")
     assert set_aside == 2 and lost == 0 and "are lost" not in log
     assert f"restored from checkpoint v{int(oldest.name[5:17])}" in log
     # Every sample is in the lineage; a message split across the checkpoint may be trained twice.
@@ -119,6 +120,7 @@ def test_a_fallback_to_the_oldest_kept_checkpoint_loses_nothing_and_a_gap_is_sai
         log = restarted.log.read_text()
     finally:
         assert restarted.stop() == 0
+    print(f"every checkpoint damaged: log from {first}, {lost:.0f} positions counted lost")
     assert lost == first - 1
     assert (
         f"restored to write-ahead-log position 0 (no usable checkpoint) but the log starts at "
