@@ -32,7 +32,7 @@ from livefit.models.builders import weight_names
 from livefit.server.config.sections import BrokerSettings
 from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.weights.format import WeightsMeta, architecture_fingerprint
-from livefit.server.weights.keys import VerifyKey, parse_verify_key
+from livefit.server.weights.keys import VerifyKey, parse_verify_key, read_key_file
 from livefit.server.weights.receiver import WeightReceiver
 from livefit.server.weights.receiver_auth import Authenticator
 from livefit.server.weights.verifier import DEFAULT_MAX_PULL_BYTES, ReceivedWeights
@@ -175,5 +175,5 @@ def _verify_key(value: str | bytes | Path | None) -> VerifyKey | None:
     if isinstance(value, str) and not value.lstrip().startswith("-----") and Path(value).is_file():
         value = Path(value)
     if isinstance(value, Path):
-        return parse_verify_key(value.read_bytes())
+        return parse_verify_key(read_key_file(value))
     return parse_verify_key(value)

@@ -276,8 +276,9 @@ TWO_MODELS = MINIMAL + "[models.other]\ninput_shape = [2]\noutput_shape = [1]\n"
          "livefit/demo/events"),
         (MINIMAL + "[models.demo.labels]\ntopic = 'livefit/demo/weights'\n",
          "models.demo.labels.topic", "livefit/demo/weights", "livefit/demo/weights"),
+        # (a wildcard there, 'in/+', is refused before: replicas publish on that topic)
         (MINIMAL + "[models.demo.weights]\ntopic = 'in/demo'\n[models.demo.labels]\n"
-         "predictions_topic = 'in/+'\n", "models.demo.labels.predictions_topic", "in/+",
+         "predictions_topic = 'in/demo'\n", "models.demo.labels.predictions_topic", "in/demo",
          "in/demo"),
     ],
 )  # fmt: skip
@@ -345,3 +346,69 @@ def test_livefit_serve_refuses_to_consume_its_own_output(tmp_path: Path, broker)
         "consume 'livefit/loop/weights', the weights topic livefit publishes for model loop: a "
         "learner must not read its own output; choose topics that do not overlap"
     ]
+
+
+# Config holes an outside attack on issue 26 found: each loaded, then failed at every publish
+# (a wildcard in a topic livefit publishes on), at the broker (a topic over MQTT's 65,535 UTF-8
+# bytes), or clipped every target (target_outlier_std = 1e-300, true, inf). Refused at load,
+# naming the key.
+PUBLISHED_TOPICS = {
+    "models.demo.weights.topic": "[models.demo.weights]\ntopic = '{topic}'",
+    "models.demo.dead_letter_topic": "dead_letter_topic = '{topic}'",
+    "models.demo.drift.events_topic": "[models.demo.drift]\nevents_topic = '{topic}'",
+    "models.demo.labels.topic": "[models.demo.labels]\ntopic = '{topic}'",
+    "models.demo.labels.predictions_topic": "[models.demo.labels]\npredictions_topic = '{topic}'",
+}
+
+
+@pytest.mark.parametrize("key", PUBLISHED_TOPICS)
+@pytest.mark.parametrize("topic", ["out/+/weights", "out/#", "out/a+b"])
+def test_a_topic_livefit_publishes_on_has_no_wildcards(
+    tmp_path: Path, key: str, topic: str
+) -> None:
+    text = MINIMAL + PUBLISHED_TOPICS[key].format(topic=topic) + "\n"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    message = str(caught.value)
+    assert f"{key}: {topic!r} is not an MQTT topic to publish on: wildcards" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("key", [*PUBLISHED_TOPICS, "models.demo.topic"])
+def test_a_topic_over_mqtts_65535_utf8_bytes_is_refused(tmp_path: Path, key: str) -> None:
+    lines = PUBLISHED_TOPICS.get(key, "topic = '{topic}'")
+    longest = "t/" + "é" * 32766 + "x"  # 65,535 bytes in UTF-8 (32,769 characters)
+    assert load_settings(write(tmp_path, MINIMAL + lines.format(topic=longest) + "\n"), environ={})
+    too_long = longest + "x"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + lines.format(topic=too_long) + "\n"), environ={})
+    message = str(caught.value)
+    assert f"{key}: " in message and "65536 UTF-8 bytes, over MQTT's 65535" in message
+    assert len(message) < 500  # the topic itself is not repeated whole
+
+
+def test_shared_subscriptions_are_refused_saying_why(tmp_path: Path) -> None:
+    """README used to say ``$share/group/...`` samples topics work while the validator refused
+    every ``$`` topic: now the refusal says shared subscriptions are not supported, and why."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + 'topic = "$share/g/livefit/demo/samples"\n'),
+                      environ={})  # fmt: skip
+    assert "models.demo.topic: shared subscriptions ($share/<group>/...) are not " \
+           "supported: one learner takes a model's whole stream" in str(caught.value)  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + 'topic = "$SYS/#"\n'), environ={})
+    assert "the broker's own ($SYS/...), not data" in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["1e-300", "0.5", "true", "false", "inf", "-inf", "nan", "-1"])
+def test_target_outlier_std_is_0_or_a_finite_number_of_at_least_1(
+    tmp_path: Path, value: str
+) -> None:
+    text = MINIMAL + f"[models.demo.train]\ntarget_outlier_std = {value}\n"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    assert "models.demo.train.target_outlier_std" in str(caught.value)
+    for good in ("0", "1", "3.5", "8", "1e6"):
+        text = MINIMAL + f"[models.demo.train]\ntarget_outlier_std = {good}\n"
+        settings = load_settings(write(tmp_path, text), environ={})
+        assert settings.models["demo"].train.target_outlier_std == float(good)

@@ -276,3 +276,40 @@ def test_a_session_taken_over_holds_readiness_at_503(broker: Mosquitto, tmp_path
     finally:
         for learner in learners:
             learner.stop()
+
+
+def test_a_manifest_over_the_packet_limit_is_failed_not_published(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """A packet limit that not even the manifest fits (1024 bytes and a 450-byte weight topic,
+    which the signed header repeats): before, each snapshot was counted and logged as published
+    (``kind="manifest"``) though nothing was sent. Now each is counted as failed, with one error
+    line saying replicas get no weights; nothing counts as published; the learner itself keeps
+    training and serving (readiness 200: the replicas, which get nothing, are not ready)."""
+    topic = "livefit/demo/weights/" + "w" * 429
+    demo = model(weights=f'publish_interval_s = 0.2\ntopic = "{topic}"')
+    text = learner_config(broker, tmp_path / "data", f"manifest-{broker.port}", demo,
+                          broker_lines="max_packet_size_bytes = 1024")  # fmt: skip
+    learner = LivefitProcess(text, tmp_path).start()
+    try:
+        with SamplePublisher(broker.url, "livefit/demo/samples", fmt="msgpack") as publisher:
+            x, y = LinearStream(input_dim=8, seed=2).sample(50)
+            publisher.publish(x, y, batched=True)
+        trained = lambda: metric(learner, "livefit_train_samples_total", model="demo")  # noqa: E731
+        assert wait_until(trained, 50) == 50
+        failed = lambda: metric(learner, "livefit_weights_publish_failed_total", model="demo")  # noqa: E731
+        wait_until(lambda: failed() >= 1, True)
+        assert failed() >= 1
+        for kind in ("inline", "manifest"):
+            assert metric(learner, "livefit_weights_published_total", model="demo", kind=kind) == 0
+        assert metric(learner, "livefit_published_version", model="demo") == 0
+        refused = metric(learner, "livefit_broker_publish_refused_total", topic=topic,
+                         reason="over_max_packet_size")  # fmt: skip
+        assert refused >= failed()
+        assert httpx.get(f"{learner.url}/v2/health/ready", timeout=5).status_code == 200
+    finally:
+        assert learner.stop() == 0
+    log = learner.log.read_text()
+    assert log.count("not published: even as a manifest") == 1, log[-3000:]
+    assert "replicas get no weights" in log
+    assert "published (manifest" not in log and "published (inline" not in log

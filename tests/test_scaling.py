@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load, save
 
-from livefit.server.train.scaling import ROBUST_COUNT, SMALL_COUNT, RunningStandardizer
+from livefit.server.train.scaling import (
+    ROBUST_COUNT,
+    SHIFT_RUN,
+    SHIFT_WINDOW,
+    SMALL_COUNT,
+    LevelShift,
+    LevelShiftWatch,
+    RunningStandardizer,
+)
 
 
 def _random_batches(
@@ -267,3 +275,52 @@ def test_a_real_level_shift_is_followed_through_the_clipping(shift: float, sampl
         clipped, _ = s.clip_outliers(rng.normal(shift, 1.0, size=(25, 1)), 8.0)
         s.update(clipped)
     assert s.clip_outliers(rng.normal(shift, 1.0, size=(1000, 1)), 8.0)[1] == 0
+
+
+def _watch_after(values: np.ndarray, bounds: tuple[float, float]) -> LevelShift | None:
+    watch = LevelShiftWatch()
+    low, high = np.array([bounds[0]]), np.array([bounds[1]])
+    shift = None
+    for value in values:
+        shift = watch.observe(np.array([[value]]), (low, high)) or shift
+    return shift
+
+
+def test_a_run_beyond_the_bound_on_one_side_is_a_level_shift_with_robust_statistics() -> None:
+    rng = np.random.default_rng(4)
+    inside = rng.uniform(-1.0, 1.0, size=12)
+    new_level = 1000.0 + rng.normal(0.0, 0.5, size=SHIFT_RUN)
+    new_level[3] = 3e38  # an outlier inside the run moves neither the median nor the spread
+    shift = _watch_after(np.concatenate([inside, new_level]), (-5.0, 5.0))
+    assert shift is not None and shift.count == SHIFT_RUN
+    assert shift.features.tolist() == [0] and shift.side.tolist() == [1]
+    assert abs(shift.mean[0] - 1000.0) < 0.5 and 0.1 < np.sqrt(shift.variance[0]) < 1.5
+    # one short of the run, scattered outliers, both sides, non-finite values: no shift
+    assert _watch_after(np.concatenate([inside, new_level[1:]]), (-5.0, 5.0)) is None
+    scattered = np.where(np.arange(64) % 3 == 0, 1e9, 0.0)  # 22 of 64, at most 11 of 32
+    assert _watch_after(scattered, (-5.0, 5.0)) is None
+    both = np.tile([1e9, -1e9], 16)
+    assert _watch_after(both, (-5.0, 5.0)) is None
+    assert _watch_after(np.full(SHIFT_WINDOW, np.inf), (-5.0, 5.0)) is None
+    assert _watch_after(np.full(SHIFT_WINDOW, np.nan), (-5.0, 5.0)) is None
+
+
+def test_a_shift_re_centres_only_its_features_and_restarts_the_count() -> None:
+    rng = np.random.default_rng(5)
+    s = RunningStandardizer()
+    s.update(rng.normal([2.0, -3.0], [0.1, 2.0], size=(2000, 2)))
+    before_mean, before_var = s.mean, s.variance
+    assert before_mean is not None and before_var is not None
+    bounds = s.bounds(8.0)
+    assert bounds is not None
+    watch = LevelShiftWatch()
+    y = np.column_stack([rng.normal(-50.0, 0.2, 25), rng.normal(-3.0, 2.0, 25)])
+    shift = watch.observe(y, bounds)
+    assert shift is not None and shift.features.tolist() == [0] and shift.side.tolist() == [-1]
+    moved = s.recentred(shift)
+    assert moved.count == 25 and moved.mean is not None and moved.variance is not None
+    assert abs(moved.mean[0] + 50.0) < 0.2 and moved.mean[1] == before_mean[1]
+    np.testing.assert_allclose(moved.variance[1], before_var[1])
+    assert moved.clip_outliers(y, 8.0)[1] == 0  # the new level is inside the new bound
+    # the window starts again after a shift: the run's targets do not count twice
+    assert watch.observe(y[: SHIFT_RUN - 1], bounds) is None

@@ -19,6 +19,7 @@ from livefit.server.ingest.sample_queue import SampleQueue
 from livefit.server.serve.serving import ServingModel
 from livefit.server.storage.checkpoint import CheckpointStore
 from livefit.server.train.modeling import build_uncompiled
+from livefit.server.train.scaling import SHIFT_RUN
 from livefit.server.train.trainer import Trainer
 from livefit.server.wire.samples import Batch
 from livefit.server.wire.snapshot import SnapshotSlot
@@ -217,3 +218,49 @@ def test_without_a_bound_a_target_that_overflows_the_loss_is_rolled_back_and_cou
     for before, after in zip(weights, t.model.get_weights(), strict=True):
         np.testing.assert_array_equal(before, after)
     assert np.isfinite(t.scores.scores["loss"].value)
+
+
+def level_stream(rng: np.random.Generator, n: int, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """The outside tester's stream: y = level + 0.1 * x0 + noise, x uniform in [0, 1)."""
+    x = rng.uniform(size=(n, 3))
+    return x, level + 0.1 * x[:, :1] + rng.normal(scale=0.01, size=(n, 1))
+
+
+def predict_at_zero(t: Trainer) -> float:
+    return float(t.model(np.zeros((1, 3), np.float32)).numpy()[0, 0])
+
+
+@pytest.mark.parametrize("message", [1, 25])
+def test_a_lasting_change_of_level_is_followed_at_once_and_single_outliers_still_clipped(
+    message: int,
+) -> None:
+    """2,000 targets around 2 with a spread of 0.03, then a lasting jump to 1000. Before, every
+    new target was clipped for hundreds of samples (the bound widens by about 8**2 / count
+    standard deviations each) and the prediction reached 5 % of 1000 only after 759 samples one
+    at a time, 1,325 in messages of 25. Now 20 of the last 32 beyond the bound are a new level:
+    the target statistics are re-centred on them and the model's output follows at once."""
+    t = trainer(builder="linear")
+    rng = np.random.default_rng(8)
+    for _ in range(2000 // 25):
+        t.train_batch(batch(*level_stream(rng, 25, 2.0)))
+    registry = t.metrics.registry
+    for outlier in (3e38, 1e9):  # one at a time: clipped, counted, no new level
+        x, y = level_stream(rng, 25, 2.0)
+        y[7] = outlier
+        t.train_batch(batch(x, y))
+    assert registry.get_sample_value("livefit_train_outliers_total", {"model": "m"}) == 2
+    assert abs(predict_at_zero(t) - 2.0) < 0.1
+    fed = 0
+    while abs(predict_at_zero(t) - 1000.0) > 50.0:
+        assert fed < SHIFT_RUN + message, (fed, predict_at_zero(t))
+        t.train_batch(batch(*level_stream(rng, message, 1000.0)))
+        fed += message
+    assert registry.get_sample_value("livefit_train_target_shifts_total", {"model": "m"}) == 1
+    clipped = registry.get_sample_value("livefit_train_outliers_total", {"model": "m"})
+    assert clipped is not None and clipped <= 2 + SHIFT_RUN - 1  # the run, until it is one
+    for _ in range(40):  # and it stays there, learning the new level's relation
+        t.train_batch(batch(*level_stream(rng, 25, 1000.0)))
+    assert abs(predict_at_zero(t) - 1000.0) < 1.0
+    assert registry.get_sample_value("livefit_train_target_shifts_total", {"model": "m"}) == 1
+    assert registry.get_sample_value("livefit_train_outliers_total", {"model": "m"}) == clipped
+    assert not registry.get_sample_value("livefit_train_nonfinite_total", {"model": "m"})

@@ -163,6 +163,35 @@ def test_a_damaged_record_in_an_older_segment_skips_only_itself(tmp_path: Path) 
     assert [r.position for r in WriteAheadLog(tmp_path).replay()] == [1, *range(3, 21)]
 
 
+@pytest.mark.parametrize("where", ["payload", "length"])
+def test_a_damaged_last_record_of_a_closed_segment_is_skipped_counted_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """Only the newest segment can end in a torn write: a closed segment's damaged last record
+    was lost to damage (an outside attack on issue 26 item 1 found it skipped, logged twice per
+    start as "rest of segment skipped" and not counted). Now it is one skipped record, counted
+    up to the next segment's first position, logged once; the next segments replay."""
+    wal = WriteAheadLog(tmp_path, segment_bytes=500)
+    wal.open()
+    fill(wal, 20)
+    wal.close()
+    oldest, second = sorted(tmp_path.glob("*.wal"))[:2]
+    offsets = record_offsets(oldest)
+    last = len(offsets)  # the oldest segment holds positions 1 .. last
+    assert int(second.name.split(".")[0]) == last + 1
+    damage(oldest, offsets[-1] + (25 if where == "payload" else 1), 0x40)
+    reopened = WriteAheadLog(tmp_path)
+    reopened.open()
+    assert [r.position for r in reopened.replay()] == [*range(1, last), *range(last + 1, 21)]
+    assert [(s.segment, s.offset, s.records, s.after) for s in reopened.skipped] == [
+        (oldest.name, offsets[-1], 1, last - 1)
+    ]
+    assert caplog.text.count(f"skipped a corrupt record at byte {offsets[-1]}") == 1
+    assert "rest of segment skipped" not in caplog.text and "cutting" not in caplog.text
+    assert oldest.stat().st_size == len(oldest.read_bytes())  # a closed segment is never cut
+    reopened.close()
+
+
 def test_a_deleted_directory_refuses_every_later_group(tmp_path: Path) -> None:
     directory = tmp_path / "wal"
     wal = WriteAheadLog(directory)

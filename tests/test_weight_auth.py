@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import logging
+import os
 import stat
 import struct
 import subprocess
@@ -371,6 +372,55 @@ def test_a_garbage_key_file_is_one_line_and_exit_2(tmp_path: Path, case: str, wo
     assert "Traceback" not in output, output[-3000:]
     assert done.stderr.count("\n") == 1 and str(key) in done.stderr, output[-3000:]
     assert done.stderr.startswith("livefit: models.demo.weights"), done.stderr
+
+
+# Key files that never end (an outside attack on issue 26 item 14): ``/dev/zero`` as the
+# signing key grew the learner's memory without limit, a FIFO hung it forever. Each is now
+# refused before it is read: a regular file of at most 64 KiB, or one line and exit 2.
+ENDLESS_KEYS = {
+    "dev_zero": ("serve", "signing_key_file = '{key}'", "/dev/zero", "a character device"),
+    "fifo_signing_key": ("serve", "signing_key_file = '{key}'", "{tmp}/k.key", "a FIFO"),
+    "fifo_made_key": ("serve", "", "{tmp}/data/keys/weights-signing.key", "a FIFO"),
+    "fifo_verify_key": ("replica", "verify_key_file = '{key}'", "{tmp}/k.pub", "a FIFO"),
+    "directory": ("serve", "signing_key_file = '{key}'", "{tmp}/keys.d", "a directory"),
+    "huge_file": ("serve", "signing_key_file = '{key}'", "{tmp}/k.key", "at most 64 KiB"),
+}
+
+
+def _limit_memory() -> None:
+    """At most 3 GiB of address space: a key read that never ends fails here, not the host."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+@pytest.mark.parametrize("case", ENDLESS_KEYS)
+def test_a_key_file_that_never_ends_is_refused_before_it_is_read(tmp_path: Path, case: str) -> None:
+    command, line, path, said = ENDLESS_KEYS[case]
+    key = Path(path.format(tmp=tmp_path))
+    key.parent.mkdir(parents=True, exist_ok=True)
+    if case.startswith("fifo"):
+        os.mkfifo(key)
+    elif case == "directory":
+        key.mkdir()
+    elif case == "huge_file":  # a valid key, padded past the limit
+        key.write_bytes(SigningKey.generate().private_pem() + b"\n" * (64 * 1024))
+    config = tmp_path / "livefit.toml"
+    config.write_text(
+        f'[http]\nworkers = 1\n[broker]\nurl = "mqtt://127.0.0.1:9"\n'
+        f'[storage]\ndir = "{tmp_path / "data"}"\n'
+        "[models.demo]\ninput_shape = [8]\noutput_shape = [1]\n"
+        f"[models.demo.weights]\n{line.format(key=key)}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "livefit", command, "--config", str(config), "--port", "0"],
+        capture_output=True, text=True, timeout=60, preexec_fn=_limit_memory,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert done.stderr.count("\n") == 1 and str(key) in done.stderr, output[-3000:]
+    assert done.stderr.startswith("livefit: models.demo.weights") and said in done.stderr
 
 
 def test_one_snapshot_always_encodes_to_the_same_bytes(weights: Weights) -> None:

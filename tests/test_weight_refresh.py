@@ -8,11 +8,14 @@ weights. A receiver counts the re-signed copies as ``refreshed``, never as new w
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import paho.mqtt.client as paho
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.server.base.metrics import Metrics
@@ -20,6 +23,7 @@ from livefit.server.config.sections import BrokerSettings
 from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.mqtt.connection import MqttConnection
 from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.weights import publisher as publisher_module
 from livefit.server.weights.format import open_envelope
 from livefit.server.weights.keys import SigningKey
 from livefit.server.weights.metrics import WeightsPublishedMetrics
@@ -172,3 +176,73 @@ def test_a_snapshot_is_encoded_once_for_the_topic_and_the_local_feed(broker: Mos
     assert (
         publisher.encode(Snapshot("demo", 8, arrays, second.created_at, 80, "d" * 32)) is not again
     )
+
+
+def test_two_learners_fighting_over_the_topic_back_off_for_good_and_log_little(
+    broker: Mosquitto, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two learners of one model (two keys) on one broker put their own snapshot back after
+    each other's (an outside attack on issue 26 item 9): each restore must wait 1, 2, 4 ... up
+    to 60 s and stay there while the fight goes on, and the error lines come once, then at most
+    once a minute. Before, the gap went back to 0 each time it reached its maximum (a burst of
+    restores every cycle) and every foreign message was an ERROR line (50 garbage retained
+    messages: 58 lines). Time is scaled here: gaps from 0.05 s to 0.3 s."""
+    monkeypatch.setattr(publisher_module, "RESTORE_GAP_MIN_S", 0.05)
+    monkeypatch.setattr(publisher_module, "RESTORE_GAP_MAX_S", 0.3)
+    monkeypatch.setattr(publisher_module, "_REFRESH_POLL_S", 0.01)
+    caplog.set_level(logging.INFO, logger=publisher_module.__name__)
+    weights, topic = Weights.of("linear"), f"{TOPIC}/fight-{time.time_ns()}"
+    arrays = tuple(np.asarray(a) for a in weights.arrays)
+    learners: list[tuple[WeightPublisher, MqttConnection, list[float]]] = []
+    for lineage in ("a" * 32, "b" * 32):
+        metrics = Metrics()
+        connection = _connection(broker, metrics)
+        publisher = WeightPublisher(
+            "demo", topic, weights.names, weights.fingerprint, connection, metrics,
+            WeightStore(2), SigningKey.generate(), max_inline_bytes=1 << 20,
+        )  # fmt: skip
+        publisher.watch_topic()
+        restores: list[float] = []
+        learners.append((publisher, connection, restores))
+        publisher._restore_if_due = _recording(publisher, restores)  # type: ignore[method-assign]
+        connection.start()
+        assert connection.wait_connected(10)
+        publisher.start()
+        publisher.offer(Snapshot("demo", 1, arrays, time.time(), 10, lineage=lineage))
+    garbage = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv311)
+    try:
+        time.sleep(4.0)
+        garbage.connect("127.0.0.1", broker.port)
+        garbage.loop_start()
+        for i in range(50):
+            garbage.publish(topic, f"garbage {i}".encode(), qos=1, retain=True).wait_for_publish(5)
+        time.sleep(0.5)
+    finally:
+        garbage.disconnect()
+        garbage.loop_stop()
+        for publisher, connection, _ in learners:
+            publisher.stop()
+            connection.stop()
+    for _, _, restores in learners:
+        gaps = np.diff(restores)
+        assert len(restores) >= 6, restores
+        # 0, 0.05, 0.1, 0.2 s, then 0.3 s for good: never a burst of restores again
+        assert gaps[4:].min() >= 0.3 * 0.95, gaps.round(3).tolist()
+    errors = [r for r in caplog.records if "is not this learner's" in r.getMessage()]
+    assert len(errors) == 2, [r.getMessage()[:80] for r in errors]  # one per learner
+    put_back = [r for r in caplog.records if "put back on" in r.getMessage()]
+    assert len(put_back) == 2, len(put_back)
+
+
+def _recording(publisher: WeightPublisher, restores: list[float]) -> Callable[[], None]:
+    """``publisher._restore_if_due``, appending the time of each restore it makes."""
+    restore_if_due = publisher._restore_if_due
+    counter = publisher.metrics.group(WeightsPublishedMetrics).weights_published
+
+    def recording() -> None:
+        before = counter.labels(model="demo", kind="restore")._value.get()
+        restore_if_due()
+        if counter.labels(model="demo", kind="restore")._value.get() > before:
+            restores.append(time.monotonic())
+
+    return recording

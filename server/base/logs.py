@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 
 # Set by a worker group for each serving worker (server/runtime/workers.py), and for a split
@@ -56,3 +57,26 @@ def configure_logging(level: str = "INFO", json_format: bool = False) -> None:
     root.setLevel(level)
     for noisy in ("uvicorn.access",):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class LogThrottle:
+    """The first line of a kind, then at most one per ``gap_s`` saying how many were held back:
+    for a condition that can repeat many times a second (someone else's messages on a topic).
+    Thread-safe."""
+
+    def __init__(self, gap_s: float = 60.0) -> None:
+        self.gap_s = gap_s
+        self._lock = threading.Lock()
+        self._logged_at = -float("inf")
+        self._held = 0
+
+    def allow(self) -> str | None:
+        """None: hold this line back (counted). Otherwise log it now, with the returned suffix
+        (``" (N more since the last line)"``, or empty)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._logged_at < self.gap_s:
+                self._held += 1
+                return None
+            held, self._held, self._logged_at = self._held, 0, now
+        return f" ({held} more since the last line)" if held else ""

@@ -33,7 +33,7 @@ from .model_tables import (
     WeightsSettings,
 )
 from .sections import Section
-from .topic_filters import filter_problem
+from .topic_filters import checked_topic, filter_problem, shown_topic
 
 _BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -126,9 +126,7 @@ class ModelSettings(Section):
     @field_validator("dead_letter_topic")
     @classmethod
     def _check_publish_topic(cls, value: str | None) -> str | None:
-        if value is not None and (not value or any(c in value for c in "#+\0")):
-            raise ValueError("must be a non-empty MQTT topic without wildcards")
-        return value
+        return checked_topic(value)
 
     @field_validator("target_shape")
     @classmethod
@@ -140,11 +138,17 @@ class ModelSettings(Section):
     @field_validator("topic")
     @classmethod
     def _check_topic(cls, value: str | None) -> str | None:
-        if value is not None and (not value or "\0" in value or value.startswith("$")):
-            raise ValueError("must be a non-empty MQTT topic (wildcards + and # are allowed)")
+        if value is not None and value.startswith("$share/"):
+            raise ValueError(
+                "shared subscriptions ($share/<group>/...) are not supported: one learner takes "
+                "a model's whole stream (two learners of one model would split the samples and "
+                "fight over its weight topic)"
+            )
+        if value is not None and value.startswith("$"):
+            raise ValueError("a topic starting with '$' is the broker's own ($SYS/...), not data")
         problem = filter_problem(value) if value is not None else None
         if problem is not None:
-            raise ValueError(f"{value!r} is not an MQTT topic filter: {problem}")
+            raise ValueError(f"{shown_topic(value)} is not an MQTT topic filter: {problem}")
         return value
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from .sections import Section
+from .topic_filters import checked_topic
 
 
 class TrainSettings(Section):
@@ -37,7 +38,24 @@ class TrainSettings(Section):
     # mean of the targets (from the 10th target on; widened by 100 / count below 100 targets)
     # is an outlier, clipped to that bound before it trains or enters the statistics, and
     # counted (0: no bound).
-    target_outlier_std: float = Field(8.0, ge=0)
+    target_outlier_std: float = Field(8.0, ge=0, allow_inf_nan=False)
+
+    @field_validator("target_outlier_std", mode="before")
+    @classmethod
+    def _no_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a number of standard deviations (0: no bound), not a boolean")
+        return value
+
+    @field_validator("target_outlier_std")
+    @classmethod
+    def _check_outlier_bound(cls, value: float) -> float:
+        # Below 1 standard deviation the bound would clip a good share of a steady stream's
+        # targets (a third of a normal one), bias the statistics it is computed from, and its
+        # runs beyond the bound would pass for changes of level.
+        if 0 < value < 1:
+            raise ValueError("must be 0 (no bound) or at least 1 (standard deviations)")
+        return value
 
 
 class DriftSettings(Section):
@@ -50,6 +68,11 @@ class DriftSettings(Section):
     boost_factor: float = Field(3.0, gt=1)  # learning rate multiplier for boost_lr
     boost_steps: int = Field(200, ge=1)  # training steps the boost lasts
     events_topic: str | None = None  # default livefit/<name>/events
+
+    @field_validator("events_topic")
+    @classmethod
+    def _check_events_topic(cls, value: str | None) -> str | None:
+        return checked_topic(value)
 
 
 class ServeSettings(Section):
@@ -138,6 +161,11 @@ class WeightsSettings(Section):
     max_age_s: float = Field(86400.0, ge=0)  # refuse weights signed longer ago (0: no limit)
     refresh_interval_s: float = Field(3600.0, gt=0)  # learner re-signs its newest snapshot
 
+    @field_validator("topic")
+    @classmethod
+    def _check_topic(cls, value: str | None) -> str | None:
+        return checked_topic(value)
+
     @field_validator("pull_url")
     @classmethod
     def _check_pull_url(cls, value: str | None) -> str | None:
@@ -173,6 +201,11 @@ class LabelsSettings(Section):
     record_buffer_rows: int = Field(10_000, ge=1)  # serving side: records waiting for the broker
     topic: str | None = None  # default livefit/<name>/labels
     predictions_topic: str | None = None  # default livefit/<name>/predictions
+
+    @field_validator("topic", "predictions_topic")
+    @classmethod
+    def _check_topics(cls, value: str | None) -> str | None:
+        return checked_topic(value)  # replicas publish on them; the learner reads them
 
     @model_validator(mode="after")
     def _check_default(self) -> LabelsSettings:

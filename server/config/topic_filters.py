@@ -6,19 +6,61 @@ level, and must be a whole level; ``#`` matches the parent level and any number 
 it, and must be the last level, alone; a filter that starts with a wildcard does not match a
 topic that starts with ``$`` (``$SYS/...``), while ``$SYS/#`` does.
 
+A topic name (what a message is published on) has no wildcards. Both are UTF-8 strings of at
+most 65,535 bytes (a 2-byte length in the packet).
+
 ``config`` uses ``topic_matches`` to refuse a data subscription that would consume a topic
-livefit itself publishes (a learner reading its own weights and dead-letter reports).
+livefit itself publishes (a learner reading its own weights and dead-letter reports), and
+``topic_problem`` to refuse a topic livefit publishes on that no broker would take.
 """
 
 from __future__ import annotations
 
+MAX_TOPIC_BYTES = 65_535
+
+
+def _string_problem(value: str, what: str) -> str | None:
+    if not value:
+        return f"an empty {what}"
+    if "\0" in value:
+        return "a NUL character"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "not valid UTF-8 (a lone surrogate)"
+    if size > MAX_TOPIC_BYTES:
+        return f"{size} UTF-8 bytes, over MQTT's {MAX_TOPIC_BYTES}"
+    return None
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why ``topic`` is not an MQTT topic name (one to publish on), or None when it is."""
+    problem = _string_problem(topic, "topic")
+    if problem is None and ("+" in topic or "#" in topic):
+        problem = "wildcards ('+', '#') belong in subscriptions, a message is published on a name"
+    return problem
+
+
+def checked_topic(topic: str | None) -> str | None:
+    """``topic`` (None: the default) for a settings validator: ValueError when livefit could
+    not publish on it (``topic_problem``), at load rather than at every publish."""
+    problem = topic_problem(topic) if topic is not None else None
+    if problem is not None:
+        raise ValueError(f"{shown_topic(topic)} is not an MQTT topic to publish on: {problem}")
+    return topic
+
+
+def shown_topic(value: str | None) -> str:
+    """``repr(value)``, shortened when long (a 65,535-byte topic in an error line)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(value or '')} characters)"
+
 
 def filter_problem(topic_filter: str) -> str | None:
     """Why ``topic_filter`` is not a valid MQTT topic filter, or None when it is."""
-    if not topic_filter:
-        return "an empty topic filter"
-    if "\0" in topic_filter:
-        return "a NUL character"
+    problem = _string_problem(topic_filter, "topic filter")
+    if problem is not None:
+        return problem
     levels = topic_filter.split("/")
     for index, level in enumerate(levels):
         if "#" in level and (level != "#" or index != len(levels) - 1):

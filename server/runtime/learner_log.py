@@ -55,6 +55,7 @@ class LearnerLog:
         """Queue what was accepted (and acknowledged) before a crash but not yet checkpointed."""
         if self.wal is None:
             return
+        self._report_lost_positions()
         by_model = {route.model: route for route in routes}
         replayed: dict[str, int] = {}
         for record in self.wal.replay():
@@ -101,9 +102,32 @@ class LearnerLog:
                 "(livefit_wal_corrupt_records_total)", skipped,
             )  # fmt: skip
 
+    def _report_lost_positions(self) -> None:
+        """Say (an error, a metric) when a model's restore position is below the log's first
+        position: its kept checkpoints were damaged or gone, and what the log held between is
+        lost. Never silent. A model without any history (version 0) has nothing to lose."""
+        assert self.wal is not None
+        first = self.wal.first_position
+        for name, runtime in self.models.items():
+            trainer = runtime.trainer
+            if trainer is None or trainer.version == 0 or first <= trainer.trained_position + 1:
+                continue
+            restored = trainer.restored_from
+            source = f"checkpoint v{restored.version}" if restored else "no usable checkpoint"
+            lost = first - 1 - trainer.trained_position
+            self.metrics.group(WalMetrics).wal_lost_positions.labels(model=name).inc(lost)
+            log.error(
+                "%s: restored to write-ahead-log position %d (%s) but the log starts at %d: "
+                "positions %d to %d were truncated behind checkpoints now damaged or gone, and "
+                "the acknowledged samples of %s among them are lost "
+                "(livefit_wal_lost_positions_total)",
+                name, trainer.trained_position, source, first, trainer.trained_position + 1,
+                first - 1, name,
+            )  # fmt: skip
+
     def truncate(self, checkpoint: Checkpoint) -> None:
-        """After a checkpoint, drop log segments that every model's fallback checkpoint (the
-        previous one: ``Trainer.log_needed_from``) is past."""
+        """After a checkpoint, drop log segments that every model's oldest kept checkpoint
+        (``Trainer.log_needed_from``) is past."""
         if self.wal is None:
             return
         frontiers = [

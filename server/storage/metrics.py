@@ -50,3 +50,11 @@ class WalMetrics(MetricGroup):
             "with its segment and byte offset)",
             registry=registry,
         )
+        self.wal_lost_positions = Counter(
+            "livefit_wal_lost_positions_total",
+            "Write-ahead-log positions a model's restore needed that the log no longer held "
+            "(truncated behind checkpoints found damaged or gone at start): the acknowledged "
+            "samples of the model among them are lost (logged as an error naming the gap)",
+            ["model"],
+            registry=registry,
+        )

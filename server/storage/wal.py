@@ -15,7 +15,9 @@ first one), so the body's position is also a frame marker for finding the next r
 Damaged records (a flipped bit, a block of zeros) and a torn tail are told apart by what follows
 them, as LevelDB's log reader and RocksDB's ``kTolerateCorruptedTailRecords`` do: a record that
 fails its CRC is skipped when an intact record follows it in the segment, and only when none
-does is it a torn tail (a crash mid-write), cut off on open when it ends the newest segment. The
+does is it a torn tail (a crash mid-write), cut off on open when it ends the newest segment. A
+crash only ever tears the newest segment: a damaged end of a closed one is skipped and counted
+like a record in the middle (the records up to the next segment's first position). The
 next record after a damaged one is found where its own length field says (a damaged payload),
 else by scanning byte by byte for a header whose position lies just above the last good one
 and whose CRC holds (a damaged length field). A skipped record is logged with its segment, byte
@@ -115,6 +117,9 @@ class WriteAheadLog:
         self._segment_size = 0
         self._durable_size = 0  # bytes of the current segment covered by a successful fsync
         self.next_position = 1
+        # The oldest position the log held when opened (segments before it were truncated):
+        # its oldest segment's first record, or the next position when it held none.
+        self.first_position = 1
         self.bytes_written = 0
         self._last_of: dict[str, int] = {}  # newest position appended per model
         self.skipped: list[SkippedRecord] = []  # damaged records found (once each)
@@ -125,21 +130,26 @@ class WriteAheadLog:
     # reading -------------------------------------------------------------------------------
     def replay(self, after: int = 0) -> Iterator[WalRecord]:
         """Every intact record with a position above ``after``, oldest first."""
-        for segment in self._segments():
-            for record in self._read_segment(segment):
+        segments = self._segments()
+        for segment, following in itertools.zip_longest(segments, segments[1:]):
+            for record in self._read_segment(segment, following):
                 if record.position > after:
                     yield record
 
     def open(self, start_after: int = 0) -> None:
         """Repair a torn tail, then append after the last record (and after ``start_after``)."""
         last = 0
-        for segment in self._segments():
-            for record in self._read_segment(segment, repair=segment == self._segments()[-1]):
+        segments = self._segments()
+        first = _first_position(segments[0]) if segments else None
+        for segment, following in itertools.zip_longest(segments, segments[1:]):
+            for record in self._read_segment(segment, following, repair=following is None):
+                first = min(first or record.position, record.position)
                 last = max(last, record.position)
                 self._last_of[record.model] = max(
                     self._last_of.get(record.model, 0), record.position
                 )
         self.next_position = max(last, start_after) + 1
+        self.first_position = first or self.next_position
         self._start_segment()
 
     # writing -------------------------------------------------------------------------------
@@ -202,9 +212,9 @@ class WriteAheadLog:
         op = "wal_open"
         try:
             if self._fd is None:
-                self._start_segment()
+                self._start_segment(position)
             elif self._segment_size >= self.segment_bytes:
-                self._roll()
+                self._roll(position)  # named after its first record (next_position is past it)
             op = "wal_write"
             self._write(record)
         except OSError as exc:
@@ -281,20 +291,22 @@ class WriteAheadLog:
     def _segments(self) -> list[Path]:
         return sorted(self.directory.glob(f"*{SUFFIX}"))
 
-    def _start_segment(self) -> None:
-        self._segment_first = self.next_position
+    def _start_segment(self, first: int | None = None) -> None:
+        """Open a segment named after ``first``, the position of its first record (by default
+        the next position)."""
+        self._segment_first = self.next_position if first is None else first
         path = self.directory / f"{self._segment_first:020d}{SUFFIX}"
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._segment_size = self._durable_size = os.fstat(self._fd).st_size
 
-    def _roll(self) -> None:
+    def _roll(self, first: int | None = None) -> None:
         if self._fd is not None:
             self._drain(self._fd)
             if self.fsync:
                 os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
-        self._start_segment()
+        self._start_segment(first)
 
     def _abandon_segment(self) -> None:
         """After a failed write or fsync: cut the segment back to its last good fsync (best
@@ -324,9 +336,13 @@ class WriteAheadLog:
         while view:
             view = view[os.write(fd, view) :]
 
-    def _read_segment(self, path: Path, repair: bool = False) -> Iterator[WalRecord]:
+    def _read_segment(
+        self, path: Path, following: Path | None = None, repair: bool = False
+    ) -> Iterator[WalRecord]:
         """The segment's intact records; damaged ones followed by intact ones are skipped
-        (logged and kept in ``skipped``), a damaged tail is torn (cut when ``repair``)."""
+        (logged and kept in ``skipped``). A damaged tail of the newest segment is torn (cut when
+        ``repair``); one of a closed segment (``following`` is the next) is damage, skipped
+        like a record in the middle: a crash mid-write only ever tears the newest segment."""
         data = path.read_bytes()
         offset = 0
         floor = _first_position(path) - 1  # every position in the segment is above it
@@ -337,12 +353,15 @@ class WriteAheadLog:
                 floor = max(floor, record.position)
                 offset += size
                 continue
-            following = _resync(data, offset, floor)
-            if following is None:
-                self._torn(path, offset, len(data), repair)
+            resumed = _resync(data, offset, floor)
+            if resumed is None:
+                if following is None:
+                    self._torn(path, offset, len(data), repair)
+                else:
+                    self._skip_tail(path, offset, data, floor, _first_record(following))
                 return
-            self._skip(path, offset, following, data, floor)
-            offset = following
+            self._skip(path, offset, resumed, data, floor)
+            offset = resumed
 
     def _skip(self, path: Path, offset: int, following: int, data: bytes, floor: int) -> None:
         record, _ = _parse(data, following)
@@ -359,6 +378,22 @@ class WriteAheadLog:
             "byte %d (position %d)",
             path.name, offset, len(data), skipped.size, skipped.records, floor, following,
             record.position,
+        )  # fmt: skip
+
+    def _skip_tail(self, path: Path, offset: int, data: bytes, floor: int, next_first: int) -> None:
+        """A closed segment ends in damaged bytes: the records between its last intact one and
+        the next segment's first are lost (at least one)."""
+        skipped = SkippedRecord(
+            path.name, offset, len(data) - offset, floor, max(1, next_first - floor - 1)
+        )
+        if any(s.segment == skipped.segment and s.offset == offset for s in self.skipped):
+            return  # found again (open and replay both read the log): reported once
+        self.skipped.append(skipped)
+        log.error(
+            "write-ahead log %s: skipped a corrupt record at byte %d of %d that ends this closed "
+            "segment (%d bytes, %d record(s) after position %d, before the next segment's first "
+            "%d: their samples are lost); replaying the rest from the next segment",
+            path.name, offset, len(data), skipped.size, skipped.records, floor, next_first,
         )  # fmt: skip
 
     def _torn(self, path: Path, offset: int, total: int, repair: bool) -> None:
@@ -464,3 +499,13 @@ def _identity(stat: os.stat_result) -> tuple[int, int]:
 
 def _first_position(path: Path) -> int:
     return int(path.name.removesuffix(SUFFIX))
+
+
+def _first_record(path: Path) -> int:
+    """The position of the segment's first record when it is intact, else its name's (older
+    versions named a segment started by size one past its first record)."""
+    with contextlib.suppress(OSError):
+        record, _ = _parse(path.read_bytes(), 0)
+        if record is not None:
+            return min(record.position, _first_position(path))
+    return _first_position(path)

@@ -70,6 +70,13 @@ class TrainingMetrics(MetricGroup):
             ["model"],
             registry=registry,
         )
+        self.train_target_shifts = Counter(
+            "livefit_train_target_shifts_total",
+            "Changes of level of a regression target: 20 of the last 32 targets beyond the "
+            "outlier bound on one side, the target statistics re-centred on them",
+            ["model"],
+            registry=registry,
+        )
 
     def init_model(self, model: str) -> None:
         self.train_steps.labels(model=model)
@@ -77,6 +84,7 @@ class TrainingMetrics(MetricGroup):
         self.train_yield_seconds.labels(model=model)
         self.train_nonfinite.labels(model=model)
         self.train_outliers.labels(model=model)
+        self.train_target_shifts.labels(model=model)
 
 
 class TrainingStateMetrics(MetricGroup):

@@ -59,6 +59,10 @@ class ReplayBuffer:
         """Bytes held by the preallocated arrays (0 before the first add)."""
         return sum(a.nbytes for a in (self._x, self._y, self._w) if a is not None)
 
+    def clear(self) -> None:
+        """Forget every stored sample (the arrays stay allocated); a reservoir starts over."""
+        self._size = self.seen = 0
+
     def _allocate(self, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
         self._x = np.empty((self._capacity, *x.shape[1:]), dtype=x.dtype)
         self._y = np.empty((self._capacity, *y.shape[1:]), dtype=y.dtype)

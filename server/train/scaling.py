@@ -14,10 +14,12 @@ that can leave that thread (snapshots, checkpoints, a serving model's normalisat
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 _F64_EPS = float(np.finfo(np.float64).eps)
+_IQR_PER_STD = 1.3489795  # a normal distribution's interquartile range, in standard deviations
 # The 5 % quantiles of the chi-square distribution with 1 to 8 degrees of freedom: below
 # SMALL_COUNT values a standard deviation is raised to its 95 % upper confidence bound,
 # sqrt(m2 / q[n - 1]) for n values (see RunningStandardizer._std).
@@ -28,6 +30,10 @@ SMALL_COUNT = len(_CHI2_05) + 2  # counts 2 to 9: 1 to 8 degrees of freedom
 # 12.4 standard deviations away; after 100 values none of the learning benchmark's regression
 # targets lies beyond 5.5).
 ROBUST_COUNT = 100
+# SHIFT_RUN of the last SHIFT_WINDOW targets beyond the outlier bound on the same side are a
+# new level, not outliers (see LevelShiftWatch).
+SHIFT_WINDOW = 32
+SHIFT_RUN = 20
 
 
 class RunningStandardizer:
@@ -134,6 +140,21 @@ class RunningStandardizer:
         clipped = np.clip(x, low, high).astype(x.dtype, copy=False)
         return clipped, rows
 
+    def recentred(self, shift: LevelShift) -> RunningStandardizer:
+        """A standardizer over ``shift.count`` values: the shifted features' statistics are
+        the new level's, the others' mean and variance stay (only their weight falls, so they
+        too follow what comes next sooner)."""
+        if self._shift is None or self._mean is None or self._m2 is None:
+            raise ValueError("nothing to re-centre: the statistics are empty")
+        shape = self._shift.shape
+        mean = np.reshape(self._shift + self._mean, -1).copy()
+        variance = np.reshape(self._m2 / self._count, -1).copy()
+        mean[shift.features], variance[shift.features] = shift.mean, shift.variance
+        out = RunningStandardizer(self.per_last_axis, self.eps)
+        out._count, out._shift = shift.count, np.reshape(mean, shape)
+        out._mean, out._m2 = np.zeros(shape), np.reshape(variance * shift.count, shape)
+        return out
+
     def copy(self) -> RunningStandardizer:
         """An independent copy, cheaply: updates replace the statistics' arrays, never write
         into them, so the copy may share them."""
@@ -214,3 +235,63 @@ class RunningStandardizer:
                 raise ValueError(f"mean {mean.shape} and m2 {m2.shape} differ in shape")
             out._count, out._shift, out._mean, out._m2 = count, mean, np.zeros_like(mean), m2
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class LevelShift:
+    """A change of level of some target features, seen by ``LevelShiftWatch``.
+
+    ``features`` index the flattened statistics; ``mean`` and ``variance`` (one per such
+    feature) are the new level's, robustly (median, interquartile range), over the ``count``
+    recent targets beyond the bound; ``side`` is +1 (above) or -1 (below) per feature.
+    """
+
+    features: np.ndarray
+    side: np.ndarray
+    mean: np.ndarray
+    variance: np.ndarray
+    count: int
+
+
+class LevelShiftWatch:
+    """Tells a change of level from outliers in a stream of targets.
+
+    An outlier is one target beyond the bound; a new level is a run: ``run`` (20) of the last
+    ``window`` (32) finite targets of a feature beyond the bound on the same side. A stationary
+    stream puts a value beyond 8 standard deviations of its own statistics about once in 1e15
+    (Gaussian), and never most of 32 in a row, so the run is the stream moving; clipping it
+    would hold the model at the old level for thousands of samples. ``observe`` returns the
+    shift to re-centre on (then starts a new window), else None. One owner, like the scaler.
+    """
+
+    def __init__(self, window: int = SHIFT_WINDOW, run: int = SHIFT_RUN) -> None:
+        if not 0 < run <= window:
+            raise ValueError(f"need 0 < run <= window, got run {run}, window {window}")
+        self.window, self.run = window, run
+        self._values: np.ndarray | None = None  # (m <= window, features) the newest targets
+        self._sides: np.ndarray | None = None  # (m, features): +1 above, -1 below, 0 within
+
+    def observe(self, y: np.ndarray, bounds: tuple[np.ndarray, np.ndarray]) -> LevelShift | None:
+        """Add a batch of raw targets ``(n, *stats_shape)``, judged against ``bounds``."""
+        rows = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+        low, high = (np.reshape(b, -1) for b in bounds)
+        finite = np.isfinite(rows)  # inf or NaN never make a level
+        sides = np.where(finite & (rows > high), 1, np.where(finite & (rows < low), -1, 0))
+        if self._values is not None and self._sides is not None:
+            rows, sides = np.concatenate([self._values, rows]), np.concatenate([self._sides, sides])
+        self._values, self._sides = rows[-self.window :], sides[-self.window :].astype(np.int8)
+        above, below = (self._sides == 1).sum(axis=0), (self._sides == -1).sum(axis=0)
+        features = np.flatnonzero((above >= self.run) | (below >= self.run))
+        if features.size == 0:
+            return None
+        side = np.where(above[features] >= self.run, 1, -1)
+        mean, variance, counts = [], [], []
+        for f, s in zip(features.tolist(), side.tolist(), strict=True):
+            values = self._values[self._sides[:, f] == s, f]
+            q1, median, q3 = np.percentile(values, [25, 50, 75])
+            sigma = (q3 - q1) / _IQR_PER_STD
+            mean.append(median)
+            variance.append(sigma * sigma)
+            counts.append(len(values))
+        self._values = self._sides = None
+        return LevelShift(features, side, np.array(mean), np.array(variance), min(counts))

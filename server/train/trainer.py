@@ -15,9 +15,9 @@ counted.
 Its durable state: at start it restores the newest checkpoint (continuing above every version
 ever handed out), it claims versions on disk a block at a time before using them and, on a
 clean stop, records the exact version so a restart continues without a jump. It also says how
-far back the write-ahead log must be kept (``log_needed_from``): to the previous checkpoint's
-position, so that a newest checkpoint found corrupt at start falls back to the previous one and
-replays the log from there without losing anything acknowledged.
+far back the write-ahead log must be kept (``log_needed_from``): to the oldest kept checkpoint's
+position, so that whichever kept checkpoints are found corrupt at start, the fallback to any
+older one replays the log from there without losing anything acknowledged.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from .hooks import TrainerHooks
 from .metrics import CheckpointMetrics, TrainingMetrics, TrainingStateMetrics
 from .modeling import build_compiled, make_loss
 from .prequential import PrequentialScores
+from .scaling import LevelShift
 from .train_step import TrainStep
 from .update_policy import Learned, UpdatePolicy
 
@@ -198,6 +199,8 @@ class Trainer:
         elapsed = time.perf_counter() - started
         if batch.position is not None:
             self.trained_position = batch.position
+        if learned.shift is not None:
+            self._report_shift(learned.shift)
         if learned.outliers:
             self._count_outliers(learned.outliers)
         if not result.applied:
@@ -217,6 +220,17 @@ class Trainer:
             )
         self.scores.add(result.prequential_losses, learned.y, result.predictions)
         self._record(batch, learned, elapsed)
+
+    def _report_shift(self, shift: LevelShift) -> None:
+        """Count and log a change of level of the targets (rare: not rate-limited)."""
+        self.metrics.group(TrainingMetrics).train_target_shifts.labels(model=self.name).inc()
+        log.warning(
+            "%s: %d recent targets lay beyond the outlier bound on one side: a new level, not "
+            "outliers; target statistics re-centred on them (features %s, mean %s, std %s), "
+            "replay buffer emptied (livefit_train_target_shifts_total)",
+            self.name, shift.count, shift.features.tolist(), shift.mean.tolist(),
+            np.sqrt(shift.variance).tolist(),
+        )  # fmt: skip
 
     def _count_outliers(self, samples: int) -> None:
         """Count clipped targets; say so in the log at most once a minute."""
@@ -297,9 +311,9 @@ class Trainer:
         self.checkpoints = checkpoints
         self.restored_from: Checkpoint | None = None
         self.checkpointed_position = 0  # WAL position the newest written checkpoint is past
-        # Positions of the checkpoint a fallback would use and of the newest (see log_needed_from)
+        # Positions of the checkpoints kept on disk, oldest first (see log_needed_from)
         keep = checkpoints.keep if checkpoints is not None else 1
-        self._fallback_positions: deque[int] = deque([0], maxlen=min(max(keep, 1), 2))
+        self._fallback_positions: deque[int] = deque([0], maxlen=max(keep, 1))
         self.storage = storage or StorageHealth(metrics)
         self._writer = (
             CheckpointWriter(name, checkpoints, metrics, self.storage) if checkpoints else None
@@ -319,10 +333,9 @@ class Trainer:
 
     @property
     def log_needed_from(self) -> int:
-        """The write-ahead-log position the log must be kept past: the position of the
-        checkpoint a restart falls back to when the newest one is corrupt (the previous one
-        written or restored, or the log's start before there is one; the newest with
-        ``checkpoint.keep = 1``, which has no fallback)."""
+        """The write-ahead-log position the log must be kept past: the position of the oldest
+        checkpoint kept on disk (``checkpoint.keep``), the last a restart can fall back to when
+        newer ones are corrupt, or the log's start before ``keep`` were written or restored."""
         return self._fallback_positions[0]
 
     def _restore(self) -> None:

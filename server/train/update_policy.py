@@ -16,7 +16,10 @@ Per batch, after the compiled step scored it (test-then-train):
 - with target scaling, a target beyond ``train.target_outlier_std`` standard deviations of
   the targets' running statistics is clipped to that bound first: for the step, the
   statistics, the replay buffer and the prequential scores alike, so one sample can move
-  neither the scaling nor the weights without bound (``Learned.outliers`` counts them);
+  neither the scaling nor the weights without bound (``Learned.outliers`` counts them); but a
+  run of targets beyond it on one side (20 of the last 32) is a new level, not outliers: the
+  target statistics are re-centred on those targets (the model's output moves to the new level
+  at once) and the replay buffer, which holds the old level, is emptied (``Learned.shift``);
 - the drift detector reads the batch's prequential losses; on drift it reports, and with a
   reaction configured resets the optimizer state or raises the learning rate for a while.
 """
@@ -36,7 +39,7 @@ from ..config.model import ModelSettings
 from ..wire.samples import Batch
 from .drift import DriftDetector
 from .replay import ReplayBuffer, mix
-from .scaling import RunningStandardizer
+from .scaling import LevelShift, LevelShiftWatch, RunningStandardizer
 from .train_step import StepResult, TrainStep
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,7 @@ class Learned:
     drift: bool
     y: np.ndarray  # the batch's targets as trained and scored (outliers clipped)
     outliers: int = 0  # samples whose target was clipped
+    shift: LevelShift | None = None  # a new target level this batch re-centred the scaling on
 
 
 class UpdatePolicy:
@@ -83,6 +87,7 @@ class UpdatePolicy:
         self.target_layer = target_scaling_layer(step.model)
         self.target_scaler = RunningStandardizer() if self.target_layer is not None else None
         self.target_outlier_std = train.target_outlier_std
+        self.shift_watch = LevelShiftWatch()
         drift = settings.drift
         self.drift = (
             DriftDetector(drift.method, threshold=drift.threshold)
@@ -108,6 +113,7 @@ class UpdatePolicy:
         """
         first: StepResult | None = None
         steps = replayed = 0
+        shift = self._follow_level_shift(batch)
         batch, outliers = self._clip_target_outliers(batch)
         statistics = self._next_statistics(batch)
         target_statistics = self._next_target_statistics(batch)
@@ -132,12 +138,29 @@ class UpdatePolicy:
             if self._saved_target_scaler is not None:
                 self.target_scaler = self._saved_target_scaler
         drift = self._watch(first)
-        return Learned(first, steps, replayed, drift, batch.y, outliers)
+        return Learned(first, steps, replayed, drift, batch.y, outliers, shift)
 
     def _with_replay(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         if self.replay is None:
             return batch.x, batch.y, batch.w, 0
         return mix(batch.x, batch.y, batch.w, self.replay, self.replay_share)
+
+    def _follow_level_shift(self, batch: Batch) -> LevelShift | None:
+        """Re-centre the target statistics when the batch completes a run of targets beyond
+        the outlier bound on one side (a new level), and empty the replay buffer."""
+        if self.target_scaler is None or self.target_layer is None:
+            return None
+        bounds = self.target_scaler.bounds(self.target_outlier_std)
+        if bounds is None:
+            return None
+        y = np.reshape(batch.y, (len(batch.y), *self.target_layer.stats_shape))
+        shift = self.shift_watch.observe(y, bounds)
+        if shift is None:
+            return None
+        self.target_scaler = self.target_scaler.recentred(shift)
+        if self.replay is not None:
+            self.replay.clear()
+        return shift
 
     def _clip_target_outliers(self, batch: Batch) -> tuple[Batch, int]:
         """``batch`` with its outlying targets clipped to the targets' running bounds, and

@@ -23,6 +23,7 @@ import binascii
 import hashlib
 import logging
 import os
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -42,6 +43,9 @@ _loaded_lock = threading.Lock()
 KEYS_DIR = "keys"
 DEFAULT_KEY_NAME = "weights-signing.key"
 DEFAULT_PUBLIC_NAME = "weights-signing.pub"
+# A PEM Ed25519 key is about 120 bytes; a key file beyond this is not one (``/dev/zero`` would
+# otherwise be read until the memory is full).
+MAX_KEY_FILE_BYTES = 64 * 1024
 
 
 def key_id(public_raw: bytes) -> str:
@@ -159,6 +163,36 @@ def _raw_32(data: bytes, stripped: bytes) -> bytes:
     raise ValueError("expected PEM, or 32 bytes raw, base64 or hex")
 
 
+def read_key_file(path: Path) -> bytes:
+    """The bytes of a key file that is a regular file of at most ``MAX_KEY_FILE_BYTES``.
+
+    Checked on the open file before reading: a FIFO would block the read forever and a device
+    such as ``/dev/zero`` never ends (opened non-blocking, so neither waits). ValueError says
+    what the file is; OSError (FileNotFoundError when missing) when it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise ValueError(f"not a regular file ({_file_kind(status.st_mode)})")
+        data = os.read(fd, MAX_KEY_FILE_BYTES + 1)  # a regular file never returns short early
+        if len(data) > MAX_KEY_FILE_BYTES or status.st_size > MAX_KEY_FILE_BYTES:
+            raise ValueError(
+                f"{max(status.st_size, len(data))} bytes: a key file is at most "
+                f"{MAX_KEY_FILE_BYTES // 1024} KiB"
+            )
+        return data
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))  # fmt: skip
+    return next((kind for test, kind in kinds if test(mode)), "not a file")
+
+
 def default_key_path(storage_dir: str | Path) -> Path:
     return Path(storage_dir) / KEYS_DIR / DEFAULT_KEY_NAME
 
@@ -173,7 +207,7 @@ def ensure_signing_key(path: Path, public_path: Path | None = None) -> tuple[Sig
     path.parent.mkdir(parents=True, exist_ok=True)
     created = False
     try:
-        data = path.read_bytes()
+        data = read_key_file(path)
     except FileNotFoundError:
         data = SigningKey.generate().private_pem()
         # Written whole under a private name, then linked in: a second process starting on the
@@ -187,7 +221,7 @@ def ensure_signing_key(path: Path, public_path: Path | None = None) -> tuple[Sig
         try:
             os.link(tmp, path)
         except FileExistsError:  # another process created it meanwhile: use theirs
-            data = path.read_bytes()
+            data = read_key_file(path)
         else:
             created = True
         finally:
@@ -201,9 +235,9 @@ def ensure_signing_key(path: Path, public_path: Path | None = None) -> tuple[Sig
 def _write_public(path: Path, public: VerifyKey) -> None:
     pem = public.pem()
     try:
-        if path.read_bytes() == pem:
+        if read_key_file(path) == pem:
             return
-    except OSError:
+    except (OSError, ValueError):  # missing, or not a key file: replaced below
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -225,15 +259,13 @@ def check_signing_keys(settings: Settings) -> None:
             f"models.{name}.weights (the signing key the learner made)"
         )  # fmt: skip
         try:
-            data = path.read_bytes()
+            parse_signing_key(read_key_file(path), path)
         except FileNotFoundError:
             if not configured:
                 continue
             raise ConfigError(f"{setting}: cannot read {path}: no such file") from None
         except OSError as exc:
             raise ConfigError(f"{setting}: cannot read {path}: {exc.strerror}") from None
-        try:
-            parse_signing_key(data, path)
         except ValueError as exc:
             raise ConfigError(f"{setting}: {path}: {exc}") from None
 
@@ -255,7 +287,7 @@ def _load_learner_key(weights: WeightsSettings, storage_dir: str | Path, model: 
     if weights.signing_key_file:
         path = Path(weights.signing_key_file)
         try:
-            key = parse_signing_key(path.read_bytes(), path)
+            key = parse_signing_key(read_key_file(path), path)
         except OSError as exc:
             raise ConfigError(
                 f"models.{model}.weights.signing_key_file: cannot read {path}: {exc.strerror}"

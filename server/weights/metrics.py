@@ -18,6 +18,14 @@ class WeightsPublishedMetrics(MetricGroup):
             ["model", "kind"],
             registry=registry,
         )
+        self.weights_publish_failed = Counter(
+            "livefit_weights_publish_failed_total",
+            "Snapshots not published: even their manifest's PUBLISH is over the broker's maximum "
+            "packet size (replicas get no weights; the refusal is also in "
+            "livefit_broker_publish_refused_total)",
+            ["model"],
+            registry=registry,
+        )
         self.weights_publish_seconds = Histogram(
             "livefit_weights_publish_seconds", "Time to encode and publish one snapshot",
             ["model"], buckets=STEP_BUCKETS, registry=registry,

@@ -10,14 +10,20 @@ MQTT 3.1.1 too. A payload over ``max_inline_bytes`` is announced by a signed man
 is unreachable nothing piles up: the newest snapshot goes out once it is back. An envelope whose
 PUBLISH would be over the broker's maximum packet size (MQTT 5 CONNACK, or
 ``broker.max_packet_size_bytes``) goes out as a manifest too: an oversize packet would make
-the broker drop the connection, and ingestion shares it.
+the broker drop the connection, and ingestion shares it. A manifest itself over that size (a
+tiny limit, a long topic) cannot be sent at all: not counted as published but as failed
+(``livefit_weights_publish_failed_total``), with an error line saying replicas get no weights
+(once, and again after a publish went through). Readiness stays as it is: the learner trains
+and serves its own predictions; the replicas, which get nothing, are the ones not ready.
 
 The learner watches its own weight topic: a message there that is not its own (not signed by
 its key, or of another lineage, or unsigned, or the retained message deleted: a second learner
 of the same model on the broker, or a third party) is logged as an error naming its key id and
 lineage, counted (``livefit_weights_foreign_total``), and the learner's newest snapshot is put
 back as the retained message at once (then no more often than every 1, 2, 4 ... 60 s while
-foreign messages keep coming, so two learners do not flood the topic fighting over it).
+foreign messages keep coming, so two learners do not flood the topic fighting over it; the gap
+starts again from 0 only after a quiet minute past it). Those lines (the foreign message, the
+put back) are logged the first time, then at most once a minute each with how many were not.
 
 Every ``refresh_interval_s`` without a new snapshot, the newest one is published again with a
 new ``signed_at`` (same bytes, same ``created_at``): receivers that limit the age of what they
@@ -36,6 +42,7 @@ import time
 from typing import Any
 
 from ..base.latest_worker import LatestWorker
+from ..base.logs import LogThrottle
 from ..base.metrics import ErrorMetrics, Metrics
 from ..mqtt.connection import MqttConnection, RawMessage
 from ..mqtt.metrics import PublishRefusedMetrics
@@ -56,6 +63,7 @@ from .version_log import VersionLog
 
 log = logging.getLogger(__name__)
 _REFRESH_POLL_S = 1.0
+RESTORE_GAP_MIN_S = 1.0  # the second restore in a fight waits this long, then twice as long ...
 RESTORE_GAP_MAX_S = 60.0  # foreign messages in a row: the snapshot is put back this often at most
 
 
@@ -114,7 +122,10 @@ class WeightPublisher:
         self._restore_wanted = False
         self._restored_at = -float("inf")  # monotonic time of the last restore
         self._restore_gap_s = 0.0
+        self._foreign_lines = LogThrottle()
+        self._restore_lines = LogThrottle()
         self._said_manifest = False
+        self._said_failed = False
 
     def watch_topic(self) -> None:
         """Subscribe to the weight topic to notice messages that are not this learner's.
@@ -170,7 +181,8 @@ class WeightPublisher:
         encoded = self.encode(snapshot)
         self.store.add(encoded)
         kind = self._send(encoded)
-        self._record(snapshot, encoded, kind, time.perf_counter() - started)
+        if kind is not None:
+            self._record(snapshot, encoded, kind, time.perf_counter() - started)
         return encoded
 
     def encode(self, snapshot: Snapshot) -> EncodedWeights:
@@ -224,13 +236,14 @@ class WeightPublisher:
         body = encoded.payload if inline else b""
         return self.signer.seal(header, body, self.hmac_key), "inline" if inline else "manifest"
 
-    def _send(self, encoded: EncodedWeights) -> str:
+    def _send(self, encoded: EncodedWeights) -> str | None:
         with self._send_lock:
             return self._send_locked(encoded)
 
-    def _send_locked(self, encoded: EncodedWeights) -> str:
+    def _send_locked(self, encoded: EncodedWeights) -> str | None:
         """Seal ``encoded`` now and publish it retained: inline when its PUBLISH fits the
-        broker's maximum packet size and ``max_inline_bytes``, else as a manifest."""
+        broker's maximum packet size and ``max_inline_bytes``, else as a manifest. Returns the
+        kind sent, or None when even the manifest is over that size (counted as failed)."""
         data, kind = self.seal(encoded, time.time())
         if kind == "inline" and not self.connection.fits(
             self.topic, data, content_type=ENVELOPE_CONTENT_TYPE
@@ -248,9 +261,29 @@ class WeightPublisher:
         self._last_info = self.connection.publish(
             self.topic, data, qos=1, retain=True, content_type=ENVELOPE_CONTENT_TYPE
         )
+        # kept even when not sent: the refresh tries it again (the broker's limit may change)
         self._last_sent, self._last_sent_at = encoded, time.monotonic()
+        if self._last_info is None:  # over the limit even as a manifest: the guard counted it
+            self._failed(encoded, kind, len(data))
+            return None
+        self._said_failed = False
         self._restore_wanted = False  # this is back on the topic now
         return kind
+
+    def _failed(self, encoded: EncodedWeights, kind: str, size: int) -> None:
+        self.metrics.group(WeightsPublishedMetrics).weights_publish_failed.labels(
+            model=self.model
+        ).inc()
+        if self._said_failed:
+            return
+        self._said_failed = True
+        log.error(
+            "weights %s v%d not published: even as a %s (%d bytes) its PUBLISH is over the "
+            "broker's maximum packet size (%s bytes; broker max_packet_size, "
+            "broker.max_packet_size_bytes): replicas get no weights until a larger limit or a "
+            "shorter weights.topic lets it through (livefit_weights_publish_failed_total)",
+            self.model, encoded.version, kind, size, self.connection.guard.limit_bytes,
+        )  # fmt: skip
 
     def _refresh_loop(self) -> None:
         while not self._stop_refresh.is_set():
@@ -273,7 +306,8 @@ class WeightPublisher:
             due = time.monotonic() - self._last_sent_at >= self.refresh_interval_s
             if last is None or not due or not self.connection.connected.is_set():
                 return
-            self._send_locked(last)
+            if self._send_locked(last) is None:
+                return
         self.metrics.group(WeightsPublishedMetrics).weights_published.labels(
             model=self.model, kind="refresh"
         ).inc()
@@ -286,16 +320,19 @@ class WeightPublisher:
         if foreign is None:
             return
         self.metrics.group(WeightsPublishedMetrics).weights_foreign.labels(model=self.model).inc()
-        log.log(
-            logging.WARNING if message.retained else logging.ERROR,
-            "weights %s: %s on its own weight topic %s is not this learner's (key id %s, "
-            "lineage %s): %s. Another learner of this model on the broker (same topic, other "
-            "storage or key), or someone else publishing there; replicas would refuse or follow "
-            "it. Putting this learner's snapshot back",
-            self.model,
-            "the retained message found at subscribe" if message.retained else "a message",
-            self.topic, self.signer.key_id, self._own_lineage() or "not yet known", foreign,
-        )  # fmt: skip
+        held = self._foreign_lines.allow()
+        if held is not None:
+            log.log(
+                logging.WARNING if message.retained else logging.ERROR,
+                "weights %s: %s on its own weight topic %s is not this learner's (key id %s, "
+                "lineage %s): %s. Another learner of this model on the broker (same topic, other "
+                "storage or key), or someone else publishing there; replicas would refuse or "
+                "follow it. Putting this learner's snapshot back (livefit_weights_foreign_total)%s",
+                self.model,
+                "the retained message found at subscribe" if message.retained else "a message",
+                self.topic, self.signer.key_id, self._own_lineage() or "not yet known", foreign,
+                held,
+            )  # fmt: skip
         with self._send_lock:
             self._restore_wanted = True
         self._wake.set()
@@ -336,19 +373,27 @@ class WeightPublisher:
             if not self.connection.connected.is_set():
                 return
             self._restore_wanted = False
-            recent = now - self._restored_at < RESTORE_GAP_MAX_S
+            # The same fight while foreign messages come within a minute after the gap ran out
+            # (comparing with a minute alone restarted the gap at 0 each time it reached 60 s).
+            recent = now - self._restored_at < self._restore_gap_s + RESTORE_GAP_MAX_S
             self._restore_gap_s = (
-                min(max(1.0, self._restore_gap_s * 2), RESTORE_GAP_MAX_S) if recent else 0.0
+                min(max(RESTORE_GAP_MIN_S, self._restore_gap_s * 2), RESTORE_GAP_MAX_S)
+                if recent
+                else 0.0
             )
             self._restored_at = now
-            self._send_locked(last)
+            if self._send_locked(last) is None:
+                return
         self.metrics.group(WeightsPublishedMetrics).weights_published.labels(
             model=self.model, kind="restore"
         ).inc()
-        log.warning(
-            "weights %s v%d (lineage %s) put back on %s as the retained message",
-            self.model, last.version, last.lineage, self.topic,
-        )  # fmt: skip
+        held = self._restore_lines.allow()
+        if held is not None:
+            log.warning(
+                "weights %s v%d (lineage %s) put back on %s as the retained message (next time "
+                "in %.0f s at the soonest)%s",
+                self.model, last.version, last.lineage, self.topic, self._restore_gap_s, held,
+            )  # fmt: skip
 
     def _record(
         self, snapshot: Snapshot, encoded: EncodedWeights, kind: str, seconds: float

@@ -16,7 +16,14 @@ from pathlib import Path
 from ..config.model_tables import WeightsSettings
 from ..config.settings import ConfigError, Settings
 from .format import ED25519_SIGNATURE_BYTES, Envelope, WeightsRejected, hmac_tag
-from .keys import DEFAULT_PUBLIC_NAME, KEYS_DIR, VerifyKey, default_public_path, parse_verify_key
+from .keys import (
+    DEFAULT_PUBLIC_NAME,
+    KEYS_DIR,
+    VerifyKey,
+    default_public_path,
+    parse_verify_key,
+    read_key_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +132,7 @@ def _configured_verify_key(
     if path is None:
         return None
     try:
-        return parse_verify_key(path.read_bytes())
+        return parse_verify_key(read_key_file(path))
     except OSError as exc:
         raise ConfigError(f"{prefix}.verify_key_file: cannot read {path}: {exc.strerror}") from None
     except ValueError as exc:
