@@ -3,19 +3,39 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from livefit.server.runtime.local_process import free_port
 from livefit.server.runtime.mosquitto import Mosquitto
+
+# A test's split-layout run (``tests/layouts.py``): its id carries ``split`` among its params.
+SPLIT_RUN = re.compile(r"\[(?:[^\]]*-)?split(?:-[^\]]*)?\]$")
+
+
+class FilesAndLayouts(LoadFileScheduling):
+    """``--dist loadfile`` (a file's tests on one worker, so its module fixtures start once),
+    but a file's split-layout tests form a unit of their own: the two layouts of a test file
+    run on both workers at once."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        scope = super()._split_scope(nodeid)
+        return f"{scope}[split]" if SPLIT_RUN.search(nodeid) else scope
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileScheduling | None:
+    return FilesAndLayouts(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,8 @@ disk, the storage dir deleted under a running learner, a second learner on the s
 port or client id, one model flooded beside another, and the broker configuration the
 Quickstart installs. Each test is bounded in time and targets only 127.0.0.1.
 
-The poison-message and full-disk tests also run against the split learner, ``livefit
-serve``'s default (``test_hardening_split.py``, ``tests/layouts.py``): there the messages go
+The poison-message and full-disk tests run against both layouts (``tests/layouts.py``), the
+split learner being ``livefit serve``'s default: there the messages go
 through the training process, the log is the training process's, readiness is answered by a
 serving process, and the SIGKILL after the disk frees up is the parent's (its children die with
 it). The others do not depend on the layout, and run once:
@@ -45,7 +45,7 @@ from livefit.server.runtime.local_process import free_port, quiet_env
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests import configs
 from tests.configs import model
-from tests.layouts import ONE_PROCESS, SPLIT, metric, with_layout
+from tests.layouts import ONE_PROCESS, SPLIT, in_both_layouts, metric, with_layout
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
@@ -67,12 +67,6 @@ def publish_samples(
     chunks = stream_chunks(LinearStream(input_dim=dim, seed=11), count, 1000)
     with SamplePublisher(broker.url, topic, source=source, ack_timeout_s=120) as publisher:
         return publisher.publish_stream(chunks, batch=batch)
-
-
-@pytest.fixture
-def layout() -> str:
-    """The one-process learner; ``test_hardening_split.py`` overrides this with the split one."""
-    return ONE_PROCESS
 
 
 def trained(server: LivefitProcess, model: str = "demo") -> float:
@@ -133,6 +127,7 @@ def rejected(server: LivefitProcess, model: str = "demo") -> float:
     )
 
 
+@in_both_layouts()
 def test_poison_messages_end_acknowledged_and_training_goes_on(
     own_broker: Mosquitto, tmp_path: Path, layout: str
 ) -> None:
@@ -196,6 +191,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@in_both_layouts()
 def test_full_disk_loses_no_acknowledged_sample(
     own_broker: Mosquitto, tmp_path: Path, small_disk: Path, layout: str
 ) -> None:

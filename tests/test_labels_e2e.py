@@ -10,8 +10,8 @@ under both policies; hostile labels are dead-lettered and acknowledged; `livefit
 killed with SIGKILL holding pending predictions and early labels joins them after its restart,
 each once.
 
-The join test also runs against the split learner (``test_labels_split.py``,
-``tests/layouts.py``): there the learner's predictions are recorded by a serving process and
+The join test runs against both layouts (``tests/layouts.py``; the split learner in a fleet of
+its own): there the learner's predictions are recorded by a serving process and
 joined by the training process, over the broker like a replica's. The others run once: ids,
 expiry, hostile labels and the restart are the joiner's and the ingestion's, in the training
 process the one-process learner's code (``LearnerRuntime``); a serving process records
@@ -20,6 +20,7 @@ predictions and forwards HTTP labels with the replica's code, which the replica 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -40,7 +41,7 @@ from livefit.server.runtime.local_process import stop_all
 from livefit.server.runtime.mosquitto import Mosquitto
 from livefit.server.wire.labels import encode_predictions
 from tests import configs
-from tests.layouts import ONE_PROCESS, metric, with_layout
+from tests.layouts import LAYOUT_IDS, LAYOUTS, ONE_PROCESS, metric, with_layout
 
 pytestmark = pytest.mark.e2e
 ROW = [0.5, -1.0]
@@ -63,18 +64,12 @@ def config(broker: Mosquitto, storage: Path) -> str:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def layout() -> str:
-    """The one-process learner; ``test_labels_split.py`` overrides this with the split one."""
-    return ONE_PROCESS
+Fleet = tuple[Mosquitto, LivefitProcess, LivefitProcess, str]
 
 
-@pytest.fixture(scope="module")
-def fleet(
-    tmp_path_factory: pytest.TempPathFactory, layout: str
-) -> Iterator[tuple[Mosquitto, LivefitProcess, LivefitProcess, str]]:
+@contextlib.contextmanager
+def running_fleet(workdir: Path, layout: str) -> Iterator[Fleet]:
     """A broker, the learner (``layout``), a replica, and the learner's config."""
-    workdir = tmp_path_factory.mktemp("labels")
     broker = Mosquitto(workdir / "mosquitto")
     broker.start()
     text = config(broker, workdir / "data")
@@ -89,6 +84,25 @@ def fleet(
     finally:
         stop_all([learner, replica])
         broker.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """The one-process learner's fleet, which the module's tests share in order."""
+    with running_fleet(tmp_path_factory.mktemp("labels"), ONE_PROCESS) as running:
+        yield running
+
+
+@pytest.fixture(params=LAYOUTS, ids=LAYOUT_IDS)
+def fleet_of_each_layout(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    """``fleet`` for the one-process learner; for the split one, a fleet of its own."""
+    if request.param == ONE_PROCESS:
+        yield request.getfixturevalue("fleet")
+        return
+    with running_fleet(tmp_path_factory.mktemp("labels-split"), request.param) as running:
+        yield running
 
 
 def outcome(server: LivefitProcess, model: str, name: str) -> float:
@@ -150,8 +164,8 @@ def test_ids_are_echoed_in_both_protocols_and_checked(fleet) -> None:
     assert "ids" not in plain.json()
 
 
-def test_learner_and_replica_predictions_join_in_both_orders(fleet) -> None:
-    broker, learner, replica, _ = fleet
+def test_learner_and_replica_predictions_join_in_both_orders(fleet_of_each_layout) -> None:
+    broker, learner, replica, _ = fleet_of_each_layout
     joined = outcome(learner, "joins", "joined")
     trained = metric(learner, "livefit_train_samples_total", model="joins")
     pending = metric(learner, "livefit_pending_predictions", model="joins")

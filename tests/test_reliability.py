@@ -1,12 +1,11 @@
 """Real failures, bounded in time: a learner killed with SIGKILL, a broker restarted, a corrupt
 checkpoint. Nothing a publisher had acknowledged may be lost, and versions never go backwards.
 
-Each test runs against both layouts of the learner (``tests/layouts.py``): one process (the
-default) here, and split (``http.workers = 1``: a training process and a serving process under
-a parent) in ``test_reliability_split.py``. In the split layout SIGKILL goes to the parent
-(the whole learner dies), SIGSTOP to the training process (the one holding the MQTT session),
-and the training figures are read from its series (``worker="training"``) on the merged
-``/metrics``.
+Each test but the flipped bit's runs against both layouts of the learner (``tests/layouts.py``):
+one process, and split (``http.workers = 1``: a training process and a serving process under a
+parent). In the split layout SIGKILL goes to the parent (the whole learner dies), SIGSTOP to
+the training process (the one holding the MQTT session), and the training figures are read from
+its series (``worker="training"``) on the merged ``/metrics``.
 """
 
 from __future__ import annotations
@@ -27,7 +26,15 @@ from livefit.clients.synthetic import LinearStream, stream_chunks
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
-from tests.layouts import ONE_PROCESS, SPLIT, learner_pid, metric, with_layout
+from tests.layouts import (
+    LAYOUT_IDS,
+    LAYOUTS,
+    ONE_PROCESS,
+    SPLIT,
+    learner_pid,
+    metric,
+    with_layout,
+)
 
 pytestmark = pytest.mark.e2e
 MESSAGE_SAMPLES = 10
@@ -40,11 +47,10 @@ MESSAGE_SAMPLES = 10
 KILLS = {ONE_PROCESS: 6, SPLIT: 4}
 
 
-@pytest.fixture
-def layout() -> str:
-    """The one-process learner here; ``test_reliability_split.py`` runs these tests again with
-    the split learner (a file of its own, so the two halves run on different test workers)."""
-    return ONE_PROCESS
+@pytest.fixture(params=LAYOUTS, ids=LAYOUT_IDS)
+def layout(request: pytest.FixtureRequest) -> str:
+    """Each layout in turn: every test that takes it runs against both learners."""
+    return request.param
 
 
 def config(broker: Mosquitto, storage: Path, name: str, layout: str) -> str:

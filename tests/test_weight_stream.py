@@ -10,8 +10,8 @@ still taken; a WeightSubscriber in a plain Python process follows the learner; a
 no key refuses to start. Over MQTT 3.1.1, a replica and a WeightSubscriber follow a learner
 restarted with new storage (a new lineage) and refuse the old lineage's snapshot replayed.
 
-The large-model test (a manifest, then a pull from the learner's HTTP) also runs against the
-split learner (``test_weight_stream_split.py``, ``tests/layouts.py``): there the weights are
+The large-model test (a manifest, then a pull from the learner's HTTP) runs against both
+layouts (``tests/layouts.py``): in the split learner the weights are
 served by a serving process that got them over the local feed, not by the process that
 published the manifest. The other tests run once: the weight topic, its key and its
 signatures are the training process's, which is the one-process learner's code
@@ -51,7 +51,7 @@ from livefit.server.weights.keys import (
     parse_signing_key,
 )
 from tests.configs import SMALL_MLP, learner_config, model
-from tests.layouts import ONE_PROCESS, metric, with_layout
+from tests.layouts import in_both_layouts, metric, with_layout
 from tests.weight_envelopes import Weights, forged
 
 pytestmark = pytest.mark.e2e
@@ -181,13 +181,6 @@ def no_leaked_threads() -> Iterator[None]:
     yield
 
 
-@pytest.fixture
-def layout() -> str:
-    """The one-process learner; ``test_weight_stream_split.py`` overrides this with the split
-    one."""
-    return ONE_PROCESS
-
-
 def test_replicas_follow_the_learner_and_agree(
     cluster: dict[str, LivefitProcess], broker: Mosquitto
 ) -> None:
@@ -311,6 +304,7 @@ def test_weight_subscriber_in_a_plain_process(
     np.testing.assert_allclose(answer["outputs"], outputs, rtol=1e-5)
 
 
+@in_both_layouts()
 def test_large_model_goes_through_manifest_and_http_pull(
     broker: Mosquitto, tmp_path: Path, layout: str
 ) -> None:
