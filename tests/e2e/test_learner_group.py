@@ -30,9 +30,9 @@ from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.local_process import free_port
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import SMALL_MLP, learner_config, model
+from tests.e2e.test_replica_workers import children_of, per_worker, predict_on_new_connections
+from tests.e2e.test_weight_stream import config, publish_samples
 from tests.layouts import with_workers
-from tests.test_replica_workers import children_of, per_worker, predict_on_new_connections
-from tests.test_weight_stream import config, publish_samples
 
 pytestmark = pytest.mark.e2e
 

@@ -43,7 +43,7 @@ from tests.layouts import metric
 from tests.weight_envelopes import Weights, envelope
 
 pytestmark = pytest.mark.e2e
-DEPLOY_ACL = Path(__file__).parent.parent / "deploy" / "mosquitto" / "acl"
+DEPLOY_ACL = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "acl"
 TOPIC = "livefit/demo/weights"
 T = TypeVar("T")
 ROWS = np.random.default_rng(5).normal(size=(3, 8)).round(3).tolist()

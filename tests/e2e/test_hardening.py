@@ -48,7 +48,7 @@ from tests.configs import model
 from tests.layouts import ONE_PROCESS, SPLIT, in_both_layouts, metric, with_layout
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def learner_config(broker: Mosquitto, storage: Path, client_id: str, extra: str = "") -> str:

@@ -12,7 +12,7 @@ from livefit.server.config.model import ModelSettings
 from livefit.server.config.settings import Settings
 from tests.metric_groups import every_family
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 
 

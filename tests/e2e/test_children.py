@@ -150,7 +150,7 @@ def test_serve_starts_its_own_broker_where_none_listens(tmp_path: Path) -> None:
     script = f'ip link set lo up && exec {sys.executable} -c "$0" "$@"'
     done = subprocess.run(
         ["unshare", "--net", "--fork", "sh", "-c", script, IN_NAMESPACE, str(tmp_path), str(count)],
-        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     log = (tmp_path / "learner.log").read_text(errors="replace")
     assert done.returncode == 0, f"{done.stderr[-3000:]}\n{log[-3000:]}"

@@ -37,7 +37,7 @@ from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.runtime.local_process import LocalProcess, free_port, quiet_env, wait_listening
 from tests.metric_groups import every_family
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 CONFIG = ROOT / "deploy" / "livefit.toml"

@@ -24,8 +24,8 @@ import pytest
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
+from tests.e2e.test_hardening import publish_raw
 from tests.layouts import metric
-from tests.test_hardening import publish_raw
 
 pytestmark = pytest.mark.e2e
 TOPIC = "livefit/demo/samples"

@@ -21,7 +21,7 @@ from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def rss_mb(pid: int) -> float:

@@ -23,8 +23,8 @@ import pytest
 
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
+from tests.e2e.test_weight_stream import ROWS, config, publish_samples, settle
 from tests.layouts import with_workers
-from tests.test_weight_stream import ROWS, config, publish_samples, settle
 
 pytestmark = pytest.mark.e2e
 

@@ -46,7 +46,7 @@ from tests.configs import SMALL_MLP, model
 from tests.inprocess import InProcessServer
 from tests.metric_groups import every_family
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 APT_HINT = "apt-get install -y chromium (Debian's package; chromium-driver is not needed)"
 

@@ -21,7 +21,7 @@ from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 needs_prometheus = pytest.mark.skipif(
     shutil.which("promtool") is None or shutil.which("prometheus") is None,
