@@ -19,7 +19,7 @@ import pytest
 from bench import learning
 from bench.config import learner_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from bench.cli import BENCHMARKS
 
 QUICK = [name for name in BENCHMARKS if name != "learning"]  # learning: test_bench_learning.py
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
+pytestmark = pytest.mark.timeout(480)
 
 
 @pytest.fixture(scope="module")

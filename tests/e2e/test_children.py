@@ -138,7 +138,6 @@ def _namespaces_usable() -> str | None:
     return None if probe.returncode == 0 else f"unshare --net refused: {probe.stderr.strip()}"
 
 
-@pytest.mark.e2e
 def test_serve_starts_its_own_broker_where_none_listens(tmp_path: Path) -> None:
     """``livefit serve`` (split), ``broker.url = "auto"``, a fresh network namespace: it starts
     mosquitto, becomes ready, trains every published sample through that broker and exits 0

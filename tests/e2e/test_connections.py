@@ -29,7 +29,7 @@ import pytest
 from livefit.clients.metrics import MetricsReader
 from livefit.server.runtime.local_process import free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[2]
 PARTIAL_HEAD = b"POST /v1/models/m:predict HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 TOKEN = "s3cret-token"

@@ -14,14 +14,12 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import paho.mqtt.client as paho
-import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 
-pytestmark = pytest.mark.e2e
 TOPIC = "livefit/demo/samples"
 DEAD = "livefit/demo/rejected"
 

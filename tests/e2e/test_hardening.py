@@ -47,7 +47,6 @@ from tests import configs
 from tests.configs import model
 from tests.layouts import ONE_PROCESS, SPLIT, in_both_layouts, metric, with_layout
 
-pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -43,7 +43,6 @@ from livefit.server.wire.labels import encode_predictions
 from tests import configs
 from tests.layouts import LAYOUT_IDS, LAYOUTS, ONE_PROCESS, metric, with_layout
 
-pytestmark = pytest.mark.e2e
 ROW = [0.5, -1.0]
 
 

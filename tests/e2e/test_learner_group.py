@@ -34,8 +34,6 @@ from tests.e2e.test_replica_workers import children_of, per_worker, predict_on_n
 from tests.e2e.test_weight_stream import config, publish_samples
 from tests.layouts import with_workers
 
-pytestmark = pytest.mark.e2e
-
 
 def split_config(broker: Mosquitto, storage: Path) -> str:
     return with_workers(config(broker, storage), 2)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
@@ -27,7 +26,6 @@ from tests.configs import learner_config, model
 from tests.e2e.test_hardening import publish_raw
 from tests.layouts import metric
 
-pytestmark = pytest.mark.e2e
 TOPIC = "livefit/demo/samples"
 W = np.array([0.5, -0.3, 0.2, 0.1])  # y = 2 + x @ W + noise: targets around 2
 TRUTH_AT_ZERO = 2.0

@@ -14,13 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 
-pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -20,7 +20,6 @@ from livefit.server.runtime.local_process import free_port
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config
 
-pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 needs_prometheus = pytest.mark.skipif(

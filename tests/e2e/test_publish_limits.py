@@ -42,7 +42,6 @@ from tests.configs import learner_config, model
 from tests.layouts import metric
 from tests.weight_envelopes import Weights, envelope
 
-pytestmark = pytest.mark.e2e
 DEPLOY_ACL = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "acl"
 TOPIC = "livefit/demo/weights"
 T = TypeVar("T")

@@ -36,7 +36,6 @@ from tests.layouts import (
     with_layout,
 )
 
-pytestmark = pytest.mark.e2e
 MESSAGE_SAMPLES = 10
 
 

@@ -26,8 +26,6 @@ from livefit.server.runtime.mosquitto import Mosquitto
 from tests.e2e.test_weight_stream import ROWS, config, publish_samples, settle
 from tests.layouts import with_workers
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def fleet(

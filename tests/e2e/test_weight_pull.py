@@ -26,7 +26,6 @@ from livefit.server.weights.keys import SigningKey
 from tests.configs import learner_config, model
 from tests.weight_envelopes import Weights, envelope, payload
 
-pytestmark = pytest.mark.e2e
 TOPIC = "hostile/weights"
 TOKEN = "pull-secret-token-31"
 MAX_PULL = 65536

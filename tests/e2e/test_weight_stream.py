@@ -54,7 +54,6 @@ from tests.configs import SMALL_MLP, learner_config, model
 from tests.layouts import in_both_layouts, metric, with_layout
 from tests.weight_envelopes import Weights, forged
 
-pytestmark = pytest.mark.e2e
 TOPIC = "livefit/demo/weights"
 ROWS = np.random.default_rng(3).normal(size=(5, 8)).round(3).tolist()
 
