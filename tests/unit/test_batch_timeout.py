@@ -1,20 +1,16 @@
 """``serve.batch_timeout_ms = "auto"``: the controller on a synthetic clock, then the batcher
-with it, then a real ``livefit serve`` exporting the chosen value."""
+with it (a real ``livefit serve`` exporting the chosen value:
+``tests/e2e/test_batch_timeout_serve.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
-from livefit.local_servers import LivefitProcess
 from livefit.server.config.model_tables import ServeSettings
-from livefit.server.runtime.mosquitto import Mosquitto
 from livefit.server.serve.batch_cost import ArrivalRate, AutoTimeout, BatchCost
 from livefit.server.serve.batcher import RequestBatcher
 
@@ -195,50 +191,3 @@ def test_batcher_times_the_model_call_for_auto_by_its_clock() -> None:
         assert batcher.model_cost.predict(1) < 1.0  # wall time: a doubling takes microseconds
 
     asyncio.run(main())
-
-
-CONFIG = """
-[broker]
-url = "{url}"
-client_id = "auto-timeout-{port}"
-[storage]
-dir = "{storage}"
-[models.demo]
-builder = "linear"
-input_shape = [4]
-output_shape = [1]
-seed = 3
-[models.demo.serve]
-batch_timeout_ms = "auto"
-max_batch_timeout_ms = 4
-[models.fixed]
-builder = "linear"
-input_shape = [4]
-output_shape = [1]
-seed = 3
-[models.fixed.serve]
-batch_timeout_ms = 3
-"""
-
-
-@pytest.fixture
-def server(broker: Mosquitto, tmp_path: Path) -> Iterator[LivefitProcess]:
-    config = CONFIG.format(url=broker.url, port=broker.port, storage=tmp_path / "data")
-    process = LivefitProcess(config, tmp_path).start()
-    yield process
-    assert process.stop() == 0
-
-
-@pytest.mark.e2e
-def test_livefit_serve_with_auto_predicts_and_exports_the_timeout(server: LivefitProcess) -> None:
-    body = {"instances": [[0.1, 0.2, 0.3, 0.4], [1.0, 2.0, 3.0, 4.0]]}
-    answers = {}
-    for model in ("demo", "fixed"):
-        for _ in range(20):
-            response = httpx.post(f"{server.url}/v1/models/{model}:predict", json=body, timeout=10)
-            assert response.status_code == 200, response.text
-        answers[model] = response.json()["predictions"]
-    assert answers["demo"] == answers["fixed"]  # same seed, same numbers, whatever the timeout
-    # one client at a time: auto chooses 0; the fixed model exports its setting
-    assert server.metric("livefit_predict_batch_timeout_seconds", model="demo") == 0.0
-    assert server.metric("livefit_predict_batch_timeout_seconds", model="fixed") == 0.003

@@ -3,19 +3,16 @@
 These run a ``WeightReceiver``'s checks on crafted messages, in process and without a network
 (the same code replicas and ``WeightSubscriber`` run on every message they receive). The
 end-to-end versions, through a real broker and real processes, are in test_weight_stream.py
-and test_weight_pull.py.
+and test_weight_pull.py; the key files through real processes in test_weight_keys.py.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
 import stat
 import struct
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -277,100 +274,6 @@ def test_configured_signing_key_file(tmp_path: Path, signer: SigningKey) -> None
     assert not (tmp_path / "keys").exists(), "no key is made when one is configured"
     with pytest.raises(ConfigError, match="signing_key_file"):
         learner_signing_key(WeightsSettings(signing_key_file=str(tmp_path / "none")), tmp_path, "m")
-
-
-def test_key_init_command_for_compose(tmp_path: Path) -> None:
-    private, public = tmp_path / "signing" / "k", tmp_path / "verify" / "k.pub"
-    command = [
-        sys.executable,
-        "-m",
-        "livefit.server.weights.keys",
-        str(private),
-        str(public),
-    ]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert first.returncode == 0, first.stderr
-    assert stat.S_IMODE(private.stat().st_mode) == 0o600
-    verify = parse_verify_key(public.read_bytes())
-    assert verify.base64() in first.stdout and "created" in first.stdout
-    again = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert again.returncode == 0 and "kept" in again.stdout
-    assert parse_verify_key(public.read_bytes()).key_id == verify.key_id
-    assert base64.b64decode(verify.base64()) == verify.raw
-
-
-def test_processes_starting_together_on_one_storage_share_one_key(tmp_path: Path) -> None:
-    """Four processes making the key at once all end with the same complete key, and exactly
-    one of them made it; a reader never sees a half-written private or public key file."""
-    storage = tmp_path / "data"
-    script = (
-        "import sys; from pathlib import Path\n"
-        "from livefit.server.weights.keys import *\n"
-        "s = Path(sys.argv[1])\n"
-        "key, made = ensure_signing_key(default_key_path(s), default_public_path(s))\n"
-        "print(key.key_id, made)\n"
-    )
-    starts = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(storage)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(4)
-    ]
-    outcomes = []
-    for process in starts:
-        out, err = process.communicate(timeout=60)
-        assert process.returncode == 0, err
-        outcomes.append(out.split())
-    assert len({key_id for key_id, _ in outcomes}) == 1
-    assert [made for _, made in outcomes].count("True") == 1
-    assert parse_verify_key(default_public_path(storage).read_bytes()).key_id == outcomes[0][0]
-    assert sorted(p.name for p in (storage / "keys").iterdir()) == [
-        default_key_path(storage).name,
-        default_public_path(storage).name,
-    ], "no temporary file is left behind"
-
-
-# A garbage key file is one line naming it and exit 2, before anything starts, in each place a
-# key is read: the learner's configured key, the key it made in its storage dir, a replica's
-# public key file, and a PEM that is not a key (cryptography's own error, one line).
-GARBAGE_KEYS = {
-    "signing_key_file": ("serve", "signing_key_file = '{key}'", "{tmp}/k.key"),
-    "made_key": ("serve", "", "{tmp}/data/keys/weights-signing.key"),
-    "verify_key_file": ("replica", "verify_key_file = '{key}'", "{tmp}/k.pub"),
-    "pem_that_is_no_key": ("serve", "signing_key_file = '{key}'", "{tmp}/k.pem"),
-}
-
-
-@pytest.mark.parametrize(
-    ("case", "workers"),
-    [(case, 1) for case in GARBAGE_KEYS] + [("signing_key_file", 0), ("made_key", 0)],
-)
-def test_a_garbage_key_file_is_one_line_and_exit_2(tmp_path: Path, case: str, workers: int) -> None:
-    command, line, path = GARBAGE_KEYS[case]
-    key = Path(path.format(tmp=tmp_path))
-    key.parent.mkdir(parents=True, exist_ok=True)
-    pem = case == "pem_that_is_no_key"
-    key.write_bytes(b"-----BEGIN PRIVATE KEY-----\nnot base64!\n-----END PRIVATE KEY-----\n"
-                    if pem else b"garbage\n")  # fmt: skip
-    config = tmp_path / "livefit.toml"
-    config.write_text(
-        f'[http]\nworkers = {workers}\n[broker]\nurl = "mqtt://127.0.0.1:9"\n'
-        f'[storage]\ndir = "{tmp_path / "data"}"\n'
-        "[models.demo]\ninput_shape = [8]\noutput_shape = [1]\n"
-        f"[models.demo.weights]\n{line.format(key=key)}\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "livefit", command, "--config", str(config), "--port", "0"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    assert done.stderr.count("\n") == 1 and str(key) in done.stderr, output[-3000:]
-    assert done.stderr.startswith("livefit: models.demo.weights"), done.stderr
 
 
 def test_one_snapshot_always_encodes_to_the_same_bytes(weights: Weights) -> None:
