@@ -33,7 +33,6 @@ import numpy as np
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.models import MLP, ModelSpec
-from bench.procs import started_own_learner
 from livefit.local_servers import LivefitProcess
 
 MODEL = "fresh"
@@ -47,10 +46,7 @@ def run(ctx: Context) -> BenchResult:
         target = _Target(fleet.learner, fleet.replica.url, {"model": MODEL})
         _measure(ctx, result, "learner + replica", target, fleet.broker.url, probes)
         text = fleet.learner.config.read_text()
-        with started_own_learner(text, ctx.workdir / "split", "split-learner", 1) as (
-            broker,
-            split,
-        ):
+        with ctx.split_learner(text, "split-learner") as (broker, split):
             labels = {"model": MODEL, "worker": "training"}
             target = _Target(split, split.url, labels)
             _measure(ctx, result, "split learner's own serving process", target, broker.url,

@@ -20,6 +20,8 @@ from rich.console import Console
 
 if TYPE_CHECKING:
     from bench.fleet import Fleet
+    from livefit.local_servers import LivefitProcess
+    from livefit.server.runtime.mosquitto import Mosquitto
 
 Mode = Literal["quick", "full", "soak"]
 Op = Literal[">=", "<=", "<"]
@@ -182,11 +184,16 @@ class BenchResult:
 
 
 class SharedFleet:
-    """The one fleet a quick run shares between benchmarks, started on first use."""
+    """What a quick run shares between benchmarks, each started on first use: the fleet (a
+    broker, a one-process learner and a replica of every shared model) and a split learner
+    of the same models (``http.workers = 1``) on a broker and storage of its own. Starting
+    TensorFlow processes is most of a quick run's time; a split learner starts three."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.fleet: Fleet | None = None
+        self._split: tuple[Mosquitto, LivefitProcess] | None = None
+        self._split_stack = contextlib.ExitStack()
 
     def get(self) -> Fleet:
         from bench.fleet import SHARED, Fleet, bench_tables
@@ -201,7 +208,22 @@ class SharedFleet:
                 raise
         return self.fleet
 
+    def split(self) -> tuple[Mosquitto, LivefitProcess]:
+        """The shared split learner and its broker."""
+        from bench.config import learner_config
+        from bench.fleet import SHARED, bench_tables
+        from bench.procs import started_own_learner
+
+        if self._split is None:
+            text = learner_config("mqtt://127.0.0.1:1", "-", "bench-split", bench_tables(SHARED))
+            self._split = self._split_stack.enter_context(
+                started_own_learner(text, self.workdir, "split-learner", 1)
+            )
+        return self._split
+
     def stop(self) -> None:
+        self._split_stack.close()
+        self._split = None
         if self.fleet is not None:
             self.fleet.stop()
             self.fleet = None
@@ -226,6 +248,21 @@ class Context:
         shared = self.shared.get() if self.shared is not None else None
         with fleet_for(self.workdir / "fleet", models, replica, shared) as fleet:
             yield fleet
+
+    @contextlib.contextmanager
+    def split_learner(
+        self, config_text: str, name: str
+    ) -> Iterator[tuple[Mosquitto, LivefitProcess]]:
+        """A split learner (``http.workers = 1``) of ``config_text``'s models and its own
+        broker, started: in quick runs the shared one (which holds every shared model), else
+        a new one named ``name``, stopped on exit."""
+        if self.shared is not None:
+            yield self.shared.split()
+            return
+        from bench.procs import started_own_learner
+
+        with started_own_learner(config_text, self.workdir / name, name, 1) as started:
+            yield started
 
     @property
     def quick(self) -> bool:

@@ -17,7 +17,7 @@ import time
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP, ModelSpec
-from bench.procs import ToolProcess, started_own_learner
+from bench.procs import ToolProcess
 from livefit.local_servers import LivefitProcess
 
 CLIENTS = 64
@@ -44,7 +44,7 @@ def run(ctx: Context) -> BenchResult:
     # saturated run is not drained), which would otherwise train beside the next one.
     for command, extra in SPLIT_SIDES[:1] if ctx.quick else SPLIT_SIDES:  # quick: harness
         name = "split-learner" + ("-nice10" if extra else "")
-        with started_own_learner(text + extra, ctx.workdir / name, name, 1) as (broker, split):
+        with ctx.split_learner(text + extra, name) as (broker, split):
             _measure(ctx, result, command, split, broker.url, rounds, duration)
     return result
 

@@ -29,7 +29,7 @@ from bench.fleet import bench_tables
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread
 from bench.load import run_load
 from bench.models import MLP
-from bench.procs import ToolProcess, started_own_learner
+from bench.procs import ToolProcess
 from livefit.local_servers import LivefitProcess
 from livefit.server.base.logs import TRAINING_ENV, WORKER_ENV
 
@@ -161,15 +161,11 @@ def run(ctx: Context) -> BenchResult:
         _measure(
             ctx, result, "serve --workers 0", fleet.learner, fleet.broker.url, samples, requests
         )
-    # The split learner gets the one-process learner's config of a full run (the shared fleet
-    # of a quick run holds every benchmark's models), on its own broker and storage.
+    # The split learner gets the one-process learner's config of a full run, on its own broker
+    # and storage (a quick run's shared split learner holds every benchmark's models).
     text = learner_config("mqtt://127.0.0.1:1", "-", "bench-memory", bench_tables((MODEL,)))
     command = "serve --workers 1"
-    workers = LAYOUTS[command]
-    with started_own_learner(text, ctx.workdir / "split", "split-learner", workers) as (
-        broker,
-        split,
-    ):
+    with ctx.split_learner(text, "split-learner") as (broker, split):
         _measure(ctx, result, command, split, broker.url, samples, requests)
     return result
 

@@ -22,10 +22,10 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 
+from bench.fleet import Fleet
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP
@@ -80,7 +80,7 @@ def _measure(
     """Runs by ``"<clients>/<side>/<workers>"``."""
     body, path = MLP.request_body(), MLP.predict_path()
     runs: dict[str, list[LoadResult]] = {}
-    with ctx.fleet("mlp") as fleet, _servers(ctx, fleet.learner.config, workers) as servers:
+    with ctx.fleet("mlp") as fleet, _servers(ctx, fleet, workers) as servers:
         for server in servers.values():  # first calls and connection setup are not measured
             run_load(ctx.load_client, server.url + path, body, 16, 0.5, ctx.workdir / "load")
         keys = list(servers)
@@ -99,19 +99,27 @@ def _measure(
 
 
 @contextmanager
-def _servers(ctx: Context, config: Path, workers: list[int]) -> Iterator[dict[str, HttpProcess]]:
+def _servers(ctx: Context, fleet: Fleet, workers: list[int]) -> Iterator[dict[str, HttpProcess]]:
     """A replica group, a split learner and a ceiling per worker count, and a one-process
-    learner, started and ready; the ceilings answer the bytes livefit answers."""
+    learner, started and ready; the ceilings answer the bytes livefit answers. A quick run
+    takes its shared learners: the fleet's (one process) and the split one (1 worker)."""
     work = ctx.workdir / "workers"
     work.mkdir(parents=True, exist_ok=True)
+    config = fleet.learner.config
     groups: dict[str, HttpProcess] = {}
+    shared: dict[str, HttpProcess] = {}
+    if ctx.shared is not None:
+        shared = {"learner/0": fleet.learner, "learner/1": ctx.shared.split()[1]}
     brokers = []
     for w in workers:
         text = re.sub(r"(?m)^workers = \d+$", f"workers = {w}", config.read_text(), count=1)
         groups[f"livefit/{w}"] = livefit_server(f"replica-w{w}", text, work, command="replica")
     for w in (0, *workers):
-        broker, groups[f"learner/{w}"] = own_learner(config.read_text(), work, f"learner-w{w}", w)
-        brokers.append(broker)
+        if f"learner/{w}" not in shared:
+            broker, groups[f"learner/{w}"] = own_learner(
+                config.read_text(), work, f"learner-w{w}", w
+            )
+            brokers.append(broker)
     ceilings: dict[str, HttpProcess] = {}
     for w in workers:
         port = free_port()
@@ -134,7 +142,7 @@ def _servers(ctx: Context, config: Path, workers: list[int]) -> Iterator[dict[st
         (work / "constant.json").write_bytes(answer.content)
         for ceiling in ceilings.values():
             ceiling.start(ready_timeout_s=120)
-        yield {**groups, **ceilings}
+        yield {**groups, **shared, **ceilings}
 
 
 def _row(n: int, w: int, runs: dict[str, list[LoadResult]], side: str = "livefit") -> Row:

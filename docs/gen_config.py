@@ -2,7 +2,7 @@
 
 The key and default columns come from the models (``Settings``, ``ModelSettings``), so they
 cannot drift from the code; the meaning column is written by hand, in ``MEANINGS`` below, and
-``UNSET`` says what a setting whose default is None (unset) then does. ``tests/test_readme.py``
+``UNSET`` says what a setting whose default is None (unset) then does. ``tests/unit/test_readme.py``
 fails when docs/configuration.md is not what this script writes, or when a setting has no
 meaning. After adding, removing or changing a setting, or editing a meaning here, run:
 
@@ -142,7 +142,7 @@ MEANINGS: dict[str, str] = {
         "second TensorFlow process) and takes longer to be ready (16 s against 10 s for a small"
         " MLP on this 2-core host: the serving process starts once the training process feeds "
         "weights). On 1 core it is still 1 serving process (not measured there; `--workers 0` "
-        "if memory is short). `tests/test_machine_defaults.py` checks the count"
+        "if memory is short). `tests/unit/test_machine_defaults.py` checks the count"
     ),
     "http.worker_timeout_s": (
         "a process of a group (`http.workers` above: a replica group's serving processes, a "

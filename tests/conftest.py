@@ -1,62 +1,54 @@
-"""Shared fixtures: a real mosquitto per session, and a check that no test leaves threads behind."""
+"""What every test shares: a check that no test leaves threads behind, the ``e2e`` marker by
+directory, and how the two test workers share the files.
+
+``tests/unit/`` runs in the test process alone: no broker, no child process. ``tests/e2e/``
+starts real processes (mosquitto, livefit, the tools a test checks with) and gets its brokers
+from ``tests/e2e/conftest.py``; its tests carry the ``e2e`` marker (``-m "not e2e"`` runs the
+unit tests alone, as ``tests/unit`` does).
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import re
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from livefit.server.runtime.local_process import free_port
-from livefit.server.runtime.mosquitto import Mosquitto
+E2E = Path(__file__).resolve().parent / "e2e"
+# A test's split-layout run (``tests/layouts.py``): its id carries ``split`` among its params.
+SPLIT_RUN = re.compile(r"\[(?:[^\]]*-)?split(?:-[^\]]*)?\]$")
 
 
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
-    """A mosquitto on a free port for the whole session (never the one at 1883)."""
-    instance = Mosquitto(tmp_path_factory.mktemp("mosquitto"))
-    instance.start()
-    yield instance
-    instance.stop()
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the end-to-end tests, and run them first: the two workers take files in this order
+    (``--no-loadscope-reorder``), so the longest files (minutes each) start early and the
+    short unit files even out the end, instead of one long file running alone last."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.e2e)
+    items.sort(key=lambda item: not item.path.is_relative_to(E2E))
 
 
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    """A mosquitto for one test, which that test may stop, kill and restart."""
-    instance = Mosquitto(tmp_path / "mosquitto")
-    instance.start()
-    yield instance
-    instance.stop()
+class FilesAndLayouts(LoadFileScheduling):
+    """``--dist loadfile`` (a file's tests on one worker, so its module fixtures start once),
+    but a file's split-layout tests form a unit of their own: the two layouts of a test file
+    run on both workers at once."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        scope = super()._split_scope(nodeid)
+        return f"{scope}[split]" if SPLIT_RUN.search(nodeid) else scope
 
 
-@pytest.fixture
-def amqtt_broker() -> Iterator[str]:
-    """An embedded amqtt (MQTT 3.1.1 only) on a free port, in a process of its own: its URL."""
-    pytest.importorskip("amqtt")
-    port = free_port()
-    code = (
-        "import sys, time\nfrom livefit.server.runtime.broker import EmbeddedAmqtt\n"
-        f"EmbeddedAmqtt(port={port})\nprint('ready', flush=True)\ntime.sleep(600)\n"
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-W", "ignore", "-c", code], stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    assert process.stdout is not None
-    try:
-        assert process.stdout.readline().strip() == "ready"
-        yield f"mqtt://127.0.0.1:{port}"
-    finally:
-        process.kill()
-        process.wait(10)
-        process.stdout.close()
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileScheduling | None:
+    return FilesAndLayouts(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 # Threads that libraries (and ``children.start_child``'s spawner) start once per process and

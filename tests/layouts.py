@@ -7,12 +7,12 @@ written into the config explicitly, so a test runs the same layout on any machin
 
 Most end-to-end tests run the one-process learner (``tests/configs.learner_config``'s
 default): it starts one TensorFlow process, not two, which keeps the suite inside CI's time on
-2 cores. The tests whose subject depends on the layout run both: a test file takes a
-``layout`` fixture that returns "one process"; its split twin (``test_*_split.py``, a file of
-its own so that xdist's ``--dist loadfile`` runs it on another worker) imports those tests and
-overrides the fixture to return "split". ``test_learner_group.py``,
-``test_machine_defaults.py`` and the tests that start ``livefit serve`` from a config of their
-own (no ``http.workers``) run the default.
+2 cores. The tests whose subject depends on the layout run both: their ``layout`` argument is
+parametrized with ``LAYOUTS`` (``in_both_layouts``, or a fixture with ``params=LAYOUTS``), ids
+``[one-process]`` and ``[split]``; ``tests/conftest.py`` schedules a file's ``[split]`` tests
+apart from the rest of it, so the two halves run on different test workers.
+``test_learner_group.py``, ``test_machine_defaults.py`` and the tests that start ``livefit
+serve`` from a config of their own (no ``http.workers``) run the default.
 
 A split learner's ``/metrics`` merges its processes' series under a ``worker`` label: the
 training figures carry ``worker="training"``; ``metric`` finds either.
@@ -22,15 +22,25 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
+
+import pytest
 
 from livefit.local_servers import LivefitProcess
 
 ONE_PROCESS, SPLIT = "one process", "split"
 LAYOUTS = (ONE_PROCESS, SPLIT)
+LAYOUT_IDS = ("one-process", "split")  # test ids: ``test_x[split]``
 TRAINING_ENV = b"LIVEFIT_TRAINING_DIR="
 
 
 WORKERS = {ONE_PROCESS: 0, SPLIT: 1}
+
+
+def in_both_layouts(scope: Literal["function", "module"] = "function") -> pytest.MarkDecorator:
+    """Runs a test once per layout, its ``layout`` argument each of ``LAYOUTS``;
+    ``scope="module"`` where a module fixture takes the layout (one per layout)."""
+    return pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS, scope=scope)
 
 
 def with_layout(config: str, layout: str) -> str:

@@ -17,7 +17,7 @@ def flat_caller(concrete: Any) -> Callable[[list[object]], list[tf.Tensor]] | No
 
     ``_call_flat`` is TensorFlow's own internal entry point (what ``__call__`` ends in), not a
     public API: when a TensorFlow version lacks it, None, and the public call is used.
-    ``tests/test_train_step_paths.py`` checks both paths give the same results.
+    ``tests/unit/test_train_step_paths.py`` checks both paths give the same results.
     """
     call_flat = getattr(concrete, "_call_flat", None)
     captured = getattr(concrete, "captured_inputs", None)

@@ -30,7 +30,7 @@ A model learning a noiseless stream is not drift either: its loss falls by order
 and the deviations from the running mean (which keeps the early, larger losses) stay negative.
 Measured with the trainer's default network and optimizer on noiseless linear streams
 (regression and classification, 60,000 samples in minibatches of 25, 3 seeds each): no
-detection (``tests/test_update_policy.py`` keeps a 30,000-sample version). Remeasured on an
+detection (``tests/unit/test_update_policy.py`` keeps a 30,000-sample version). Remeasured on an
 AVX-512 CPU (other float rounding, so other trajectories), 30,000 samples, seeds 0-7 of each
 loss: 15 of 16 runs had no detection; one regression run (seed 5) had two, each at a transient
 20x rise of the loss (5e-4 to 1e-2 over ~10 minibatches) after an Adam overshoot. That is a

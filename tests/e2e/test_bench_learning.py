@@ -1,0 +1,153 @@
+"""The learning-quality benchmark's harness works: ``bench.learning.run(quick=True, sweep=True)``.
+
+A real mosquitto and a real ``livefit serve`` take the first 500 samples of each stream over
+MQTT, river's per-sample learners score the same samples, the model seeds and the in-process
+sweep run their quick settings. The checks are on the structure of the results and the
+Markdown, and on livefit running at the configuration a user writes, never on the quality:
+that is a benchmark figure, recorded in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import learning
+from bench.config import learner_config
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    workdir = tmp_path_factory.mktemp("learning")
+    return learning.run(quick=True, sweep=True, workdir=workdir, log=lambda _: None)
+
+
+def _is_score(value: Any) -> bool:
+    return isinstance(value, float) and 0.0 <= value <= 1.0
+
+
+def _is_error(value: Any) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value >= 0.0
+
+
+PEERS = {
+    "binary": {learning.LR, learning.HT},
+    "multiclass": {learning.SOFTMAX, learning.HT},
+    "regression": {learning.LINREG, learning.LINREG_TSS, learning.HT},
+}
+
+
+def test_every_stream_has_livefit_and_its_peers(results: dict[str, Any]) -> None:
+    assert results["mode"] == "quick"
+    assert set(results["streams"]) == set(learning.STREAMS)
+    assert {s["task"] for s in results["streams"].values()} == set(PEERS)
+    for name, stream in results["streams"].items():
+        samples = min(learning.QUICK_SAMPLES, learning.STREAMS[name].samples)
+        assert stream["samples"] == samples, name
+        assert set(stream["peers"]) == PEERS[stream["task"]], name
+        if stream["task"] == "regression":
+            assert stream["metric"] == "mae" and stream["pass"] is None, name
+            assert _is_error(stream["livefit"]["mae"]) and _is_error(stream["livefit"]["rmse"])
+            assert all(_is_error(p["mae"]) for p in stream["peers"].values()), name
+            assert set(stream["after_first_message"]) >= PEERS["regression"], name
+        else:
+            assert stream["metric"] == "accuracy", name
+            assert _is_score(stream["livefit"]["accuracy"]), name
+            assert math.isfinite(stream["livefit"]["log_loss"]), name
+            for peer in stream["peers"].values():
+                assert _is_score(peer["accuracy"]), name
+                assert math.isfinite(peer["log_loss"]), name
+            assert isinstance(stream["pass"], bool)
+        assert all(p["samples"] == samples for p in stream["peers"].values()), name
+        metric, reference = stream["metric"], stream["reference"]
+        assert stream["difference"] == pytest.approx(
+            stream["livefit"][metric] - stream["peers"][reference][metric]
+        )
+
+
+def test_livefit_runs_at_the_configuration_a_user_writes(results: dict[str, Any]) -> None:
+    """The model tables hold the shapes, the loss and the seed: no output activation, no
+    metrics, nothing else a user would not write."""
+    for name, stream in results["streams"].items():
+        table = stream["table"]
+        assert set(table) == {"input_shape", "output_shape", "loss"}, name
+        assert table["input_shape"] == [len(stream["features"])], name
+        config = learning.DEFAULTS.model_config(table)
+        assert config == {**table, "seed": learning.MODEL_SEED}, name
+    classes = results["streams"]["segments"]["classes"]
+    assert results["streams"]["segments"]["table"]["output_shape"] == [len(classes)]
+    tables = learning.model_tables(
+        learning.server_cases(quick=True),
+        {name: s["table"] for name, s in results["streams"].items()},
+    )
+    text = learner_config("mqtt://127.0.0.1:1", "/tmp/x", "bench-learning", tables)
+    assert "output_activation" not in text and "metrics" not in text
+
+
+def test_model_seeds_are_recorded(results: dict[str, Any]) -> None:
+    for name, stream in results["streams"].items():
+        seeds = stream["seeds"]
+        assert seeds["seeds"] == list(learning.QUICK_MODEL_SEEDS), name
+        assert len(seeds["values"]) == len(seeds["seeds"]), name
+        assert seeds["mean"] == pytest.approx(sum(seeds["values"]) / len(seeds["values"]))
+        if stream["metric"] == "accuracy":
+            assert seeds["worst"] == min(seeds["values"]), name
+        else:
+            assert seeds["worst"] == max(seeds["values"]), name
+
+
+def test_livefit_figures_come_from_the_server(results: dict[str, Any]) -> None:
+    """Every sample trained through MQTT, in minibatches, at the settings reported."""
+    for name, stream in results["streams"].items():
+        livefit = stream["livefit"]
+        assert livefit["samples"] == learning.QUICK_SAMPLES, name
+        assert livefit["steps"] >= 1 and livefit["minibatches"] >= 1, name
+        assert livefit["mean_batch_size"] >= 1, name
+        assert livefit["settings"] == learning.DEFAULTS.resolved(), name
+
+
+def test_sweep_and_agreement_are_recorded(results: dict[str, Any]) -> None:
+    sweep = results["sweep"]
+    assert sweep["rows"] and sweep["best"] and sweep["recommended"]
+    for row in sweep["rows"]:
+        assert set(row["streams"]) == set(learning.BINARY_STREAMS)
+        assert all(_is_score(s["accuracy"]) for s in row["streams"].values())
+        assert row["worst_margin"] == min(row["margin_to_lr"].values())
+    sides = {(r["stream"], r["side"]) for r in results["agreement"]}
+    assert sides == {(name, "defaults") for name in learning.STREAMS}
+
+
+def test_markdown_has_a_table_per_stream_and_the_sweep(results: dict[str, Any]) -> None:
+    text = learning.markdown(results)
+    assert text.startswith("## Learning quality")
+    for spec in learning.STREAMS.values():
+        assert f"### {spec.title}" in text
+    assert "### Defaults sweep" in text and "### Model seeds" in text
+    assert "Prequential MAE" in text
+    assert learning.markdown(json.loads(json.dumps(results))) == text  # from the JSON alone
+
+
+def test_the_suite_format_states_a_target_per_stream(results: dict[str, Any]) -> None:
+    doc = learning.to_bench_result(results).to_json()
+    assert len(doc["rows"]) == len(learning.STREAMS)
+    targets = {"binary": ["≥ logistic regression"], "multiclass": ["≥ softmax regression"],
+               "regression": []}  # fmt: skip
+    for row, stream in zip(doc["rows"], results["streams"].values(), strict=True):
+        shown = "accuracy" if stream["metric"] == "accuracy" else "MAE"
+        assert row["figures"][f"livefit {shown}"]["n"] == 1
+        assert row["figures"][f"livefit {shown}, model seeds"]["n"] == 2
+        assert [t["label"] for t in row["targets"]] == targets[stream["task"]]
+
+
+def test_command_line_writes_json_and_markdown(tmp_path: Path, results: dict[str, Any]) -> None:
+    """``main`` writes both files; here from the measured results (no second run)."""
+    json_path, md_path = tmp_path / "learning.json", tmp_path / "learning.md"
+    learning.write(results, json_path, md_path)
+    assert json.loads(json_path.read_text())["streams"].keys() == results["streams"].keys()
+    assert md_path.read_text() == learning.markdown(results)

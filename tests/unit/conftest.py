@@ -1,0 +1,32 @@
+"""A unit test runs in the test process alone: one that starts a process fails at once, saying
+where it belongs (``tests/e2e/``, which also has the brokers' fixtures)."""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import subprocess
+
+import pytest
+
+# Every way a test could start a process: subprocess and asyncio's subprocesses (Popen),
+# multiprocessing, and os' own.
+_STARTERS = [
+    (subprocess.Popen, "__init__"),
+    (multiprocessing.process.BaseProcess, "start"),
+    *((os, name) for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")),
+]
+
+
+def _refuse(*_args: object, **_kwargs: object) -> None:
+    raise AssertionError(
+        "a unit test starts no process: a test that needs a process or a broker belongs in "
+        "tests/e2e/"
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_child_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for owner, name in _STARTERS:
+        if hasattr(owner, name):
+            monkeypatch.setattr(owner, name, _refuse)

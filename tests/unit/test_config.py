@@ -1,0 +1,341 @@
+"""Configuration: TOML file, environment overrides, and errors that name the bad key (as a
+user meets them in ``livefit serve``: ``tests/e2e/test_config_at_start.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from livefit.models.names import BUILTIN_BUILDERS
+from livefit.server.config import settings as config
+from livefit.server.config.model import ModelSettings
+from livefit.server.config.model_tables import ServeSettings
+from livefit.server.config.settings import ConfigError, Settings, load_settings
+
+MINIMAL = """
+[models.demo]
+input_shape = [8]
+output_shape = [1]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "livefit.toml"
+    path.write_text(text)
+    return path
+
+
+def test_worker_timeout_is_off_or_a_few_heartbeats(tmp_path: Path) -> None:
+    for value in (0, 3, 30):
+        text = f"[http]\nworker_timeout_s = {value}\n" + MINIMAL
+        assert load_settings(write(tmp_path, text), environ={}).http.worker_timeout_s == value
+
+
+def test_bundled_example_loads_with_documented_defaults() -> None:
+    settings = load_settings(None, environ={})
+    demo = settings.models["demo"]
+    assert settings.broker.url == "auto"
+    assert (settings.http.host, settings.http.port) == ("127.0.0.1", 8000)
+    assert demo.builder == "mlp" and demo.train.max_batch_size == 256
+    assert settings.samples_topic("demo") == "livefit/demo/samples"
+    assert settings.dead_letter_topic("demo") == "livefit/demo/rejected"
+    assert settings.weights_topic("demo") == "livefit/demo/weights"
+
+
+def test_environment_overrides_file(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "[models.demo.train]\nmax_batch_size = 32\n")
+    settings = load_settings(
+        path,
+        environ={
+            "LIVEFIT_HTTP__PORT": "9001",
+            "LIVEFIT_BROKER__URL": "mqtt://user:secret@broker.example:1884",
+            "LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE": "64",
+            "LIVEFIT_MODELS__DEMO__SERVE__ALLOWED_BATCH_SIZES": "[1, 8, 64]",
+            "LIVEFIT_CONFIG": "ignored.toml",
+            "OTHER": "x",
+        },
+    )
+    assert settings.http.port == 9001
+    assert settings.broker.url == "mqtt://user:secret@broker.example:1884"
+    assert settings.models["demo"].train.max_batch_size == 64
+    assert settings.models["demo"].serve.batch_sizes() == [1, 8, 64]
+
+
+def test_numeric_env_values_for_string_keys(tmp_path: Path) -> None:
+    settings = load_settings(
+        write(tmp_path, MINIMAL), environ={"LIVEFIT_MODELS__DEMO__WEIGHTS__HMAC_KEY": "123456"}
+    )
+    assert settings.models["demo"].weights.key_bytes() == b"123456"
+    assert "123456" not in repr(settings)  # secrets never show in reprs or logs
+
+
+def test_default_serving_batch_sizes_are_powers_of_two() -> None:
+    serve = ServeSettings(max_batch_size=48)
+    assert serve.batch_sizes() == [1, 2, 4, 8, 16, 32, 48]
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        (MINIMAL + "[models.demo.train]\nmax_batch_size = 0\n", "models.demo.train.max_batch_size"),
+        (MINIMAL + "[models.demo.train]\nmax_batchsize = 8\n", "models.demo.train.max_batchsize"),
+        (MINIMAL.replace("[8]", "[0]"), "models.demo.input_shape"),
+        (MINIMAL + 'builder = "transformer"\n', "models.demo.builder"),
+        ('[broker]\nurl = "http://x"\n' + MINIMAL, "broker.url"),
+        ("[http]\nport = 70000\n" + MINIMAL, "http.port"),
+        ("[http]\nworker_timeout_s = 0.5\n" + MINIMAL, "http.worker_timeout_s"),  # < 3 beats
+        ("[models]\n", "models"),
+        ("[models.demo]\ninput_shape = [8]\n", "models.demo.output_shape"),
+        (MINIMAL + "[models.demo.serve]\nallowed_batch_sizes = [1, 4]\n", "models.demo.serve"),
+        (MINIMAL + 'dead_letter_topic = "a/#"\n', "models.demo.dead_letter_topic"),
+    ],
+)
+def test_errors_name_the_bad_key(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    assert f"{key}: " in str(caught.value)
+    assert str(caught.value).startswith(f"invalid configuration ({tmp_path / 'livefit.toml'})")
+
+
+def test_env_override_errors_name_the_variable_not_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(
+            write(tmp_path, MINIMAL), environ={"LIVEFIT_MODELS__DEMO__LEARNING_RATE": "-1"}
+        )
+    assert str(caught.value) == (
+        "invalid configuration: LIVEFIT_MODELS__DEMO__LEARNING_RATE=-1: "
+        "models.demo.learning_rate: Input should be greater than 0"
+    )
+    with pytest.raises(ConfigError) as caught:  # the bundled file, as `livefit serve` reads it
+        load_settings(None, environ={"LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE": "0"})
+    assert str(caught.value).startswith(
+        "invalid configuration: LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE=0: "
+        "models.demo.train.max_batch_size: "
+    )
+    assert "demo.toml" not in str(caught.value)
+
+
+def test_env_errors_hide_secrets(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(
+            write(tmp_path, MINIMAL),
+            environ={
+                "LIVEFIT_BROKER__URL": "http://user:hunter2@host",
+                "LIVEFIT_HTTP__TOKEN": "[1]",
+            },
+        )
+    message = str(caught.value)
+    assert "LIVEFIT_BROKER__URL=http://***@host: broker.url" in message
+    assert "LIVEFIT_HTTP__TOKEN=***: http.token" in message
+    assert "hunter2" not in message
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "suggestion"),
+    [
+        ('loss = "mse_typo"', "models.demo.loss", "did you mean 'mse'"),
+        ('loss = "binary_crossentropie"', "models.demo.loss", "'binary_crossentropy'"),
+        ('optimizer = "adma"', "models.demo.optimizer", "'adam'"),
+        ('optimizer = "nadamm"', "models.demo.optimizer", "'nadam'"),
+        ('builder_options = {activation = "rleu"}', "models.demo.builder_options", "'relu'"),
+        (
+            'builder_options = {output_activation = "sigmod"}',
+            "models.demo.builder_options",
+            "'sigmoid'",
+        ),
+        ("builder_options = {hidden_unit = [8]}", "models.demo.builder_options", "'hidden_units'"),
+        ('metrics = ["acuracy"]', "models.demo.metrics", "did you mean 'accuracy'"),
+        ('builder = "tests.custom_bulder:build"', "models.demo.builder", "'custom_builder'"),
+        ('builder = "no_such_package.models:build"', "models.demo.builder", "on the Python path"),
+    ],
+)
+def test_names_keras_resolves_are_checked_at_load(
+    tmp_path: Path, line: str, key: str, suggestion: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + line + "\n"), environ={})
+    message = str(caught.value)
+    assert f"{key}: unknown " in message and suggestion in message
+    assert "\n" not in message and "Value error" not in message
+
+
+def test_valid_keras_names_pass(tmp_path: Path) -> None:
+    text = MINIMAL + (
+        'loss = "MeanSquaredError"\noptimizer = "SGD"\n'
+        'builder_options = {activation = "relu", output_activation = "sigmoid"}\n'
+    )
+    settings = load_settings(write(tmp_path, text), environ={}).models["demo"]
+    assert (settings.loss, settings.optimizer) == ("MeanSquaredError", "SGD")
+    custom = MINIMAL + 'builder = "tests.custom_builder:build"\nbuilder_options = {anything = 1}\n'
+    assert load_settings(write(tmp_path, custom), environ={}).models["demo"].builder_options
+
+
+def test_missing_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "nope.toml", environ={})
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_settings(write(tmp_path, "[models\n"), environ={})
+
+
+def test_sparse_categorical_targets_are_scalars(tmp_path: Path) -> None:
+    text = MINIMAL.replace("[1]", "[3]") + 'loss = "sparse_categorical_crossentropy"\n'
+    assert (
+        load_settings(write(tmp_path, text), environ={}).models["demo"].resolved_target_shape()
+        == []
+    )
+
+
+def test_builder_names_agree_with_models_package() -> None:
+    assert BUILTIN_BUILDERS == BUILTIN_BUILDERS
+
+
+def test_bundled_example_shows_the_real_defaults() -> None:
+    """Every value the example writes out is the default it would get anyway (nadam at 0.01,
+    not the adam at 0.001 it once showed), so editing it starts from what livefit does."""
+    import tomllib
+
+    example = tomllib.loads(config.bundled_example_path().read_text())
+    model = example["models"]["demo"]
+    defaults = ModelSettings(input_shape=[8], output_shape=[1])
+    for key, value in model.items():
+        if key in ("input_shape", "output_shape", "train"):
+            continue
+        if key == "topic":
+            assert value == "livefit/demo/samples"
+            continue
+        assert getattr(defaults, key) == value, key
+    for key, value in model["train"].items():
+        assert getattr(defaults.train, key) == value, key
+    for section in ("broker", "http", "storage"):
+        section_defaults = Settings.model_fields[section].default.model_dump()
+        for key, value in example[section].items():
+            assert section_defaults[key] == value, f"{section}.{key}"
+
+
+TWO_MODELS = MINIMAL + "[models.other]\ninput_shape = [2]\noutput_shape = [1]\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "topic_filter", "consumed"),
+    [
+        (MINIMAL + 'topic = "livefit/demo/#"\n', "models.demo.topic", "livefit/demo/#",
+         "livefit/demo/weights"),
+        (MINIMAL + 'topic = "#"\n', "models.demo.topic", "#", "livefit/demo/weights"),
+        (MINIMAL + 'topic = "+/+/rejected"\n', "models.demo.topic", "+/+/rejected",
+         "livefit/demo/rejected"),
+        (MINIMAL + 'topic = "livefit/demo/predictions"\n', "models.demo.topic",
+         "livefit/demo/predictions", "livefit/demo/predictions"),
+        (TWO_MODELS + 'topic = "livefit/+/events"\n', "models.other.topic", "livefit/+/events",
+         "livefit/demo/events"),
+        (MINIMAL + "[models.demo.labels]\ntopic = 'livefit/demo/weights'\n",
+         "models.demo.labels.topic", "livefit/demo/weights", "livefit/demo/weights"),
+        # (a wildcard there, 'in/+', is refused before: replicas publish on that topic)
+        (MINIMAL + "[models.demo.weights]\ntopic = 'in/demo'\n[models.demo.labels]\n"
+         "predictions_topic = 'in/demo'\n", "models.demo.labels.predictions_topic", "in/demo",
+         "in/demo"),
+    ],
+)  # fmt: skip
+def test_a_data_topic_that_matches_what_livefit_publishes_is_refused(
+    tmp_path: Path, text: str, key: str, topic_filter: str, consumed: str
+) -> None:
+    """A learner must not read its own output: ``topic = "livefit/loop/#"`` made one consume
+    its retained weights and dead-letter reports, each rejection publishing another report
+    (outside attack, issue 26). The error names the setting, its filter and the topic."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    message = str(caught.value)
+    assert message.startswith(f"invalid configuration ({tmp_path / 'livefit.toml'}): {key} ")
+    assert f"{topic_filter!r} would consume {consumed!r}" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        'topic = "livefit/demo/samples/#"',
+        'topic = "sensors/+/demo"',
+        'topic = "+/demo/samples"',
+        'topic = "#"\ndead_letter_topic = "$app/rejected"\n'
+        "[models.demo.weights]\ntopic = '$app/weights'\n[models.demo.drift]\n"
+        "events_topic = '$app/events'\n[models.demo.labels]\ntopic = '$app/labels'\n"
+        "predictions_topic = '$app/predictions'",  # '#' does not match '$' topics
+    ],
+)
+def test_data_topics_beside_livefits_own_are_accepted(tmp_path: Path, lines: str) -> None:
+    text = MINIMAL + lines + "\n"
+    assert load_settings(write(tmp_path, text), environ={}).models["demo"]
+    shared = TWO_MODELS.replace("[2]", "[2]\ntopic = 'livefit/demo/samples'")  # one stream, two
+    assert len(load_settings(write(tmp_path, shared), environ={}).models) == 2
+
+
+def test_a_malformed_topic_filter_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + 'topic = "livefit/#/samples"\n'), environ={})
+    assert "models.demo.topic: 'livefit/#/samples' is not an MQTT topic filter" in str(caught.value)
+
+
+# Config holes an outside attack on issue 26 found: each loaded, then failed at every publish
+# (a wildcard in a topic livefit publishes on), at the broker (a topic over MQTT's 65,535 UTF-8
+# bytes), or clipped every target (target_outlier_std = 1e-300, true, inf). Refused at load,
+# naming the key.
+PUBLISHED_TOPICS = {
+    "models.demo.weights.topic": "[models.demo.weights]\ntopic = '{topic}'",
+    "models.demo.dead_letter_topic": "dead_letter_topic = '{topic}'",
+    "models.demo.drift.events_topic": "[models.demo.drift]\nevents_topic = '{topic}'",
+    "models.demo.labels.topic": "[models.demo.labels]\ntopic = '{topic}'",
+    "models.demo.labels.predictions_topic": "[models.demo.labels]\npredictions_topic = '{topic}'",
+}
+
+
+@pytest.mark.parametrize("key", PUBLISHED_TOPICS)
+@pytest.mark.parametrize("topic", ["out/+/weights", "out/#", "out/a+b"])
+def test_a_topic_livefit_publishes_on_has_no_wildcards(
+    tmp_path: Path, key: str, topic: str
+) -> None:
+    text = MINIMAL + PUBLISHED_TOPICS[key].format(topic=topic) + "\n"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    message = str(caught.value)
+    assert f"{key}: {topic!r} is not an MQTT topic to publish on: wildcards" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("key", [*PUBLISHED_TOPICS, "models.demo.topic"])
+def test_a_topic_over_mqtts_65535_utf8_bytes_is_refused(tmp_path: Path, key: str) -> None:
+    lines = PUBLISHED_TOPICS.get(key, "topic = '{topic}'")
+    longest = "t/" + "é" * 32766 + "x"  # 65,535 bytes in UTF-8 (32,769 characters)
+    assert load_settings(write(tmp_path, MINIMAL + lines.format(topic=longest) + "\n"), environ={})
+    too_long = longest + "x"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + lines.format(topic=too_long) + "\n"), environ={})
+    message = str(caught.value)
+    assert f"{key}: " in message and "65536 UTF-8 bytes, over MQTT's 65535" in message
+    assert len(message) < 500  # the topic itself is not repeated whole
+
+
+def test_shared_subscriptions_are_refused_saying_why(tmp_path: Path) -> None:
+    """README used to say ``$share/group/...`` samples topics work while the validator refused
+    every ``$`` topic: now the refusal says shared subscriptions are not supported, and why."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + 'topic = "$share/g/livefit/demo/samples"\n'),
+                      environ={})  # fmt: skip
+    assert "models.demo.topic: shared subscriptions ($share/<group>/...) are not " \
+           "supported: one learner takes a model's whole stream" in str(caught.value)  # fmt: skip
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + 'topic = "$SYS/#"\n'), environ={})
+    assert "the broker's own ($SYS/...), not data" in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["1e-300", "0.5", "true", "false", "inf", "-inf", "nan", "-1"])
+def test_target_outlier_std_is_0_or_a_finite_number_of_at_least_1(
+    tmp_path: Path, value: str
+) -> None:
+    text = MINIMAL + f"[models.demo.train]\ntarget_outlier_std = {value}\n"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    assert "models.demo.train.target_outlier_std" in str(caught.value)
+    for good in ("0", "1", "3.5", "8", "1e6"):
+        text = MINIMAL + f"[models.demo.train]\ntarget_outlier_std = {good}\n"
+        settings = load_settings(write(tmp_path, text), environ={})
+        assert settings.models["demo"].train.target_outlier_std == float(good)

@@ -1,0 +1,296 @@
+"""Authenticated weights: the envelope format, keys, the verification policy and freshness.
+
+These run a ``WeightReceiver``'s checks on crafted messages, in process and without a network
+(the same code replicas and ``WeightSubscriber`` run on every message they receive). The
+end-to-end versions, through a real broker and real processes, are in test_weight_stream.py
+and test_weight_pull.py; the key files through real processes in test_weight_keys.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import stat
+import struct
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from livefit.server.config.model_tables import WeightsSettings
+from livefit.server.config.settings import ConfigError, Settings
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.weights.format import (
+    MAGIC,
+    SIGNING_CONTEXT,
+    WeightsMeta,
+    decode_weights,
+    encode_weights,
+    open_envelope,
+)
+from livefit.server.weights.keys import (
+    SigningKey,
+    default_key_path,
+    default_public_path,
+    ensure_signing_key,
+    learner_signing_key,
+    parse_verify_key,
+)
+from livefit.server.weights.receiver import WeightReceiver
+from livefit.server.weights.receiver_auth import Authenticator, receiver_authenticator
+from livefit.server.weights.verifier import ReceivedWeights
+from tests.weight_envelopes import Weights, envelope, forged, payload, signed_for
+
+TOPIC = "livefit/demo/weights"
+L1, L2 = "1" * 32, "2" * 32
+
+
+@pytest.fixture(scope="module")
+def weights() -> Weights:
+    return Weights.of("linear")
+
+
+@pytest.fixture(scope="module")
+def signer() -> SigningKey:
+    return SigningKey.generate()
+
+
+class Recorder:
+    """A receiver that is never connected: messages go straight to its checks."""
+
+    def __init__(self, weights: Weights, auth: Authenticator, max_age_s: float = 86400) -> None:
+        self.outcomes: list[str] = []
+        self.applied: list[ReceivedWeights] = []
+        self.receiver = WeightReceiver(
+            parse_broker_url("mqtt://127.0.0.1:9"), "demo", TOPIC, weights.fingerprint,
+            self.applied.append, auth, on_outcome=self.outcomes.append, max_age_s=max_age_s,
+        )  # fmt: skip
+
+    def send(self, data: bytes) -> str:
+        """Process one message; return its outcome."""
+        self.receiver._process(data)
+        return self.outcomes[-1]
+
+
+def test_envelope_layout_is_what_the_readme_says(weights: Weights, signer: SigningKey) -> None:
+    """An independent verifier: split by the documented layout, check with plain cryptography."""
+    data = envelope(signer, weights, version=7, lineage=L1)
+    assert data[:4] == MAGIC == b"LFW1"
+    (header_len,) = struct.unpack(">I", data[4:8])
+    header_bytes = data[8 : 8 + header_len]
+    (sig_len,) = struct.unpack(">H", data[8 + header_len : 10 + header_len])
+    signature = data[10 + header_len : 10 + header_len + sig_len]
+    at = 10 + header_len + sig_len
+    (mac_len,) = struct.unpack(">H", data[at : at + 2])
+    body = data[at + 2 + mac_len :]
+    assert (sig_len, mac_len) == (64, 0)
+    public = Ed25519PublicKey.from_public_bytes(signer.public.raw)
+    public.verify(signature, b"livefit-weights-v1\x00" + header_bytes)  # raises if wrong
+    assert SIGNING_CONTEXT == b"livefit-weights-v1\x00"
+    header = json.loads(header_bytes)
+    assert set(header) == {
+        "format", "kind", "topic", "model", "lineage", "version", "created_at", "signed_at",
+        "size", "sha256", "fingerprint", "key_id",
+    }  # fmt: skip
+    assert (header["format"], header["kind"], header["topic"]) == (1, "weights", TOPIC)
+    assert (header["model"], header["lineage"], header["version"]) == ("demo", L1, 7)
+    assert header["size"] == len(body) and header["sha256"] == hashlib.sha256(body).hexdigest()
+    assert header["key_id"] == hashlib.sha256(signer.public.raw).hexdigest()[:16]
+    parsed = open_envelope(data)
+    assert parsed.header.version == 7 and parsed.body == body
+
+
+def test_forged_and_malformed_messages_are_refused(weights: Weights, signer: SigningKey) -> None:
+    recorder = Recorder(weights, Authenticator(signer.public))
+    for expected, message in forged(weights, signer):
+        assert recorder.send(message) == expected, expected
+    assert recorder.applied == [] and recorder.receiver.version is None
+    assert recorder.send(envelope(signer, weights, version=3)) == "accepted"
+    assert recorder.receiver.version == 3
+
+
+def test_payload_must_say_what_its_envelope_says(weights: Weights, signer: SigningKey) -> None:
+    recorder = Recorder(weights, Authenticator(signer.public))
+    data = payload(weights, version=5, lineage=L1)
+    assert recorder.send(signed_for(signer, weights, data, version=6)) == "bad_payload"
+
+
+def test_hmac_is_checked_when_configured(weights: Weights, signer: SigningKey) -> None:
+    recorder = Recorder(weights, Authenticator(signer.public, hmac_key=b"shared"))
+    assert recorder.send(envelope(signer, weights, version=1)) == "unsigned"
+    assert recorder.send(envelope(signer, weights, version=1, hmac_key=b"other")) == "bad_hmac"
+    assert recorder.send(envelope(signer, weights, version=1, hmac_key=b"shared")) == "accepted"
+    hmac_only = Recorder(weights, Authenticator(None, hmac_key=b"shared"))
+    assert hmac_only.send(envelope(signer, weights, version=1, hmac_key=b"shared")) == "accepted"
+    assert hmac_only.send(envelope(None, weights, version=2)) == "unsigned"
+
+
+def test_allow_unsigned_accepts_unsigned_envelopes(weights: Weights) -> None:
+    with pytest.raises(ValueError):
+        Authenticator()
+    recorder = Recorder(weights, Authenticator(allow_unsigned=True))
+    assert recorder.send(envelope(None, weights, version=1)) == "accepted"
+
+
+def test_freshness_lineages_and_replays(weights: Weights, signer: SigningKey) -> None:
+    recorder = Recorder(weights, Authenticator(signer.public), max_age_s=3600)
+    now = time.time()
+    send = recorder.send
+    old_l1 = envelope(signer, weights, version=5, lineage=L1, created_at=now - 60)
+    assert send(old_l1) == "accepted"
+    assert send(old_l1) == "stale"  # the same message again
+    assert (
+        send(envelope(signer, weights, version=5, lineage=L1, created_at=now - 60)) == "refreshed"
+    )
+    assert send(envelope(signer, weights, version=4, lineage=L1, created_at=now - 30)) == "stale"
+    assert send(envelope(signer, weights, version=6, lineage=L1, created_at=now - 50)) == "accepted"
+    # The learner restarted with new storage: versions start again, in another lineage.
+    assert (
+        send(envelope(signer, weights, version=0, lineage=L2, created_at=now - 10)) == "new_lineage"
+    )
+    assert (recorder.receiver.lineage, recorder.receiver.version) == (L2, 0)
+    assert send(envelope(signer, weights, version=1, lineage=L2, created_at=now - 5)) == "accepted"
+    # An old snapshot of the previous lineage replayed (validly signed, larger version).
+    assert (
+        send(envelope(signer, weights, version=10**6, lineage=L1, created_at=now - 40))
+        == "rollback"
+    )
+    assert send(old_l1) == "rollback"
+    # Signed too long ago: refused whatever the state.
+    stale_signature = envelope(signer, weights, version=9, lineage=L2, created_at=now - 7200,
+                               signed_at=now - 7200)  # fmt: skip
+    assert send(stale_signature) == "expired"
+    assert [w.meta.version for w in recorder.applied] == [5, 6, 0, 1]
+
+
+def test_a_receiver_with_no_state_refuses_expired_weights(
+    weights: Weights, signer: SigningKey
+) -> None:
+    week_ago = time.time() - 7 * 86400
+    old = envelope(signer, weights, version=10**6, created_at=week_ago, signed_at=week_ago)
+    assert Recorder(weights, Authenticator(signer.public)).send(old) == "expired"  # default 1 day
+    assert Recorder(weights, Authenticator(signer.public), max_age_s=0).send(old) == "accepted"
+
+
+def test_manifest_without_an_origin_is_not_pulled(weights: Weights, signer: SigningKey) -> None:
+    recorder = Recorder(weights, Authenticator(signer.public))
+    assert recorder.send(envelope(signer, weights, kind="manifest")) == "pull_failed"
+
+
+# ---------------------------------------------------------------------------------------------
+# keys and configuration
+
+
+def settings(tmp_path: Path, **weights: object) -> Settings:
+    return Settings.model_validate({
+        "storage": {"dir": str(tmp_path / "data")},
+        "models": {"demo": {"input_shape": [8], "output_shape": [1], "weights": weights}},
+    })  # fmt: skip
+
+
+def test_a_replica_without_a_key_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as error:
+        receiver_authenticator(settings(tmp_path), "demo")
+    message = str(error.value)
+    for needed in ("models.demo.weights.verify_key", "verify_key_file", "allow_unsigned = true"):
+        assert needed in message
+
+
+def test_a_replica_waits_briefly_for_a_learner_starting_beside_it(tmp_path: Path) -> None:
+    learner_keys: list[SigningKey] = []
+
+    def learner_starts() -> None:  # the learner's own code path, which writes atomically
+        time.sleep(0.5)
+        data = tmp_path / "data"
+        learner_keys.append(
+            ensure_signing_key(default_key_path(data), default_public_path(data))[0]
+        )
+
+    thread = threading.Thread(target=learner_starts)
+    thread.start()
+    try:
+        auth = receiver_authenticator(settings(tmp_path), "demo", wait_s=20)
+    finally:
+        thread.join()
+    assert auth.verify_key is not None and auth.verify_key.key_id == learner_keys[0].key_id
+    started = time.monotonic()
+    with pytest.raises(ConfigError):
+        receiver_authenticator(settings(tmp_path / "other"), "demo", wait_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_allow_unsigned_warns_loudly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        auth = receiver_authenticator(settings(tmp_path, allow_unsigned=True), "demo")
+    assert auth.verify_key is None and auth.allow_unsigned
+    assert "NOT AUTHENTICATED" in caplog.text and "livefit/demo/weights" in caplog.text
+
+
+def test_verify_key_in_every_form(tmp_path: Path, signer: SigningKey) -> None:
+    key_id = signer.key_id
+    forms = [signer.public.base64(), signer.public.pem().decode(), signer.public.raw.hex()]
+    for form in forms:
+        auth = receiver_authenticator(settings(tmp_path, verify_key=form), "demo")
+        assert auth.verify_key is not None and auth.verify_key.key_id == key_id
+    file = tmp_path / "learner.pub"
+    file.write_bytes(signer.public.pem())
+    auth = receiver_authenticator(settings(tmp_path, verify_key_file=str(file)), "demo")
+    assert auth.verify_key is not None and auth.verify_key.key_id == key_id
+    with pytest.raises(ConfigError, match="verify_key"):
+        receiver_authenticator(settings(tmp_path, verify_key="not a key"), "demo")
+    with pytest.raises(ConfigError, match="cannot read"):
+        receiver_authenticator(settings(tmp_path, verify_key_file=str(tmp_path / "no")), "demo")
+    with pytest.raises(ValueError, match="not both"):
+        WeightsSettings(verify_key=forms[0], verify_key_file=str(file))
+
+
+def test_learner_creates_its_key_once_private_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage = tmp_path / "data"
+    with caplog.at_level(logging.INFO):
+        key = learner_signing_key(WeightsSettings(), storage, "demo")
+    assert key.path is not None and stat.S_IMODE(key.path.stat().st_mode) == 0o600
+    assert key.public.base64() in caplog.text and str(key.path) in caplog.text
+    assert "created in" in caplog.text
+    again = learner_signing_key(WeightsSettings(), storage, "demo")
+    assert again.key_id == key.key_id
+    # A replica sharing the storage dir finds the public key without any setting.
+    public = parse_verify_key(default_public_path(storage).read_bytes())
+    assert public.key_id == key.key_id
+    auth = receiver_authenticator(settings(tmp_path), "demo")
+    assert auth.verify_key is not None and auth.verify_key.key_id == key.key_id
+
+
+def test_configured_signing_key_file(tmp_path: Path, signer: SigningKey) -> None:
+    path = tmp_path / "k.pem"
+    path.write_bytes(signer.private_pem())
+    key = learner_signing_key(WeightsSettings(signing_key_file=str(path)), tmp_path, "demo")
+    assert key.key_id == signer.key_id
+    assert not (tmp_path / "keys").exists(), "no key is made when one is configured"
+    with pytest.raises(ConfigError, match="signing_key_file"):
+        learner_signing_key(WeightsSettings(signing_key_file=str(tmp_path / "none")), tmp_path, "m")
+
+
+def test_one_snapshot_always_encodes_to_the_same_bytes(weights: Weights) -> None:
+    """A split learner encodes each snapshot twice (the weight topic, its serving processes):
+    the payload a manifest signs must be the one its serving processes answer a pull with.
+    safetensors writes its metadata in hash-map order, so the header is made canonical."""
+    meta = WeightsMeta(model="demo", version=7, samples_seen=70, created_at=time.time(),
+                       newest_published_at=time.time(), fingerprint=weights.fingerprint,
+                       lineage=L1)  # fmt: skip
+    payloads = {encode_weights(weights.names, weights.arrays, meta) for _ in range(20)}
+    assert len(payloads) == 1
+    (data,) = payloads
+    size = int.from_bytes(data[:8], "little")
+    header = data[8 : 8 + size]
+    canonical = json.dumps(json.loads(header), sort_keys=True, separators=(",", ":"))
+    assert size % 8 == 0 and header.decode().rstrip(" ") == canonical
+    names, arrays, decoded = decode_weights(data)
+    assert names == list(weights.names) and decoded == meta
+    for got, want in zip(arrays, weights.arrays, strict=True):
+        np.testing.assert_array_equal(got, want)
