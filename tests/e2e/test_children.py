@@ -26,6 +26,7 @@ import pytest
 
 from livefit.server.runtime.children import start_child
 from livefit.server.runtime.local_process import free_port
+from tests.procfs import alive
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or shutil.which("mosquitto") is None,
@@ -39,14 +40,6 @@ child = Mosquitto(Path(sys.argv[1]), int(sys.argv[2])).start()
 print(child.process.pid, flush=True)
 time.sleep(120)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])

@@ -30,6 +30,7 @@ from livefit.demo_stop import StopRequest
 from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.runtime.local_process import free_port, is_listening
 from livefit.server.runtime.mosquitto import SBIN_DIRS, Mosquitto
+from tests.procfs import alive
 
 pytestmark = [
     pytest.mark.skipif(
@@ -116,14 +117,6 @@ def descendants(pid: int) -> set[int]:
     for child in list(found):
         found |= descendants(child)
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
 
 
 def kill_quietly(pid: int) -> None:

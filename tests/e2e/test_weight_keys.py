@@ -100,21 +100,8 @@ def test_a_garbage_key_file_is_one_line_and_exit_2(tmp_path: Path, case: str, wo
     pem = case == "pem_that_is_no_key"
     key.write_bytes(b"-----BEGIN PRIVATE KEY-----\nnot base64!\n-----END PRIVATE KEY-----\n"
                     if pem else b"garbage\n")  # fmt: skip
-    config = tmp_path / "livefit.toml"
-    config.write_text(
-        f'[http]\nworkers = {workers}\n[broker]\nurl = "mqtt://127.0.0.1:9"\n'
-        f'[storage]\ndir = "{tmp_path / "data"}"\n'
-        "[models.demo]\ninput_shape = [8]\noutput_shape = [1]\n"
-        f"[models.demo.weights]\n{line.format(key=key)}\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "livefit", command, "--config", str(config), "--port", "0"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    output = done.stdout + done.stderr
-    assert done.returncode == 2, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    assert done.stderr.count("\n") == 1 and str(key) in done.stderr, output[-3000:]
+    done = start_with_key(tmp_path, command, line.format(key=key), workers)
+    assert_one_line_exit_2(done, key)
     assert done.stderr.startswith("livefit: models.demo.weights"), done.stderr
 
 
@@ -149,19 +136,33 @@ def test_a_key_file_that_never_ends_is_refused_before_it_is_read(tmp_path: Path,
         key.mkdir()
     elif case == "huge_file":  # a valid key, padded past the limit
         key.write_bytes(SigningKey.generate().private_pem() + b"\n" * (64 * 1024))
+    done = start_with_key(tmp_path, command, line.format(key=key), 1, limit_memory=True)
+    assert_one_line_exit_2(done, key)
+    assert done.stderr.startswith("livefit: models.demo.weights") and said in done.stderr
+
+
+def start_with_key(
+    tmp_path: Path, command: str, weights_line: str, workers: int, *, limit_memory: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``livefit <command>`` with a one-model config whose ``[models.demo.weights]`` has
+    ``weights_line``, a broker nobody listens on (the key is checked before any connection)."""
     config = tmp_path / "livefit.toml"
     config.write_text(
-        f'[http]\nworkers = 1\n[broker]\nurl = "mqtt://127.0.0.1:9"\n'
+        f'[http]\nworkers = {workers}\n[broker]\nurl = "mqtt://127.0.0.1:9"\n'
         f'[storage]\ndir = "{tmp_path / "data"}"\n'
         "[models.demo]\ninput_shape = [8]\noutput_shape = [1]\n"
-        f"[models.demo.weights]\n{line.format(key=key)}\n"
+        f"[models.demo.weights]\n{weights_line}\n"
     )
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "livefit", command, "--config", str(config), "--port", "0"],
-        capture_output=True, text=True, timeout=60, preexec_fn=_limit_memory,
+        capture_output=True, text=True, timeout=120,
+        preexec_fn=_limit_memory if limit_memory else None,
     )  # fmt: skip
+
+
+def assert_one_line_exit_2(done: subprocess.CompletedProcess[str], key: Path) -> None:
+    """Exit 2, no traceback, one line on stderr naming the key file."""
     output = done.stdout + done.stderr
     assert done.returncode == 2, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     assert done.stderr.count("\n") == 1 and str(key) in done.stderr, output[-3000:]
-    assert done.stderr.startswith("livefit: models.demo.weights") and said in done.stderr
