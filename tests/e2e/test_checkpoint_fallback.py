@@ -20,14 +20,11 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
+from tests.e2e.test_reliability import MESSAGE_SAMPLES, StreamingPublisher, config, wait_trained
 from tests.layouts import ONE_PROCESS, metric
-from tests.test_reliability import MESSAGE_SAMPLES, StreamingPublisher, config, wait_trained
 
-pytestmark = pytest.mark.e2e
 PART = 300
 
 
