@@ -220,7 +220,7 @@ def _describe(
         key = ".".join(loc) or "(root)"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling against the README's configuration table)"
+            message = "unknown key (check the spelling against docs/configuration.md)"
         elif error["type"] == "value_error":
             message = message.removeprefix("Value error, ")
         origin = next((v for path, v in from_env.items() if loc[: len(path)] == path), None)
