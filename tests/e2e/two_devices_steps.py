@@ -12,12 +12,9 @@ state restore into a fresh model on the other placement and must predict what it
 from __future__ import annotations
 
 import json
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from livefit.server.config.sections import TensorFlowSettings  # noqa: E402
-from livefit.server.train.modeling import configure_tensorflow  # noqa: E402
+from livefit.server.config.sections import TensorFlowSettings
+from livefit.server.train.modeling import configure_tensorflow
 
 configure_tensorflow(TensorFlowSettings(logical_cpu_devices=2))
 
