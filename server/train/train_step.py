@@ -168,8 +168,8 @@ class TrainStep:
             finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(pred)))
             for grad in grads:
                 finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
-            update = grads if mirrored is None else mirrored
-            applied = tf.cond(finite, lambda: apply(update), lambda: tf.constant(False))
+            applied_grads = grads if mirrored is None else mirrored
+            applied = tf.cond(finite, lambda: apply(applied_grads), lambda: tf.constant(False))
             if stats:  # after the forward pass: this batch used the old statistics
                 tf.cond(applied, lambda: set_statistics(*stats), lambda: tf.constant(False))
             return applied
