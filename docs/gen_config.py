@@ -188,8 +188,8 @@ MEANINGS: dict[str, str] = {
     "tensorflow.devices": (
         "the devices each trainer trains on, mirrored (`tf.distribute.MirroredStrategy`: each "
         'batch split across them, gradients summed): `"auto"` is every visible GPU where there '
-        "are two or more, else the model's `device`; or a list such as `[\"GPU:0\", "
-        '\"GPU:1\"]`. A model whose `device` is not `"auto"` trains on that one device; '
+        'are two or more, else the model\'s `device`; or a list such as `["GPU:0", '
+        '"GPU:1"]`. A model whose `device` is not `"auto"` trains on that one device; '
         "serving stays on one device. A listed device TensorFlow does not see stops the start "
         "(exit 2). See [operations](operations.md#several-devices)"
     ),
