@@ -190,8 +190,9 @@ MEANINGS: dict[str, str] = {
         'batch split across them, gradients summed): `"auto"` is every visible GPU where there '
         'are two or more, else the model\'s `device`; or a list such as `["GPU:0", '
         '"GPU:1"]`. A model whose `device` is not `"auto"` trains on that one device; '
-        "serving stays on one device. A listed device TensorFlow does not see stops the start "
-        "(exit 2). See [operations](operations.md#several-devices)"
+        "serving stays on one device. A listed device TensorFlow does not see stops "
+        "`livefit serve` (exit 2; a replica never trains and ignores it). See "
+        "[operations](operations.md#several-devices)"
     ),
     "tensorflow.logical_cpu_devices": (
         "split the CPU into this many logical devices (`CPU:0` .. `CPU:n-1`) before TensorFlow "

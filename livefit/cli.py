@@ -88,14 +88,18 @@ def _settings(args: argparse.Namespace):
     return settings
 
 
-def _with_tensorflow(settings: Any) -> bool:
+def _with_tensorflow(settings: Any, trains: bool = True) -> bool:
     """Import TensorFlow, set up its devices and thread pools, in a process that runs models (a
     worker group's parent only supervises: without TensorFlow it takes about 60 MiB, not 600);
-    False (one line on stderr) when ``tensorflow.devices`` names a device it does not see."""
+    False (one line on stderr) when ``tensorflow.devices`` names a device it does not see and
+    the process ``trains`` (a replica, which never trains, may share a learner's config on a
+    machine without its GPUs)."""
     from livefit.server.config.settings import ConfigError
     from livefit.server.train.modeling import check_devices, configure_tensorflow
 
     configure_tensorflow(settings.tensorflow)
+    if not trains:
+        return True
     try:
         check_devices(settings.tensorflow)
     except ConfigError as exc:
@@ -192,8 +196,7 @@ def _replica(args: argparse.Namespace) -> int:
         return run_workers(
             argv, workers, settings.http.host, settings.http.port, settings.http.worker_timeout_s
         )
-    if not _with_tensorflow(settings):
-        return 2
+    _with_tensorflow(settings, trains=False)
     from livefit.server.runtime.replica import ReplicaRuntime
     from livefit.server.runtime.serve import run_server
 

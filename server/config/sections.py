@@ -157,7 +157,7 @@ class TensorFlowSettings(Section):
     # batch split across them, gradients summed): "auto" is every visible GPU where there are
     # two or more, else the model's own `device`; or a list such as ["GPU:0", "GPU:1"]. A
     # model whose `device` is not "auto" trains on that one device. Serving stays on one
-    # device (the model's `device`). A named device TensorFlow does not see stops the start.
+    # device (the model's `device`). A named device TensorFlow does not see stops a learner.
     devices: Literal["auto"] | list[str] = "auto"
     # Split the CPU into this many logical devices (CPU:0 .. CPU:n-1) before TensorFlow starts,
     # to try and test the several-device path without GPUs (0: do not split). On its own it
