@@ -10,6 +10,7 @@ from __future__ import annotations
 from bench import (
     batching,
     delayed_labels,
+    devices,
     freshness,
     ingestion,
     interference,
@@ -26,6 +27,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in (
         trainer.BENCHMARK,
+        devices.BENCHMARK,
         ingestion.BENCHMARK,
         serving.BENCHMARK,
         workers.BENCHMARK,

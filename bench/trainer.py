@@ -47,7 +47,7 @@ def run(ctx: Context) -> BenchResult:
         "Targets apply at batch sizes 256 (livefit's default) and 1024. At 32 no trainer can "
         "reach 100x per-message: the raw step itself is about 55x `train_on_batch` per sample."
     )
-    x_all, y_all = _data(spec, n=200_000)
+    x_all, y_all = training_data(spec, n=200_000)
     raw_rates: dict[int, list[float]] = {bs: [] for bs in sizes}
     livefit_rates: dict[tuple[int, int], list[float]] = {
         (bs, c): [] for bs in sizes for c in CHUNKS
@@ -61,7 +61,7 @@ def run(ctx: Context) -> BenchResult:
             raw_rates[bs].append(raw)
             n = _count_for(raw, bs, seconds, len(x_all))
             for chunk in _rotate(list(CHUNKS), r):
-                rate, checks = _livefit(spec, x_all[:n], y_all[:n], bs, chunk)
+                rate, checks = trainer_rate(spec, x_all[:n], y_all[:n], bs, chunk)
                 livefit_rates[(bs, chunk)].append(rate)
                 result.check(
                     f"livefit trained every sample (batch {bs}, chunk {chunk})",
@@ -114,7 +114,7 @@ def _row(
     return row
 
 
-def _data(spec: ModelSpec, n: int) -> tuple[np.ndarray, np.ndarray]:
+def training_data(spec: ModelSpec, n: int) -> tuple[np.ndarray, np.ndarray]:
     from livefit.clients.synthetic import LinearStream
 
     stream = LinearStream(spec.input_shape[0], spec.output_shape[0], seed=3)
@@ -183,9 +183,11 @@ def _per_message(spec: ModelSpec, x: np.ndarray, y: np.ndarray, seconds: float) 
     return done / (time.perf_counter() - started)
 
 
-def _livefit(
-    spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, chunk: int
+def trainer_rate(
+    spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, chunk: int, device: Any = None
 ) -> tuple[float, dict[str, int]]:
+    """Samples/s of a real ``Trainer`` (on ``device``: a name or a ``Placement``; default
+    ``auto``) through every sample of ``x``, queued in chunks of ``chunk``."""
     from prometheus_client import CollectorRegistry
 
     from livefit.server.base.metrics import Metrics
@@ -214,7 +216,8 @@ def _livefit(
     metrics = Metrics(CollectorRegistry())
     metrics.init_model("bench")
     queue = SampleQueue(settings.train.queue_capacity)
-    trainer = Trainer("bench", settings, queue, SnapshotSlot(), metrics, resolve_device("auto"))
+    device = resolve_device("auto") if device is None else device
+    trainer = Trainer("bench", settings, queue, SnapshotSlot(), metrics, device)
     trainer.warm_up()
     ones = np.ones(bs, dtype=np.float32)
     for _ in range(2):  # the first calls of a traced function are not what a stream pays

@@ -185,6 +185,20 @@ MEANINGS: dict[str, str] = {
         "one per core)"
     ),
     "tensorflow.inter_op_threads": "ops TensorFlow runs at once (`0`: its default)",
+    "tensorflow.devices": (
+        "the devices each trainer trains on, mirrored (`tf.distribute.MirroredStrategy`: each "
+        'batch split across them, gradients summed): `"auto"` is every visible GPU where there '
+        'are two or more, else the model\'s `device`; or a list such as `["GPU:0", '
+        '"GPU:1"]`. A model whose `device` is not `"auto"` trains on that one device; '
+        "serving stays on one device. A listed device TensorFlow does not see stops "
+        "`livefit serve` (exit 2; a replica never trains and ignores it). See "
+        "[operations](operations.md#several-devices)"
+    ),
+    "tensorflow.logical_cpu_devices": (
+        "split the CPU into this many logical devices (`CPU:0` .. `CPU:n-1`) before TensorFlow "
+        "starts, to try and test the several-device path without GPUs (`0`: do not split); "
+        "name them in `devices` to use them. Not faster: they share the same cores"
+    ),
     "processes.training_niceness": (
         "a split learner (`http.workers` ≥ 1): added to the niceness of the training process's "
         "threads that train (ingestion, trainers, TensorFlow's pools, checkpoint and weight "

@@ -88,13 +88,24 @@ def _settings(args: argparse.Namespace):
     return settings
 
 
-def _with_tensorflow(settings: Any) -> Any:
-    """Import TensorFlow and size its thread pools, in a process that runs models (a worker
-    group's parent only supervises: without TensorFlow it takes about 60 MiB, not 600)."""
-    from livefit.server.train.modeling import configure_tensorflow
+def _with_tensorflow(settings: Any, trains: bool = True) -> bool:
+    """Import TensorFlow, set up its devices and thread pools, in a process that runs models (a
+    worker group's parent only supervises: without TensorFlow it takes about 60 MiB, not 600);
+    False (one line on stderr) when ``tensorflow.devices`` names a device it does not see and
+    the process ``trains`` (a replica, which never trains, may share a learner's config on a
+    machine without its GPUs)."""
+    from livefit.server.config.settings import ConfigError
+    from livefit.server.train.modeling import check_devices, configure_tensorflow
 
     configure_tensorflow(settings.tensorflow)
-    return settings
+    if not trains:
+        return True
+    try:
+        check_devices(settings.tensorflow)
+    except ConfigError as exc:
+        print(f"livefit: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 MAX_WORKERS = 64  # as http.workers allows
@@ -151,7 +162,8 @@ def _serve(args: argparse.Namespace) -> int:
         return run_learner_group(
             argv, workers, http.host, http.port, list(settings.models), http.worker_timeout_s
         )
-    _with_tensorflow(settings)
+    if not _with_tensorflow(settings):
+        return 2
     if training is not None:  # a split learner's training process
         from livefit.server.runtime.training_process import run_training
 
@@ -184,7 +196,7 @@ def _replica(args: argparse.Namespace) -> int:
         return run_workers(
             argv, workers, settings.http.host, settings.http.port, settings.http.worker_timeout_s
         )
-    _with_tensorflow(settings)
+    _with_tensorflow(settings, trains=False)
     from livefit.server.runtime.replica import ReplicaRuntime
     from livefit.server.runtime.serve import run_server
 

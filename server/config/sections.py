@@ -143,13 +143,44 @@ class LoggingSettings(Section):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, coerce_numbers_to_str=True)
 
 
+DEVICE_NAME = re.compile(r"^(?:/device:|/)?(CPU|GPU):(\d+)$", re.IGNORECASE)
+
+
 class TensorFlowSettings(Section):
-    """TensorFlow's thread pools, for the whole process (0: TensorFlow's default, one thread
-    per core). Fewer intra-op threads leave cores to the event loop when one process both
-    trains and serves on a small machine."""
+    """TensorFlow's thread pools (0: TensorFlow's default, one thread per core) and the devices
+    the trainers train on, for the whole process. Fewer intra-op threads leave cores to the
+    event loop when one process both trains and serves on a small machine."""
 
     intra_op_threads: int = Field(0, ge=0, le=1024)
     inter_op_threads: int = Field(0, ge=0, le=1024)
+    # The devices each trainer trains on, mirrored (tf.distribute.MirroredStrategy: every
+    # batch split across them, gradients summed): "auto" is every visible GPU where there are
+    # two or more, else the model's own `device`; or a list such as ["GPU:0", "GPU:1"]. A
+    # model whose `device` is not "auto" trains on that one device. Serving stays on one
+    # device (the model's `device`). A named device TensorFlow does not see stops a learner.
+    devices: Literal["auto"] | list[str] = "auto"
+    # Split the CPU into this many logical devices (CPU:0 .. CPU:n-1) before TensorFlow starts,
+    # to try and test the several-device path without GPUs (0: do not split). On its own it
+    # changes nothing: name the devices in `devices`. Not faster: the CPU's cores are shared.
+    logical_cpu_devices: int = Field(0, ge=0, le=64)
+
+    @field_validator("devices")
+    @classmethod
+    def _check_devices(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str):
+            return value
+        if not value:
+            raise ValueError('name at least one device, or "auto"')
+        names = []
+        for name in value:
+            match = DEVICE_NAME.match(name.strip())
+            if match is None:
+                raise ValueError(f"{name!r} is not a device name: CPU:<n> or GPU:<n>")
+            names.append(f"/{match[1].upper()}:{int(match[2])}")
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"{', '.join(duplicates)} named more than once")
+        return names
 
 
 class ProcessSettings(Section):

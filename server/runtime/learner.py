@@ -51,7 +51,7 @@ from ..storage.lock import StorageLock
 from ..storage.watch import StorageWatch
 from ..train.hooks import TrainerHooks
 from ..train.metrics import TrainingStateMetrics
-from ..train.modeling import enable_gpu_memory_growth, resolve_device
+from ..train.modeling import enable_gpu_memory_growth, resolve_device, training_placement
 from ..train.trainer import Trainer
 from ..weights.format import architecture_fingerprint
 from ..weights.keys import learner_signing_key
@@ -184,7 +184,8 @@ class LearnerRuntime:
         # The weight-signing key first (made on first start): a replica started beside this
         # learner on the same storage dir waits for its public key.
         learner_signing_key(settings.weights, storage, name)
-        device = resolve_device(settings.device)
+        device = resolve_device(settings.device)  # serving's: one device
+        placement = training_placement(self.settings.tensorflow, settings.device)
         runtime = ModelRuntime(
             name=name,
             settings=settings,
@@ -200,7 +201,7 @@ class LearnerRuntime:
             runtime.queue,
             runtime.slot,
             self.metrics,
-            device,
+            placement,
             checkpoints=CheckpointStore(
                 storage / "checkpoints" / name, name, settings.checkpoint.keep
             ),
@@ -217,7 +218,8 @@ class LearnerRuntime:
             runtime.labels.restore(restored.notes)
         runtime.served = self._build_served(name, settings, device, runtime.slot)
         self.metrics.model_ready.labels(model=name).set(1)
-        log.info("model %s built on %s (%s builder)", name, device, settings.builder)
+        log.info("model %s built (%s builder): trains on %s, serves on %s", name,
+                 settings.builder, ", ".join(placement.devices), device)  # fmt: skip
         return runtime
 
     def _label_joiner(self, runtime: ModelRuntime) -> LabelJoiner:

@@ -1,6 +1,7 @@
 """The trainer: minibatches into compiled steps (``trainer``, ``train_step``), what it asks of
 the process around it (``hooks``), the background writer of its checkpoints
-(``checkpoint_writer``), the model and its device (``modeling``), input and target scaling
+(``checkpoint_writer``), the model and its devices (``modeling``; several mirrored:
+``placement``), input and target scaling
 (``scaling``), the update policy with replay and drift (``update_policy``, ``replay``,
 ``drift``) and prequential scores (``prequential``).
 

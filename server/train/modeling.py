@@ -1,4 +1,4 @@
-"""Build and compile a configured model, and pick the device it runs on."""
+"""Build and compile a configured model, and pick the devices it trains and serves on."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from livefit.models.outputs import custom_output_problem
 
 from ..config.model import ModelSettings
 from ..config.sections import TensorFlowSettings
+from ..config.settings import ConfigError
+from .placement import Placement, as_placement
 
 log = logging.getLogger(__name__)
 
@@ -51,43 +53,87 @@ def make_loss(settings: ModelSettings):
         raise ValueError(f"unknown loss {settings.loss!r}: {exc}") from None
 
 
-def build_compiled(settings: ModelSettings, device: str) -> keras.Model:
-    """Build the configured network on ``device`` and compile it with its loss and optimizer.
+def build_compiled(settings: ModelSettings, device: str | Placement) -> keras.Model:
+    """Build the configured network on ``device`` (a device name, or a placement on several)
+    and compile it with its loss and optimizer, their variables created in its scope.
 
     A custom builder's network whose output does not fit the loss (a linear output under a
     cross-entropy, a bounded one under target scaling) is logged as a WARNING: built-in
     builders choose their output from the loss, but a user's network is theirs.
     """
-    model = build_uncompiled(settings, device)
+    placement = as_placement(device)
+    with placement.scope():
+        model = _network(settings)
+        model.compile(optimizer=make_optimizer(settings), loss=make_loss(settings))
     if settings.builder not in BUILTIN_BUILDERS:
         problem = custom_output_problem(
             settings.loss, output_activation_name(model), settings.resolved_target_scaling()
         )
         if problem is not None:
             log.warning("model builder %s: %s", settings.builder, problem)
-    with tf.device(device):
-        model.compile(optimizer=make_optimizer(settings), loss=make_loss(settings))
     return model
 
 
 def build_uncompiled(settings: ModelSettings, device: str) -> keras.Model:
     """The same network for serving: no optimizer state, weights set from snapshots."""
     with tf.device(device):
-        return build_model(
-            settings.builder,
-            settings.input_shape,
-            settings.output_shape,
-            settings.builder_options,
-            seed=settings.seed,
-            scaling=settings.scaling,
-            loss=settings.loss,
-            target_scaling=settings.resolved_target_scaling(),
+        return _network(settings)
+
+
+def _network(settings: ModelSettings) -> keras.Model:
+    return build_model(
+        settings.builder,
+        settings.input_shape,
+        settings.output_shape,
+        settings.builder_options,
+        seed=settings.seed,
+        scaling=settings.scaling,
+        loss=settings.loss,
+        target_scaling=settings.resolved_target_scaling(),
+    )
+
+
+def training_placement(tensorflow: TensorFlowSettings, model_device: str) -> Placement:
+    """Where a model with ``device = model_device`` trains: that one device when it names
+    one; else the devices ``tensorflow.devices`` lists, or with ``"auto"`` every visible GPU
+    where there are two or more, else ``resolve_device("auto")``."""
+    if model_device != "auto":
+        return Placement([model_device])
+    if tensorflow.devices != "auto":
+        return Placement(list(tensorflow.devices))
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) > 1:
+        return Placement([_short_name(gpu.name) for gpu in gpus])
+    return Placement([resolve_device("auto")])
+
+
+def check_devices(tensorflow: TensorFlowSettings) -> None:
+    """Raise ``ConfigError`` naming a device in ``tensorflow.devices`` that TensorFlow does not
+    see (this initialises TensorFlow's devices: call after ``configure_tensorflow``)."""
+    if tensorflow.devices == "auto":
+        return
+    seen = [_short_name(d.name) for d in tf.config.list_logical_devices()]
+    missing = [name for name in tensorflow.devices if name not in seen]
+    if missing:
+        raise ConfigError(
+            f"tensorflow.devices: {', '.join(missing)} not found; TensorFlow sees "
+            f"{', '.join(seen) or 'no device'} (split the CPU with "
+            "tensorflow.logical_cpu_devices to try several devices without GPUs)"
         )
 
 
+def _short_name(name: str) -> str:
+    """``/device:GPU:1`` (or a longer ``/job:...`` name) as ``/GPU:1``."""
+    return "/" + name.rsplit("device:", 1)[-1]
+
+
 def configure_tensorflow(settings: TensorFlowSettings) -> None:
-    """Size TensorFlow's thread pools; call before the process runs its first TensorFlow op
-    (TensorFlow refuses later changes: then this logs a warning and changes nothing)."""
+    """Split the CPU into logical devices and size TensorFlow's thread pools; call before the
+    process runs its first TensorFlow op (TensorFlow refuses later changes: then this logs a
+    warning and changes nothing)."""
+    if settings.logical_cpu_devices:
+        split_cpu(settings.logical_cpu_devices)
+    enable_gpu_memory_growth()  # before check_devices initialises the devices
     try:
         if settings.intra_op_threads:
             tf.config.threading.set_intra_op_parallelism_threads(settings.intra_op_threads)
@@ -95,3 +141,17 @@ def configure_tensorflow(settings: TensorFlowSettings) -> None:
             tf.config.threading.set_inter_op_parallelism_threads(settings.inter_op_threads)
     except RuntimeError as exc:
         log.warning("TensorFlow thread pools already set up; [tensorflow] ignored: %s", exc)
+
+
+def split_cpu(count: int) -> None:
+    """Make the CPU ``count`` logical devices, ``/CPU:0`` .. ``/CPU:<count-1>`` (for trying and
+    testing several devices without GPUs); before TensorFlow initialises its devices."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+        )
+    except RuntimeError as exc:
+        log.warning(
+            "TensorFlow's devices already set up; tensorflow.logical_cpu_devices ignored: %s", exc
+        )

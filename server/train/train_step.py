@@ -30,6 +30,7 @@ from livefit.models.standardize import standardize_layer
 from livefit.models.target_scaling import standardized_view, target_scaling_layer
 
 from ..base.flat_call import flat_caller
+from .placement import Placement, as_placement, pad_rows, replica_slice
 
 _TRAINING_SENSITIVE = (
     keras.layers.Dropout,
@@ -68,7 +69,8 @@ def behaves_same_in_training(model: keras.Model) -> bool:
 
 
 class TrainStep:
-    """Callable ``step(x, y, w) -> StepResult`` for one compiled Keras model on one device."""
+    """Callable ``step(x, y, w) -> StepResult`` for one compiled Keras model, on one device or
+    mirrored on several (``Placement``; the model built and compiled in its scope)."""
 
     def __init__(
         self,
@@ -76,10 +78,12 @@ class TrainStep:
         loss_fn,
         input_shape: list[int],
         target_shape: list[int],
-        device: str,
+        device: str | Placement,
     ) -> None:
         self.model = model
-        self.device = device
+        placement = as_placement(device)
+        self.placement = placement
+        self.device = placement.primary
         # With a Standardize layer, new statistics travel into the step and are assigned in the
         # graph after the update (two eager assigns per step cost more than the step itself).
         scaler = standardize_layer(model)
@@ -90,20 +94,23 @@ class TrainStep:
         self._target = target
         view = standardized_view(model)
         optimizer = model.optimizer
-        optimizer.build(model.trainable_variables)
         # Everything a step changes, and a device-side copy to roll a bad step back to.
-        state = [*model.trainable_variables, *optimizer.variables]
-        with tf.device(device):
+        with placement.scope():
+            optimizer.build(model.trainable_variables)
+            state = [*model.trainable_variables, *optimizer.variables]
             backup = [
                 tf.Variable(v, trainable=False, name=f"backup_{i}") for i, v in enumerate(state)
             ]
         self._backup = backup
         separate_eval = not behaves_same_in_training(model)
+        replicas = placement.replicas
         signature = [
             tf.TensorSpec([None, *input_shape], tf.float32, name="x"),
             tf.TensorSpec([None, *target_shape], tf.float32, name="y"),
             tf.TensorSpec([None], tf.float32, name="w"),
         ]
+        if replicas > 1:  # the real rows of a batch padded to a multiple of the replicas
+            signature.append(tf.TensorSpec([], tf.float32, name="rows"))
         if scaler is not None:
             signature += [
                 tf.TensorSpec(scaler.stats_shape, tf.float32, name="mean"),
@@ -120,10 +127,15 @@ class TrainStep:
             rank = len(values.shape)
             return values if rank == 1 else tf.reduce_mean(values, axis=list(range(1, rank)))
 
-        @tf.function(input_signature=signature)
-        def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *stats: tf.Tensor):
+        def layer_losses() -> tf.Tensor:
+            # Each replica adds its share: the summed gradients then count them once.
+            total = tf.add_n(model.losses)
+            return total if replicas == 1 else total / replicas
+
+        def forward(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, rows: tf.Tensor, *stats: tf.Tensor):
+            """The loss over ``rows`` samples (of which these are some), its gradients, the
+            per-sample scores and the predictions (training forward pass and scored)."""
             scored = model(x, training=False) if separate_eval else None
-            batch = tf.cast(tf.shape(x)[0], tf.float32)
             with tf.GradientTape() as tape:
                 if view is not None and target is not None:
                     standardized, pred = view(x, training=True)
@@ -132,29 +144,72 @@ class TrainStep:
                 else:
                     pred = model(x, training=True)
                     fitted = per_sample(y, pred)
-                loss = tf.reduce_sum(fitted * w) / batch
+                loss = tf.reduce_sum(fitted * w) / rows
                 if model.losses:
-                    loss += tf.add_n(model.losses)
+                    loss += layer_losses()
             grads = tape.gradient(loss, model.trainable_variables)
             if view is not None:  # reported in the user's units
                 losses = per_sample(y, pred)
-                reported = tf.reduce_sum(losses * w) / batch
+                reported = tf.reduce_sum(losses * w) / rows
                 if model.losses:
-                    reported += tf.add_n(model.losses)
+                    reported += layer_losses()
             else:
                 losses, reported = fitted, loss
+            if scored is not None:
+                losses = per_sample(y, scored)
+            return loss, reported, losses, pred, scored if scored is not None else pred, grads
+
+        def update(loss, reported, pred, grads, stats, mirrored=None) -> tf.Tensor:
+            """Apply ``grads`` (their ``mirrored`` copies, one per device, where given) if
+            everything is finite; True when applied."""
             # The reported loss and the predictions too: with target scaling the fitted loss
             # can be finite while the prediction in the user's units is not.
             finite = tf.logical_and(tf.math.is_finite(loss), tf.math.is_finite(reported))
             finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(pred)))
             for grad in grads:
                 finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
-            applied = tf.cond(finite, lambda: apply(grads), lambda: tf.constant(False))
+            applied_grads = grads if mirrored is None else mirrored
+            applied = tf.cond(finite, lambda: apply(applied_grads), lambda: tf.constant(False))
             if stats:  # after the forward pass: this batch used the old statistics
                 tf.cond(applied, lambda: set_statistics(*stats), lambda: tf.constant(False))
-            if scored is None:
-                return reported, losses, pred, applied
-            return reported, per_sample(y, scored), scored, applied
+            return applied
+
+        if placement.strategy is None:
+
+            @tf.function(input_signature=signature)
+            def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *stats: tf.Tensor):
+                rows = tf.cast(tf.shape(x)[0], tf.float32)
+                loss, reported, losses, pred, out, grads = forward(x, y, w, rows, *stats)
+                return reported, losses, out, update(loss, reported, pred, grads, stats)
+
+        else:
+            strategy = placement.strategy
+
+            def on_replica(x, y, w, rows, *stats):
+                part = [replica_slice(t, replicas) for t in (x, y, w)]
+                return forward(*part, rows, *stats)
+
+            def gathered(values) -> tf.Tensor:
+                return tf.concat(strategy.experimental_local_results(values), axis=0)
+
+            @tf.function(input_signature=signature)
+            def step(x, y, w, rows, *stats):
+                # The replicas' forward and backward passes, then the update once, across
+                # replicas: rollback and statistics as on one device, every copy alike.
+                results = strategy.run(on_replica, args=(x, y, w, rows, *stats))
+                loss, reported, losses, pred, out, grads = results
+                loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+                reported = strategy.reduce(tf.distribute.ReduceOp.SUM, reported, axis=None)
+                real = tf.cast(rows, tf.int32)
+                pred = gathered(pred)[:real]
+                pairs = [
+                    (g, v.value) for g, v in zip(grads, model.trainable_variables, strict=True)
+                ]
+                # Summed onto each variable's devices (all-reduce), not through one device.
+                grads = strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, pairs)
+                checked = [strategy.experimental_local_results(g)[0] for g in grads]
+                applied = update(loss, reported, pred, checked, stats, grads)
+                return reported, gathered(losses), gathered(out), applied
 
         def set_statistics(*stats: tf.Tensor) -> tf.Tensor:
             layers = [layer for layer in (scaler, target) if layer is not None]
@@ -210,8 +265,13 @@ class TrainStep:
     ) -> StepResult:
         """One step; with a Standardize layer, ``statistics`` (mean, std) are set if it applies,
         with a target_scaling layer ``target_statistics`` likewise (default: keep the current
-        ones)."""
+        ones). On several devices the batch is padded with zero-weight rows to a multiple of
+        their count; the result holds the real rows only."""
+        rows = len(x)
+        replicas = self.placement.replicas
         args: list[object] = [x, y, w]
+        if replicas > 1:
+            args = [*pad_rows(x, y, w, replicas), np.float32(rows)]
         for layer, given in ((self._scaler, statistics), (self._target, target_statistics)):
             if layer is not None:
                 args += list(given) if given is not None else [layer.mean, layer.std]
@@ -220,6 +280,10 @@ class TrainStep:
                 loss, losses, pred, applied = self._flat(args)
             else:
                 loss, losses, pred, applied = self._call(*args)
+        if replicas > 1:
+            return StepResult(
+                float(loss), losses.numpy()[:rows], pred.numpy()[:rows], bool(applied)
+            )
         return StepResult(float(loss), losses.numpy(), pred.numpy(), bool(applied))
 
     def optimizer_state(self) -> list[np.ndarray]:

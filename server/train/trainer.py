@@ -44,6 +44,7 @@ from .checkpoint_writer import CheckpointWriter
 from .hooks import TrainerHooks
 from .metrics import CheckpointMetrics, TrainingMetrics, TrainingStateMetrics
 from .modeling import build_compiled, make_loss
+from .placement import Placement, as_placement
 from .prequential import PrequentialScores
 from .scaling import LevelShift
 from .train_step import TrainStep
@@ -68,7 +69,7 @@ class Trainer:
         queue: SampleQueue,
         slot: SnapshotSlot,
         metrics: Metrics,
-        device: str,
+        device: str | Placement,
         checkpoints: CheckpointStore | None = None,
         hooks: TrainerHooks | None = None,
         storage: StorageHealth | None = None,
@@ -85,7 +86,9 @@ class Trainer:
         metrics.group(StorageMetrics)
         metrics.group(SampleQueueMetrics)
         metrics.group(ErrorMetrics)
-        self.device = device
+        placement = as_placement(device)  # one device, or several mirrored
+        self.placement = placement
+        self.device = placement.primary
         self._init_checkpoints(checkpoints, storage)
         self.version = 0
         self.lineage = new_lineage_id()  # replaced by the checkpoint dir's own in _restore
@@ -104,13 +107,13 @@ class Trainer:
         self._outliers_logged_at = -_OUTLIER_LOG_INTERVAL_S
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self.model = build_compiled(settings, device)
+        self.model = build_compiled(settings, placement)
         self.step = TrainStep(
             self.model,
             make_loss(settings),
             settings.input_shape,
             settings.resolved_target_shape(),
-            device,
+            placement,
         )
         self.policy = UpdatePolicy(
             settings, self.step, self.hooks.drift_detected, seed=settings.seed

@@ -1,0 +1,158 @@
+"""Run as ``python -m tests.e2e.two_devices_steps``: the compiled step on one device against
+the same step mirrored on two logical CPU devices, printed as one JSON document.
+
+A process of its own because the CPU can only be split before TensorFlow initialises its
+devices (``tests/e2e/test_devices.py`` runs it and checks the figures). For each model the
+same seed builds both copies; both learn the same batches (sizes not divisible by two among
+them) through the trainer's ``UpdatePolicy`` (two steps a batch, replay, scaling); a batch
+with an infinite input must be rolled back on both; then each one's weights and optimizer
+state restore into a fresh model on the other placement and must predict what it predicts.
+"""
+
+from __future__ import annotations
+
+import json
+
+from livefit.server.config.sections import TensorFlowSettings
+from livefit.server.train.modeling import configure_tensorflow
+
+configure_tensorflow(TensorFlowSettings(logical_cpu_devices=2))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from livefit.server.config.model import ModelSettings  # noqa: E402
+from livefit.server.train.modeling import build_compiled, make_loss  # noqa: E402
+from livefit.server.train.placement import Placement  # noqa: E402
+from livefit.server.train.train_step import TrainStep  # noqa: E402
+from livefit.server.train.update_policy import UpdatePolicy  # noqa: E402
+from livefit.server.wire.samples import Batch  # noqa: E402
+
+BATCH_SIZES = [7, 1, 8, 13, 3, 64, 5, 2]
+MODELS = {
+    "mlp-mse": {"builder": "mlp", "loss": "mse"},  # target scaling (auto for regression)
+    "mlp-bce": {"builder": "mlp", "loss": "binary_crossentropy"},
+    "linear-mse": {"builder": "linear", "loss": "mse"},
+}
+DROPOUT = {"builder": "mlp", "loss": "mse", "builder_options": {"dropout": 0.2}}
+
+
+def batch(x: np.ndarray, y: np.ndarray) -> Batch:
+    w = np.ones(len(x), np.float32)
+    return Batch(x=x, y=y, w=w, chunks=1, oldest_published_at=None, newest_published_at=None)
+
+
+def trainer_parts(
+    settings: ModelSettings, device: str | Placement
+) -> tuple[TrainStep, UpdatePolicy]:
+    model = build_compiled(settings, device)
+    step = TrainStep(model, make_loss(settings), [4], settings.resolved_target_shape(), device)
+    step.warm_up()
+    return step, UpdatePolicy(settings, step, seed=settings.seed)
+
+
+def largest_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(u - v), initial=0.0)) for u, v in zip(a, b, strict=True))
+
+
+def compare(name: str, options: dict, two: Placement) -> dict:
+    settings = ModelSettings(input_shape=[4], output_shape=[1], seed=5, **options)
+    one_step, one_policy = trainer_parts(settings, "/CPU:0")
+    two_step, two_policy = trainer_parts(settings, two)
+    rng = np.random.default_rng(1)
+    report: dict = {"losses": [], "predictions": [], "rows": []}
+    for n in BATCH_SIZES:
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        if options["loss"] == "binary_crossentropy":
+            y = (x.sum(axis=1, keepdims=True) > 0).astype(np.float32)
+        else:
+            y = (3.0 * x[:, :1] + 10.0).astype(np.float32)
+        a, b = one_policy.learn(batch(x, y)), two_policy.learn(batch(x, y))
+        report["losses"].append(abs(a.first.loss - b.first.loss) / max(abs(a.first.loss), 1e-6))
+        report["predictions"].append(
+            float(np.max(np.abs(a.first.predictions - b.first.predictions)))
+        )
+        report["rows"].append([len(a.first.predictions), len(b.first.predictions)])
+        report.setdefault("steps", []).append([a.steps, b.steps])
+    report["weights"] = largest_difference(
+        one_step.model.get_weights(), two_step.model.get_weights()
+    )
+    report["optimizer"] = largest_difference(one_step.optimizer_state(), two_step.optimizer_state())
+    # Every device's copy of every variable alike.
+    report["copies_equal"] = all(
+        all(np.array_equal(c.numpy(), v.value.values[0].numpy()) for c in v.value.values)
+        for v in [*two_step.model.weights, *two_step.model.optimizer.variables]
+    )
+    # A non-finite batch is rolled back on both.
+    before = two_step.model.get_weights()
+    bad = np.full((3, 4), np.inf, np.float32)
+    rolled = [
+        p.learn(batch(bad, np.ones((3, 1), np.float32))).steps for p in (one_policy, two_policy)
+    ]
+    report["rolled_back"] = (
+        rolled == [0, 0] and largest_difference(before, two_step.model.get_weights()) == 0.0
+    )
+    report["traces"] = [one_step.traces, two_step.traces]
+    # Each one's state restores on the other placement and predicts the same.
+    probe = rng.normal(size=(9, 4)).astype(np.float32)
+    for source, target, label in (
+        (two_step, trainer_parts(settings, "/CPU:0")[0], "two_to_one"),
+        (one_step, trainer_parts(settings, two)[0], "one_to_two"),
+    ):
+        target.restore(source.model.get_weights(), source.optimizer_state())
+        report[label] = float(
+            np.max(
+                np.abs(source.model(probe, training=False) - target.model(probe, training=False))
+            )
+        )
+        report[f"{label}_optimizer"] = largest_difference(
+            source.optimizer_state(), target.optimizer_state()
+        )
+    report["names_one"] = [v.path for v in one_step.model.weights]
+    report["names_two"] = [v.path for v in two_step.model.weights]
+    return report
+
+
+def dropout_trains(two: Placement) -> bool:
+    """A model that behaves differently in training (a separate scoring pass) steps too."""
+    settings = ModelSettings(input_shape=[4], output_shape=[1], seed=5, **DROPOUT)
+    _, policy = trainer_parts(settings, two)
+    x = np.random.default_rng(2).normal(size=(7, 4)).astype(np.float32)
+    learned = policy.learn(batch(x, x[:, :1]))
+    return learned.steps > 0 and learned.first.predictions.shape == (7, 1)
+
+
+def regularized(two: Placement) -> float:
+    """A network with a layer loss (L2): each device adds its share, the sum counts it once;
+    the largest weight difference after the same steps on one and two devices."""
+    steps = []
+    for device in ("/CPU:0", two):
+        placement = device if isinstance(device, Placement) else Placement([device])
+        with placement.scope():
+            keras.utils.set_random_seed(3)
+            model = keras.Sequential([
+                keras.Input((4,)),
+                keras.layers.Dense(8, activation="tanh", kernel_regularizer="l2"),
+                keras.layers.Dense(1),
+            ])  # fmt: skip
+            model.compile(optimizer=keras.optimizers.Nadam(0.01), loss="mse")
+        steps.append(TrainStep(model, keras.losses.get("mse"), [4], [1], device))
+    rng = np.random.default_rng(4)
+    for n in BATCH_SIZES:
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        w = np.ones(n, np.float32)
+        for step in steps:
+            step(x, x[:, :1], w)
+    return largest_difference(steps[0].model.get_weights(), steps[1].model.get_weights())
+
+
+def main() -> None:
+    two = Placement(["/CPU:0", "/CPU:1"])
+    results = {name: compare(name, options, two) for name, options in MODELS.items()}
+    results["dropout_trains"] = dropout_trains(two)
+    results["regularized"] = regularized(two)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
