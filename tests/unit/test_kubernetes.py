@@ -721,13 +721,25 @@ def test_every_broker_user_has_a_password_and_an_acl() -> None:
 def test_docs_walk_the_deployment_and_are_linked() -> None:
     doc = (ROOT / "docs" / "kubernetes.md").read_text()
     for step in (
-        "docker build", "python -m livefit.server.weights.keys", "kubectl create secret",
+        "docker build", "python -m livefit.server.weights.keys", "create secret generic",
         "kubectl apply -k deploy/kubernetes", "kubectl apply -k deploy/kubernetes/monitoring",
-        "/v2/health/ready", "kubectl patch hpa", "rollout restart",
+        "/v2/health/ready", "patch hpa livefit-replica", "rollout restart",
     ):  # fmt: skip
         assert step in doc, step
-    for secret in {"livefit-mqtt-passwords", *(f"livefit-{s}-weights-key" for s in SHARDS)}:
-        assert secret in doc, secret
+    # The Secrets every pod reads, made by the doc's commands (one per shard in a loop).
+    assert f"for shard in {' '.join(SHARDS)}; do" in doc
+    made = {"livefit-mqtt-passwords", *(f"livefit-{s}-weights-key" for s in SHARDS)}
+    assert "create secret generic livefit-$shard-weights-key" in doc
+    assert "create secret generic livefit-mqtt-passwords" in doc
+    read = set()
+    for workload in workloads().values():
+        for container in containers(workload):
+            for entry in container.get("env", []):
+                read.add(entry.get("valueFrom", {}).get("secretKeyRef", {}).get("name"))
+        for vol in pod_spec(workload).get("volumes", []):
+            read.add(vol.get("secret", {}).get("secretName"))
+            read |= {s["secret"]["name"] for s in vol.get("projected", {}).get("sources", [])}
+    assert read - {None} == made
     for version in KUBERNETES_VERSIONS[:1]:
         assert f"Kubernetes {version}" in doc
     assert "docs/kubernetes.md" in (ROOT / "README.md").read_text()
