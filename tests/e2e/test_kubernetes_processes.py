@@ -167,7 +167,38 @@ def _moved(text: str, paths: dict[str, Path]) -> str:
     return pattern.sub(lambda match: str(paths[match[0]]), text)
 
 
-def _broker(made: dict[str, dict[str, str]], workdir: Path, port: int) -> LocalProcess:
+# Runs a command with / read-only but for the directories given, as a pod with
+# readOnlyRootFilesystem and its volumes (a private mount namespace: nothing outside changes).
+_READ_ONLY_ROOT = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do mount --bind "$1" "$1"; shift; n=$((n - 1)); done; '
+    'mount -o remount,bind,ro /; exec "$@"'
+)
+
+
+def _can_make_root_read_only() -> bool:
+    """True where this test may run commands in a mount namespace of their own (root, and an
+    ``unshare`` the kernel allows)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    done = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+def _on_read_only_root(argv: list[str], writable: list[Path]) -> list[str]:
+    return ["unshare", "-m", "sh", "-ec", _READ_ONLY_ROOT, "sh", str(len(writable)),
+            *(str(path) for path in writable), *argv]  # fmt: skip
+
+
+def _writable(container: dict[str, Any], paths: dict[str, Path]) -> list[Path]:
+    """The directories here of the container's writable mounts, and /tmp: this test's own
+    files are there (every container has a /tmp volume: tests/unit/test_kubernetes.py)."""
+    mounts = container["volumeMounts"]
+    return [Path("/tmp"), *(paths[m["mountPath"]] for m in mounts if not m.get("readOnly"))]
+
+
+def _broker(
+    made: dict[str, dict[str, str]], workdir: Path, port: int, read_only: bool
+) -> LocalProcess:
     """mosquitto as its Deployment runs it: the init container's script with its environment,
     then the server with the ConfigMap's mosquitto.conf; both with their mounts moved here."""
     broker = one("Deployment", "mosquitto")
@@ -176,10 +207,12 @@ def _broker(made: dict[str, dict[str, str]], workdir: Path, port: int) -> LocalP
     init_paths = _container_paths(broker, init, volumes)
     script = _moved("\n".join(init["args"]), init_paths)
     env = {k: _resolved(v, made) for k, v in environment(init).items()}
+    argv = ["/bin/sh", "-ec", script]
+    if read_only:
+        argv = _on_read_only_root(argv, _writable(init, init_paths))
     done = subprocess.run(
-        ["/bin/sh", "-ec", script], env={**os.environ, **env}, capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
+        argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (server,) = pod_spec(broker)["containers"]
     paths = _container_paths(broker, server, volumes)
@@ -191,16 +224,20 @@ def _broker(made: dict[str, dict[str, str]], workdir: Path, port: int) -> LocalP
         lines.append("user root")  # the pod runs it as 1883, the volumes' owner
     conf = workdir / "mosquitto.conf"
     conf.write_text("\n".join(lines) + "\n")
-    return LocalProcess("mosquitto", ["mosquitto", "-c", str(conf)], workdir / "broker.log")
+    argv = ["mosquitto", "-c", str(conf)]
+    if read_only:
+        argv = _on_read_only_root(argv, _writable(server, paths))
+    return LocalProcess("mosquitto", argv, workdir / "broker.log")
 
 
 def _pod(
     name: str, made: dict[str, dict[str, str]], workdir: Path, broker_port: int,
-    urls: dict[str, str], port: int,
+    urls: dict[str, str], port: int, read_only: bool,
 ) -> LivefitProcess:  # fmt: skip
     """A livefit pod: its container's args and environment (Secrets filled in, the broker's
     Service moved to the test broker), its ConfigMap's TOML with the mounts moved to
-    directories here and the Services' URLs to loopback ports."""
+    directories here and the Services' URLs to loopback ports; with ``read_only``, on a
+    read-only root but for its writable mounts."""
     workload = workloads()[name]
     container = livefit_container(workload)
     assert container is not None
@@ -218,9 +255,12 @@ def _pod(
         for key, value in environment(container).items()
     }
     env["LIVEFIT_HTTP__HOST"] = "127.0.0.1"  # 0.0.0.0 in the pod
-    return LivefitProcess(
+    pod = LivefitProcess(
         config, workdir / name, command, name=name, port=port, env=quiet_env(**env)
     )
+    if read_only:
+        pod.argv = _on_read_only_root(pod.argv, _writable(container, paths))
+    return pod
 
 
 def test_the_pods_start_from_their_manifests_and_the_replica_follows_both_shards(
@@ -228,19 +268,26 @@ def test_the_pods_start_from_their_manifests_and_the_replica_follows_both_shards
 ) -> None:
     """Both shards get ready with their own keys; the replica gets ready only once it holds a
     version of every model, each verified with its own shard's public key (a key mounted at
-    the wrong path, a model without its shard or a Secret item the wrong way round fails)."""
+    the wrong path, a model without its shard or a Secret item the wrong way round fails).
+    As root, every process runs as its pod's readOnlyRootFilesystem makes it: the root
+    read-only, only its writable volumes not."""
     for program in ("mosquitto", "mosquitto_passwd"):
         if shutil.which(program) is None:
             pytest.skip(f"{program} is not on PATH (apt-get install mosquitto)")
     made = _secrets(tmp_path)
+    read_only = _can_make_root_read_only()
+    print(f"read-only root filesystem: {'yes' if read_only else 'no (needs root and unshare)'}")
     broker_port = free_port()
     ports = {shard: free_port() for shard in SHARDS}
     urls = {f"http://livefit-{s}:8000": f"http://127.0.0.1:{p}" for s, p in ports.items()}
-    with _broker(made, tmp_path, broker_port) as broker:
+    with _broker(made, tmp_path, broker_port, read_only) as broker:
         broker.start()
         wait_listening("127.0.0.1", broker_port, broker.alive, "mosquitto")
-        shards = [_pod(f"livefit-{s}", made, tmp_path, broker_port, urls, ports[s]) for s in SHARDS]
-        replica = _pod("livefit-replica", made, tmp_path, broker_port, urls, free_port())
+        shards = [
+            _pod(f"livefit-{s}", made, tmp_path, broker_port, urls, ports[s], read_only)
+            for s in SHARDS
+        ]
+        replica = _pod("livefit-replica", made, tmp_path, broker_port, urls, free_port(), read_only)
         with shards[0], shards[1], replica:
             for process in (*shards, replica):
                 process.start(ready_timeout_s=None)

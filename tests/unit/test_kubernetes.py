@@ -444,6 +444,10 @@ def test_pods_run_unprivileged_with_limits() -> None:
             security = container["securityContext"]
             assert security["allowPrivilegeEscalation"] is False, name
             assert security["readOnlyRootFilesystem"] is True, name
+            # tmpfile(3), Python's tempfile, mosquitto_passwd: programs expect a writable /tmp
+            tmp = mount_of(container, "/tmp")
+            assert tmp is not None and tmp["mountPath"] == "/tmp", f"{name}: no /tmp volume"
+            assert not tmp.get("readOnly"), name
             assert security["capabilities"] == {"drop": ["ALL"]}, name
             for bound in ("requests", "limits"):
                 assert {"cpu", "memory"} <= set(container["resources"][bound]), name
