@@ -34,6 +34,7 @@ from livefit.clients.synthetic import LinearStream
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.local_process import stop_all
 from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.weights.keys import default_key_path, parse_signing_key
 from livefit.server.wire.encoding import Format
 from tests.brokers import NatsServer, embedded_amqtt
 from tests.configs import SMALL_MLP, learner_config, model
@@ -171,7 +172,8 @@ def test_late_replica_serves_the_retained_signed_snapshot(scenario: Scenario) ->
     replica = scenario.replica
     assert serving_version(replica) == published
     assert replica.metric("livefit_weights_received_total", model="demo", outcome="accepted") >= 1
-    assert "verified with Ed25519 key" in replica.log.read_text()
+    learner_key = parse_signing_key(default_key_path(scenario.workdir / "data").read_bytes())
+    assert f"verified with Ed25519 key {learner_key.key_id}" in replica.log.read_text()
     assert predict(replica) == predict(learner)
 
 
