@@ -7,10 +7,11 @@ broker): samples published at QoS 1 are each trained exactly once; a replica sta
 learner gets the newest signed snapshot from the retained weight message, verifies its Ed25519
 signature and serves that version; a prediction with an id, then its label over MQTT, are
 joined into a sample; a malformed message is reported on the dead-letter topic and training
-goes on; and the learner, stopped and started again on its persistent session, trains the
-samples published while it was away and gets nothing redelivered (the malformed message was
-acknowledged). amqtt keeps nothing for an offline session (measured), so that step is an
-expected failure there, strict (it fails the run if amqtt starts keeping them), with the reason.
+goes on; the learner, stopped and started again on its persistent session, trains the samples
+published while it was away and gets nothing redelivered (the malformed message was
+acknowledged); and livefit left at MQTT 5 finds the protocol each broker speaks. amqtt keeps
+nothing for an offline session (measured), so the restart step is an expected failure there,
+strict (it fails the run if amqtt starts keeping them), with the reason.
 
 The learner runs in one process (``tests/layouts.py``): what differs between brokers is the
 MQTT session, which the one-process learner and a split learner's training process hold with
@@ -20,6 +21,7 @@ the same code. nats-server missing skips the NATS row, except on CI (``tests/bro
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +34,9 @@ from livefit.clients.predict import PredictClient
 from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.local_servers import LivefitProcess
+from livefit.server.config.sections import BrokerSettings
+from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.mqtt.probe import for_broker
 from livefit.server.runtime.local_process import stop_all
 from livefit.server.runtime.mosquitto import Mosquitto
 from livefit.server.weights.keys import default_key_path, parse_signing_key
@@ -238,3 +243,17 @@ def test_samples_sent_while_the_learner_was_away_are_trained_after_it_restarts(
     time.sleep(1.0)  # a redelivered message would be counted by now
     assert trained(again) == AWAY
     assert messages(again, "rejected") == 0
+
+
+def test_a_learner_set_to_mqtt5_finds_the_protocol_the_broker_speaks(
+    matrix_broker: MatrixBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``broker.protocol = "5"`` (the default) on a broker that speaks only 3.1.1: NATS and
+    amqtt refuse MQTT 5 as unsupported, and livefit speaks 3.1.1 to them, with a warning
+    naming the setting; mosquitto gets MQTT 5."""
+    url = matrix_broker.url
+    with caplog.at_level(logging.WARNING, logger="livefit.server.mqtt.probe"):
+        chosen = for_broker(parse_broker_url(url), BrokerSettings(url=url))
+    assert chosen.protocol == matrix_broker.protocol
+    warned = 'set broker.protocol = "3.1.1"' in caplog.text
+    assert warned == (matrix_broker.protocol == "3.1.1"), caplog.text
