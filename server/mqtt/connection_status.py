@@ -20,7 +20,7 @@ UNREACHABLE_LOG_MAX_S = 60.0  # failed attempts are logged at 0, 1, 2, 4 ... 60,
 
 
 REFUSAL_HINTS = {
-    0x84: 'the broker does not speak MQTT 5 (amqtt: 3.1.1 only); set broker.protocol = "3.1.1"',
+    0x84: 'the broker does not speak MQTT 5 (amqtt, NATS); set broker.protocol = "3.1.1"',
     0x86: "check the user and password in broker.url (or LIVEFIT_BROKER__URL)",
     0x87: "check the user and password in broker.url and the broker's ACL",
     0x85: "the broker refuses this client id (broker.client_id)",

@@ -64,7 +64,7 @@ def for_broker(
 ) -> BrokerSettings:
     """The broker settings every client of this process uses with the broker at ``address``:
     ``settings`` with ``protocol`` (a broker livefit started says what it speaks), or with
-    MQTT 3.1.1 where ``settings`` say 5 and the broker refuses 5 as unsupported (an amqtt),
+    MQTT 3.1.1 where ``settings`` say 5 and the broker refuses 5 as unsupported (amqtt, NATS),
     with a warning."""
     if protocol is not None or settings.protocol != "5":
         return settings.model_copy(update={"protocol": protocol or settings.protocol})
@@ -73,7 +73,7 @@ def for_broker(
         return settings
     if probe(address, settings, "3.1.1", timeout_s=min(3.0, settings.connect_timeout_s)).connected:
         log.warning(
-            "MQTT broker at %s does not speak MQTT 5 (an amqtt?); using MQTT 3.1.1 "
+            "MQTT broker at %s does not speak MQTT 5 (amqtt, NATS); using MQTT 3.1.1 "
             '(set broker.protocol = "3.1.1" to say so)', address,
         )  # fmt: skip
         return settings.model_copy(update={"protocol": "3.1.1"})

@@ -1,19 +1,18 @@
-"""The brokers end-to-end tests start: a mosquitto per session or per test, an embedded amqtt.
+"""The brokers end-to-end tests start: a mosquitto per session or per test, an embedded amqtt
+(``tests/brokers.py`` starts it, and NATS).
 
 Only tests under ``tests/e2e/`` can ask for them: a unit test starts no broker and no process.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from livefit.server.runtime.local_process import free_port
 from livefit.server.runtime.mosquitto import Mosquitto
+from tests.brokers import embedded_amqtt
 
 
 @pytest.fixture(scope="session")
@@ -37,21 +36,5 @@ def own_broker(tmp_path: Path) -> Iterator[Mosquitto]:
 @pytest.fixture
 def amqtt_broker() -> Iterator[str]:
     """An embedded amqtt (MQTT 3.1.1 only) on a free port, in a process of its own: its URL."""
-    pytest.importorskip("amqtt")
-    port = free_port()
-    code = (
-        "import sys, time\nfrom livefit.server.runtime.broker import EmbeddedAmqtt\n"
-        f"EmbeddedAmqtt(port={port})\nprint('ready', flush=True)\ntime.sleep(600)\n"
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-W", "ignore", "-c", code], stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    assert process.stdout is not None
-    try:
-        assert process.stdout.readline().strip() == "ready"
-        yield f"mqtt://127.0.0.1:{port}"
-    finally:
-        process.kill()
-        process.wait(10)
-        process.stdout.close()
+    with embedded_amqtt() as url:
+        yield url
