@@ -458,8 +458,14 @@ MEANINGS: dict[str, str] = {
     ),
     "models.<name>.weights.pull_url": (
         "(replicas) the learner's base URL, the only place large snapshots are pulled from (and"
-        " the bearer `http.token` sent to); never a URL taken from a message. Unset, and no "
+        " the bearer `pull_token` sent to); never a URL taken from a message. Unset, and no "
         "`http.public_url`: manifests are refused (`pull_failed`)"
+    ),
+    "models.<name>.weights.pull_token": (
+        "(replicas) the bearer token sent with pulls from `pull_url`: that learner's "
+        "`http.token`, for a replica following learners whose tokens differ "
+        "([fleet](fleet.md)). Unset: this process's `http.token`. Prefer "
+        "`LIVEFIT_MODELS__<NAME>__WEIGHTS__PULL_TOKEN`; never logged"
     ),
     "models.<name>.weights.pull_timeout_s": (
         "replicas' HTTP pull timeout for large snapshots (for the whole body)"
@@ -559,6 +565,7 @@ UNSET: dict[str, str] = {
     f"{MODEL}.weights.signing_key_file": "`<storage.dir>/keys/weights-signing.key`",
     f"{MODEL}.weights.verify_key_file": "`<storage.dir>/keys/weights-signing.pub` if it exists",
     f"{MODEL}.weights.pull_url": "`http.public_url`",
+    f"{MODEL}.weights.pull_token": "`http.token`",
     f"{MODEL}.drift.events_topic": "`livefit/<name>/events`",
     f"{MODEL}.labels.topic": "`livefit/<name>/labels`",
     f"{MODEL}.labels.predictions_topic": "`livefit/<name>/predictions`",

@@ -156,6 +156,10 @@ class WeightsSettings(Section):
     max_inline_bytes: int = Field(16 * 1024 * 1024, ge=1024)  # larger: manifest + HTTP pull
     keep_versions: int = Field(4, ge=1, le=100)  # recent payloads kept for HTTP download
     pull_url: str | None = None  # replicas: the learner's base URL to pull from (http.public_url)
+    # Replicas: the bearer token sent with pulls from pull_url (that learner's http.token);
+    # default this process's http.token. Per model, so one replica can follow learners whose
+    # tokens differ.
+    pull_token: SecretStr | None = None
     pull_timeout_s: float = Field(30.0, gt=0)
     max_pull_bytes: int = Field(256 * 1024 * 1024, ge=1024)  # a pulled payload larger: refused
     max_age_s: float = Field(86400.0, ge=0)  # refuse weights signed longer ago (0: no limit)
@@ -173,6 +177,14 @@ class WeightsSettings(Section):
             raise ValueError("must be the learner's base URL, http(s)://host:port")
         return value.rstrip("/") if value else value
 
+    @field_validator("pull_token")
+    @classmethod
+    def _check_pull_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # It goes into an HTTP header: refuse here what httpx would refuse at the first pull.
+        if value is not None and not re.fullmatch(r"[\x21-\x7e]+", value.get_secret_value()):
+            raise ValueError("must be a bearer token: printable ASCII, no spaces, not empty")
+        return value
+
     @model_validator(mode="after")
     def _check_verify_key(self) -> WeightsSettings:
         if self.verify_key and self.verify_key_file:
@@ -181,6 +193,9 @@ class WeightsSettings(Section):
 
     def key_bytes(self) -> bytes | None:
         return self.hmac_key.get_secret_value().encode() if self.hmac_key else None
+
+    def pull_token_bytes(self) -> bytes | None:
+        return self.pull_token.get_secret_value().encode() if self.pull_token else None
 
 
 class CheckpointSettings(Section):

@@ -116,6 +116,13 @@ def _oip_routes(router: APIRouter, handlers: PredictHandlers) -> None:
         """Triton's model configuration (tritonclient ``get_model_config``)."""
         return handlers.about(name, request, _config)
 
+    @router.get("/v2/models")
+    async def model_index(request: Request) -> JSONResponse:
+        """Every model this server serves, with the version it serves and whether it is ready
+        (a livefit extension: OIP defines no listing). A replica following several learners
+        lists all of their models here."""
+        return handlers.index(request, _index_entry)
+
     @router.get("/v2")
     async def oip_server_metadata() -> dict[str, Any]:
         return {"name": "livefit", "version": __version__, "extensions": []}
@@ -137,6 +144,12 @@ def _direct_routes(router: APIRouter, handlers: PredictHandlers) -> None:
 
 def _tfserving_status(model: ServedModel) -> JSONResponse:
     return JSONResponse(tfserving_model_status(_version(model), model.ready()))
+
+
+def _index_entry(model: ServedModel) -> dict[str, Any]:
+    version = _version(model)
+    return {"name": model.name, "version": None if version is None else str(version),
+            "ready": model.ready()}  # fmt: skip
 
 
 def _readiness(model: ServedModel) -> JSONResponse:

@@ -149,6 +149,18 @@ class PredictHandlers:
             return error_response(exc.status, exc.message, exc.headers)
         return answer(model)
 
+    def index(
+        self, request: Request, entry: Callable[[ServedModel], dict[str, Any]]
+    ) -> JSONResponse:
+        """``{"models": [entry(model), ...]}`` by name, or the 401 the guard answers."""
+        try:
+            if self.guard is not None:
+                self.guard(request)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        served = self.served()
+        return JSONResponse({"models": [entry(served[name]) for name in sorted(served)]})
+
     async def serve_tf(self, request: Request) -> Response:
         """The TF Serving ``:predict`` route's endpoint (the model named in the path)."""
         return await self.predict(request, request.path_params["name"], parse_tf, format_tf)

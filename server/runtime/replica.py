@@ -6,6 +6,10 @@ newest at once), are verified by a ``WeightReceiver`` (the learner's Ed25519 sig
 ``weights.keys``) and swapped in between batches. A replica is ready only once every model holds
 a version. Without a key to verify weights with (and without ``weights.allow_unsigned``) a
 replica does not start: it says which setting is missing before it connects anywhere.
+
+One replica may follow models of several learners (docs/fleet.md): everything about a model's
+weights is per model (topic, key, pull URL and token), so each is verified with its own
+learner's key and pulled from its own learner.
 """
 
 from __future__ import annotations
@@ -144,8 +148,19 @@ class ReplicaRuntime:
             except ConfigError as exc:
                 log.error("replica cannot start: %s", exc)
                 raise
-            log.info("weights of %s are verified with %s", name, found[name].describe)
+            log.info("weights of %s are verified with %s; large ones pulled from %s",
+                     name, found[name].describe, self._pull_origin(name))  # fmt: skip
         return found
+
+    def _pull_origin(self, name: str) -> str:
+        """Where ``name``'s manifests are pulled from, and with which token (for the log)."""
+        weights = self.settings.models[name].weights
+        url = weights.pull_url or self.settings.http.public_url
+        if url is None:
+            return "nowhere (no weights.pull_url: manifests are refused)"
+        if weights.pull_token is not None:
+            return f"{url} (token: models.{name}.weights.pull_token)"
+        return f"{url} (token: {'http.token' if self.settings.http.token else 'none'})"
 
     def _receiver(
         self, replica_model: ReplicaModel, address: BrokerAddress, broker: BrokerSettings,
@@ -157,8 +172,8 @@ class ReplicaRuntime:
             **self._verification(replica_model, auth),
             broker=broker,
             client_id=f"{broker.client_id}-replica-{self.instance}-{replica_model.name}",
-            # Pulls go to the learner this replica is configured for, never to a URL a message
-            # names; the bearer token goes only there.
+            # Pulls go to the learner this model is configured for (each model may follow
+            # another learner), never to a URL a message names; the bearer token goes only there.
             pull_url=weights.pull_url or self.settings.http.public_url,
             pull_timeout_s=weights.pull_timeout_s,
         )
@@ -177,7 +192,10 @@ class ReplicaRuntime:
             "on_weights": lambda received: self._received(replica_model, received),
             "auth": auth,
             "on_outcome": lambda outcome: counter.labels(model=name, outcome=outcome).inc(),
-            "pull_headers": TokenGuard(self.settings.http.token_bytes()).headers(),
+            # Each model's learner may have its own token; the default is this process's.
+            "pull_headers": TokenGuard(
+                weights.pull_token_bytes() or self.settings.http.token_bytes()
+            ).headers(),
             "max_pull_bytes": weights.max_pull_bytes,
             "max_age_s": weights.max_age_s,
         }

@@ -22,8 +22,10 @@ of the same model on the broker, or a third party) is logged as an error naming 
 lineage, counted (``livefit_weights_foreign_total``), and the learner's newest snapshot is put
 back as the retained message at once (then no more often than every 1, 2, 4 ... 60 s while
 foreign messages keep coming, so two learners do not flood the topic fighting over it; the gap
-starts again from 0 only after a quiet minute past it). Those lines (the foreign message, the
-put back) are logged the first time, then at most once a minute each with how many were not.
+starts again from 0 only after a quiet minute past it). Those lines (the foreign retained
+message found at subscribe, a WARNING: its learner may be long gone; a foreign message published
+while this learner runs, an ERROR: another learner or someone else is publishing now; the put
+back) are logged the first time, then at most once a minute each with how many were not.
 
 Every ``refresh_interval_s`` without a new snapshot, the newest one is published again with a
 new ``signed_at`` (same bytes, same ``created_at``): receivers that limit the age of what they
@@ -122,7 +124,10 @@ class WeightPublisher:
         self._restore_wanted = False
         self._restored_at = -float("inf")  # monotonic time of the last restore
         self._restore_gap_s = 0.0
+        # Apart: a foreign retained message found at subscribe (perhaps a learner long gone)
+        # must not hold back the ERROR for one published now (another learner running).
         self._foreign_lines = LogThrottle()
+        self._retained_foreign_lines = LogThrottle()
         self._restore_lines = LogThrottle()
         self._said_manifest = False
         self._said_failed = False
@@ -320,7 +325,8 @@ class WeightPublisher:
         if foreign is None:
             return
         self.metrics.group(WeightsPublishedMetrics).weights_foreign.labels(model=self.model).inc()
-        held = self._foreign_lines.allow()
+        lines = self._retained_foreign_lines if message.retained else self._foreign_lines
+        held = lines.allow()
         if held is not None:
             log.log(
                 logging.WARNING if message.retained else logging.ERROR,

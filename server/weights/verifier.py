@@ -230,6 +230,12 @@ class WeightVerifier:
                 "GET", url, params={"version": str(header.version)}, headers=headers,
                 timeout=self.pull_timeout_s, follow_redirects=False,
             ) as response:  # fmt: skip
+                if response.status_code in (401, 403):
+                    raise WeightsRejected(
+                        "pull_failed",
+                        f"GET {url}: HTTP {response.status_code}: set weights.pull_token (else "
+                        "http.token) to that learner's http.token",
+                    )
                 if response.status_code != 200:
                     raise WeightsRejected("pull_failed", f"GET {url}: HTTP {response.status_code}")
                 declared = response.headers.get("content-length", "")
@@ -269,7 +275,7 @@ class WeightVerifier:
         except WeightsRejected as exc:
             self._count(exc.outcome)
             if exc.outcome not in QUIET_OUTCOMES:
-                self.last_refused = f"{exc.outcome}: {exc}"
+                self.last_refused = str(exc)  # "<outcome>: <detail>"
             level = logging.DEBUG if exc.outcome in QUIET_OUTCOMES else logging.WARNING
             log.log(level, "weights for %s refused (%s); keeping version %s", self.model, exc,
                     self.version)  # fmt: skip

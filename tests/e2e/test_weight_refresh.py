@@ -228,8 +228,12 @@ def test_two_learners_fighting_over_the_topic_back_off_for_good_and_log_little(
         assert len(restores) >= 6, restores
         # 0, 0.05, 0.1, 0.2 s, then 0.3 s for good: never a burst of restores again
         assert gaps[4:].min() >= 0.3 * 0.95, gaps.round(3).tolist()
-    errors = [r for r in caplog.records if "is not this learner's" in r.getMessage()]
+    foreign = [r for r in caplog.records if "is not this learner's" in r.getMessage()]
+    errors = [r for r in foreign if r.levelno == logging.ERROR]
     assert len(errors) == 2, [r.getMessage()[:80] for r in errors]  # one per learner
+    # Apart from those, the second learner may have found the first's snapshot retained at
+    # subscribe: a WARNING of its own kind, which does not hold back its ERROR.
+    assert len(foreign) - len(errors) <= 1, [r.getMessage()[:80] for r in foreign]
     put_back = [r for r in caplog.records if "put back on" in r.getMessage()]
     assert len(put_back) == 2, len(put_back)
 

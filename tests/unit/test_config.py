@@ -131,6 +131,27 @@ def test_env_errors_hide_secrets(tmp_path: Path) -> None:
     assert "hunter2" not in message
 
 
+def test_a_pull_token_that_cannot_be_a_bearer_token_is_refused_unshown(tmp_path: Path) -> None:
+    """Per model (a replica following learners whose tokens differ); a token with a space
+    would fail only at the first pull, as an httpx error; the value never appears."""
+    settings = load_settings(
+        write(tmp_path, MINIMAL),
+        environ={"LIVEFIT_MODELS__DEMO__WEIGHTS__PULL_TOKEN": "learner-2-token"},
+    )
+    assert settings.models["demo"].weights.pull_token_bytes() == b"learner-2-token"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(
+            write(tmp_path, MINIMAL),
+            environ={"LIVEFIT_MODELS__DEMO__WEIGHTS__PULL_TOKEN": "hunter2 secret"},
+        )
+    message = str(caught.value)
+    assert (
+        "LIVEFIT_MODELS__DEMO__WEIGHTS__PULL_TOKEN=***: models.demo.weights.pull_token: "
+        "must be a bearer token" in message
+    )
+    assert "hunter2" not in message
+
+
 @pytest.mark.parametrize(
     ("line", "key", "suggestion"),
     [

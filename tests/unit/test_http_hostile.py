@@ -49,6 +49,9 @@ def test_token_guards_predictions_and_weights(guarded: InProcessServer) -> None:
     ok = predict(guarded, {"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200
     assert httpx.get(f"{guarded.url}/v2/models/m").status_code == 401
+    assert httpx.get(f"{guarded.url}/v2/models").status_code == 401
+    listed = httpx.get(f"{guarded.url}/v2/models", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert listed.json() == {"models": [{"name": "m", "version": "1", "ready": True}]}
     assert httpx.get(f"{guarded.url}/v1/models/m/weights").status_code == 401
     assert httpx.get(f"{guarded.url}/v2/health/live").status_code == 200  # probes stay open
     assert httpx.get(f"{guarded.url}/metrics").status_code == 200

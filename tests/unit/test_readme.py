@@ -157,6 +157,25 @@ def test_the_own_model_example_is_a_valid_config(tmp_path: Path) -> None:
     assert len(instance) == model.input_shape[0]
 
 
+def test_the_fleet_example_configs_load_and_describe_alpha_alike(tmp_path: Path) -> None:
+    """docs/fleet.md's learner and replica configs load; the replica describes alpha as its
+    learner does (a replica builds what the learner trains) and names a pull URL per model."""
+    blocks = re.findall(r"```toml\n(.+?)```", (DOCS / "fleet.md").read_text(), re.S)
+    assert len(blocks) == 2
+    loaded = []
+    for number, block in enumerate(blocks):
+        (tmp_path / f"{number}.toml").write_text(block)
+        loaded.append(load_settings(tmp_path / f"{number}.toml", environ={}))
+    learner, replica = loaded
+    assert set(replica.models) == {"alpha", "beta"}
+    ignored = {"weights"}
+    assert learner.models["alpha"].model_dump(exclude=ignored) == replica.models[
+        "alpha"
+    ].model_dump(exclude=ignored)
+    urls = {name: model.weights.pull_url for name, model in replica.models.items()}
+    assert urls["alpha"] == learner.http.public_url and urls["alpha"] != urls["beta"]
+
+
 def slug(heading: str) -> str:
     """The anchor GitHub gives a Markdown heading."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")

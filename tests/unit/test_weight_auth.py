@@ -181,6 +181,57 @@ def test_manifest_without_an_origin_is_not_pulled(weights: Weights, signer: Sign
     assert recorder.send(envelope(signer, weights, kind="manifest")) == "pull_failed"
 
 
+def test_a_pull_the_learner_refuses_names_the_token_setting(
+    weights: Weights, signer: SigningKey
+) -> None:
+    """A replica following several learners sends each model's own ``weights.pull_token``;
+    a learner that answers 401 gets a refusal saying which setting to fix, and the right
+    token gets the weights."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    created = time.time()
+    data = payload(weights, version=1, created_at=created)
+
+    class Learner(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.headers.get("Authorization") != "Bearer token-2":
+                self.send_error(401)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Learner)
+    thread = threading.Thread(target=server.serve_forever, name="fake-learner")
+    thread.start()
+    try:
+        refused: list[str | None] = []
+        for token, outcome in (("token-1", "pull_failed"), ("token-2", "accepted")):
+            outcomes: list[str] = []
+            receiver = WeightReceiver(
+                parse_broker_url("mqtt://127.0.0.1:9"), "demo", TOPIC, weights.fingerprint,
+                lambda _: None, Authenticator(signer.public), on_outcome=outcomes.append,
+                pull_url=f"http://127.0.0.1:{server.server_address[1]}",
+                pull_headers={"Authorization": f"Bearer {token}"}, pull_timeout_s=10,
+            )  # fmt: skip
+            receiver._process(
+                envelope(signer, weights, topic=TOPIC, created_at=created, kind="manifest")
+            )
+            assert outcomes == [outcome]
+            refused.append(receiver.last_refused)
+        assert refused[1] is None
+        assert refused[0] is not None and refused[0].startswith("pull_failed: GET http://")
+        assert "HTTP 401: set weights.pull_token" in refused[0] and "token-1" not in refused[0]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
 # ---------------------------------------------------------------------------------------------
 # keys and configuration
 
