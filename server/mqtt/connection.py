@@ -37,7 +37,7 @@ from ..base.metrics import ErrorMetrics, Metrics
 from ..config.sections import BrokerSettings
 from .broker import BrokerAddress, as_nodes
 from .connection_status import ConnectionStatus
-from .failover import Failover
+from .failover import Failover, Resubscriber
 from .metrics import BrokerMetrics
 from .paho_client import paho_client
 from .publish_guard import PublishGuard, publish_packet_bytes
@@ -89,6 +89,7 @@ class MqttConnection:
         self._handlers: dict[str, Callable[[RawMessage], None]] = {}
         self.client_id = client_id or settings.client_id
         self.failover = Failover(nodes, settings, self.client_id, metrics)
+        self.resubscriber = Resubscriber(f"MQTT client {self.client_id!r}")
         self.status = ConnectionStatus(nodes[0], self.client_id, settings)
         self._ack_lock = threading.Lock()  # an ack is sent on the connection it belongs to
         self._session = 0  # this connection's number: + 1 at every lost connection
@@ -160,6 +161,7 @@ class MqttConnection:
     def stop(self) -> None:
         """Disconnect cleanly (the session, and what we did not ack, stays on the broker)."""
         self._stopping.set()
+        self.resubscriber.cancel()
         self._drain_inbox()  # unblock paho's thread if it waits on a full inbox
         try:
             self._client.disconnect()
@@ -251,13 +253,26 @@ class MqttConnection:
         """A SUBACK: a subscription the broker refused (a return code >= 0x80, which
         brokers send for an ACL that forbids the topic) is an error naming the topic."""
         topic = self._pending_subscriptions.pop(mid, "?")
-        for reason in reasons:
-            if getattr(reason, "is_failure", False):
-                log.error(
-                    "the broker at %s refused the subscription to %s (%s): nothing will arrive "
-                    "on it; check the broker's ACL for user %r", self.address, topic, reason,
-                    self.address.username,
-                )  # fmt: skip
+        refused = [r for r in reasons if getattr(r, "is_failure", False)]
+        if not refused:
+            self.resubscriber.succeeded()
+            return
+        log.error(
+            "the broker at %s refused the subscription to %s (%s): nothing will arrive on it%s; "
+            "check the broker's ACL for user %r", self.address, topic, refused[0],
+            " until it is sent again" if self.failover.several else "", self.address.username,
+        )  # fmt: skip
+        subscription = next((s for s in self._subscriptions if s[0] == topic), None)
+        if self.failover.several and subscription is not None:
+            self.resubscriber.refused(topic, lambda: self._subscribe(client, *subscription))
+
+    def _subscribe(self, client: paho.Client, topic: str, qos: int, no_local: bool) -> None:
+        if self.protocol == "5":
+            _, mid = client.subscribe(topic, options=SubscribeOptions(qos=qos, noLocal=no_local))
+        else:
+            _, mid = client.subscribe(topic, qos=qos)
+        if mid is not None:
+            self._pending_subscriptions[mid] = topic
 
     def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
         """A (re)connection attempt failed: nothing answered, or it timed out."""
@@ -279,13 +294,7 @@ class MqttConnection:
             min_delay=max(1, round(s.reconnect_min_s)), max_delay=max(1, round(s.reconnect_max_s))
         )
         for topic, qos, no_local in self._subscriptions:
-            if self.protocol == "5":
-                options = SubscribeOptions(qos=qos, noLocal=no_local)
-                _, mid = client.subscribe(topic, options=options)
-            else:
-                _, mid = client.subscribe(topic, qos=qos)
-            if mid is not None:
-                self._pending_subscriptions[mid] = topic
+            self._subscribe(client, topic, qos, no_local)
         if self.subscribed_at is None:
             self.subscribed_at = self._connected_at
         resumed = bool(getattr(flags, "session_present", False))

@@ -1,5 +1,6 @@
 """Failing over between a broker cluster's nodes: which node to try next (``NodeRotation``, pure
-state) and the driver that points one paho client at it (``Failover``).
+state), the driver that points one paho client at it (``Failover``), and the resend of a
+subscription a node refused while the cluster recovers (``Resubscriber``).
 
 paho 2.x reconnects only to the host it was given; with several nodes, a lost connection or a
 failed attempt moves the client to the next node in order (round-robin), at once within a
@@ -15,7 +16,8 @@ its callbacks: it sets the next address and the wait and returns (no I/O, no sle
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -143,3 +145,46 @@ class Failover:
         if self._on_node is not None and self._metrics is not None:
             self._metrics.broker_node_connections.labels(node=self._on_node).dec()
         self._on_node = None
+
+
+class Resubscriber:
+    """Sends a refused SUBSCRIBE again, from a timer thread, after 1 s doubling up to 60 s: a
+    cluster node that cannot serve a subscription yet (NATS times out creating its JetStream
+    consumer while the cluster elects a leader, and refuses it) can a few seconds later. Only
+    one resend waits at a time; ``succeeded`` resets the wait; the owner ``cancel`` s it on
+    stop. A resend while disconnected is refused by paho and harmless: every connection
+    subscribes again anyway."""
+
+    FIRST_WAIT_S = 1.0
+    MAX_WAIT_S = 60.0
+
+    def __init__(self, what: str) -> None:
+        self.what = what  # e.g. "weight stream of demo"
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._wait_s = self.FIRST_WAIT_S
+        self._stopped = False
+
+    def refused(self, topic: str, resend: Callable[[], object]) -> None:
+        """The broker refused the subscription to ``topic``: ``resend`` it after the wait."""
+        with self._lock:
+            if self._stopped or (self._timer is not None and self._timer.is_alive()):
+                return
+            wait, self._wait_s = self._wait_s, min(self._wait_s * 2, self.MAX_WAIT_S)
+            self._timer = threading.Timer(wait, resend)
+            self._timer.name = f"resubscribe-{topic}"
+            self._timer.daemon = True
+            self._timer.start()
+        log.warning("%s: subscribing to %s again in %g s", self.what, topic, wait)
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._wait_s = self.FIRST_WAIT_S
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._stopped = True
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            timer.join(5.0)

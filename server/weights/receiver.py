@@ -18,7 +18,7 @@ import paho.mqtt.client as paho
 from ..config.sections import BrokerSettings
 from ..mqtt.broker import BrokerAddress, as_nodes
 from ..mqtt.connection_status import ConnectionStatus
-from ..mqtt.failover import Failover
+from ..mqtt.failover import Failover, Resubscriber
 from ..mqtt.paho_client import paho_client
 from .receiver_auth import Authenticator
 from .verifier import (
@@ -60,6 +60,7 @@ class WeightReceiver(WeightVerifier):
         self.broker = broker or BrokerSettings()
         what = f"weight stream of {model}: "
         self.failover = Failover(nodes, self.broker, client_id, what=what)
+        self.resubscriber = Resubscriber(f"weight stream of {model}")
         self.status = ConnectionStatus(nodes[0], client_id, self.broker, what=what)
         self.connected = self.status.connected
         self._client = self._make_client(client_id)
@@ -76,6 +77,7 @@ class WeightReceiver(WeightVerifier):
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
+        self.resubscriber.cancel()
         try:
             self._client.disconnect()
         finally:
@@ -92,6 +94,7 @@ class WeightReceiver(WeightVerifier):
         client.on_pre_connect = lambda _client, _userdata: self.failover.attempt_started()
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
         return client
 
     def _on_connect(
@@ -120,6 +123,21 @@ class WeightReceiver(WeightVerifier):
             log.warning("weight stream of %s: disconnected from %s: %s; reconnecting",
                         self.model, self.address, reason)  # fmt: skip
         self._next_node(client, f"connection lost: {reason}")
+
+    def _on_subscribe(
+        self, client: paho.Client, userdata: object, mid: int, reasons: object, props: object
+    ) -> None:
+        """A refused subscription (an ACL, or a cluster node that cannot serve it yet) is an
+        error naming the topic; with several nodes it is sent again after a wait."""
+        refused = [r for r in (reasons if isinstance(reasons, list) else [reasons])
+                   if getattr(r, "is_failure", False)]  # fmt: skip
+        if not refused:
+            self.resubscriber.succeeded()
+            return
+        log.error("weight stream of %s: the broker at %s refused the subscription to %s (%s)",
+                  self.model, self.address, self.topic, refused[0])  # fmt: skip
+        if self.failover.several:
+            self.resubscriber.refused(self.topic, lambda: client.subscribe(self.topic, qos=1))
 
     def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
         self.status.failed()

@@ -1,11 +1,14 @@
 """Several broker nodes: ``broker.url`` as a list or a comma-separated string (absurd inputs
 included), the shared credentials, and the node rotation that failover follows
 (``mqtt.failover``): which node comes next, the waits between rounds, one move per failed
-attempt however many paho callbacks report it, the log line and the counters."""
+attempt however many paho callbacks report it, the log line and the counters; and the resend
+of a subscription a recovering node refused."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -17,7 +20,7 @@ from livefit.server.base.metrics import Metrics
 from livefit.server.config.sections import MAX_BROKER_URLS, BrokerSettings
 from livefit.server.config.settings import ConfigError, load_settings
 from livefit.server.mqtt.broker import BrokerAddress, parse_broker_urls
-from livefit.server.mqtt.failover import Failover, NodeRotation
+from livefit.server.mqtt.failover import Failover, NodeRotation, Resubscriber
 from tests.configs import learner_config
 
 THREE = "mqtt://10.0.0.1:1883,mqtt://10.0.0.2:1884,mqtt://10.0.0.3"
@@ -184,3 +187,43 @@ def test_failover_with_one_node_leaves_the_client_to_paho() -> None:
     failover.attempt_started()
     failover.failed(paho_client, "nothing answered")
     assert paho_client.port == 2000
+
+
+# ---------------------------------------------------------------------------------------------
+# Resubscriber: a subscription a recovering node refused is sent again
+
+
+class QuickResubscriber(Resubscriber):
+    FIRST_WAIT_S = 0.05
+    MAX_WAIT_S = 0.2
+
+
+def test_a_refused_subscription_is_sent_again_once_at_a_time_with_growing_waits() -> None:
+    resubscriber = QuickResubscriber("weight stream of demo")
+    sent = threading.Event()
+    calls: list[float] = []
+
+    def resend() -> None:
+        calls.append(time.monotonic())
+        sent.set()
+
+    start = time.monotonic()
+    resubscriber.refused("livefit/demo/weights", resend)
+    resubscriber.refused("livefit/demo/weights", resend)  # one waits already: no second
+    assert sent.wait(5.0)
+    time.sleep(0.2)
+    assert len(calls) == 1 and calls[0] - start >= 0.05
+    sent.clear()
+    resubscriber.refused("livefit/demo/weights", resend)  # the wait has doubled
+    assert sent.wait(5.0) and calls[1] - calls[0] >= 0.1
+    resubscriber.cancel()
+
+
+def test_a_cancelled_resubscriber_sends_nothing() -> None:
+    resubscriber = Resubscriber("weight stream of demo")  # waits 1 s
+    calls: list[int] = []
+    resubscriber.refused("t", lambda: calls.append(1))
+    resubscriber.cancel()
+    resubscriber.refused("t", lambda: calls.append(2))
+    time.sleep(1.2)
+    assert calls == []
