@@ -15,7 +15,8 @@ Several broker nodes (a cluster): a lost connection or a failed attempt moves th
 the next node (``failover``). An acknowledgement belongs to the connection its message came
 on: each connection has a number (``RawMessage.session``), and an ack for a message of an
 earlier connection is never sent (its packet id may name another message on the new one); the
-cluster redelivers that message instead (at least once, never lost).
+cluster redelivers that message instead (at least once, never lost). A subscription a node
+refuses is sent again after a wait (``failover.Resubscriber``).
 """
 
 from __future__ import annotations
