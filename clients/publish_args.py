@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--broker",
         default="mqtt://127.0.0.1:1883",
         metavar="URL",
-        help="mqtt://[user:pass@]host[:port] or mqtts://... (default %(default)s)",
+        help="mqtt://[user:pass@]host[:port] or mqtts://..., or a cluster's nodes separated by "
+        "commas (each tried in turn; default %(default)s)",
     )
     add("--model", default="demo", help="model name (default %(default)s)")
     add("--topic", help="topic to publish to (default livefit/<model>/samples)")

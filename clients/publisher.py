@@ -6,6 +6,10 @@ message with ``ts``, ``source`` and an increasing ``seq``, and sets the MQTT 5 C
 owns its window (a ``publish_window.PublishWindow``, which its paho callbacks feed) and the paho
 client; the CLI (``publish``) and the rejection watcher (``rejections``) only borrow it. The
 errors it raises and the ``PublishStats`` of a stream are ``publish_results``'.
+
+``broker_url`` may name a cluster's nodes (URLs separated by commas): it connects to the first
+that answers and, when that connection is lost, goes on with the next (``server.mqtt.failover``);
+paho resends what was in flight there, so every message is acknowledged by some node.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.config.sections import BrokerSettings
+from livefit.server.mqtt.broker import BrokerAddress, parse_broker_urls
+from livefit.server.mqtt.failover import Failover
 from livefit.server.wire.encoding import CONTENT_TYPES, Format
 
 from .pacing import Chunks, RatePacer, split_messages
@@ -72,7 +78,10 @@ class SamplePublisher:
         if qos not in (0, 1):
             raise ValueError(f"qos must be 0 or 1, got {qos}")
         self._window = PublishWindow(window, ack_timeout_s)  # ValueError for a bad ``window``
-        self.address = parse_broker_url(broker_url)
+        nodes = parse_broker_urls(broker_url)
+        # Between full rounds of failed nodes paho waits 1 s doubling up to 4 s.
+        timing = BrokerSettings(reconnect_min_s=1, reconnect_max_s=4)
+        self._failover = Failover(nodes, timing, client_id or "publisher")
         self.topic, self.fmt, self.raw, self.qos, self.window = topic, fmt, raw, qos, window
         self.source = source
         self.protocol = protocol
@@ -86,6 +95,11 @@ class SamplePublisher:
         self._connected = threading.Event()
         self._connack: ReasonCode | None = None
         self._properties = self._publish_properties()
+
+    @property
+    def address(self) -> BrokerAddress:
+        """The broker node this publisher is connected to, or tries next."""
+        return self._failover.current
 
     @property
     def in_flight(self) -> int:
@@ -111,12 +125,7 @@ class SamplePublisher:
         self._connected.clear()
         self._connack = None
         client = self._make_client()
-        try:
-            client.connect(self.address.host, self.address.port, keepalive=30)
-        except OSError as exc:
-            raise BrokerConnectionError(
-                f"cannot reach the MQTT broker at {self.address}: {exc}"
-            ) from exc
+        self._connect_first(client)
         client.loop_start()
         self._client = client
         try:
@@ -241,6 +250,19 @@ class SamplePublisher:
         if not self._window.acquire():
             raise self._timeout(f"with the window of {self.window} full")
 
+    def _connect_first(self, client: mqtt.Client) -> None:
+        """Open the socket to the first node that accepts it (each node once, in order)."""
+        unreachable = []
+        for _ in self._failover.rotation.nodes:
+            node = self.address
+            try:
+                client.connect(node.host, node.port, keepalive=30)
+                return
+            except OSError as exc:
+                unreachable.append(f"{node}: {exc}")
+                self._failover.rotation.advance()
+        raise BrokerConnectionError(f"cannot reach the MQTT broker at {'; '.join(unreachable)}")
+
     def _check_result(self, rc: MQTTErrorCode) -> None:
         if rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
             return
@@ -277,6 +299,8 @@ class SamplePublisher:
         client.on_connect = self._on_connect
         client.on_publish = self._on_publish
         client.on_disconnect = self._on_disconnect
+        client.on_connect_fail = lambda c, _u: self._failover.failed(c, "nothing answered")
+        client.on_pre_connect = lambda _c, _u: self._failover.attempt_started()
         return client
 
     def _await_connack(self) -> None:
@@ -309,6 +333,9 @@ class SamplePublisher:
         if not reason_code.is_failure:
             # paho ignores the broker's Receive Maximum; exceeding it is a protocol error.
             self._window.limit_to(getattr(properties, "ReceiveMaximum", MAX_WINDOW))
+            self._failover.connected(client)
+        elif self._connected.is_set():  # a reconnect refused: the next node
+            self._failover.failed(client, f"refused: {reason_code}")
         self._connack = reason_code
         self._connected.set()
 
@@ -317,6 +344,10 @@ class SamplePublisher:
     ) -> None:
         self._window.acknowledged(failed=reason_code.is_failure)
 
-    def _on_disconnect(self, *_: Any) -> None:
+    def _on_disconnect(
+        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: Any, _props: Any
+    ) -> None:
         if self.qos == 0:  # paho drops unsent QoS 0 packets on reconnect; they never get acked
             self._window.drop_all()
+        if getattr(reason, "value", reason) != 0 and self._client is not None:
+            self._failover.failed(client, f"connection lost: {reason}")

@@ -30,7 +30,7 @@ import numpy as np
 
 from livefit.models.builders import weight_names
 from livefit.server.config.sections import BrokerSettings
-from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.mqtt.broker import parse_broker_urls
 from livefit.server.weights.format import WeightsMeta, architecture_fingerprint
 from livefit.server.weights.keys import VerifyKey, parse_verify_key, read_key_file
 from livefit.server.weights.receiver import WeightReceiver
@@ -85,7 +85,7 @@ class WeightSubscriber:
             {"protocol": protocol, "keepalive_s": keepalive_s, "tls": tls or {}}
         )
         self._receiver = WeightReceiver(
-            address=parse_broker_url(broker_url),
+            address=parse_broker_urls(broker_url),
             model=model_name,
             topic=topic or f"livefit/{model_name}/weights",
             fingerprint=architecture_fingerprint(weight_names(model), model.get_weights()),

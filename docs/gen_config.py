@@ -40,8 +40,9 @@ TOPIC_NAME = (
 # The meaning column, by key, written by hand.
 MEANINGS: dict[str, str] = {
     "broker.url": (
-        '`"auto"`, `mqtt://[user:pass@]host:port` or `mqtts://...`: see [The broker](#the-broker) '
-        "above; credentials in the URL are never logged"
+        '`"auto"`, `mqtt://[user:pass@]host:port` or `mqtts://...`, or a cluster\'s nodes (a list,'
+        " or URLs separated by commas), tried in turn: see [The broker](#the-broker) above; "
+        "credentials in the URL are never logged"
     ),
     "broker.client_id": (
         "fixed MQTT client id prefix: each model has its own session `<client_id>-<model>` (its"

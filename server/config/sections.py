@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from .machine import default_serving_processes
 
 MIN_WORKER_TIMEOUT_S = 3.0  # http.worker_timeout_s: three heartbeats (server/base/heartbeat.py)
+MAX_BROKER_URLS = 64  # broker.url: nodes of one cluster; more is a mistake, not a cluster
 
 
 class Section(BaseModel):
@@ -37,7 +39,9 @@ class TlsSettings(Section):
 class BrokerSettings(Section):
     """How livefit reaches its MQTT broker."""
 
-    url: str = "auto"
+    # "auto", one URL, or a cluster's nodes: a list of URLs or one string of URLs separated by
+    # commas (an environment variable); clients fail over between them (server/mqtt/failover.py).
+    url: str | list[str] = "auto"
     client_id: str = "livefit-learner"
     protocol: Literal["5", "3.1.1"] = "5"
     keepalive_s: int = Field(30, ge=5, le=3600)
@@ -55,10 +59,41 @@ class BrokerSettings(Section):
 
     @field_validator("url")
     @classmethod
-    def _check_url(cls, value: str) -> str:
-        if value != "auto" and not re.match(r"^mqtts?://[^/]+$", value):
-            raise ValueError('must be "auto" or mqtt://[user:pass@]host:port or mqtts://...')
+    def _check_url(cls, value: str | list[str]) -> str | list[str]:
+        if value == "auto":
+            return value
+        urls = broker_url_list(value)
+        for url in urls:
+            if not re.match(r"^mqtts?://[^/]+$", url):
+                raise ValueError(
+                    '"auto", mqtt://[user:pass@]host:port or mqtts://..., or a list of such URLs '
+                    f"(a cluster's nodes), expected; got {hide_credentials(url)!r}"
+                )
+        if len({url.partition("://")[0] for url in urls}) > 1:
+            raise ValueError("mixes mqtt:// and mqtts://: every node must use the same one")
         return value
+
+    def urls(self) -> list[str]:
+        """The broker URLs, one per node (``["auto"]`` for auto)."""
+        return ["auto"] if self.url == "auto" else broker_url_list(self.url)
+
+
+def broker_url_list(value: str | Sequence[str]) -> list[str]:
+    """``broker.url`` as a list of URLs: a list as it is, a string split at its commas, blanks
+    around each stripped; ValueError for none, an empty one, or more than ``MAX_BROKER_URLS``."""
+    urls = [u.strip() for u in (value.split(",") if isinstance(value, str) else value)]
+    if not urls or not all(isinstance(u, str) and u for u in urls):
+        raise ValueError("no broker URL, or an empty one in the list (a stray comma?)")
+    if len(urls) > MAX_BROKER_URLS:
+        raise ValueError(
+            f"{len(urls)} broker URLs: at most {MAX_BROKER_URLS} (the nodes of one cluster)"
+        )
+    return urls
+
+
+def hide_credentials(url: str) -> str:
+    """``url`` as a log line or an error may show it: the user and password replaced."""
+    return re.sub(r"//[^/@]*@", "//***@", url)
 
 
 class HttpSettings(Section):

@@ -12,7 +12,9 @@ broker refuses (an ACL that does not let this process publish there: MQTT 5 PUBA
 are counted as ``outcome="refused"`` and in ``livefit_broker_publish_refused_total``, and
 logged. A dropped record means its label later waits as an early label
 and expires as ``unknown_id``. Requests without ids record nothing. The MQTT client starts on
-the first record or label, so a process never asked for either opens no connection.
+the first record or label, so a process never asked for either opens no connection. With a
+cluster's nodes the client fails over between them (``mqtt.failover``), resending what the
+lost node had not acknowledged.
 
 ``publish_label`` forwards a label message posted over HTTP to ``livefit/<name>/labels`` at
 QoS 1 and waits for the broker's acknowledgement: once it returns, the broker holds the label
@@ -26,6 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 import paho.mqtt.client as paho
@@ -35,7 +38,8 @@ from paho.mqtt.properties import Properties
 from ..base.metrics import Metrics
 from ..config.sections import BrokerSettings
 from ..config.settings import Settings
-from ..mqtt.broker import BrokerAddress
+from ..mqtt.broker import BrokerAddress, as_nodes
+from ..mqtt.failover import Failover
 from ..mqtt.paho_client import paho_client
 from ..mqtt.publish_guard import PublishGuard, publish_packet_bytes
 from ..wire.label_ids import RowId
@@ -65,7 +69,7 @@ class PredictionRecorder:
         self,
         model: str,
         topics: tuple[str, str],  # (predictions, labels)
-        address: BrokerAddress,
+        address: BrokerAddress | Sequence[BrokerAddress],
         broker: BrokerSettings,
         client_id: str,
         metrics: Metrics,
@@ -74,7 +78,8 @@ class PredictionRecorder:
     ) -> None:
         self.model = model
         self.predictions_topic, self.labels_topic = topics
-        self.address, self.broker, self.client_id = address, broker, client_id
+        self.broker, self.client_id = broker, client_id
+        self.failover = Failover(as_nodes(address), broker, client_id, what=f"{client_id}: ")
         self.protocol = protocol or broker.protocol
         self.max_rows = max_rows
         self.source = client_id
@@ -101,6 +106,11 @@ class PredictionRecorder:
         # connect_async at once and again when CONNACK flushes its queue (paho.mqtt.python
         # #910, #954), so a label is published only once the session is up.
         self._connected = threading.Event()
+
+    @property
+    def address(self) -> BrokerAddress:
+        """The broker node this recorder is connected to, or tries next."""
+        return self.failover.current
 
     def record(self, ids: list[RowId], x: np.ndarray, p: np.ndarray, version: int) -> None:
         """Buffer one answered request's rows (never blocks on the broker)."""
@@ -175,8 +185,10 @@ class PredictionRecorder:
                 client.max_queued_messages_set(MAX_QUEUED_MESSAGES)
                 client.on_connect = self._on_connect
                 client.on_publish = self.guard.on_publish
-                client.on_disconnect = lambda *_: self._connected.clear()
-                client.connect_async(self.address.host, self.address.port, self.broker.keepalive_s)
+                client.on_disconnect = self._on_disconnect
+                client.on_connect_fail = lambda c, _u: self.failover.failed(c, "nothing answered")
+                client.on_pre_connect = lambda _c, _u: self.failover.attempt_started()
+                self.failover.start(client, keepalive=self.broker.keepalive_s)
                 client.loop_start()
                 self._client = client
             if self._thread is None and not self._stopping:
@@ -190,9 +202,17 @@ class PredictionRecorder:
         properties = args[-1] if args else None  # callback API 2: flags, reason, properties
         reason = args[1] if len(args) > 1 else None
         if getattr(reason, "is_failure", False):
+            self.failover.failed(client, f"refused: {reason}")
             return
+        self.failover.connected(client)
         self.guard.connected(properties)
         self._connected.set()
+
+    def _on_disconnect(self, client: paho.Client, userdata: object, *args: object) -> None:
+        self._connected.clear()
+        reason = args[1] if len(args) > 1 else None  # callback API 2: flags, reason, properties
+        if getattr(reason, "value", reason) != 0 and not self._stopping:
+            self.failover.failed(client, f"connection lost: {reason}")
 
     def _run(self) -> None:
         while True:
@@ -257,7 +277,7 @@ class PredictionRecorder:
 def recorder_for(
     settings: Settings,
     model: str,
-    address: BrokerAddress,
+    address: BrokerAddress | Sequence[BrokerAddress],
     metrics: Metrics,
     client_id: str,
     protocol: str | None = None,

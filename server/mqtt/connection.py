@@ -10,6 +10,13 @@ The paho client is built by ``paho_client``; connection failures are counted and
 would make the broker cut this connection, ingestion with it), and refusals are counted.
 A subscription may have its own handler (``add_subscription(..., handler=)``): its messages are
 handed to it on paho's thread instead of the inbox (the learner watches its own weight topic).
+
+Several broker nodes (a cluster): a lost connection or a failed attempt moves the session to
+the next node (``failover``). An acknowledgement belongs to the connection its message came
+on: each connection has a number (``RawMessage.session``), and an ack for a message of an
+earlier connection is never sent (its packet id may name another message on the new one); the
+cluster redelivers that message instead (at least once, never lost). A subscription a node
+refuses is sent again after a wait (``failover.Resubscriber``).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +36,9 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from ..base.metrics import ErrorMetrics, Metrics
 from ..config.sections import BrokerSettings
-from .broker import BrokerAddress
+from .broker import BrokerAddress, as_nodes
 from .connection_status import ConnectionStatus
+from .failover import Failover, Resubscriber
 from .metrics import BrokerMetrics
 from .paho_client import paho_client
 from .publish_guard import PublishGuard, publish_packet_bytes
@@ -55,6 +63,7 @@ class RawMessage:
     content_type: str | None
     received_at: float
     retained: bool = False  # a retained message the broker sent for a (re)subscription
+    session: int = 0  # the number of the connection it came on (acks go on that one only)
 
 
 class MqttConnection:
@@ -62,13 +71,14 @@ class MqttConnection:
 
     def __init__(
         self,
-        address: BrokerAddress,
+        address: BrokerAddress | Sequence[BrokerAddress],
         settings: BrokerSettings,
         metrics: Metrics,
         protocol: str | None = None,
         client_id: str | None = None,
     ) -> None:
-        self.address = address
+        """``address``: the broker, or a cluster's nodes in the order they are tried."""
+        nodes = as_nodes(address)
         self.settings = settings
         self.metrics = metrics
         metrics.group(BrokerMetrics)
@@ -79,7 +89,11 @@ class MqttConnection:
         self._subscriptions: list[tuple[str, int, bool]] = []
         self._handlers: dict[str, Callable[[RawMessage], None]] = {}
         self.client_id = client_id or settings.client_id
-        self.status = ConnectionStatus(address, self.client_id, settings)
+        self.failover = Failover(nodes, settings, self.client_id, metrics)
+        self.resubscriber = Resubscriber(f"MQTT client {self.client_id!r}")
+        self.status = ConnectionStatus(nodes[0], self.client_id, settings)
+        self._ack_lock = threading.Lock()  # an ack is sent on the connection it belongs to
+        self._session = 0  # this connection's number: + 1 at every lost connection
         self.guard = PublishGuard(
             metrics, f"MQTT client {self.client_id!r}", settings.max_packet_size_bytes
         )
@@ -92,6 +106,11 @@ class MqttConnection:
         self._taken_over_at = -float("inf")  # monotonic time of the last take-over
         self._takeovers = 0  # take-overs since the last TAKEN_OVER_HOLD_S without one
         self._client = self._make_client(self.client_id)
+
+    @property
+    def address(self) -> BrokerAddress:
+        """The broker node this client is connected to, or tries next."""
+        return self.failover.current
 
     def add_subscription(
         self,
@@ -109,15 +128,16 @@ class MqttConnection:
         self._subscriptions.append((topic, qos, no_local))
 
     def start(self) -> None:
-        """Connect in the background; paho reconnects with backoff on its own after that."""
-        a, s = self.address, self.settings
+        """Connect in the background; paho reconnects with backoff on its own after that (to
+        the next node, with several)."""
+        s = self.settings
         kwargs: dict[str, Any] = {"keepalive": s.keepalive_s}
         if self.protocol == "5":
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = s.session_expiry_s
             props.ReceiveMaximum = s.receive_maximum
             kwargs.update(clean_start=False, properties=props)
-        self._client.connect_async(a.host, a.port, **kwargs)
+        self.failover.start(self._client, **kwargs)
         self._client.loop_start()
 
     def wait_connected(self, timeout: float) -> bool:
@@ -142,12 +162,14 @@ class MqttConnection:
     def stop(self) -> None:
         """Disconnect cleanly (the session, and what we did not ack, stays on the broker)."""
         self._stopping.set()
+        self.resubscriber.cancel()
         self._drain_inbox()  # unblock paho's thread if it waits on a full inbox
         try:
             self._client.disconnect()
         finally:
             self._client.loop_stop()
             self.connected.clear()
+            self.failover.disconnected()
             self.metrics.group(BrokerMetrics).broker_connected.set(0)
 
     def _drain_inbox(self) -> None:
@@ -159,9 +181,16 @@ class MqttConnection:
                 return
 
     def ack(self, message: RawMessage) -> None:
-        """Acknowledge ``message`` to the broker (QoS 0 needs none)."""
-        if message.qos > 0:
-            self._client.ack(message.mid, message.qos)
+        """Acknowledge ``message`` to the broker (QoS 0 needs none), on the connection it came
+        on: after a reconnect (to another node or the same one) the ack is not sent and the
+        broker redelivers the message."""
+        if message.qos == 0:
+            return
+        with self._ack_lock:
+            if message.session == self._session:
+                self._client.ack(message.mid, message.qos)
+                return
+        log.debug("ack of mid %d dropped: its connection is gone", message.mid)
 
     def publish(
         self,
@@ -212,6 +241,7 @@ class MqttConnection:
         client.max_queued_messages_set(0)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
+        client.on_pre_connect = lambda _client, _userdata: self.failover.attempt_started()
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
@@ -224,38 +254,48 @@ class MqttConnection:
         """A SUBACK: a subscription the broker refused (a return code >= 0x80, which
         brokers send for an ACL that forbids the topic) is an error naming the topic."""
         topic = self._pending_subscriptions.pop(mid, "?")
-        for reason in reasons:
-            if getattr(reason, "is_failure", False):
-                log.error(
-                    "the broker at %s refused the subscription to %s (%s): nothing will arrive "
-                    "on it; check the broker's ACL for user %r", self.address, topic, reason,
-                    self.address.username,
-                )  # fmt: skip
+        refused = [r for r in reasons if getattr(r, "is_failure", False)]
+        if not refused:
+            self.resubscriber.succeeded()
+            return
+        log.error(
+            "the broker at %s refused the subscription to %s (%s): nothing will arrive on it%s; "
+            "check the broker's ACL for user %r", self.address, topic, refused[0],
+            " until it is sent again" if self.failover.several else "", self.address.username,
+        )  # fmt: skip
+        subscription = next((s for s in self._subscriptions if s[0] == topic), None)
+        if self.failover.several and subscription is not None:
+            self.resubscriber.refused(topic, lambda: self._subscribe(client, *subscription))
+
+    def _subscribe(self, client: paho.Client, topic: str, qos: int, no_local: bool) -> None:
+        if self.protocol == "5":
+            _, mid = client.subscribe(topic, options=SubscribeOptions(qos=qos, noLocal=no_local))
+        else:
+            _, mid = client.subscribe(topic, qos=qos)
+        if mid is not None:
+            self._pending_subscriptions[mid] = topic
 
     def _on_connect_fail(self, client: paho.Client, userdata: Any) -> None:
         """A (re)connection attempt failed: nothing answered, or it timed out."""
         self.status.failed()
+        self._next_node(client, "nothing answered")
 
     def _on_connect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
     ) -> None:
         if reason.is_failure:  # e.g. bad credentials: said once, then with back-off
             self.status.failed(reason)
+            self._next_node(client, f"refused: {reason}")
             return
         self._connected_at = time.monotonic()
+        self.failover.connected(client)
         self.guard.connected(props)
         s = self.settings
         client.reconnect_delay_set(  # back to the settings' delays after a take-over's wait
             min_delay=max(1, round(s.reconnect_min_s)), max_delay=max(1, round(s.reconnect_max_s))
         )
         for topic, qos, no_local in self._subscriptions:
-            if self.protocol == "5":
-                options = SubscribeOptions(qos=qos, noLocal=no_local)
-                _, mid = client.subscribe(topic, options=options)
-            else:
-                _, mid = client.subscribe(topic, qos=qos)
-            if mid is not None:
-                self._pending_subscriptions[mid] = topic
+            self._subscribe(client, topic, qos, no_local)
         if self.subscribed_at is None:
             self.subscribed_at = self._connected_at
         resumed = bool(getattr(flags, "session_present", False))
@@ -271,12 +311,16 @@ class MqttConnection:
         self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any
     ) -> None:
         was_connected = self.connected.is_set()
+        with self._ack_lock:  # no ack of this connection's messages goes on the next one
+            self._session += 1
+        self.failover.disconnected()
         self.connected.clear()
         self.metrics.group(BrokerMetrics).broker_connected.set(0)
         code = getattr(reason, "value", reason)
         if not was_connected:  # an attempt that ended before the broker accepted it
             if self.status.refusal is None and code != 0 and not self._stopping.is_set():
                 self.status.failed()  # a refusal was counted and logged by _on_connect
+                self._next_node(client, f"no session: {reason}")
             return
         if code == 0 or self._stopping.is_set():  # 0: the disconnect we asked for
             return
@@ -295,6 +339,12 @@ class MqttConnection:
             )
             return
         log.warning("MQTT disconnected from %s: %s; reconnecting", self.address, reason)
+        self._next_node(client, f"connection lost: {reason}")
+
+    def _next_node(self, client: paho.Client, why: str) -> None:
+        """With several nodes, the next attempt goes to the next one (said in the log)."""
+        self.failover.failed(client, why)
+        self.status.address = self.failover.current
 
     def _taken_over(self, client: paho.Client, what: str) -> None:
         """Another client took this session over (or probably did): readiness is 503 for
@@ -327,6 +377,7 @@ class MqttConnection:
                 content_type=content_type,
                 received_at=time.time(),
                 retained=bool(message.retain),
+                session=self._session,
             )
             handler = self._handlers.get(message.topic)
             if handler is not None:

@@ -23,6 +23,17 @@ class BrokerMetrics(MetricGroup):
         self.broker_disconnects = Counter(
             "livefit_broker_disconnects_total", "Unexpected MQTT disconnections", registry=registry
         )
+        self.broker_failovers = Counter(
+            "livefit_broker_failovers_total",
+            "Switches to the next node of broker.url after a lost connection or a failed attempt",
+            registry=registry,
+        )
+        self.broker_node_connections = Gauge(
+            "livefit_broker_node_connections",
+            "MQTT sample sessions connected to this broker node (host:port) now",
+            ["node"],
+            registry=registry,
+        )
 
 
 class PublishRefusedMetrics(MetricGroup):

@@ -1,18 +1,20 @@
 """One-off connection attempts to a broker (``probe``) and what they decide: the protocol every
-client of this process speaks with it (``for_broker``: MQTT 3.1.1 where the broker refuses 5)."""
+client of this process speaks with it (``for_broker``: MQTT 3.1.1 where the broker refuses 5;
+with a cluster's nodes, the first node that answers decides)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
 
 from ..config.sections import BrokerSettings
-from .broker import BrokerAddress
+from .broker import BrokerAddress, as_nodes
 from .connection_status import refusal_text
 from .paho_client import paho_client
 
@@ -60,21 +62,27 @@ def probe(
 
 
 def for_broker(
-    address: BrokerAddress, settings: BrokerSettings, protocol: str | None = None
+    address: BrokerAddress | Sequence[BrokerAddress],
+    settings: BrokerSettings,
+    protocol: str | None = None,
 ) -> BrokerSettings:
-    """The broker settings every client of this process uses with the broker at ``address``:
-    ``settings`` with ``protocol`` (a broker livefit started says what it speaks), or with
-    MQTT 3.1.1 where ``settings`` say 5 and the broker refuses 5 as unsupported (amqtt, NATS),
-    with a warning."""
+    """The broker settings every client of this process uses with the broker at ``address``
+    (or a cluster's nodes: the first that answers speaks for all): ``settings`` with
+    ``protocol`` (a broker livefit started says what it speaks), or with MQTT 3.1.1 where
+    ``settings`` say 5 and the broker refuses 5 as unsupported (amqtt, NATS), with a warning."""
     if protocol is not None or settings.protocol != "5":
         return settings.model_copy(update={"protocol": protocol or settings.protocol})
-    first = probe(address, settings, "5", timeout_s=min(3.0, settings.connect_timeout_s))
+    timeout_s = min(3.0, settings.connect_timeout_s)
+    for node in as_nodes(address):
+        first = probe(node, settings, "5", timeout_s=timeout_s)
+        if first.connected or first.refused is not None:
+            break  # this node answered
     if first.refused is None or getattr(first.refused, "value", None) != 0x84:
         return settings
-    if probe(address, settings, "3.1.1", timeout_s=min(3.0, settings.connect_timeout_s)).connected:
+    if probe(node, settings, "3.1.1", timeout_s=timeout_s).connected:
         log.warning(
             "MQTT broker at %s does not speak MQTT 5 (amqtt, NATS); using MQTT 3.1.1 "
-            '(set broker.protocol = "3.1.1" to say so)', address,
+            '(set broker.protocol = "3.1.1" to say so)', node,
         )  # fmt: skip
         return settings.model_copy(update={"protocol": "3.1.1"})
     return settings

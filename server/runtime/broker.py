@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from ..mqtt.broker import DEFAULT_HOST, DEFAULT_PORT, BrokerAddress, parse_broker_url
+from ..mqtt.broker import DEFAULT_HOST, DEFAULT_PORT, BrokerAddress, parse_broker_urls
 from .local_process import is_listening
 from .mosquitto import Mosquitto, find_mosquitto
 
@@ -88,11 +88,21 @@ def _not_a_probe(record: logging.LogRecord) -> bool:
 
 
 def resolve_broker(
-    url: str, storage_dir: Path, allow: tuple[str, ...] = ("existing", "mosquitto", "amqtt")
-) -> tuple[BrokerAddress, ManagedBroker | None]:
-    """The broker to connect to, starting one when ``url`` is ``auto`` and none is running."""
+    url: str | list[str],
+    storage_dir: Path,
+    allow: tuple[str, ...] = ("existing", "mosquitto", "amqtt"),
+) -> tuple[tuple[BrokerAddress, ...], ManagedBroker | None]:
+    """The broker nodes to connect to (one, or a cluster's in the order ``url`` lists them),
+    starting a broker when ``url`` is ``auto`` and none is running."""
     if url != "auto":
-        return parse_broker_url(url), None
+        return parse_broker_urls(url), None
+    address, managed = _auto_broker(storage_dir, allow)
+    return (address,), managed
+
+
+def _auto_broker(
+    storage_dir: Path, allow: tuple[str, ...]
+) -> tuple[BrokerAddress, ManagedBroker | None]:
     address = BrokerAddress(DEFAULT_HOST, DEFAULT_PORT)
     if "existing" in allow and is_listening(address.host, address.port):
         log.info("broker: using the broker already listening on %s", address)

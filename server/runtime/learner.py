@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,7 @@ class LearnerRuntime:
     def _start(self) -> None:
         storage = Path(self.settings.storage.dir)
         self.preflight()
-        address, self.managed_broker = resolve_broker(self.settings.broker.url, storage)
+        nodes, self.managed_broker = resolve_broker(self.settings.broker.url, storage)
         enable_gpu_memory_growth()
         self.metrics.watch_gpus()
         self.learner_log.create(self.settings.storage)
@@ -135,7 +136,7 @@ class LearnerRuntime:
             self.models[name] = self._build_model(name, model_settings, storage)
         self.learner_log.open()
         self.storage_watch.start()
-        routes = self._sessions(address)
+        routes = self._sessions(nodes)
         for runtime in self.models.values():
             assert runtime.connection is not None
             self._start_weight_stream(runtime, runtime.connection)
@@ -151,18 +152,21 @@ class LearnerRuntime:
         for runtime in self.models.values():
             assert runtime.connection is not None
             if not runtime.connection.wait_connected(max(0.0, deadline - time.monotonic())):
-                log.warning("not connected to %s yet; paho keeps retrying", address)
+                log.warning(
+                    "not connected to %s yet; paho keeps retrying",
+                    ", ".join(str(node) for node in nodes),
+                )
                 break
 
-    def _sessions(self, address: BrokerAddress) -> list[Route]:
+    def _sessions(self, nodes: Sequence[BrokerAddress]) -> list[Route]:
         """One MQTT session per model (samples, labels and predictions subscribed), with its
         ingest route and worker, and its prediction recorder where it serves here."""
         protocol = self.managed_broker.protocol if self.managed_broker else None
-        broker = for_broker(address, self.settings.broker, protocol)
+        broker = for_broker(nodes, self.settings.broker, protocol)
         routes = []
         for name, runtime in self.models.items():
             runtime.connection = MqttConnection(
-                address, broker, self.metrics,
+                nodes, broker, self.metrics,
                 client_id=f"{self.settings.broker.client_id}-{name}",
             )  # fmt: skip
             subscription = self.settings.samples_topic(name)
@@ -173,7 +177,7 @@ class LearnerRuntime:
             routes.append(route)
             if runtime.served is not None:  # a split learner serves from other processes
                 runtime.served.recorder = recorder_for(
-                    self.settings, name, address, self.metrics,
+                    self.settings, name, nodes, self.metrics,
                     f"{self.settings.broker.client_id}-{name}-predictions", broker.protocol,
                 )  # fmt: skip
             runtime.ingest = self._ingest_worker(runtime, route)

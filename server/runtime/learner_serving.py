@@ -88,11 +88,11 @@ class LearnerServingRuntime(ReplicaRuntime):
     def _start_recorders(self) -> None:
         """Prediction records go over MQTT as on any serving process (delayed labels)."""
         storage = Path(self.settings.storage.dir)
-        address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
-        broker = for_broker(address, self.settings.broker)
+        nodes, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
+        broker = for_broker(nodes, self.settings.broker)
         for replica_model in self.models.values():
             replica_model.served.recorder = recorder_for(
-                self.settings, replica_model.name, address, self.metrics,
+                self.settings, replica_model.name, nodes, self.metrics,
                 f"{self.settings.broker.client_id}-{replica_model.name}-predictions-"
                 f"w{self.slot.index}", broker.protocol,
             )  # fmt: skip

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,15 +87,15 @@ class ReplicaRuntime:
         self._build_models()
         auth = self._authenticators()  # a missing key fails here, before any connection
         storage = Path(self.settings.storage.dir)
-        address, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
-        broker = for_broker(address, self.settings.broker)  # the learner's protocol, found
+        nodes, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
+        broker = for_broker(nodes, self.settings.broker)  # the learner's protocol, found
         for replica_model in self.models.values():
             replica_model.receiver = self._receiver(
-                replica_model, address, broker, auth[replica_model.name]
+                replica_model, nodes, broker, auth[replica_model.name]
             )
             replica_model.receiver.start()
             replica_model.served.recorder = recorder_for(
-                self.settings, replica_model.name, address, self.metrics,
+                self.settings, replica_model.name, nodes, self.metrics,
                 f"{self.settings.broker.client_id}-replica-{self.instance}-"
                 f"{replica_model.name}-predictions", broker.protocol,
             )  # fmt: skip
@@ -102,7 +103,10 @@ class ReplicaRuntime:
         for replica_model in self.models.values():
             assert replica_model.receiver is not None
             if not replica_model.receiver.connected.wait(max(0.0, deadline - time.monotonic())):
-                log.warning("replica not connected to %s yet; retrying in the background", address)
+                log.warning(
+                    "replica not connected to %s yet; retrying in the background",
+                    ", ".join(str(node) for node in nodes),
+                )
                 break
 
     def _build_models(self) -> None:
@@ -163,12 +167,12 @@ class ReplicaRuntime:
         return f"{url} (token: {'http.token' if self.settings.http.token else 'none'})"
 
     def _receiver(
-        self, replica_model: ReplicaModel, address: BrokerAddress, broker: BrokerSettings,
+        self, replica_model: ReplicaModel, nodes: Sequence[BrokerAddress], broker: BrokerSettings,
         auth: Authenticator,
     ) -> WeightReceiver:  # fmt: skip
         weights = replica_model.settings.weights
         return WeightReceiver(
-            address,
+            nodes,
             **self._verification(replica_model, auth),
             broker=broker,
             client_id=f"{broker.client_id}-replica-{self.instance}-{replica_model.name}",

@@ -3,19 +3,22 @@
 A ``WeightReceiver`` is a ``WeightVerifier`` (``weights.verifier``: what is checked, in which
 order, and the freshness rules) fed by its own paho client subscribed to one model's weight
 topic, speaking the protocol, keepalive, reconnect back-off, TLS and credentials of the
-``[broker]`` settings. The network thread only enqueues; the verifier's thread does the rest.
+``[broker]`` settings, failing over between a cluster's nodes (``mqtt.failover``; logged, not
+counted: a replica has no ``livefit_broker_*`` series). The network thread only enqueues; the
+verifier's thread does the rest.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import paho.mqtt.client as paho
 
 from ..config.sections import BrokerSettings
-from ..mqtt.broker import BrokerAddress
+from ..mqtt.broker import BrokerAddress, as_nodes
 from ..mqtt.connection_status import ConnectionStatus
+from ..mqtt.failover import Failover, Resubscriber
 from ..mqtt.paho_client import paho_client
 from .receiver_auth import Authenticator
 from .verifier import (
@@ -32,7 +35,7 @@ class WeightReceiver(WeightVerifier):
 
     def __init__(
         self,
-        address: BrokerAddress,
+        address: BrokerAddress | Sequence[BrokerAddress],
         model: str,
         topic: str,
         fingerprint: str,
@@ -53,23 +56,28 @@ class WeightReceiver(WeightVerifier):
             pull_url=pull_url, pull_timeout_s=pull_timeout_s, pull_headers=pull_headers,
             max_pull_bytes=max_pull_bytes, max_age_s=max_age_s,
         )  # fmt: skip
-        self.address = address
+        nodes = as_nodes(address)
         self.broker = broker or BrokerSettings()
-        self.status = ConnectionStatus(
-            address, client_id, self.broker, what=f"weight stream of {model}: "
-        )
+        what = f"weight stream of {model}: "
+        self.failover = Failover(nodes, self.broker, client_id, what=what)
+        self.resubscriber = Resubscriber(f"weight stream of {model}")
+        self.status = ConnectionStatus(nodes[0], client_id, self.broker, what=what)
         self.connected = self.status.connected
         self._client = self._make_client(client_id)
 
+    @property
+    def address(self) -> BrokerAddress:
+        """The broker node this receiver is connected to, or tries next."""
+        return self.failover.current
+
     def start(self) -> None:
         super().start()
-        self._client.connect_async(
-            self.address.host, self.address.port, keepalive=self.broker.keepalive_s
-        )
+        self.failover.start(self._client, keepalive=self.broker.keepalive_s)
         self._client.loop_start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
+        self.resubscriber.cancel()
         try:
             self._client.disconnect()
         finally:
@@ -80,11 +88,13 @@ class WeightReceiver(WeightVerifier):
         return self.status.reason()
 
     def _make_client(self, client_id: str) -> paho.Client:
-        client = paho_client(client_id, self.address, self.broker, persistent=False)
+        client = paho_client(client_id, self.failover.current, self.broker, persistent=False)
         client.on_connect = self._on_connect
-        client.on_connect_fail = lambda _client, _userdata: self.status.failed()
+        client.on_connect_fail = self._on_connect_fail
+        client.on_pre_connect = lambda _client, _userdata: self.failover.attempt_started()
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
         return client
 
     def _on_connect(
@@ -92,7 +102,9 @@ class WeightReceiver(WeightVerifier):
     ) -> None:
         if getattr(reason, "is_failure", False):  # said once, then with back-off
             self.status.failed(reason)
+            self._next_node(client, f"refused: {reason}")
             return
+        self.failover.connected(client)
         client.subscribe(self.topic, qos=1)
         failed = self.status.succeeded()
         if failed:
@@ -105,9 +117,35 @@ class WeightReceiver(WeightVerifier):
         was_connected = self.connected.is_set()
         self.connected.clear()
         code = getattr(reason, "value", reason)
-        if was_connected and code != 0 and not self._stopping.is_set():
+        if code == 0 or self._stopping.is_set():
+            return
+        if was_connected:
             log.warning("weight stream of %s: disconnected from %s: %s; reconnecting",
                         self.model, self.address, reason)  # fmt: skip
+        self._next_node(client, f"connection lost: {reason}")
+
+    def _on_subscribe(
+        self, client: paho.Client, userdata: object, mid: int, reasons: object, props: object
+    ) -> None:
+        """A refused subscription (an ACL, or a cluster node that cannot serve it yet) is an
+        error naming the topic; with several nodes it is sent again after a wait."""
+        refused = [r for r in (reasons if isinstance(reasons, list) else [reasons])
+                   if getattr(r, "is_failure", False)]  # fmt: skip
+        if not refused:
+            self.resubscriber.succeeded()
+            return
+        log.error("weight stream of %s: the broker at %s refused the subscription to %s (%s)",
+                  self.model, self.address, self.topic, refused[0])  # fmt: skip
+        if self.failover.several:
+            self.resubscriber.refused(self.topic, lambda: client.subscribe(self.topic, qos=1))
+
+    def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
+        self.status.failed()
+        self._next_node(client, "nothing answered")
+
+    def _next_node(self, client: paho.Client, why: str) -> None:
+        self.failover.failed(client, why)  # with several nodes, the next attempt goes to the next
+        self.status.address = self.failover.current
 
     def _on_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
         try:
