@@ -99,6 +99,14 @@ class ServeSettings(Section):
     allowed_batch_sizes: list[int] | None = None
     max_request_rows: int = Field(1024, ge=1)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # What computes a batch (server/serve/runtimes.py): "keras" the Keras model traced by
+    # tf.function (TensorFlow's graph executor, every model); "xla" the same compiled by XLA
+    # per padded batch size; "numpy" a NumPy forward pass of a chain of Dense-type layers
+    # (linear, mlp), the same float32 math. "auto": numpy where the model is such a chain,
+    # else xla; a runtime that cannot take the model falls back to keras with one log line.
+    # Measured per 1-row call (bench/prose/serving.md): 64x64 MLP keras ~235 us, xla ~130 us,
+    # numpy ~15 us; LSTM keras ~490 us, xla ~155 us.
+    runtime: Literal["auto", "keras", "xla", "numpy"] = "auto"
 
     @field_validator("batch_timeout_ms")
     @classmethod
