@@ -36,6 +36,10 @@ from .runtimes import build_runtime
 log = logging.getLogger(__name__)
 
 SnapshotSource = Callable[[], Snapshot | None]
+# A model call cheaper than this runs on the event loop (``RequestBatcher(inline=True)``): the
+# hand-over to the model thread and back cost 0.1-0.3 ms of a 1-row request on 2 busy cores
+# (bench/prose/serving.md), a NumPy forward pass of the 64x64 MLP 12-25 us at 1-64 rows.
+INLINE_MAX_CALL_S = 0.5e-3
 
 
 class NotReady(Exception):
@@ -78,6 +82,13 @@ class ServingModel:
     @property
     def max_batch_size(self) -> int:
         return self.batch_sizes[-1]
+
+    def runs_inline(self) -> bool:
+        """True when a full batch, warm, costs less than ``INLINE_MAX_CALL_S`` on a runtime
+        that holds the GIL throughout (NumPy): handing such a call to the model thread and its
+        answer back to the event loop costs more than the call (known after ``warm_up``)."""
+        full = self.warm_timings.get(self.max_batch_size)
+        return self.runtime.name == "numpy" and full is not None and full < INLINE_MAX_CALL_S
 
     def warm_up(self) -> None:
         """Compile and run once per allowed batch size, so no request pays for tracing; then
@@ -217,6 +228,7 @@ class ServedModel:
             on_refuse=lambda reason: refused[reason].inc(),
             max_batch_timeout_ms=serve.max_batch_timeout_ms,
             auto_clock=self._model_clock(),
+            inline=bool(getattr(self.serving, "runs_inline", lambda: False)()),
         )
         self.batcher.start()
         batcher = self.batcher

@@ -121,3 +121,74 @@ def test_numpy_runtime_reads_the_snapshot_arrays_without_copying_them() -> None:
 def test_an_unknown_runtime_is_refused() -> None:
     with pytest.raises(ValueError, match=r"serve\.runtime"):
         build_runtime("onnx", _model("mlp"), [8], "/CPU:0")
+
+
+def _served(runtime: str, current: dict[str, Snapshot]):
+    from livefit.server.config.model import ModelSettings
+    from livefit.server.serve.serving import ServedModel
+
+    settings = ModelSettings.model_validate(
+        {"builder": "mlp", "input_shape": [8], "output_shape": [1],
+         "builder_options": {"hidden_units": [64, 64]}, "scaling": "standardize",
+         "serve": {"max_batch_size": 8, "runtime": runtime}}
+    )  # fmt: skip
+    model = _model("mlp")
+    serving = ServingModel(
+        "m", model, [8], settings.serve.batch_sizes(), lambda: current["snapshot"], "/CPU:0",
+        runtime=runtime,
+    )  # fmt: skip
+    serving.warm_up()
+    return ServedModel("m", settings, serving)
+
+
+@pytest.mark.parametrize("runtime", ["numpy", "keras"])
+def test_a_cheap_model_is_called_on_the_loop_and_swaps_there_between_batches(
+    runtime: str,
+) -> None:
+    """The NumPy runtime's call is cheaper than a thread hand-over: the batcher calls it on
+    the event loop, and a new snapshot is swapped in there, between batches; the graph runtime
+    keeps its model thread. Either way each answer carries the version that computed it."""
+    import asyncio
+    import threading
+
+    from livefit.server.base.metrics import Metrics
+
+    model = _model("mlp")
+    versions = {v: _other_weights(model, v) for v in (1, 2)}
+    current = {"snapshot": Snapshot("m", 1, versions[1], 0.0, 0)}
+    served = _served(runtime, current)
+    rows = np.random.default_rng(6).standard_normal((3, 8)).astype(np.float32)
+    callers: set[int] = set()
+    predict = served.serving.predict
+
+    def spy(batch: np.ndarray):
+        callers.add(threading.get_ident())
+        return predict(batch)
+
+    served.serving.predict = spy  # type: ignore[method-assign]
+
+    async def main() -> list[tuple[int, np.ndarray]]:
+        served.start_batching(Metrics())
+        assert served.batcher is not None
+        answers = []
+        try:
+            for version in (1, 2):
+                current["snapshot"] = Snapshot("m", version, versions[version], 0.0, 0)
+                served.snapshot_arrived()
+                await asyncio.sleep(0.05)  # the swap queued on the model thread runs
+                results = await asyncio.gather(
+                    *(served.batcher.submit(rows[i : i + 1], 30.0) for i in range(3))
+                )
+                answers += [(r.version, r.outputs) for r in results]
+            return answers
+        finally:
+            await served.stop_batching()
+
+    loop_thread = threading.get_ident()
+    answers = asyncio.run(main())
+    assert (callers == {loop_thread}) == (runtime == "numpy"), (callers, loop_thread)
+    assert served.serving.runs_inline() == (runtime == "numpy")
+    for i, (version, outputs) in enumerate(answers):
+        expected = _keras_outputs("mlp", versions[version], rows[i % 3 : i % 3 + 1])
+        assert version == (1 if i < 3 else 2)
+        np.testing.assert_allclose(outputs, expected, **AGREEMENT_TOLERANCE)
