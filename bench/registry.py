@@ -16,6 +16,7 @@ from bench import (
     learning,
     memory,
     overload,
+    runtimes,
     serving,
     trainer,
     workers,
@@ -27,6 +28,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     for b in (
         trainer.BENCHMARK,
         ingestion.BENCHMARK,
+        runtimes.BENCHMARK,
         serving.BENCHMARK,
         workers.BENCHMARK,
         batching.BENCHMARK,

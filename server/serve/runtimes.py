@@ -7,16 +7,19 @@ a NumPy array, and that reads the weights it was last given. Three exist:
   function (TensorFlow's graph executor); every model works.
 - ``xla``: the same trace compiled by XLA (``jit_compile=True``), once per padded batch size at
   warm-up; 1-row calls of the benchmark MLP and LSTM took about half and a third of the graph's
-  time (bench/prose/serving.md).
+  time (bench/prose/runtimes.md).
 - ``numpy``: a plain NumPy forward pass generated from a chain of Dense-type layers (input and
   target scaling, Dense, Dropout, Flatten, Reshape, Activation), the same float32 operations in
   the same order; a 1-row call of the benchmark MLP costs microseconds instead of a
   TensorFlow dispatch. Its weights are the snapshot's own arrays (no copy, no Keras variable).
 
-``auto`` takes ``numpy`` where the model is such a chain, else ``xla``. A runtime that cannot
-take a model (``numpy`` for an LSTM, ``xla`` for an op XLA lacks) falls back to ``keras`` with
-one log line; outputs agree with Keras within ``AGREEMENT_TOLERANCE`` (checked on a probe batch
-before a runtime is used, and by a unit test per runtime and model).
+``auto`` takes ``numpy`` where the model is such a chain on a CPU, else ``keras``: XLA's faster
+calls did not show as a steady gain end to end (over HTTP, on 2 busy cores, its LSTM answered a
+lone client faster in one round and slower in the other) and cost seconds of compilation at
+start (bench/prose/runtimes.md). A runtime that cannot take a model (``numpy`` for an LSTM,
+``xla`` for an op XLA lacks) falls back to ``keras`` with one log line; outputs agree with
+Keras within ``AGREEMENT_TOLERANCE`` (checked on a probe batch before a runtime is used, and by
+a unit test per runtime and model).
 """
 
 from __future__ import annotations
@@ -141,9 +144,16 @@ class NumpyRuntime:
         self.params: tuple[np.ndarray, ...] = tuple(
             np.asarray(w, dtype=np.float32) for w in model.get_weights()
         )
+        self.shapes = tuple(p.shape for p in self.params)
 
     def load(self, weights: Sequence[np.ndarray]) -> None:
-        self.params = tuple(np.asarray(w, dtype=np.float32) for w in weights)
+        """Compute with ``weights`` (the model's weight list, in order) from the next call on;
+        a ValueError, as Keras' ``set_weights`` gives, when their shapes are not the model's."""
+        params = tuple(np.asarray(w, dtype=np.float32) for w in weights)
+        shapes = tuple(p.shape for p in params)
+        if shapes != self.shapes:
+            raise ValueError(f"weights of shapes {shapes} for a model of shapes {self.shapes}")
+        self.params = params
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
         p = self.params
@@ -221,18 +231,17 @@ Runtime = GraphRuntime | NumpyRuntime
 
 
 def build_runtime(
-    choice: str, model: keras.Model, input_shape: Sequence[int], device: str
+    choice: str, model: keras.Model, input_shape: Sequence[int], device: str, name: str = ""
 ) -> Runtime:
-    """The runtime ``choice`` names (``auto``: ``numpy`` for a Dense chain, else ``xla``) for
+    """The runtime ``choice`` names (``auto``: ``numpy`` for a Dense chain, else ``keras``) for
     ``model``, checked against Keras on a probe batch; ``keras`` where it cannot be used (one
-    log line says why)."""
+    log line says why, naming the model ``name``)."""
     if choice not in RUNTIMES:
         raise ValueError(f"serve.runtime must be one of {', '.join(RUNTIMES)}, got {choice!r}")
-    if choice == "keras":
+    on_gpu = "GPU" in device.upper()
+    if choice == "keras" or (choice == "auto" and on_gpu):  # NumPy would take it off the GPU
         return GraphRuntime(model, input_shape, device, xla=False)
-    candidates = ["numpy", "xla"] if choice == "auto" else [choice]
-    if "GPU" in device.upper() and choice == "auto":
-        candidates = ["xla"]  # NumPy runs on the CPU: a GPU model stays on the GPU
+    candidates = ["numpy"] if choice == "auto" else [choice]
     reasons = []
     for candidate in candidates:
         try:
@@ -241,9 +250,11 @@ def build_runtime(
             return runtime
         except Exception as exc:  # any failure: the graph runtime serves every model
             reasons.append(f"{candidate}: {exc}")
-    log.info(
+    # a warning when the setting named the runtime; under "auto" the fallback is by design
+    log.log(
+        logging.INFO if choice == "auto" else logging.WARNING,
         "model %s: serve.runtime %r not usable (%s); serving with keras",
-        model.name, choice, "; ".join(reasons),
+        name or model.name, choice, "; ".join(reasons),
     )  # fmt: skip
     return GraphRuntime(model, input_shape, device, xla=False)
 

@@ -1,6 +1,7 @@
 """The serving copy of a model: its own weights, swapped only between batches.
 
-A ``ServingModel`` is used by exactly one thread (its batcher's executor). Before each batch it
+A ``ServingModel`` is used by exactly one thread (its batcher's executor, or the event loop for
+a model cheap enough to be called there: ``runs_inline``). Before each batch it
 looks at its snapshot source; when a newer snapshot is there it loads those weights into its
 runtime (``runtimes``: the graph of ``keras``, ``xla``, or a NumPy forward pass), and the whole
 batch then runs on that one version, which is returned with the outputs. A compiled runtime is
@@ -72,7 +73,7 @@ class ServingModel:
         self.snapshot: Snapshot | None = None
         self.warm_timings: dict[int, float] = {}  # batch size -> seconds of one call, warm
         self._owner: int | None = None
-        self.runtime = build_runtime(runtime, model, input_shape, device)
+        self.runtime = build_runtime(runtime, model, input_shape, device, name)
         log.debug("model %s serves with the %s runtime", name, self.runtime.name)
 
     @property

@@ -83,10 +83,10 @@ def test_runtime_answers_what_keras_answers_for_two_versions(choice: str, model_
 
 
 @pytest.mark.parametrize("model_name", sorted(MODELS))
-def test_auto_takes_numpy_for_a_dense_chain_and_xla_otherwise(model_name: str) -> None:
+def test_auto_takes_numpy_for_a_dense_chain_and_keras_otherwise(model_name: str) -> None:
     _, ins, _, _, _ = MODELS[model_name]
     runtime = build_runtime("auto", _model(model_name), ins, "/CPU:0")
-    expected = "numpy" if model_name in NUMPY_TAKES else "xla"
+    expected = "numpy" if model_name in NUMPY_TAKES else "keras"
     assert runtime.name == expected
 
 
@@ -116,6 +116,12 @@ def test_numpy_runtime_reads_the_snapshot_arrays_without_copying_them() -> None:
     runtime = NumpyRuntime(model)
     runtime.load(weights)
     assert all(a is b for a, b in zip(runtime.params, weights, strict=True))
+
+
+def test_numpy_runtime_refuses_weights_of_another_shape() -> None:
+    runtime = NumpyRuntime(_model("mlp"))
+    with pytest.raises(ValueError, match="shapes"):
+        runtime.load(_other_weights(_model("linear"), 1))
 
 
 def test_an_unknown_runtime_is_refused() -> None:
