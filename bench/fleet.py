@@ -27,6 +27,9 @@ MODELS: dict[str, tuple[ModelSpec, dict[str, Any]]] = {
     "ingest1k": (MLP, {"train": {"max_batch_size": 1024}}),  # ingestion, informative
     "mlp": (MLP, {}),  # serving (the name is in the URL every peer serves too)
     "lstm": (LSTM, {}),  # serving, full runs
+    # serving: the same models on the graph runtime of before (serve.runtime = "keras")
+    "mlp_keras": (MLP, {"serve": {"runtime": "keras"}}),
+    "lstm_keras": (LSTM, {"serve": {"runtime": "keras"}}),
     "fresh": (MLP, {}),  # freshness
     "busy": (MLP, {}),  # interference
     "soak": (MLP, {}),  # memory
@@ -41,6 +44,7 @@ SHARED = (
     "ingest",
     "ingest1k",
     "mlp",
+    "mlp_keras",
     "fresh",
     "busy",
     "soak",

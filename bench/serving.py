@@ -33,6 +33,7 @@ _SERVE_DEFAULTS = ServeSettings()
 # livefit's serve defaults, given to LitServe too
 MAX_BATCH, TIMEOUT_MS = _SERVE_DEFAULTS.max_batch_size, _SERVE_DEFAULTS.batch_timeout_ms
 TARGETS = {"predict_on_batch": 2.0, "predict": 10.0, "litserve": 1.2, "constant": 0.7}
+BEFORE = "livefit_keras"  # the side served by the runtime of before, in livefit's own process
 TARGET_CLIENTS, TARGET_MODEL = 64, "mlp"
 
 
@@ -48,8 +49,17 @@ SIDES = (
         "livefit",
         "livefit",
         f"`livefit serve`, default settings: batches of up to "
-        f"{MAX_BATCH} rows, {TIMEOUT_MS:g} ms batch timeout, padded to powers of two, compiled "
-        "inference function, TF Serving REST endpoint",
+        f"{MAX_BATCH} rows, {TIMEOUT_MS:g} ms batch timeout, `serve.runtime = "
+        f'"{_SERVE_DEFAULTS.runtime}"` (NumPy for the MLP; XLA for the LSTM in the run of '
+        "2026-11-26, whose `auto` took it then, keras since: bench/prose/runtimes.md), TF "
+        "Serving REST endpoint",
+    ),
+    Side(
+        "livefit_keras",
+        "livefit, keras runtime",
+        "the same `livefit serve` process and settings, another model of the same network "
+        'with `serve.runtime = "keras"` (the graph runtime every model had before: '
+        "`tf.function` traced once, padded to powers of two): before and after side by side",
     ),
     Side(
         "predict_on_batch",
@@ -175,9 +185,9 @@ def _serve_model(
         for key, peer in peers.items():
             if key != "constant":
                 peer.start(ready_timeout_s=None)  # their imports overlap livefit's start
-        with ctx.fleet(spec.name) as fleet:
+        with ctx.fleet(spec.name, f"{spec.name}_keras") as fleet:
             wait_all([p for k, p in peers.items() if k != "constant"])
-            servers = {"livefit": fleet.learner, **peers}
+            servers = {"livefit": fleet.learner, BEFORE: fleet.learner, **peers}
             _check_same_outputs(spec, servers, body, work, result)
             _measure(ctx, spec, servers, body, plan, runs)
 
@@ -191,19 +201,17 @@ def _measure(
     runs: dict[str, list[LoadResult]],
 ) -> None:
     """Every round runs every server at every client count, in a rotated order."""
-    path = spec.predict_path()
     load_dir = ctx.workdir / spec.name / "load"
     if not ctx.quick:  # first calls and connection setup are not measured
-        for server in servers.values():
-            run_load(ctx.load_client, server.url + path, body, 16, 1.0, load_dir)
+        for key, server in servers.items():
+            run_load(ctx.load_client, server.url + _path(spec, key), body, 16, 1.0, load_dir)
     for r in range(plan.rounds):
         for i, n in enumerate(plan.clients):
             for key in rotate(plan.sides, r * len(plan.clients) + i):
-                load = run_load(
-                    ctx.load_client, servers[key].url + path, body, n, plan.duration, load_dir
-                )
+                url = servers[key].url + _path(spec, key)
+                load = run_load(ctx.load_client, url, body, n, plan.duration, load_dir)
                 runs.setdefault(_key(spec.name, n, key), []).append(load)
-                _settle(servers[key], spec, body)
+                _settle(servers[key], spec, body, key)
                 ctx.step(
                     f"round {r + 1}/{plan.rounds} {spec.name} {n:>3} clients {key:>16}: "
                     f"{load.rps:>7,.0f} req/s  p50 {load.p50_ms:7.2f} ms  "
@@ -211,14 +219,21 @@ def _measure(
                 )
 
 
-def _settle(server: HttpProcess, spec: ModelSpec, body: bytes) -> None:
+def _path(spec: ModelSpec, side: str) -> str:
+    """The predict path of ``spec`` on ``side``'s server (the before side: its own model)."""
+    if side == BEFORE:
+        return f"/v1/models/{spec.name}_keras:predict"
+    return spec.predict_path()
+
+
+def _settle(server: HttpProcess, spec: ModelSpec, body: bytes, side: str) -> None:
     """Wait until ``server`` has answered what the load left queued (one request, in line).
 
     A server that takes requests one at a time (the FastAPI peers) still works through the
     requests of clients that went away; that work must not overlap the next server's run.
     """
     with contextlib.suppress(httpx.HTTPError):
-        _post(server, spec, body, timeout=60.0)
+        _post(server, _path(spec, side), body, timeout=60.0)
 
 
 def _peers(spec: ModelSpec, work: Path, sides: list[str]) -> dict[str, HttpProcess]:
@@ -256,9 +271,9 @@ def _peers(spec: ModelSpec, work: Path, sides: list[str]) -> dict[str, HttpProce
     return servers
 
 
-def _post(server: HttpProcess, spec: ModelSpec, body: bytes, timeout: float = 30.0) -> bytes:
+def _post(server: HttpProcess, path: str, body: bytes, timeout: float = 30.0) -> bytes:
     response = httpx.post(
-        server.url + spec.predict_path(),
+        server.url + path,
         content=body,
         headers={"content-type": "application/json"},
         timeout=timeout,
@@ -271,12 +286,12 @@ def _check_same_outputs(
     spec: ModelSpec, servers: dict[str, HttpProcess], body: bytes, work: Path, result: BenchResult
 ) -> None:
     """Every model server answers livefit's numbers; the constant one answers livefit's size."""
-    answer = _post(servers["livefit"], spec, body)
+    answer = _post(servers["livefit"], spec.predict_path(), body)
     (work / "constant.json").write_bytes(answer)
     start_all([servers["constant"]])
     expected = np.asarray(json.loads(answer)["predictions"], dtype=np.float64)
     for key, server in servers.items():
-        got = _post(server, spec, body)
+        got = _post(server, _path(spec, key), body)
         if key == "constant":
             result.check(
                 f"{spec.name}: the constant response has livefit's size",
@@ -307,7 +322,7 @@ def _row(spec: ModelSpec, n: int, side: Side, runs: dict[str, list[LoadResult]])
         row.ratios["livefit ÷ this (req/s)"] = paired_ratios(
             [r.ok_rps for r in livefit], [r.ok_rps for r in mine]
         )
-        if n == TARGET_CLIENTS and spec.name == TARGET_MODEL:
+        if n == TARGET_CLIENTS and spec.name == TARGET_MODEL and side.key in TARGETS:
             goal = TARGETS[side.key]
             row.target("livefit ÷ this (req/s)", ">=", goal, f"livefit ≥ {goal:g}x")
     return row

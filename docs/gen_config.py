@@ -405,6 +405,17 @@ MEANINGS: dict[str, str] = {
     ),
     "models.<name>.serve.max_request_rows": "rows per request at most (413)",
     "models.<name>.serve.max_request_bytes": "request body bytes at most (413)",
+    "models.<name>.serve.runtime": (
+        "what computes a batch: `keras` (the model traced by `tf.function`, every model), "
+        "`xla` (the same compiled by XLA per padded batch size), `numpy` (a NumPy forward "
+        "pass of a Dense chain: linear and mlp builders, the same float32 math); `auto` takes "
+        "numpy where the model is a Dense chain on a CPU, else keras (xla's faster calls did "
+        "not hold end to end over HTTP, and it compiles for seconds at start: opt-in). A "
+        "runtime that cannot take the model, or whose outputs differ from Keras on a probe "
+        "batch, falls back to keras with one log line. A 1-row call of the benchmark MLP: "
+        "keras 230-300 us, xla ~130 us, numpy ~11 us; of the LSTM: keras 470-620 us, xla "
+        "~156 us (BENCHMARKS.md, serving runtimes)"
+    ),
     "models.<name>.weights.publish_interval_s": (
         "the weight topic gets at most one snapshot per interval (the newest; the last one "
         "always goes out on stop)"

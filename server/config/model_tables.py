@@ -99,6 +99,15 @@ class ServeSettings(Section):
     allowed_batch_sizes: list[int] | None = None
     max_request_rows: int = Field(1024, ge=1)
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # What computes a batch (server/serve/runtimes.py): "keras" the Keras model traced by
+    # tf.function (TensorFlow's graph executor, every model); "xla" the same compiled by XLA
+    # per padded batch size; "numpy" a NumPy forward pass of a chain of Dense-type layers
+    # (linear, mlp), the same float32 math. "auto": numpy where the model is such a chain (on
+    # a CPU), else keras; a runtime that cannot take the model falls back to keras with one
+    # log line. Measured per 1-row call (bench/prose/runtimes.md): 64x64 MLP keras 230-300 us,
+    # xla ~130 us, numpy ~11 us; LSTM keras 470-620 us, xla ~156 us, but xla's gain did not
+    # hold end to end over HTTP and it compiles for seconds at start: opt-in.
+    runtime: Literal["auto", "keras", "xla", "numpy"] = "auto"
 
     @field_validator("batch_timeout_ms")
     @classmethod

@@ -35,6 +35,7 @@ def serving_half(
         source=lambda: slot.latest,
         device=device,
         on_swap=on_swap,
+        runtime=settings.serve.runtime,
     )
     serving.warm_up()
     return ServedModel(name, settings, serving)

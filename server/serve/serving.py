@@ -1,10 +1,13 @@
 """The serving copy of a model: its own weights, swapped only between batches.
 
-A ``ServingModel`` is used by exactly one thread (its batcher's executor). Before each batch it
-looks at its snapshot source; when a newer snapshot is there it sets those weights, and the
-whole batch then runs on that one version, which is returned with the outputs. The inference
-function is compiled once per padded batch size (the sizes in ``allowed_batch_sizes``), so the
-set of compiled shapes is bounded whatever batch sizes arrive; padding never leaves this class.
+A ``ServingModel`` is used by exactly one thread (its batcher's executor, or the event loop for
+a model cheap enough to be called there: ``runs_inline``). Before each batch it
+looks at its snapshot source; when a newer snapshot is there it loads those weights into its
+runtime (``runtimes``: the graph of ``keras``, ``xla``, or a NumPy forward pass), and the whole
+batch then runs on that one version, which is returned with the outputs. A compiled runtime is
+compiled once per padded batch size (the sizes in ``allowed_batch_sizes``), so the set of
+compiled shapes is bounded whatever batch sizes arrive; padding never leaves this class (the
+NumPy runtime compiles nothing and is not padded).
 """
 
 from __future__ import annotations
@@ -19,9 +22,7 @@ from collections.abc import Callable
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from ..base.flat_call import flat_caller
 from ..base.metrics import Metrics
 from ..config.model import ModelSettings
 from ..labels.recorder import PredictionRecorder
@@ -31,10 +32,15 @@ from .batch_cost import BatchCost
 from .batch_types import BatchStats
 from .batcher import RequestBatcher
 from .metrics import AdmissionMetrics, ServingMetrics
+from .runtimes import build_runtime
 
 log = logging.getLogger(__name__)
 
 SnapshotSource = Callable[[], Snapshot | None]
+# A model call cheaper than this runs on the event loop (``RequestBatcher(inline=True)``): the
+# hand-over to the model thread and back cost 0.1-0.3 ms of a 1-row request on 2 busy cores
+# (bench/prose/serving.md), a NumPy forward pass of the 64x64 MLP 12-25 us at 1-64 rows.
+INLINE_MAX_CALL_S = 0.5e-3
 
 
 class NotReady(Exception):
@@ -42,7 +48,9 @@ class NotReady(Exception):
 
 
 class ServingModel:
-    """Predicts with the newest snapshot from ``source``, padded to ``batch_sizes``."""
+    """Predicts with the newest snapshot from ``source``, padded to ``batch_sizes`` where the
+    runtime compiles per shape; ``runtime`` is ``serve.runtime`` (``runtimes.build_runtime``:
+    ``model`` is what it computes, and its weights are the runtime's to set)."""
 
     def __init__(
         self,
@@ -53,6 +61,7 @@ class ServingModel:
         source: SnapshotSource,
         device: str,
         on_swap: Callable[[Snapshot], None] | None = None,
+        runtime: str = "keras",
     ) -> None:
         self.name = name
         self.model = model
@@ -64,15 +73,8 @@ class ServingModel:
         self.snapshot: Snapshot | None = None
         self.warm_timings: dict[int, float] = {}  # batch size -> seconds of one call, warm
         self._owner: int | None = None
-        signature = [tf.TensorSpec([None, *input_shape], tf.float32, name="x")]
-        traced = tf.function(lambda x: model(x, training=False), input_signature=signature)
-        # The concrete function, called directly: tf.function's own dispatch (argument
-        # binding, cache lookup) cost 160 us of a 1-row call of the 64x64 MLP, 85 us directly;
-        # weights set later are read through the same variables.
-        with tf.device(device):
-            self._infer = traced.get_concrete_function()  # one trace; it cannot retrace
-        self._traced = traced
-        self._call = _flat_call(self._infer, tuple(input_shape))
+        self.runtime = build_runtime(runtime, model, input_shape, device, name)
+        log.debug("model %s serves with the %s runtime", name, self.runtime.name)
 
     @property
     def version(self) -> int | None:
@@ -82,27 +84,33 @@ class ServingModel:
     def max_batch_size(self) -> int:
         return self.batch_sizes[-1]
 
+    def runs_inline(self) -> bool:
+        """True when a full batch, warm, costs less than ``INLINE_MAX_CALL_S`` on a runtime
+        that holds the GIL throughout (NumPy): handing such a call to the model thread and its
+        answer back to the event loop costs more than the call (known after ``warm_up``)."""
+        full = self.warm_timings.get(self.max_batch_size)
+        return self.runtime.name == "numpy" and full is not None and full < INLINE_MAX_CALL_S
+
     def warm_up(self) -> None:
         """Compile and run once per allowed batch size, so no request pays for tracing; then
         time the smallest and largest sizes (the batch cost's starting point)."""
-        with tf.device(self.device):
-            for size in self.batch_sizes:
-                self._call(np.zeros((size, *self.input_shape), dtype=np.float32))
-            for size in {self.batch_sizes[0], self.batch_sizes[-1]}:
-                rows = np.zeros((size, *self.input_shape), dtype=np.float32)
-                times = []
-                for _ in range(3):
-                    started = time.perf_counter()
-                    np.asarray(self._call(rows))
-                    times.append(time.perf_counter() - started)
-                self.warm_timings[size] = sorted(times)[1]
+        for size in self.batch_sizes:
+            self.runtime(np.zeros((size, *self.input_shape), dtype=np.float32))
+        for size in {self.batch_sizes[0], self.batch_sizes[-1]}:
+            rows = np.zeros((size, *self.input_shape), dtype=np.float32)
+            times = []
+            for _ in range(3):
+                started = time.perf_counter()
+                self.runtime(rows)
+                times.append(time.perf_counter() - started)
+            self.warm_timings[size] = sorted(times)[1]
 
     def refresh(self) -> Snapshot | None:
         """Swap to the source's newest snapshot if it is newer than ours (a later version, or
         another lineage); return ours."""
         latest = self.source()
         if latest is not None and latest is not self.snapshot and latest.newer_than(self.snapshot):
-            self.model.set_weights(list(latest.weights))
+            self.runtime.load(latest.weights)
             self.snapshot = latest
             if self.on_swap is not None:
                 self.on_swap(latest)
@@ -127,14 +135,12 @@ class ServingModel:
 
     def _run_padded(self, rows: np.ndarray) -> np.ndarray:
         n = rows.shape[0]
-        size = self.padded_size(n)
+        size = self.padded_size(n) if self.runtime.pads else n
         if size != n:
             padded = np.zeros((size, *rows.shape[1:]), dtype=np.float32)
             padded[:n] = rows
             rows = padded
-        with tf.device(self.device):
-            out = self._call(rows)
-        return np.asarray(out)[:n]
+        return self.runtime(rows)[:n]
 
     def _check_thread(self) -> None:
         """Only one thread may use a serving model (its weights change between calls)."""
@@ -143,25 +149,6 @@ class ServingModel:
             self._owner = ident
         elif self._owner != ident:
             raise RuntimeError(f"serving model {self.name} used from two threads")
-
-
-def _flat_call(
-    function: tf.types.experimental.ConcreteFunction, input_shape: tuple[int, ...]
-) -> Callable[[np.ndarray], tf.Tensor]:
-    """``function`` as a call on one float32 array of shape (N, *input_shape), through its
-    flat entry (``flat_call``: 65-80 us of a 210-280 us 1-row call of the 64x64 MLP saved,
-    measured side by side). Anything else (another dtype or shape, or a TensorFlow without
-    that entry) goes through the public call, which checks it."""
-    flat = flat_caller(function)
-    if flat is None:  # a TensorFlow whose private entry moved: the public call, slower
-        return function
-
-    def call(rows: np.ndarray) -> tf.Tensor:
-        if rows.dtype != np.float32 or rows.shape[1:] != input_shape:
-            return function(rows)
-        return flat([rows])  # one output: _call_flat returns it as it is, not in a list
-
-    return call
 
 
 class ServedModel:
@@ -242,6 +229,7 @@ class ServedModel:
             on_refuse=lambda reason: refused[reason].inc(),
             max_batch_timeout_ms=serve.max_batch_timeout_ms,
             auto_clock=self._model_clock(),
+            inline=bool(getattr(self.serving, "runs_inline", lambda: False)()),
         )
         self.batcher.start()
         batcher = self.batcher

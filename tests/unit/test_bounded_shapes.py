@@ -41,7 +41,7 @@ def test_serving_function_is_traced_once_and_padding_never_leaks() -> None:
         outputs, version = serving.predict(rows)
         assert outputs.shape == (n, 1) and version == 1
         np.testing.assert_allclose(outputs, rows @ weights[0] + weights[1], rtol=1e-5, atol=1e-6)
-    assert serving._traced.experimental_get_tracing_count() == 1
+    assert serving.runtime.traced.experimental_get_tracing_count() == 1
 
 
 def test_serving_calls_the_traced_graph_directly_with_the_public_call_s_outputs() -> None:
@@ -51,11 +51,15 @@ def test_serving_calls_the_traced_graph_directly_with_the_public_call_s_outputs(
     converts it."""
     model = build_model("mlp", [8], [3], {"hidden_units": [16]}, seed=2)
     serving = ServingModel("m", model, [8], [1, 4], lambda: None, "/CPU:0")
-    assert serving._call is not serving._infer  # this TensorFlow has the flat entry
+    assert (
+        serving.runtime.flat_call is not serving.runtime.function
+    )  # this TensorFlow has the flat entry
     rng = np.random.default_rng(3)
     rows = rng.normal(size=(4, 8)).astype(np.float32)
-    np.testing.assert_array_equal(serving._call(rows), serving._infer(rows))
+    np.testing.assert_array_equal(serving.runtime.flat_call(rows), serving.runtime.function(rows))
     model.set_weights([w + 0.5 for w in model.get_weights()])
-    np.testing.assert_array_equal(serving._call(rows), serving._infer(rows))
-    np.testing.assert_allclose(serving._call(rows), np.asarray(model(rows)), rtol=1e-5)
-    np.testing.assert_array_equal(serving._call(rows.astype(np.float64)), serving._infer(rows))
+    np.testing.assert_array_equal(serving.runtime.flat_call(rows), serving.runtime.function(rows))
+    np.testing.assert_allclose(serving.runtime.flat_call(rows), np.asarray(model(rows)), rtol=1e-5)
+    np.testing.assert_array_equal(
+        serving.runtime.flat_call(rows.astype(np.float64)), serving.runtime.function(rows)
+    )
