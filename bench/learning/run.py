@@ -76,7 +76,8 @@ def run(
         results["agreement"] = _agreement(cache, streams, cases, served)
         _add_segments(results, cache, streams, cases, peers)
         seeds_started = time.perf_counter()
-        _add_seeds(results, cache, streams, QUICK_MODEL_SEEDS if quick else MODEL_SEEDS, log)
+        seeds = QUICK_MODEL_SEEDS if quick else MODEL_SEEDS
+        _add_seeds(results, cache, streams, seeds, log, before=not quick)
         results["seeds_seconds"] = round(time.perf_counter() - seeds_started, 1)
         if sweep:
             sweep_started = time.perf_counter()
@@ -162,17 +163,19 @@ def _add_seeds(
     streams: dict[str, Stream],
     seeds: Sequence[int],
     log: Callable[[str], None],
+    before: bool = True,
 ) -> None:
     """The user's configuration with every model seed in ``seeds``, in-process: mean, worst,
-    and on how many seeds livefit is at least as good as the per-sample linear model; the
-    same for the defaults before #30 (``before``), on the same seeds."""
+    and on how many seeds livefit is at least as good as the per-sample linear model; with
+    ``before``, the same for the defaults before #30 on the same seeds."""
     for name, stream in streams.items():
         metric = METRIC[stream.task]
         higher = metric == "accuracy"
         scores = [cache.score(stream, replace(DEFAULTS, seed=seed)) for seed in seeds]
         values = [s.value(metric) for s in scores]
-        before = [
-            cache.score(stream, replace(BEFORE_RECOVERY, seed=seed)).value(metric) for seed in seeds
+        old = [
+            cache.score(stream, replace(BEFORE_RECOVERY, seed=seed)).value(metric)
+            for seed in (seeds if before else ())
         ]
         r = results["streams"][name]
         reference = r["peers"][r["reference"]][metric]
@@ -185,12 +188,13 @@ def _add_seeds(
             "at_least_reference": sum(
                 (v >= reference) if higher else (v <= reference) for v in values
             ),
-            "before": {
-                "values": before,
-                "mean": statistics.fmean(before),
-                "worst": min(before) if higher else max(before),
-            },
         }
+        if old:
+            entry["before"] = {
+                "values": old,
+                "mean": statistics.fmean(old),
+                "worst": min(old) if higher else max(old),
+            }
         if stream.task == REGRESSION:
             after = [s.mae_after_first_message for s in scores]
             entry["after_first_message"] = {"values": after, "mean": statistics.fmean(after)}

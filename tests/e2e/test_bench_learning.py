@@ -19,7 +19,7 @@ import pytest
 from bench import learning
 from bench.config import learner_config
 
-pytestmark = pytest.mark.timeout(600)  # 15 streams, 5 peers each
+pytestmark = pytest.mark.timeout(1200)  # 15 streams, 5 peers each, on a loaded machine
 
 
 @pytest.fixture(scope="module")

@@ -174,26 +174,45 @@ def test_drift_fires_on_abrupt_change_not_on_a_stationary_stream() -> None:
     assert drifts == [1]
 
 
+@pytest.mark.parametrize("start_lr_factor", [1.0, 2.0])
 @pytest.mark.parametrize("loss", ["mse", "binary_crossentropy"])
-def test_no_drift_on_a_noiseless_stream_learned_towards_zero_loss(loss: str) -> None:
+def test_no_drift_on_a_noiseless_stream_learned_towards_zero_loss(
+    loss: str, start_lr_factor: float
+) -> None:
     """Page-Hinkley measures deviations in running standard deviations; a stream without noise,
     whose loss shrinks by orders of magnitude as the default network learns it, must not look
-    like drift (30,000 samples in minibatches of 25, livefit's default model and optimizer)."""
+    like drift (30,000 samples in minibatches of 25, livefit's default model and optimizer).
+
+    With the start boost (the default, 2x) the trajectory differs: on the regression stream
+    Adam overshoots at batch ~1100, long after the boost, and the batch loss rises from ~5e-5
+    to 3e-2 for a few batches; that real rise is reported (measured: one detection). So with
+    the boost a detection is allowed only where the loss over the window had risen to at
+    least 10 times its lowest value so far."""
     drifts: list[int] = []
     classify = loss == "binary_crossentropy"
     options = {"output_activation": "sigmoid"} if classify else {}
-    t = trainer(drifts=drifts, builder="mlp", builder_options=options, loss=loss)
+    t = trainer(
+        drifts=drifts, builder="mlp", builder_options=options, loss=loss,
+        train={"start_lr_factor": start_lr_factor},
+    )  # fmt: skip
     rng = np.random.default_rng(0)
     w = rng.normal(size=(3, 1))
     x = rng.normal(size=(30_000, 3))
     y = (x @ w > 0).astype(np.float64) if classify else x @ w
     losses = []
+    rises = []
     for start in range(0, len(x), 25):
+        seen = len(drifts)
         t.train_batch(batch(x[start : start + 25], y[start : start + 25]))
         losses.append(t.scores.scores["loss"].value)
+        if len(drifts) > seen:
+            rises.append(losses[-1] / min(losses))
     assert losses[-1] < losses[10] / 10  # the loss fell by more than an order of magnitude
-    assert drifts == []
-    assert t.policy.drift is not None and t.policy.drift.detections == 0
+    if start_lr_factor == 1.0:
+        assert drifts == []
+        assert t.policy.drift is not None and t.policy.drift.detections == 0
+    else:
+        assert all(rise >= 10 for rise in rises), rises
 
 
 @pytest.mark.parametrize("reaction", ["reset_optimizer", "boost_lr", "recover"])
