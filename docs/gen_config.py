@@ -311,7 +311,12 @@ MEANINGS: dict[str, str] = {
         "drop messages whose (`source`, `seq`) was already accepted (redeliveries after "
         "reconnects and crashes); tolerates out-of-order arrival; state saved in checkpoints"
     ),
-    "models.<name>.seed": "seeds the initial weights (same seed, same weights)",
+    "models.<name>.seed": (
+        "makes a learner's run repeatable: seeds Python, NumPy and TensorFlow/Keras before the "
+        "network is built (the initial weights) and the replay buffer's sampling; the same "
+        "seed and the same minibatches give the same predictions, to the bit (on one machine "
+        "and TensorFlow build). Unset: a fresh random start each time"
+    ),
     "models.<name>.train.max_batch_size": "samples per training step at most",
     "models.<name>.train.max_wait_ms": "linger to fill a batch; 0 = take what has arrived",
     "models.<name>.train.queue_capacity": (
@@ -345,6 +350,12 @@ MEANINGS: dict[str, str] = {
         "queued, and its thread runs at OS niceness +5, so predictions go first on a small "
         "machine (see BENCHMARKS.md, interference); `0`: never wait, normal priority"
     ),
+    "models.<name>.train.start_lr_factor": (
+        "fast start: a fresh model's first `start_steps` training steps run at this multiple "
+        "of `learning_rate`, decaying linearly to it (a model restored from a checkpoint is "
+        "not fresh: no boost). `1`: no start boost (the behaviour before the setting)"
+    ),
+    "models.<name>.train.start_steps": "training steps the start boost takes to decay",
     "models.<name>.train.target_outlier_std": (
         'with `target_scaling = "standardize"`: a target more than this many standard '
         "deviations from the running mean of the targets (from the 10th target on; below 100 "
@@ -519,9 +530,13 @@ MEANINGS: dict[str, str] = {
         "Page-Hinkley threshold in standardised loss units (lower: faster, more false alarms)"
     ),
     "models.<name>.drift.reaction": (
-        "on drift: `none`, `reset_optimizer` (zero the optimizer state) or `boost_lr`"
+        "on drift: `none` (log and count only), `reset_optimizer` (the optimizer state of a "
+        "fresh optimizer, learning rate kept), `boost_lr` (`boost_factor` times the learning "
+        "rate for `boost_steps` steps, then back at once), `flush_replay` (empty the replay "
+        "buffer, which holds the old concept) or `recover` (empty the replay buffer and boost "
+        "the learning rate by `boost_factor`, decaying linearly over `boost_steps` steps)"
     ),
-    "models.<name>.drift.boost_factor": "learning-rate multiplier for `boost_lr`",
+    "models.<name>.drift.boost_factor": "learning-rate multiplier for `boost_lr` and `recover`",
     "models.<name>.drift.boost_steps": "training steps the boost lasts",
     "models.<name>.drift.events_topic": (
         "where drift events go (JSON: `event`, `model`, `detections`, `version`, "

@@ -9,7 +9,7 @@ live in ``bench/prose/learning*.md``.
 """
 
 from bench.learning.knobs import DEFAULTS, MODEL_SEED, Knobs, describe
-from bench.learning.peers import HT, LINREG, LINREG_TSS, LR, PEERS, REFERENCE, SOFTMAX
+from bench.learning.peers import ARF, HAT, HT, LINREG, LINREG_TSS, LR, PEERS, REFERENCE, SOFTMAX
 from bench.learning.report import markdown, section
 from bench.learning.results import QUICK_MODEL_SEEDS, to_bench_result
 from bench.learning.run import BENCHMARK, main, run, suite_run, write
@@ -20,15 +20,18 @@ from bench.learning.streams import (
     QUICK_SAMPLES,
     REGRESSION,
     STREAMS,
+    SWEEP_STREAMS,
     Stream,
     load_stream,
 )
 
 __all__ = [
+    "ARF",
     "BENCHMARK",
     "BINARY",
     "BINARY_STREAMS",
     "DEFAULTS",
+    "HAT",
     "HT",
     "LINREG",
     "LINREG_TSS",
@@ -41,6 +44,7 @@ __all__ = [
     "REGRESSION",
     "SOFTMAX",
     "STREAMS",
+    "SWEEP_STREAMS",
     "Case",
     "Knobs",
     "Stream",

@@ -30,6 +30,10 @@ class Knobs:
     target_scaling: str | None = None
     drift_reaction: str | None = None
     drift_threshold: float | None = None
+    boost_factor: float | None = None
+    boost_steps: int | None = None
+    start_lr_factor: float | None = None
+    start_steps: int | None = None
     seed: int = MODEL_SEED
 
     def model_config(self, table: dict[str, Any]) -> dict[str, Any]:
@@ -51,14 +55,26 @@ class Knobs:
                 config[key] = getattr(self, key)
         train = {
             k: getattr(self, k)
-            for k in ("steps_per_batch", "replay_capacity", "replay_mode", "replay_share")
+            for k in (
+                "steps_per_batch",
+                "replay_capacity",
+                "replay_mode",
+                "replay_share",
+                "start_lr_factor",
+                "start_steps",
+            )
             if getattr(self, k) is not None
         }
         if train:
             config["train"] = train
         drift = {
             k: v
-            for k, v in (("reaction", self.drift_reaction), ("threshold", self.drift_threshold))
+            for k, v in (
+                ("reaction", self.drift_reaction),
+                ("threshold", self.drift_threshold),
+                ("boost_factor", self.boost_factor),
+                ("boost_steps", self.boost_steps),
+            )
             if v is not None
         }
         if drift:
@@ -84,6 +100,10 @@ class Knobs:
             "target_scaling": self.target_scaling,  # None: the loss's default
             "drift_reaction": s.drift.reaction,
             "drift_threshold": s.drift.threshold,
+            "boost_factor": s.drift.boost_factor,
+            "boost_steps": s.drift.boost_steps,
+            "start_lr_factor": s.train.start_lr_factor,
+            "start_steps": s.train.start_steps,
         }
 
     def key(self) -> str:
@@ -115,8 +135,13 @@ def describe(r: dict[str, Any]) -> str:
         parts.append(f"scaling {r['scaling']}")
     if r.get("target_scaling") is not None:
         parts.append(f"target scaling {r['target_scaling']}")
+    if r.get("start_lr_factor", 1) > 1:
+        parts.append(f"start lr x{r['start_lr_factor']:g} over {r['start_steps']} steps")
     if r["drift_reaction"] != "none":  # the threshold only matters when drift changes learning
-        parts.append(f"on drift (threshold {r['drift_threshold']:g}) {r['drift_reaction']}")
+        reaction = r["drift_reaction"]
+        if reaction in ("boost_lr", "recover") and "boost_factor" in r:
+            reaction += f" x{r['boost_factor']:g} over {r['boost_steps']} steps"
+        parts.append(f"on drift (threshold {r['drift_threshold']:g}) {reaction}")
     return ", ".join(parts)
 
 
@@ -155,5 +180,8 @@ RECOMMENDED = replace(
     replay_mode="window",
     replay_share=0.75,
 )
+# The defaults before fast starts and drift recovery (issue #30): no start boost, and drift
+# only logged and counted.
+BEFORE_RECOVERY = Knobs(start_lr_factor=1.0, drift_reaction="none")
 # Regression as before online target scaling: the network learns the raw targets.
 NO_TARGET_SCALING = Knobs(target_scaling="none")

@@ -17,6 +17,9 @@ SOFTMAX = "softmax regression"
 LINREG = "linear regression"
 LINREG_TSS = "linear regression, standardized target"
 HT = "Hoeffding tree"
+HAT = "Hoeffding adaptive tree"
+ARF = "adaptive random forest"
+PEER_SEED = 42  # the randomised peers (ARF) are seeded, so their figures repeat
 EPS = 1e-7  # probabilities are clipped to [EPS, 1 - EPS] for log loss, as livefit does
 REFERENCE = {BINARY: LR, MULTICLASS: SOFTMAX, REGRESSION: LINREG}  # the per-sample linear model
 
@@ -37,6 +40,30 @@ def _hoeffding_tree() -> Any:
     from river import tree
 
     return tree.HoeffdingTreeClassifier()
+
+
+def _hoeffding_adaptive_tree() -> Any:
+    from river import tree
+
+    return tree.HoeffdingAdaptiveTreeClassifier(seed=PEER_SEED)
+
+
+def _adaptive_random_forest() -> Any:
+    from river import forest
+
+    return forest.ARFClassifier(seed=PEER_SEED)
+
+
+def _hoeffding_adaptive_tree_regressor() -> Any:
+    from river import preprocessing, tree
+
+    return preprocessing.StandardScaler() | tree.HoeffdingAdaptiveTreeRegressor(seed=PEER_SEED)
+
+
+def _adaptive_random_forest_regressor() -> Any:
+    from river import forest, preprocessing
+
+    return preprocessing.StandardScaler() | forest.ARFRegressor(seed=PEER_SEED)
 
 
 def _linear_regression() -> Any:
@@ -63,11 +90,15 @@ PEERS: dict[str, PeerTable] = {
         LR: ("`preprocessing.StandardScaler() | linear_model.LogisticRegression()`",
              logistic_regression),
         HT: ("`tree.HoeffdingTreeClassifier()`", _hoeffding_tree),
+        HAT: ("`tree.HoeffdingAdaptiveTreeClassifier(seed=42)`", _hoeffding_adaptive_tree),
+        ARF: ("`forest.ARFClassifier(seed=42)`", _adaptive_random_forest),
     },
     MULTICLASS: {
         SOFTMAX: ("`preprocessing.StandardScaler() | linear_model.SoftmaxRegression()`",
                   _softmax_regression),
         HT: ("`tree.HoeffdingTreeClassifier()`", _hoeffding_tree),
+        HAT: ("`tree.HoeffdingAdaptiveTreeClassifier(seed=42)`", _hoeffding_adaptive_tree),
+        ARF: ("`forest.ARFClassifier(seed=42)`", _adaptive_random_forest),
     },
     REGRESSION: {
         LINREG: ("`preprocessing.StandardScaler() | linear_model.LinearRegression()`",
@@ -76,6 +107,10 @@ PEERS: dict[str, PeerTable] = {
                      "LinearRegression())`", _linear_regression_tss),
         HT: ("`preprocessing.StandardScaler() | tree.HoeffdingTreeRegressor()`",
              _hoeffding_tree_regressor),
+        HAT: ("`preprocessing.StandardScaler() | tree.HoeffdingAdaptiveTreeRegressor(seed=42)`",
+              _hoeffding_adaptive_tree_regressor),
+        ARF: ("`preprocessing.StandardScaler() | forest.ARFRegressor(seed=42)`",
+              _adaptive_random_forest_regressor),
     },
 }  # fmt: skip
 

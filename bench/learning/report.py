@@ -18,6 +18,7 @@ from bench.learning.tables import (
     pts,
     seeds_table,
     short,
+    start_and_recovery_table,
     stream_section,
     sweep_table,
 )
@@ -35,6 +36,7 @@ def markdown(results: dict[str, Any]) -> str:
         parts.append(prose("learning") + "\n")
     parts += [stream_section(stream) for stream in results["streams"].values()]
     parts.append(model_seeds_table(results))
+    parts.append(start_and_recovery_table(results))
     if "sweep" in results:
         parts += [sweep_table(results["sweep"]), seeds_table(results["sweep"])]
     if "agreement" in results:

@@ -14,15 +14,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from bench.harness import REPO, Benchmark
 from bench.learning.inprocess import InProcess
-from bench.learning.knobs import DEFAULTS
+from bench.learning.knobs import BEFORE_RECOVERY, DEFAULTS
 from bench.learning.peers import HT, peer_scores
+from bench.learning.recovery import after_drift, recovery_samples
 from bench.learning.report import markdown, section
 from bench.learning.results import MODEL_SEEDS, QUICK_MODEL_SEEDS, results_of, to_bench_result
 from bench.learning.scores import Score, segment_edges, segments
 from bench.learning.server import Case, server_cases, through_server
-from bench.learning.streams import METRIC, QUICK_SAMPLES, REGRESSION, STREAMS, Stream, load_stream
+from bench.learning.streams import (
+    DRIFTS,
+    METRIC,
+    QUICK_SAMPLES,
+    REGRESSION,
+    STREAMS,
+    Stream,
+    load_stream,
+)
 from bench.learning.sweep import Sweep
 from bench.learning.tables import fig, pct, short
 
@@ -65,7 +76,8 @@ def run(
         results["agreement"] = _agreement(cache, streams, cases, served)
         _add_segments(results, cache, streams, cases, peers)
         seeds_started = time.perf_counter()
-        _add_seeds(results, cache, streams, QUICK_MODEL_SEEDS if quick else MODEL_SEEDS, log)
+        seeds = QUICK_MODEL_SEEDS if quick else MODEL_SEEDS
+        _add_seeds(results, cache, streams, seeds, log, before=not quick)
         results["seeds_seconds"] = round(time.perf_counter() - seeds_started, 1)
         if sweep:
             sweep_started = time.perf_counter()
@@ -114,17 +126,33 @@ def _add_segments(
     for regression the MAE after the first message of every side."""
     for name, stream in results["streams"].items():
         edges = segment_edges(stream["samples"])
-        sides, after_first = {}, {}
+        sides, after_first, per_sample = {}, {}, {}
         for case in (c for c in cases if c.stream == name):
             score = cache.score(streams[name], case.knobs)
             assert score.per_sample is not None
             sides[f"livefit ({case.side})"] = segments(score.per_sample, edges)
             after_first[f"livefit ({case.side})"] = score.mae_after_first_message
+            per_sample[f"livefit ({case.side})"] = score.per_sample
         for peer, score in peers[name].items():
             assert score.per_sample is not None
             sides[peer] = segments(score.per_sample, edges)
             after_first[peer] = score.mae_after_first_message
+            per_sample[peer] = score.per_sample
         stream["segments"] = {"edges": edges, "sides": sides}
+        stream["first_500"] = {side: float(np.mean(per[:500])) for side, per in per_sample.items()}
+        drifts = [d for d in DRIFTS.get(name, ()) if d < stream["samples"]]
+        if drifts:
+            higher = stream["metric"] == "accuracy"
+            stream["recovery"] = {
+                "drifts": drifts,
+                "sides": {
+                    side: {
+                        "samples": [recovery_samples(per, d, higher) for d in drifts],
+                        "after_1000": [after_drift(per, d) for d in drifts],
+                    }
+                    for side, per in per_sample.items()
+                },
+            }
         if stream["task"] == REGRESSION:
             stream["after_first_message"] = after_first
 
@@ -135,14 +163,20 @@ def _add_seeds(
     streams: dict[str, Stream],
     seeds: Sequence[int],
     log: Callable[[str], None],
+    before: bool = True,
 ) -> None:
     """The user's configuration with every model seed in ``seeds``, in-process: mean, worst,
-    and on how many seeds livefit is at least as good as the per-sample linear model."""
+    and on how many seeds livefit is at least as good as the per-sample linear model; with
+    ``before``, the same for the defaults before #30 on the same seeds."""
     for name, stream in streams.items():
         metric = METRIC[stream.task]
         higher = metric == "accuracy"
         scores = [cache.score(stream, replace(DEFAULTS, seed=seed)) for seed in seeds]
         values = [s.value(metric) for s in scores]
+        old = [
+            cache.score(stream, replace(BEFORE_RECOVERY, seed=seed)).value(metric)
+            for seed in (seeds if before else ())
+        ]
         r = results["streams"][name]
         reference = r["peers"][r["reference"]][metric]
         entry: dict[str, Any] = {
@@ -155,6 +189,12 @@ def _add_seeds(
                 (v >= reference) if higher else (v <= reference) for v in values
             ),
         }
+        if old:
+            entry["before"] = {
+                "values": old,
+                "mean": statistics.fmean(old),
+                "worst": min(old) if higher else max(old),
+            }
         if stream.task == REGRESSION:
             after = [s.mae_after_first_message for s in scores]
             entry["after_first_message"] = {"values": after, "mean": statistics.fmean(after)}

@@ -90,6 +90,77 @@ def _friedman(seed: int) -> Rows:
     return synth.FriedmanDrift(drift_type="gra", position=(3_500, 7_000), seed=seed).take(10_000)
 
 
+def _sine(seed: int) -> Rows:
+    from river.datasets import synth
+
+    return synth.Sine(classification_function=0, seed=seed).take(4000)
+
+
+def _agrawal_switch(seed: int, width: int) -> Rows:
+    """Agrawal's function 0 (salary by age) switching to function 2 at sample 3,000."""
+    from river.datasets import synth
+
+    return synth.ConceptDriftStream(
+        stream=synth.Agrawal(classification_function=0, seed=seed),
+        drift_stream=synth.Agrawal(classification_function=2, seed=seed + 1),
+        position=3000,
+        width=width,
+        seed=seed,
+    ).take(6000)
+
+
+def _agrawal_abrupt(seed: int) -> Rows:
+    return _agrawal_switch(seed, 20)  # river's sigmoid overflows below ~17; 20 is abrupt
+
+
+def _agrawal_gradual(seed: int) -> Rows:
+    return _agrawal_switch(seed, 1000)
+
+
+def _waveform(seed: int) -> Rows:
+    from river.datasets import synth
+
+    return synth.Waveform(seed=seed).take(4000)
+
+
+def _led(seed: int) -> Rows:
+    from river.datasets import synth
+
+    return synth.LED(seed=seed, noise_percentage=0.1).take(4000)
+
+
+def _planes2d(seed: int) -> Rows:
+    from river.datasets import synth
+
+    return synth.Planes2D(seed=seed).take(4000)
+
+
+def _rbf_drift(seed: int) -> Rows:
+    from river.datasets import synth
+
+    return synth.RandomRBFDrift(
+        seed_model=seed, seed_sample=seed, n_features=10, n_centroids=50, change_speed=0.001,
+        n_drift_centroids=50,
+    ).take(4000)  # fmt: skip
+
+
+MV_CATEGORIES = {3: ("brown", "green", "red"), 7: ("no", "yes"), 8: ("large", "normal")}
+
+
+def _mv_one_hot(seed: int) -> Rows:
+    """river's Mv with its three nominal features one-hot encoded (the same rows for all)."""
+    from river.datasets import synth
+
+    for x, y in synth.Mv(seed=seed).take(4000):
+        row: dict[str, Any] = {}
+        for key, value in x.items():
+            if key in MV_CATEGORIES:
+                row.update({f"{key}={c}": float(value == c) for c in MV_CATEGORIES[key]})
+            else:
+                row[str(key)] = value
+        yield row, y
+
+
 STREAMS: dict[str, StreamSpec] = {
     s.name: s
     for s in (
@@ -159,9 +230,93 @@ STREAMS: dict[str, StreamSpec] = {
             _friedman,
             task=REGRESSION,
         ),
+        StreamSpec(
+            "sine",
+            "Sine (2-D nonlinear)",
+            "synthetic, nonlinear boundary, 2 features",
+            "`synth.Sine(classification_function=0, seed=42).take(4000)`",
+            4000,
+            _sine,
+        ),
+        StreamSpec(
+            "agrawal_abrupt",
+            "Agrawal, abrupt switch",
+            "synthetic, one abrupt drift at 3,000",
+            "`synth.ConceptDriftStream(stream=synth.Agrawal(classification_function=0, seed=42), "
+            "drift_stream=synth.Agrawal(classification_function=2, seed=43), position=3000, "
+            "width=20, seed=42).take(6000)`",
+            6000,
+            _agrawal_abrupt,
+        ),
+        StreamSpec(
+            "agrawal_gradual",
+            "Agrawal, gradual switch",
+            "synthetic, one gradual drift over 2,500-3,500",
+            "`synth.ConceptDriftStream(stream=synth.Agrawal(classification_function=0, seed=42), "
+            "drift_stream=synth.Agrawal(classification_function=2, seed=43), position=3000, "
+            "width=1000, seed=42).take(6000)`",
+            6000,
+            _agrawal_gradual,
+        ),
+        StreamSpec(
+            "rbf_drift",
+            "Moving RBF (incremental drift)",
+            "synthetic, moving centroids",
+            "`synth.RandomRBFDrift(seed_model=42, seed_sample=42, n_features=10, n_centroids=50, "
+            "change_speed=0.001, n_drift_centroids=50).take(4000)`",
+            4000,
+            _rbf_drift,
+        ),
+        StreamSpec(
+            "waveform",
+            "Waveform (3 classes, 21 noisy features)",
+            "synthetic, multi-class",
+            "`synth.Waveform(seed=42).take(4000)`",
+            4000,
+            _waveform,
+            task=MULTICLASS,
+        ),
+        StreamSpec(
+            "led",
+            "LED (10 classes, 7 boolean features)",
+            "synthetic, multi-class, 10 % noise",
+            "`synth.LED(seed=42, noise_percentage=0.1).take(4000)`",
+            4000,
+            _led,
+            task=MULTICLASS,
+        ),
+        StreamSpec(
+            "planes2d",
+            "Planes2D (piecewise-linear regression)",
+            "synthetic, regression",
+            "`synth.Planes2D(seed=42).take(4000)`",
+            4000,
+            _planes2d,
+            task=REGRESSION,
+        ),
+        StreamSpec(
+            "mv",
+            "Mv (one-hot regression)",
+            "synthetic, regression, 3 nominal features one-hot encoded",
+            "`synth.Mv(seed=42).take(4000)`, features 3, 7 and 8 one-hot encoded",
+            4000,
+            _mv_one_hot,
+            task=REGRESSION,
+        ),
     )
 }
+DRIFTS = {
+    "sea": (5000, 10000, 15000),
+    "friedman": (3500, 7000),
+    "agrawal_abrupt": (3000,),
+    "agrawal_gradual": (3000,),
+}
+"""Where a stream's concept changes (the middle of a gradual change): recovery is measured
+from there."""
 BINARY_STREAMS = tuple(name for name, s in STREAMS.items() if s.task == BINARY)
+# The defaults sweep's streams: the first three binary ones (the sweep that chose the update
+# policy); the later streams are measured at the defaults and in the seeds, not swept.
+SWEEP_STREAMS = ("phishing", "sea", "hyperplane")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,10 @@ from bench.learning.knobs import MODEL_SEED, PREVIOUS, RECOMMENDED, V01, Knobs
 from bench.learning.peers import LR, logistic_regression, peer_score
 from bench.learning.scores import Score
 from bench.learning.streams import (
-    BINARY_STREAMS,
     QUICK_SAMPLES,
     STREAM_SEED,
     STREAMS,
+    SWEEP_STREAMS,
     Stream,
     load_stream,
 )
@@ -96,9 +96,9 @@ class Sweep:
         self.quick = quick
         self.limit = QUICK_SAMPLES if quick else None
         self.cache = cache or InProcess()
-        streams = {name: streams[name] for name in BINARY_STREAMS}
+        streams = {name: streams[name] for name in SWEEP_STREAMS}
         self._streams = {STREAM_SEED: streams}
-        self._lr = {STREAM_SEED: {name: peers[name][LR].accuracy for name in BINARY_STREAMS}}
+        self._lr = {STREAM_SEED: {name: peers[name][LR].accuracy for name in SWEEP_STREAMS}}
         self.rows: list[SweepRow] = []
         self._seen: dict[tuple[str, int], SweepRow] = {}
 
@@ -126,7 +126,7 @@ class Sweep:
         """The streams generated with ``seed`` and logistic regression's accuracy on them."""
         if seed not in self._streams:
             self._streams[seed] = {
-                name: load_stream(STREAMS[name], self.limit, seed) for name in BINARY_STREAMS
+                name: load_stream(STREAMS[name], self.limit, seed) for name in SWEEP_STREAMS
             }
             self._lr[seed] = {
                 name: peer_score(logistic_regression, s).accuracy
@@ -229,7 +229,7 @@ class Sweep:
                     "mean_margin": statistics.fmean(r.margins[name] for r in rows),
                     "worst_margin": min(r.margins[name] for r in rows),
                 }
-                for name in BINARY_STREAMS
+                for name in SWEEP_STREAMS
             }
             summary.append(
                 {

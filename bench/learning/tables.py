@@ -133,14 +133,19 @@ def model_seeds_table(results: dict[str, Any]) -> str:
         f"The user's configuration with model seeds {', '.join(map(str, seeds))} "
         f"({MODEL_SEED} is the reference), in-process on the same samples "
         f"({results.get('seeds_seconds', 0):.0f} s): accuracy, or MAE for regression.\n",
-        "| stream | mean | worst | best | at least as good as the linear peer | per seed |",
-        "|---|---|---|---|---|---|",
+        "Before #30: the defaults without the start boost and drift reaction, same seeds.\n",
+        "| stream | mean | worst | best | before #30: mean | before #30: worst "
+        "| at least as good as the linear peer | per seed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s = r["seeds"]
         shown = pct if r["metric"] == "accuracy" else fig
+        b = s.get("before", {})
+        before = f"{shown(b['mean'])} | {shown(b['worst'])}" if b else f"{DASH} | {DASH}"
         lines.append(
             f"| {r['title']} | {shown(s['mean'])} | {shown(s['worst'])} | {shown(s['best'])} | "
+            f"{before} | "
             f"{s['at_least_reference']}/{len(s['values'])} ({short(r['reference'])} "
             f"{shown(r['peers'][r['reference']][r['metric']])}) | "
             + " / ".join(shown(v) for v in s["values"])
@@ -158,6 +163,7 @@ def sweep_table(sweep: dict[str, Any]) -> str:
         "prequential accuracy per stream, Δ = accuracy minus logistic regression's. "
         f"Criterion: {sweep['criterion']}. Best: **{sweep['best']}**; "
         f"recommended: **{sweep['recommended']}**. Sweep time: {sweep['seconds']:.0f} s.\n",
+        f"*{sweep['carried_from']}*\n" if sweep.get("carried_from") else "",
         f"{sweep.get('why_recommended', '')}\n",
         f"| stage | settings | seeds | {head} | worst Δ | mean Δ | s |",
         "|---|---|---|" + "---|" * len(names) + "---|---|---|",
@@ -239,3 +245,33 @@ def fig(value: float | None, sign: bool = False) -> str:
     magnitude = abs(value)
     decimals = 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2 if magnitude >= 1 else 3
     return f"{value:{'+' if sign else ''},.{decimals}f}"
+
+
+def start_and_recovery_table(results: dict[str, Any]) -> str:
+    """The first 500 samples of every stream, and the recovery after each drift, per side."""
+    rows = list(results["streams"].values())
+    if not rows or "first_500" not in rows[0]:
+        return ""
+    lines = [
+        "### Fast starts and drift recovery\n",
+        "In-process at the reference seed, on the server's samples. **First 500**: accuracy (MAE "
+        "for regression) over each stream's first 500 samples. **Recovery**: samples after a "
+        "drift until the accuracy over the last 500 (all after the drift) is back within 1 "
+        "point of the 500 before it (MAE: within 1 %); never: not in the stream. **After**: "
+        "accuracy over the 1,000 samples after the drift.\n",
+        "| stream | side | first 500 | recovery (samples, per drift) | after (per drift) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        shown = pct if r["metric"] == "accuracy" else fig
+        recovery = r.get("recovery", {"drifts": [], "sides": {}})
+        for side, first in r["first_500"].items():
+            rec = recovery["sides"].get(side)
+            samples = (
+                " / ".join("never" if n is None else f"{n:,}" for n in rec["samples"])
+                if rec
+                else DASH
+            )
+            after = " / ".join(shown(v) for v in rec["after_1000"]) if rec else DASH
+            lines.append(f"| {r['title']} | {side} | {shown(first)} | {samples} | {after} |")
+    return "\n".join(lines) + "\n"

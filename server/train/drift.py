@@ -34,8 +34,9 @@ detection (``tests/unit/test_update_policy.py`` keeps a 30,000-sample version). 
 AVX-512 CPU (other float rounding, so other trajectories), 30,000 samples, seeds 0-7 of each
 loss: 15 of 16 runs had no detection; one regression run (seed 5) had two, each at a transient
 20x rise of the loss (5e-4 to 1e-2 over ~10 minibatches) after an Adam overshoot. That is a
-real rise of the loss and is reported as one; with the default ``reaction: none`` it only logs
-and counts.
+real rise of the loss and is reported as one; the default reaction (``flush_replay``) then
+empties the replay buffer, which costs the next few steps their replayed samples and nothing
+else.
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ Per batch, after the compiled step scored it (test-then-train):
   target statistics are re-centred on those targets (the model's output moves to the new level
   at once) and the replay buffer, which holds the old level, is emptied (``Learned.shift``);
 - the drift detector reads the batch's prequential losses; on drift it reports, and with a
-  reaction configured resets the optimizer state or raises the learning rate for a while.
+  reaction configured resets the optimizer state, empties the replay buffer and/or raises the
+  learning rate for a while (``drift.reaction``);
+- a fresh model (not one restored from a checkpoint) starts at ``train.start_lr_factor`` times
+  the learning rate, decaying linearly to it over ``train.start_steps`` steps.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -101,7 +105,10 @@ class UpdatePolicy:
         self.boost_steps = drift.boost_steps
         self.on_drift = on_drift
         self._base_lr = float(np.asarray(step.model.optimizer.learning_rate))
-        self._boost_left = 0
+        self._boost = LrBoost()
+        if train.start_lr_factor > 1:
+            self._boost = LrBoost(train.start_lr_factor, train.start_steps, decays=True)
+            self._set_lr(self._base_lr * self._boost.factor())
         self._saved_scaler: RunningStandardizer | None = None
         self._saved_target_scaler: RunningStandardizer | None = None
 
@@ -130,6 +137,7 @@ class UpdatePolicy:
             replayed += k
             self._after_step()
         assert first is not None
+        drift = self._watch(first)  # before the batch joins replay: a flush keeps the batch
         if steps:
             self._absorb(batch)
         else:  # rolled back: so are the statistics
@@ -137,7 +145,6 @@ class UpdatePolicy:
                 self.scaler = self._saved_scaler
             if self._saved_target_scaler is not None:
                 self.target_scaler = self._saved_target_scaler
-        drift = self._watch(first)
         return Learned(first, steps, replayed, drift, batch.y, outliers, shift)
 
     def _with_replay(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -209,20 +216,28 @@ class UpdatePolicy:
             "drift detected (detection %d); reaction: %s", self.drift.detections, self.reaction
         )
         if self.reaction == "reset_optimizer":
-            for variable in self.step.model.optimizer.variables:
-                variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+            reset_optimizer_state(self.step.model)
         elif self.reaction == "boost_lr":
-            self._set_lr(self._base_lr * self.boost_factor)
-            self._boost_left = self.boost_steps
+            self._boost = LrBoost(self.boost_factor, self.boost_steps, decays=False)
+            self._set_lr(self._base_lr * self._boost.factor())
+        elif self.reaction in ("flush_replay", "recover") and self.replay is not None:
+            self.replay.clear()
+        if self.reaction == "recover":
+            self._boost = LrBoost(self.boost_factor, self.boost_steps, decays=True)
+            self._set_lr(self._base_lr * self._boost.factor())
         if self.on_drift is not None:
             self.on_drift(self.drift.detections)
         return True
 
     def _after_step(self) -> None:
-        if self._boost_left > 0:
-            self._boost_left -= 1
-            if self._boost_left == 0:
-                self._set_lr(self._base_lr)
+        if self._boost.left > 0:
+            self._boost.left -= 1
+            self._set_lr(self._base_lr * self._boost.factor())
+
+    @property
+    def lr_factor(self) -> float:
+        """The learning rate's current multiple of the configured one (1 outside boosts)."""
+        return self._boost.factor()
 
     def _set_lr(self, value: float) -> None:
         self.step.model.optimizer.learning_rate = value
@@ -237,10 +252,55 @@ class UpdatePolicy:
         return state
 
     def restore(self, extra: dict[str, np.ndarray]) -> None:
+        """Take the scalers' statistics from a checkpoint; a restored model is not fresh, so
+        a start boost still running ends here."""
+        if self._boost.left > 0:
+            self._boost = LrBoost()
+            self._set_lr(self._base_lr)
         if self.scaler is not None and "scaler_count" in extra:
             self.scaler = _restored_scaler(extra, "scaler_")
         if self.target_scaler is not None and "target_scaler_count" in extra:
             self.target_scaler = _restored_scaler(extra, "target_scaler_")
+
+
+def reset_optimizer_state(model: Any) -> None:
+    """Put ``model``'s optimizer state back to a fresh optimizer's (step count 0, moments 0,
+    Nadam's momentum product 1), keeping its learning rate.
+
+    The values come from a new optimizer of the same configuration built on the same
+    variables: zeroing every optimizer variable would also zero the learning rate (a Keras 3
+    optimizer variable) and stop learning for good.
+    """
+    optimizer = model.optimizer
+    fresh = type(optimizer).from_config(optimizer.get_config())
+    fresh.build(model.trainable_variables)
+    rate = optimizer.learning_rate
+    for live, new in zip(optimizer.variables, fresh.variables, strict=True):
+        if live is rate or live.path.endswith("/learning_rate"):
+            continue
+        live.assign(np.asarray(new))
+
+
+@dataclass(slots=True)
+class LrBoost:
+    """A learning-rate multiplier lasting ``steps`` training steps: constant, or decaying
+    linearly from ``peak`` towards 1 (1 again once ``left`` reaches 0)."""
+
+    peak: float = 1.0
+    steps: int = 0
+    decays: bool = False
+    left: int = -1  # steps still boosted; -1: all of them (set in __post_init__)
+
+    def __post_init__(self) -> None:
+        if self.left < 0:
+            self.left = self.steps
+
+    def factor(self) -> float:
+        if self.left <= 0:
+            return 1.0
+        if not self.decays:
+            return self.peak
+        return 1.0 + (self.peak - 1.0) * self.left / self.steps
 
 
 def _restored_scaler(extra: dict[str, np.ndarray], prefix: str) -> RunningStandardizer:

@@ -19,7 +19,7 @@ import pytest
 from bench import learning
 from bench.config import learner_config
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(1200)  # 15 streams, 5 peers each, on a loaded machine
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +37,9 @@ def _is_error(value: Any) -> bool:
 
 
 PEERS = {
-    "binary": {learning.LR, learning.HT},
-    "multiclass": {learning.SOFTMAX, learning.HT},
-    "regression": {learning.LINREG, learning.LINREG_TSS, learning.HT},
+    "binary": {learning.LR, learning.HT, learning.HAT, learning.ARF},
+    "multiclass": {learning.SOFTMAX, learning.HT, learning.HAT, learning.ARF},
+    "regression": {learning.LINREG, learning.LINREG_TSS, learning.HT, learning.HAT, learning.ARF},
 }
 
 
@@ -116,7 +116,7 @@ def test_sweep_and_agreement_are_recorded(results: dict[str, Any]) -> None:
     sweep = results["sweep"]
     assert sweep["rows"] and sweep["best"] and sweep["recommended"]
     for row in sweep["rows"]:
-        assert set(row["streams"]) == set(learning.BINARY_STREAMS)
+        assert set(row["streams"]) == set(learning.SWEEP_STREAMS)
         assert all(_is_score(s["accuracy"]) for s in row["streams"].values())
         assert row["worst_margin"] == min(row["margin_to_lr"].values())
     sides = {(r["stream"], r["side"]) for r in results["agreement"]}

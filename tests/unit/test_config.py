@@ -360,3 +360,40 @@ def test_target_outlier_std_is_0_or_a_finite_number_of_at_least_1(
         text = MINIMAL + f"[models.demo.train]\ntarget_outlier_std = {good}\n"
         settings = load_settings(write(tmp_path, text), environ={})
         assert settings.models["demo"].train.target_outlier_std == float(good)
+
+
+BAD_LEARNING_SETTINGS = {
+    "[models.demo.train]\nstart_lr_factor = {}": ["0.5", "0", "inf", "nan", "101", "'fast'"],
+    "[models.demo.train]\nstart_steps = {}": ["0", "-3", "1.5"],
+    "[models.demo.drift]\nreaction = {}": ["'restart'", "'boost'", "1"],
+    "[models.demo.drift]\nboost_factor = {}": ["1", "0.5", "1000"],
+}
+
+
+@pytest.mark.parametrize(
+    ("table", "value"),
+    [(t, v) for t, values in BAD_LEARNING_SETTINGS.items() for v in values],
+)
+def test_fast_start_and_drift_reaction_settings_are_checked(
+    tmp_path: Path, table: str, value: str
+) -> None:
+    text = MINIMAL + table.format(value) + "\n"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    section, key = table.split("\n")[0].strip("[]"), table.split("\n")[1].split(" =")[0]
+    assert f"{section}.{key}" in str(caught.value)
+
+
+def test_fast_start_and_drift_reaction_settings_load(tmp_path: Path) -> None:
+    text = MINIMAL + (
+        "[models.demo.train]\nstart_lr_factor = 3\nstart_steps = 50\n"
+        "[models.demo.drift]\nreaction = 'recover'\nboost_factor = 2.5\n"
+    )
+    model = load_settings(write(tmp_path, text), environ={}).models["demo"]
+    assert (model.train.start_lr_factor, model.train.start_steps) == (3.0, 50)
+    assert (model.drift.reaction, model.drift.boost_factor) == ("recover", 2.5)
+    for reaction in ("none", "reset_optimizer", "boost_lr", "flush_replay"):
+        text = MINIMAL + f"[models.demo.drift]\nreaction = '{reaction}'\n"
+        assert load_settings(write(tmp_path, text), environ={}).models["demo"].drift.reaction == (
+            reaction
+        )
