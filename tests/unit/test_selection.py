@@ -134,3 +134,32 @@ def test_snapshots_carry_the_served_candidate_and_checkpoints_the_configured_one
     assert restored is not None and restored.version == trainer.version
     for saved, expected in zip(restored.weights, configured, strict=True):
         np.testing.assert_array_equal(saved, expected)
+
+
+def test_a_restart_serves_the_configured_candidate_restored_and_the_others_afresh(
+    tmp_path,
+) -> None:
+    from livefit.server.storage.checkpoint import CheckpointStore
+
+    settings = linear_settings()
+    first = Trainer("m", settings, SampleQueue(10), SnapshotSlot(), Metrics(), "/CPU:0",
+                    CheckpointStore(tmp_path, "m"))  # fmt: skip
+    first.warm_up()
+    for batch in linear_batches(10):
+        first.train_batch(batch)
+    assert first.candidates is not None and first.candidates.served.name == "fast"
+    first.start()
+    first.stop()  # a final checkpoint
+    slot = SnapshotSlot()
+    again = Trainer("m", settings, SampleQueue(10), slot, Metrics(), "/CPU:0",
+                    CheckpointStore(tmp_path, "m"))  # fmt: skip
+    again.warm_up()
+    assert again.candidates is not None and again.candidates.served.name == "configured"
+    assert again.version == first.version and again.samples_seen == first.samples_seen
+    for restored, saved in zip(again.model.get_weights(), first.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(restored, saved)
+    assert slot.latest is not None  # serving gets the configured candidate's weights
+    for served, saved in zip(slot.latest.weights, first.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(served, saved)
+    fresh = again.candidates.candidates["fast"]
+    assert fresh.loss.total_count == 0 and again.candidates.samples == 0
