@@ -542,6 +542,31 @@ MEANINGS: dict[str, str] = {
         "where drift events go (JSON: `event`, `model`, `detections`, `version`, "
         "`samples_seen`, `reaction`, `time`)" + TOPIC_NAME
     ),
+    "models.<name>.selection.enabled": (
+        "online model selection: the configured model and each of `candidates` train on the "
+        "same minibatches; the one with the lowest recent prequential loss is served "
+        "(snapshots, weight stream, checkpoints' served copy). Off: measured cost and gain in "
+        "[online model selection](design.md#online-model-selection)"
+    ),
+    "models.<name>.selection.candidates": (
+        "more candidates beside `configured` (the model's own settings): a list of tables "
+        "with `name` and any of `optimizer`, `learning_rate`, `seed`. They share the "
+        "configured network's architecture, so replicas serve any of them; `builder` in a "
+        "candidate is refused at load. A checkpoint keeps the `configured` candidate; the "
+        "others start afresh after a restart"
+    ),
+    "models.<name>.selection.window": (
+        "samples each candidate's prequential loss is averaged over "
+        "(`livefit_selection_score{model,candidate}`)"
+    ),
+    "models.<name>.selection.margin": (
+        "hysteresis: a challenger is served once its windowed loss is below `1 - margin` "
+        "times the served candidate's (switches: `livefit_selection_switches_total`, a log "
+        "line, and a `selection` event on `drift.events_topic`)"
+    ),
+    "models.<name>.selection.min_samples_between_switches": (
+        "samples trained after a switch (and at the start) before another switch is considered"
+    ),
     "models.<name>.labels.ttl_s": (
         "how long a prediction recorded with an id waits for its label, and a label for its "
         "prediction record (see [delayed labels](labels.md))"

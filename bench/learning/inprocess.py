@@ -17,7 +17,7 @@ from bench.learning.scores import Score
 from bench.learning.streams import CHUNK, REGRESSION, Stream
 
 
-def learn_inprocess(stream: Stream, knobs: Knobs, chunk: int = CHUNK) -> Score:
+def learn_inprocess(stream: Stream, knobs: Knobs | Any, chunk: int = CHUNK) -> Score:
     """Feed ``stream`` to a real ``Trainer`` in chunks of ``chunk``, each one minibatch.
 
     The same code path as the server from the sample queue on (update policy, train step,
@@ -31,7 +31,10 @@ def learn_inprocess(stream: Stream, knobs: Knobs, chunk: int = CHUNK) -> Score:
     trainer.scores = recorder = _recording_scores(trainer.scores)
     queue = trainer.queue
     started = time.perf_counter()
-    with _quiet("livefit.server.train.update_policy"):  # a warning per detected drift
+    with (
+        _quiet("livefit.server.train.update_policy"),  # a warning per detected drift
+        _quiet("livefit.server.train.trainer"),  # a line per selection switch
+    ):
         for start in range(0, len(stream), chunk):
             x, y = stream.x[start : start + chunk], stream.y[start : start + chunk]
             queue.put(SampleChunk(x, y, np.ones(len(x), dtype=np.float32)))
@@ -42,6 +45,9 @@ def learn_inprocess(stream: Stream, knobs: Knobs, chunk: int = CHUNK) -> Score:
     scores = trainer.scores.scores
     detections = trainer.policy.drift.detections if trainer.policy.drift is not None else 0
     extra = {"steps": trainer.version, "drift_detections": detections}
+    if trainer.candidates is not None:  # online model selection (bench/learning/selection.py)
+        extra["switches"] = trainer.candidates.switches
+        extra["served"] = trainer.candidates.served.name
     per_sample = np.concatenate(recorder.per_sample)
     if stream.task == REGRESSION:
         score = Score(

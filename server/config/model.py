@@ -25,9 +25,11 @@ from livefit.models.outputs import (
 )
 
 from .model_tables import (
+    CONFIGURED_CANDIDATE,
     CheckpointSettings,
     DriftSettings,
     LabelsSettings,
+    SelectionSettings,
     ServeSettings,
     TrainSettings,
     WeightsSettings,
@@ -77,6 +79,7 @@ class ModelSettings(Section):
     checkpoint: CheckpointSettings = CheckpointSettings()
     labels: LabelsSettings = LabelsSettings()
     drift: DriftSettings = DriftSettings()
+    selection: SelectionSettings = SelectionSettings()
 
     @field_validator("builder")
     @classmethod
@@ -187,6 +190,17 @@ class ModelSettings(Section):
                 f"shape {shape}; got {default!r}"
             )
         return self
+
+    def candidate_settings(self, name: str) -> ModelSettings:
+        """These settings with candidate ``name``'s optimizer, learning rate and seed
+        (``configured``: these settings themselves)."""
+        if name == CONFIGURED_CANDIDATE:
+            return self
+        for candidate in self.selection.candidates:
+            if candidate.name == name:
+                changes = candidate.model_dump(exclude={"name"}, exclude_none=True)
+                return self.model_copy(update=changes)
+        raise KeyError(f"no candidate {name!r} in selection.candidates")
 
     def resolved_target_scaling(self) -> str:
         """``target_scaling``, else ``standardize`` for regression losses, else ``none``."""

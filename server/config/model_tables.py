@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from livefit.models import names
+
 from .sections import Section
 from .topic_filters import checked_topic
 
@@ -91,6 +93,75 @@ class DriftSettings(Section):
     @classmethod
     def _check_events_topic(cls, value: str | None) -> str | None:
         return checked_topic(value)
+
+
+_CANDIDATE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+CONFIGURED_CANDIDATE = "configured"  # the model's own settings, always a candidate
+
+
+class CandidateSettings(Section):
+    """One more candidate for a model's online selection: the configured network trained
+    with another optimizer, learning rate or seed (unset: the model's own)."""
+
+    name: str
+    optimizer: str | None = None
+    learning_rate: float | None = Field(None, gt=0, allow_inf_nan=False)
+    seed: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _same_architecture(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            other = sorted(k for k in ("builder", "builder_options") if k in value)
+            if other:
+                raise ValueError(
+                    f"{', '.join(other)}: a candidate shares the configured network's "
+                    "architecture (replicas serve every candidate's weights with the network "
+                    "they build from the config); it may change optimizer, learning_rate and "
+                    "seed"
+                )
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _CANDIDATE_NAME.match(value):
+            raise ValueError(f"candidate name {value!r}: 1 to 64 of A-Z a-z 0-9 _ -")
+        if value == CONFIGURED_CANDIDATE:
+            raise ValueError(
+                f"{CONFIGURED_CANDIDATE!r} names the model's own settings, always a candidate"
+            )
+        return value
+
+    @field_validator("optimizer")
+    @classmethod
+    def _check_optimizer(cls, value: str | None) -> str | None:
+        if value is not None:
+            names.check_optimizer(value)
+        return value
+
+
+class SelectionSettings(Section):
+    """Online model selection: candidates trained side by side on the same minibatches, the
+    served one chosen by its recent prequential loss."""
+
+    enabled: bool = False
+    candidates: list[CandidateSettings] = Field(default_factory=list)
+    window: int = Field(500, ge=10, le=1_000_000)  # samples each candidate's loss averages over
+    # A challenger is served once its windowed loss is below (1 - margin) times the served
+    # one's, and at least min_samples_between_switches samples after the last switch.
+    margin: float = Field(0.05, ge=0, lt=1, allow_inf_nan=False)
+    min_samples_between_switches: int = Field(500, ge=0)
+
+    @model_validator(mode="after")
+    def _check_candidates(self) -> SelectionSettings:
+        seen = [c.name for c in self.candidates]
+        twice = sorted({n for n in seen if seen.count(n) > 1})
+        if twice:
+            raise ValueError(f"candidate names must differ: {', '.join(twice)} given twice")
+        if self.enabled and not self.candidates:
+            raise ValueError("enabled needs at least one entry in candidates")
+        return self
 
 
 class ServeSettings(Section):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from ..storage.watch import StorageWatch
 from ..train.hooks import TrainerHooks
 from ..train.metrics import TrainingStateMetrics
 from ..train.modeling import enable_gpu_memory_growth, resolve_device, training_placement
+from ..train.selection import Switch
 from ..train.trainer import Trainer
 from ..weights.format import architecture_fingerprint
 from ..weights.keys import learner_signing_key
@@ -346,6 +348,27 @@ class LearnerRuntime:
             content_type="application/json",
         )  # fmt: skip
 
+    def report_selection(self, name: str, switch: Switch, version: int) -> None:
+        """Report a change of the served candidate on the model's events topic."""
+        runtime = self.models.get(name)
+        connection = runtime.connection if runtime is not None else None
+        if connection is None or runtime is None or runtime.trainer is None:
+            return
+        event = {
+            "event": "selection",
+            "model": name,
+            "served": switch.new,
+            "previous": switch.old,
+            "scores": {n: (v if math.isfinite(v) else None) for n, v in switch.scores.items()},
+            "version": version,
+            "samples_seen": runtime.trainer.samples_seen,
+            "time": time.time(),
+        }
+        connection.publish(
+            self.settings.events_topic(name), json.dumps(event).encode(), qos=1,
+            content_type="application/json",
+        )  # fmt: skip
+
     def weight_store(self, name: str) -> WeightStore | None:
         runtime = self.models.get(name)
         return runtime.store if runtime is not None else None
@@ -433,6 +456,9 @@ class LearnerHooks(TrainerHooks):
 
     def drift_detected(self, detections: int) -> None:
         self.learner.report_drift(self.runtime.name, detections)
+
+    def selection_switched(self, switch: Switch, version: int) -> None:
+        self.learner.report_selection(self.runtime.name, switch, version)
 
 
 def _remove_temporary_files(storage: Path) -> None:

@@ -6,6 +6,11 @@ Owns the interface only: the learner's runtime (``processes``) implements it; a 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .selection import Switch
+
 
 class TrainerHooks:
     """What a trainer asks of the process around it. Each answer has a neutral default, so a
@@ -26,3 +31,6 @@ class TrainerHooks:
 
     def drift_detected(self, detections: int) -> None:
         """Concept drift was detected (``detections`` so far)."""
+
+    def selection_switched(self, switch: Switch, version: int) -> None:
+        """Online model selection serves another candidate from ``version`` on."""

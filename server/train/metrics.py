@@ -150,3 +150,29 @@ class CheckpointMetrics(MetricGroup):
             "Checkpoints that failed their checksum at start, renamed *.corrupt and not used",
             ["model"], registry=registry,
         )  # fmt: skip
+
+
+class SelectionMetrics(MetricGroup):
+    """Online model selection: each candidate's windowed score, which is served, switches."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.selection_score = Gauge(
+            "livefit_selection_score",
+            "Each candidate's prequential loss over the last selection.window samples (NaN "
+            "before its first batch or within a window of a failed one); the lowest is served",
+            ["model", "candidate"],
+            registry=registry,
+        )
+        self.selection_served = Gauge(
+            "livefit_selection_served",
+            "1 for the candidate whose weights are served, 0 for the others",
+            ["model", "candidate"],
+            registry=registry,
+        )
+        self.selection_switches = Counter(
+            "livefit_selection_switches_total",
+            "Times the served candidate changed (online model selection)",
+            ["model"],
+            registry=registry,
+        )

@@ -11,6 +11,8 @@ background thread. On stop it trains what was already accepted, hands over a fin
 and writes a final checkpoint. A step whose loss, gradients, predictions or new weights are
 not finite is rolled back; outlying regression targets are clipped (``update_policy``) and
 counted.
+With online model selection (``selection.enabled``) a ``CandidateSet`` trains every candidate
+on each batch; snapshots carry the served candidate's weights, checkpoints the configured one's.
 
 Its durable state: at start it restores the newest checkpoint (continuing above every version
 ever handed out), it claims versions on disk a block at a time before using them and, on a
@@ -28,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -42,11 +45,12 @@ from ..wire.samples import Batch
 from ..wire.snapshot import Snapshot, SnapshotSlot
 from .checkpoint_writer import CheckpointWriter
 from .hooks import TrainerHooks
-from .metrics import CheckpointMetrics, TrainingMetrics, TrainingStateMetrics
+from .metrics import CheckpointMetrics, SelectionMetrics, TrainingMetrics, TrainingStateMetrics
 from .modeling import build_compiled, make_loss
 from .placement import Placement, as_placement
 from .prequential import PrequentialScores
 from .scaling import LevelShift
+from .selection import CandidateSet
 from .train_step import TrainStep
 from .update_policy import Learned, UpdatePolicy
 
@@ -118,11 +122,21 @@ class Trainer:
         self.policy = UpdatePolicy(
             settings, self.step, self.hooks.drift_detected, seed=settings.seed
         )
+        # Online model selection: more candidates beside this policy's model (selection.py)
+        self.candidates = (
+            CandidateSet(name, settings, self.policy, placement)
+            if settings.selection.enabled
+            else None
+        )
+        if self.candidates is not None:
+            self._record_selection()
 
     def warm_up(self) -> None:
         """Restore the newest checkpoint, compile the step, hand serving the first snapshot."""
         self._restore()
         self.step.warm_up()
+        if self.candidates is not None:
+            self.candidates.warm_up()
         self._snapshot(force=True)
 
     def start(self) -> None:
@@ -197,7 +211,10 @@ class Trainer:
         # Extra steps and replay spend time the trainer would otherwise wait: not while
         # prediction requests are queued for the model (predictions go first).
         busy = self.hooks.predictions_waiting()
-        learned = self.policy.learn(batch, extras_allowed=not busy)
+        if self.candidates is None:
+            learned = self.policy.learn(batch, extras_allowed=not busy)
+        else:  # every candidate learns; what the served one predicted is what counts
+            learned = self.candidates.learn(batch, extras_allowed=not busy)
         result = learned.first
         elapsed = time.perf_counter() - started
         if batch.position is not None:
@@ -223,6 +240,32 @@ class Trainer:
             )
         self.scores.add(result.prequential_losses, learned.y, result.predictions)
         self._record(batch, learned, elapsed)
+        if self.candidates is not None:
+            self._select()
+
+    def _select(self) -> None:
+        """Serve the best candidate (with hysteresis); count, log and report a switch."""
+        assert self.candidates is not None
+        switch = self.candidates.reconsider()
+        self._record_selection()
+        if switch is None:
+            return
+        self.metrics.group(SelectionMetrics).selection_switches.labels(model=self.name).inc()
+        log.info(
+            "%s: serving candidate %s instead of %s from v%d (windowed prequential loss %s; "
+            "livefit_selection_switches_total)",
+            self.name, switch.new, switch.old, self.version,
+            ", ".join(f"{n} {v:.6g}" for n, v in switch.scores.items()),
+        )  # fmt: skip
+        self.hooks.selection_switched(switch, self.version)
+
+    def _record_selection(self) -> None:
+        assert self.candidates is not None
+        m = self.metrics.group(SelectionMetrics)
+        served = self.candidates.served.name
+        for candidate, score in self.candidates.scores().items():
+            m.selection_score.labels(model=self.name, candidate=candidate).set(score)
+            m.selection_served.labels(model=self.name, candidate=candidate).set(candidate == served)
 
     def _report_shift(self, shift: LevelShift) -> None:
         """Count and log a change of level of the targets (rare: not rate-limited)."""
@@ -292,7 +335,7 @@ class Trainer:
         snapshot = Snapshot(
             model=self.name,
             version=self.version,
-            weights=tuple(np.asarray(w) for w in self.model.get_weights()),
+            weights=tuple(np.asarray(w) for w in self._served_model().get_weights()),
             created_at=time.time(),
             samples_seen=self.samples_seen,
             newest_published_at=self._newest_published_at,
@@ -304,6 +347,11 @@ class Trainer:
         self._last_snapshot = snapshot
         self.slot.publish(snapshot)
         return snapshot
+
+    def _served_model(self):
+        """The model snapshots carry: the served candidate's (the configured one without
+        selection)."""
+        return self.model if self.candidates is None else self.candidates.served_model
 
     # checkpoints and versions ------------------------------------------------------------------
     def _init_checkpoints(
@@ -437,6 +485,9 @@ class Trainer:
         snapshot = self._snapshot(force=True)  # the checkpoint reuses its copy of the weights
         if snapshot is None:  # cannot happen: a forced snapshot always exists
             raise RuntimeError(f"no snapshot of {self.name} v{self.version} to checkpoint")
+        if self._served_model() is not self.model:  # checkpoints keep the configured one
+            weights = tuple(np.asarray(w) for w in self.model.get_weights())
+            snapshot = replace(snapshot, weights=weights)
         checkpoint = Checkpoint.from_snapshot(
             snapshot,
             position=self.hooks.log_frontier(self.trained_position),

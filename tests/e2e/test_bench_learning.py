@@ -151,3 +151,16 @@ def test_command_line_writes_json_and_markdown(tmp_path: Path, results: dict[str
     learning.write(results, json_path, md_path)
     assert json.loads(json_path.read_text())["streams"].keys() == results["streams"].keys()
     assert md_path.read_text() == learning.markdown(results)
+
+
+def test_selection_comparison_runs_off_and_on_side_by_side() -> None:
+    """``bench.learning.selection``: the harness, on 100 samples of two streams (no quality)."""
+    from bench.learning import selection
+
+    result = selection.compare(["trump", "led"], [1], limit=100)
+    assert [(r["stream"], r["seed"]) for r in result["rows"]] == [("trump", 1), ("led", 1)]
+    for row in result["rows"]:
+        assert row["served"] in {"configured", *(c["name"] for c in selection.CANDIDATES)}
+        assert row["off_samples_per_s"] > 0 and row["on_samples_per_s"] > 0
+        assert isinstance(row["switches"], int)
+    assert [s["gain_unit"] for s in result["summary"]] == ["% MAE", "points"]

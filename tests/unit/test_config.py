@@ -397,3 +397,50 @@ def test_fast_start_and_drift_reaction_settings_load(tmp_path: Path) -> None:
         assert load_settings(write(tmp_path, text), environ={}).models["demo"].drift.reaction == (
             reaction
         )
+
+
+SELECTION = "[models.demo.selection]\nenabled = true\n"
+
+
+def test_selection_settings_load_and_give_each_candidate_its_settings(tmp_path: Path) -> None:
+    text = (
+        MINIMAL
+        + SELECTION
+        + (
+            "window = 200\nmargin = 0.1\n"
+            "[[models.demo.selection.candidates]]\nname = 'slow'\nlearning_rate = 0.001\n"
+            "[[models.demo.selection.candidates]]\nname = 'sgd'\noptimizer = 'sgd'\nseed = 7\n"
+        )
+    )
+    model = load_settings(write(tmp_path, text), environ={}).models["demo"]
+    assert [c.name for c in model.selection.candidates] == ["slow", "sgd"]
+    assert (model.selection.window, model.selection.margin) == (200, 0.1)
+    slow, sgd = model.candidate_settings("slow"), model.candidate_settings("sgd")
+    assert (slow.learning_rate, slow.optimizer) == (0.001, model.optimizer)
+    assert (sgd.optimizer, sgd.seed, sgd.learning_rate) == ("sgd", 7, model.learning_rate)
+    assert model.candidate_settings("configured") is model
+    assert ModelSettings(input_shape=[2], output_shape=[1]).selection.enabled is False
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("", "at least one entry in candidates"),
+        ("[[models.demo.selection.candidates]]\nname = 'configured'\n", "always a candidate"),
+        ("[[models.demo.selection.candidates]]\nname = 'a b'\n", "candidate name"),
+        ("[[models.demo.selection.candidates]]\nname = 'x'\nbuilder = 'linear'\n", "architecture"),
+        ("[[models.demo.selection.candidates]]\nname = 'x'\noptimizer = 'adamm'\n", "adamm"),
+        ("[[models.demo.selection.candidates]]\nname = 'x'\nlearning_rate = 0\n", "learning_rate"),
+        (
+            "[[models.demo.selection.candidates]]\nname = 'x'\n"
+            "[[models.demo.selection.candidates]]\nname = 'x'\n",
+            "given twice",
+        ),
+        ("margin = 1\n[[models.demo.selection.candidates]]\nname = 'x'\n", "margin"),
+    ],
+)
+def test_selection_settings_are_checked(tmp_path: Path, extra: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + SELECTION + extra), environ={})
+    assert expected in str(caught.value)
+    assert "models.demo.selection" in str(caught.value)

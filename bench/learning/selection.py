@@ -1,0 +1,112 @@
+"""Online model selection on the learning benchmark's streams: selection off against on, in
+process (the trainer's own code path, ``inprocess.learn_inprocess``), over model seeds, with
+the cost in samples/s measured side by side (off and on alternate, in interleaved rounds).
+
+    .venv/bin/python -m bench.learning.selection [--seeds 1,2] [--streams waveform,led]
+        [--limit N] [--out results.json]
+
+The candidates beside the configured model (livefit's defaults): the same network at a third
+and at three times the learning rate (``CANDIDATES``): online selection may only vary what
+keeps the architecture (``[models.<name>.selection]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.learning.inprocess import learn_inprocess
+from bench.learning.knobs import Knobs
+from bench.learning.streams import METRIC, STREAMS, load_stream
+
+DEFAULT_LR = 0.01  # ModelSettings.learning_rate's default (checked in main)
+CANDIDATES = (
+    {"name": "lr_third", "learning_rate": DEFAULT_LR / 3},
+    {"name": "lr_triple", "learning_rate": DEFAULT_LR * 3},
+)
+SELECTION = {"enabled": True, "candidates": list(CANDIDATES)}
+
+
+@dataclass(frozen=True)
+class Selecting:
+    """``knobs`` with a ``[models.<name>.selection]`` table (what ``learn_inprocess`` needs)."""
+
+    knobs: Knobs
+    selection: dict[str, Any] = field(default_factory=lambda: dict(SELECTION))
+
+    def model_config(self, table: dict[str, Any]) -> dict[str, Any]:
+        return {**self.knobs.model_config(table), "selection": self.selection}
+
+
+def compare(streams: list[str], seeds: list[int], limit: int | None) -> dict[str, Any]:
+    """Each stream and seed, off then on (on then off every other round)."""
+    rows = []
+    for name in streams:
+        stream = load_stream(STREAMS[name], limit)
+        metric = METRIC[stream.task]
+        for i, seed in enumerate(seeds):
+            knobs = Knobs(seed=seed)
+            sides = [("off", knobs), ("on", Selecting(knobs))]
+            scores = {side: learn_inprocess(stream, k) for side, k in sides[:: 1 - 2 * (i % 2)]}
+            off, on = scores["off"], scores["on"]
+            row = {
+                "stream": name, "seed": seed, "metric": metric,
+                "off": off.value(metric), "on": on.value(metric),
+                "off_samples_per_s": off.samples / off.seconds,
+                "on_samples_per_s": on.samples / on.seconds,
+                "switches": on.extra.get("switches"), "served": on.extra.get("served"),
+            }  # fmt: skip
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return {"rows": rows, "summary": summary(rows)}
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per stream: the mean figure off and on, the gain (higher is better: accuracy points,
+    or MAE lowered in %), and the samples/s ratio on / off."""
+    out = []
+    for name in dict.fromkeys(r["stream"] for r in rows):
+        mine = [r for r in rows if r["stream"] == name]
+        off = statistics.fmean(r["off"] for r in mine)
+        on = statistics.fmean(r["on"] for r in mine)
+        regression = mine[0]["metric"] != "accuracy"
+        gain = 100 * (off - on) / off if regression else 100 * (on - off)
+        speed = statistics.fmean(r["on_samples_per_s"] / r["off_samples_per_s"] for r in mine)
+        out.append({
+            "stream": name, "metric": mine[0]["metric"], "off": off, "on": on,
+            "gain": gain, "gain_unit": "% MAE" if regression else "points",
+            "speed_ratio": speed, "switches": sum(r["switches"] or 0 for r in mine),
+        })  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from livefit.server.config.model import ModelSettings
+
+    default = ModelSettings(input_shape=[1], output_shape=[1]).learning_rate
+    assert default == DEFAULT_LR, f"update DEFAULT_LR: the default learning rate is {default}"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", default=",".join(STREAMS))
+    parser.add_argument("--seeds", default="1,2")
+    parser.add_argument("--limit", type=int, default=None, help="samples per stream")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    result = compare(args.streams.split(","), [int(s) for s in args.seeds.split(",")], args.limit)
+    for row in result["summary"]:
+        print(
+            f"{row['stream']:<12} {row['metric']:<8} off {row['off']:.4f} on {row['on']:.4f} "
+            f"gain {row['gain']:+.2f} {row['gain_unit']}  samples/s on/off "
+            f"{row['speed_ratio']:.2f}  switches {row['switches']}"
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
