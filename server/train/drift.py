@@ -141,27 +141,23 @@ class PageHinkley:
             dev = np.divide(dev, std, out=np.zeros_like(dev), where=std > 0)
             if self.clip is not None:
                 dev = np.minimum(np.maximum(dev, -self.clip), self.clip)
-        sum_up = self._fading_sum(s.sum_up, dev - self.delta)
-        sum_down = self._fading_sum(s.sum_down, dev + self.delta)
-        min_up = np.minimum.accumulate(np.minimum(sum_up, s.min_up))
-        max_down = np.maximum.accumulate(np.maximum(sum_down, s.max_down))
+        # Only the directions the mode watches (the other's sums stay at their start).
+        new = _PHState(n=s.n + len(x), mean=float(mean[-1]), m2=float(m2[-1]))
         alarm = np.zeros(len(x), dtype=bool)
         if self.mode in ("up", "both"):
+            sum_up = self._fading_sum(s.sum_up, dev - self.delta)
+            min_up = np.minimum.accumulate(np.minimum(sum_up, s.min_up))
             alarm |= sum_up - min_up > self.threshold
+            new.sum_up, new.min_up = float(sum_up[-1]), float(min_up[-1])
         if self.mode in ("down", "both"):
+            sum_down = self._fading_sum(s.sum_down, dev + self.delta)
+            max_down = np.maximum.accumulate(np.maximum(sum_down, s.max_down))
             alarm |= max_down - sum_down > self.threshold
+            new.sum_down, new.max_down = float(sum_down[-1]), float(max_down[-1])
         alarm &= count >= self.min_instances
         if alarm.any():
             return int(np.argmax(alarm))
-        self._s = _PHState(
-            n=s.n + len(x),
-            mean=float(mean[-1]),
-            m2=float(m2[-1]),
-            sum_up=float(sum_up[-1]),
-            min_up=float(min_up[-1]),
-            sum_down=float(sum_down[-1]),
-            max_down=float(max_down[-1]),
-        )
+        self._s = new
         return None
 
     def _fading_sum(self, start: float, steps: np.ndarray) -> np.ndarray:
@@ -227,7 +223,9 @@ class DriftDetector:
         The detector restarts after each detection (from the next loss on).
         """
         losses = np.asarray(losses, dtype=np.float64).reshape(-1)
-        losses = losses[np.isfinite(losses)]
+        finite = np.isfinite(losses)
+        if not finite.all():
+            losses = losses[finite]
         found = self._detector.update(losses)
         if found:
             self.detections += len(found)

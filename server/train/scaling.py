@@ -62,6 +62,7 @@ class RunningStandardizer:
         self._shift: np.ndarray | None = None  # subtracted first, so that sums stay small
         self._mean: np.ndarray | None = None  # mean of (x - shift)
         self._m2: np.ndarray | None = None
+        self._bounds: tuple[float, tuple[np.ndarray, np.ndarray]] | None = None  # (k, bounds)
 
     @property
     def count(self) -> int:
@@ -82,6 +83,7 @@ class RunningStandardizer:
         """
         x = np.asarray(x)
         self._reduce_axes(x.ndim)  # checks the rank
+        self._bounds = None
         features = x.shape[-1:] if self.per_last_axis else x.shape[1:]
         rows = x.reshape(-1, *features) if self.per_last_axis else x
         n_b = rows.shape[0]
@@ -116,9 +118,13 @@ class RunningStandardizer:
         bound). The std is the one ``transform`` divides by (1 for a constant feature)."""
         if k <= 0 or self._count < SMALL_COUNT or self._shift is None or self._mean is None:
             return None
+        if self._bounds is not None and self._bounds[0] == k:  # asked twice a batch: once
+            return self._bounds[1]
         widen = max(1.0, ROBUST_COUNT / self._count)
         mean, spread = self._shift + self._mean, k * widen * self._std()
-        return mean - spread, mean + spread
+        bounds = mean - spread, mean + spread
+        self._bounds = k, bounds
+        return bounds
 
     def clip_outliers(self, x: np.ndarray, k: float) -> tuple[np.ndarray, int]:
         """``x`` (a batch like ``update``'s) with every value beyond ``bounds(k)`` set to the
@@ -272,8 +278,13 @@ class LevelShiftWatch:
         self._sides: np.ndarray | None = None  # (m, features): +1 above, -1 below, 0 within
 
     def observe(self, y: np.ndarray, bounds: tuple[np.ndarray, np.ndarray]) -> LevelShift | None:
-        """Add a batch of raw targets ``(n, *stats_shape)``, judged against ``bounds``."""
-        rows = np.asarray(y, dtype=np.float64).reshape(len(y), -1)
+        """Add a batch of raw targets ``(n, *stats_shape)``, judged against ``bounds``.
+
+        Only the newest ``window`` targets are kept and judged, so only the batch's last
+        ``window`` rows are converted and compared (not 256-1,024 rows a batch).
+        """
+        recent = np.asarray(y)[-self.window :]
+        rows = np.asarray(recent, dtype=np.float64).reshape(len(recent), -1)
         low, high = (np.reshape(b, -1) for b in bounds)
         finite = np.isfinite(rows)  # inf or NaN never make a level
         sides = np.where(finite & (rows > high), 1, np.where(finite & (rows < low), -1, 0))

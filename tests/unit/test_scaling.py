@@ -324,3 +324,44 @@ def test_a_shift_re_centres_only_its_features_and_restarts_the_count() -> None:
     assert moved.clip_outliers(y, 8.0)[1] == 0  # the new level is inside the new bound
     # the window starts again after a shift: the run's targets do not count twice
     assert watch.observe(y[: SHIFT_RUN - 1], bounds) is None
+
+
+def test_outlier_bounds_follow_every_update_and_copy() -> None:
+    """The bounds are memoised per statistics: an update (or a different k) recomputes them,
+    and a copy taken before an update keeps the old ones."""
+    rng = np.random.default_rng(3)
+    scaler = RunningStandardizer()
+    scaler.update(rng.normal(0.0, 1.0, (200, 2)))
+    first = scaler.bounds(8.0)
+    saved = scaler.copy()
+    scaler.update(rng.normal(50.0, 1.0, (200, 2)))
+    assert first is not None and saved.bounds(8.0) is not None
+    np.testing.assert_array_equal(saved.bounds(8.0)[1], first[1])
+    fresh = RunningStandardizer.from_state(scaler.state())
+    for k in (8.0, 3.0):
+        expected, got = fresh.bounds(k), scaler.bounds(k)
+        assert expected is not None and got is not None
+        np.testing.assert_allclose(got[0], expected[0])
+        np.testing.assert_allclose(got[1], expected[1])
+    assert not np.allclose(scaler.bounds(8.0)[1], first[1])  # type: ignore[index]
+
+
+@pytest.mark.parametrize("n", [1, SHIFT_WINDOW - 1, SHIFT_WINDOW, 5 * SHIFT_WINDOW + 3])
+def test_level_shift_watch_gives_the_same_shifts_whatever_the_batch_split(n: int) -> None:
+    """Only the newest window of targets is judged: batches of any size find the shift at
+    the same sample as one sample at a time."""
+    rng = np.random.default_rng(4)
+    stream = np.concatenate([rng.normal(0, 1, 300), rng.normal(100, 1, 300)]).reshape(-1, 1)
+    bounds = (np.array([-8.0]), np.array([8.0]))
+
+    def first_shift(size: int) -> int | None:
+        watch = LevelShiftWatch()
+        for start in range(0, len(stream), size):
+            if watch.observe(stream[start : start + size], bounds) is not None:
+                return start + size
+        return None
+
+    one_by_one = first_shift(1)
+    assert one_by_one == 300 + SHIFT_RUN
+    found = first_shift(n)
+    assert found is not None and found - n < one_by_one <= found
