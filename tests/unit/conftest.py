@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import platform
 import subprocess
 
 import pytest
+
+# The standard library's own one-off process: platform.processor() runs `uname -p` once and
+# caches it, and importing TensorFlow asks for it. Asked here, before any test refuses
+# processes, so the first test of a run to import TensorFlow does not fail for it.
+platform.processor()
 
 # Every way a test could start a process: subprocess and asyncio's subprocesses (Popen),
 # multiprocessing, and os' own.
