@@ -18,7 +18,7 @@ from livefit.server.runtime.local_process import LOOPBACK, free_port
 
 SERVER_MAXCONN = 64  # requests in flight at the server: the capacity run's concurrency
 QUEUE_TIMEOUT_MS = 1000  # a request waits this long for a slot at most, then gets 429
-QUEUE_REFUSE_AT = 128  # requests already queued at the proxy: refuse at once beyond
+QUEUE_REFUSE_AT = 512  # requests already queued at the proxy: refuse at once beyond
 REFUSAL_BODY = '{"error": "the server is overloaded; retry later"}'
 REFUSE_RULE = (
     f"http-request return status 429 content-type application/json string '{REFUSAL_BODY}' "
@@ -33,6 +33,7 @@ global
 defaults
     mode http
     option http-keep-alive
+    option http-no-delay
     timeout connect 2s
     timeout client 30s
     timeout server 30s

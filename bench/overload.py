@@ -14,8 +14,8 @@ learner's RSS is sampled every 0.25 s throughout. Last in each round, the capaci
 repeated while thousands of slow clients (the slowloris pattern) hold connections. With
 HAProxy installed, each open-loop run is also made through **HAProxy in front** of the same
 server (``bench/haproxy_front.py``: at most 64 requests in flight at the server, the rest queued
-in the proxy for at most 50 ms, then refused there with 429 and ``Retry-After``), in the same
-rounds, right after the direct run at the same rate.
+in the proxy and refused there with 429 and ``Retry-After`` once 512 wait or one has waited
+1 s), in the same rounds, right after the direct run at the same rate.
 """
 
 from __future__ import annotations
