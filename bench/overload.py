@@ -11,11 +11,16 @@ second of the run. After the load stops, one probe request every 10 ms measures 
 **recovery**: the time until five probes in a row are answered 200 within twice the p99 at
 capacity. Then a closed loop of 64 connections checks the server is back at full speed. The
 learner's RSS is sampled every 0.25 s throughout. Last in each round, the capacity run is
-repeated while thousands of slow clients (the slowloris pattern) hold connections.
+repeated while thousands of slow clients (the slowloris pattern) hold connections. With
+HAProxy installed, each open-loop run is also made through **HAProxy in front** of the same
+server (``bench/haproxy_front.py``: at most 64 requests in flight at the server, the rest queued
+in the proxy and refused there with 429 and ``Retry-After`` once 512 wait or one has waited
+1 s), in the same rounds, right after the direct run at the same rate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -25,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench import haproxy_front
 from bench.harness import REPO, Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
 from bench.models import MLP, ModelSpec
@@ -58,12 +64,21 @@ def run(ctx: Context) -> BenchResult:
     result = _result(ctx, spec)
     body = spec.request_body()
     path = f"/v1/models/{MODEL}:predict"
-    runs: dict[int, list[dict[str, Any]]] = {m: [] for m in multipliers}
+    fronts = [f for f in ctx.sizes["fronts"] if f == "direct" or haproxy_front.available()]
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {
+        (f, m): [] for f in fronts for m in multipliers
+    }
     slow: list[dict[str, Any]] = []
     capacities: list[LoadResult] = []
-    with ctx.fleet(MODEL) as fleet:
+    with ctx.fleet(MODEL) as fleet, contextlib.ExitStack() as stack:
         learner = fleet.learner
         url = learner.url + path
+        urls = {"direct": url}
+        if "haproxy" in fronts:
+            front = stack.enter_context(
+                haproxy_front.haproxy_front(learner.port, ctx.workdir / "haproxy")
+            )
+            urls["haproxy"] = front.url + path
         load_dir = ctx.workdir / "load"
         if not ctx.quick:  # first calls and connection setup are not measured
             run_load(ctx.load_client, url, body, 16, 1.0, load_dir)
@@ -75,10 +90,12 @@ def run(ctx: Context) -> BenchResult:
             cap_rps, cap_p99 = capacity.ok_rps, capacity.p99_ms
             ctx.step(f"round {r + 1}/{rounds} capacity: {cap_rps:,.0f} req/s, p99 {cap_p99:.1f} ms")
             for m in multipliers:
-                over = _overloaded(ctx, learner, url, body, m, capacity)
-                runs[m].append(over)
-                ctx.step(_line(r, rounds, over))
-                _settle(learner)
+                for f in fronts:
+                    over = _overloaded(ctx, learner, urls[f], url, body, m, capacity)
+                    over["front"] = f
+                    runs[f, m].append(over)
+                    ctx.step(_line(r, rounds, over))
+                    _settle(learner)
             load = partial(run_load, ctx.load_client, url, body, CAPACITY_CLIENTS)
             slow.append(with_slow_clients(learner, slow_clients, capacity, load, ctx.workdir))
             ctx.step(
@@ -87,26 +104,32 @@ def run(ctx: Context) -> BenchResult:
                 f"{slow[-1]['p99_ms']:.1f} ms, {slow[-1]['descriptors']} more descriptors, "
                 f"{slow[-1]['still_connected']} slow ones still connected"
             )
-    for m in multipliers:
-        result.rows.append(_row(m, runs[m]))
+    for f in fronts:
+        for m in multipliers:
+            direct = runs["direct", m] if f != "direct" else None
+            result.rows.append(_row(f, m, runs[f, m], direct))
     result.rows.append(slow_row(slow_clients, CAPACITY_CLIENTS, MAX_CONNECTIONS, slow))
     _check_answers(result, [o for v in runs.values() for o in v])
     result.extra["capacity"] = [c.to_json() for c in capacities]
     result.extra["slow_clients"] = slow
-    result.extra["runs"] = {str(m): v for m, v in runs.items()}
+    result.extra["runs"] = {f"{f} {m}": v for (f, m), v in runs.items()}
     return result
 
 
 def _overloaded(
-    ctx: Context, learner: LivefitProcess, url: str, body: bytes, m: float, capacity: LoadResult
-) -> dict[str, Any]:
-    """One open-loop run at ``m`` times the capacity, then the capacity run again."""
+    ctx: Context, learner: LivefitProcess, url: str, direct_url: str, body: bytes, m: float,
+    capacity: LoadResult,
+) -> dict[str, Any]:  # fmt: skip
+    """One open-loop run at ``m`` times the capacity to ``url``, then the capacity run again
+    (to the server itself, ``direct_url``)."""
     s = ctx.sizes
     load_dir = ctx.workdir / "load"
     cap_rps, cap_p99, probe_s = capacity.ok_rps, capacity.p99_ms, s["probe_s"]
     with _RssSampler(learner) as rss:
         over = _open_loop(url, body, m * cap_rps, s["seconds"], probe_s, load_dir, s["connections"])
-    after = run_load(ctx.load_client, url, body, CAPACITY_CLIENTS, s["capacity_seconds"], load_dir)
+    after = run_load(
+        ctx.load_client, direct_url, body, CAPACITY_CLIENTS, s["capacity_seconds"], load_dir
+    )
     over.update(
         multiplier=m,
         capacity_rps=cap_rps,
@@ -143,6 +166,11 @@ def _result(ctx: Context, spec: ModelSpec) -> BenchResult:
             "open loop": f"`bench.openloop`: the capacity times 1, 2, 3, fixed rate, {seconds:g} s "
             f"each; {connections} keep-alive connections opened before the clock starts, more "
             f"as needed (at most {MAX_CONNECTIONS:,}); deadline {DEADLINE_MS:g} ms",
+            "haproxy": "the same open-loop runs through HAProxy "
+            f"{_haproxy_version()} in front (1 thread; `maxconn` "
+            f"{haproxy_front.SERVER_MAXCONN} at the server, `timeout queue` "
+            f"{haproxy_front.QUEUE_TIMEOUT_MS} ms, then 429 with Retry-After; 429 at once when "
+            f"more than {haproxy_front.QUEUE_REFUSE_AT} wait), right after each direct run",
             "slow clients": f"{slow_clients:,} connections that each send a request line, then "
             f"one header line every {SLOW_LINE_S:g} s, never finishing, opened first; then the "
             "capacity run again (the server's descriptors counted with psutil)",
@@ -155,6 +183,13 @@ def _result(ctx: Context, spec: ModelSpec) -> BenchResult:
             "rounds": rounds,
         },
     )
+
+
+def _haproxy_version() -> str:
+    if not haproxy_front.available():
+        return "(not installed: side skipped)"
+    done = subprocess.run(["haproxy", "-v"], capture_output=True, text=True, timeout=10)
+    return done.stdout.split()[2] if done.returncode == 0 else "(version unknown)"
 
 
 def _count(run: dict[str, Any], status: str) -> int:
@@ -243,8 +278,9 @@ def _settle(server: LivefitProcess, timeout: float = 30.0) -> None:
 def _line(r: int, rounds: int, o: dict[str, Any]) -> str:
     shed = f"{o['shed_p99_ms']:.1f}" if o["shed_p99_ms"] is not None else "-"
     ok = f"{o['ok_p99_ms']:.1f}" if o["ok_p99_ms"] is not None else "-"
+    rate = o["offered"] / o["seconds"]
     return (
-        f"round {r + 1}/{rounds} {o['multiplier']}x ({o['offered'] / o['seconds']:,.0f} req/s): "
+        f"round {r + 1}/{rounds} {o['front']} {o['multiplier']}x ({rate:,.0f} req/s): "
         f"goodput {o['goodput']:,.0f} req/s ({o['goodput'] / o['capacity_rps']:.2f}x), "
         f"200 p99 {ok} ms, 429 p99 {shed} ms, counts {o['counts']}, "
         f"recovery {o['recovery_s']:.2f} s, after {o['after_rps']:,.0f} req/s, "
@@ -252,8 +288,17 @@ def _line(r: int, rounds: int, o: dict[str, Any]) -> str:
     )
 
 
-def _row(m: int, runs: list[dict[str, Any]]) -> Row:
-    row = Row(case={"load": f"{m}x capacity"})
+def _answered(run: dict[str, Any]) -> float:
+    """Requests answered (any status) per second of the run."""
+    return sum(n for s, n in run["counts"].items() if s not in ("0", "-1")) / run["seconds"]
+
+
+def _row(
+    front: str, m: int, runs: list[dict[str, Any]], direct: list[dict[str, Any]] | None = None
+) -> Row:
+    """One front at one load; beside ``direct`` (the same rounds without a front), the
+    ratios of the pairs."""
+    row = Row(case={"front": front, "load": f"{m}x capacity"})
     f = row.figures
     f["capacity req/s"] = Spread.of([o["capacity_rps"] for o in runs], "req/s")
     f["offered req/s"] = Spread.of([o["offered"] / o["seconds"] for o in runs], "req/s")
@@ -281,6 +326,15 @@ def _row(m: int, runs: list[dict[str, Any]]) -> Row:
     row.ratios["after ÷ capacity"] = paired_ratios(
         [o["after_rps"] for o in runs], [o["capacity_rps"] for o in runs]
     )
+    if direct is not None:
+        pairs = {
+            "goodput ÷ direct": lambda o: o["goodput"],
+            "answered req/s ÷ direct": _answered,
+            "200 p99 ÷ direct": lambda o: o["ok_p99_ms"] or float("inf"),
+            "429 p99 ÷ direct": lambda o: o["shed_p99_ms"] or float("nan"),
+        }
+        for name, figure in pairs.items():
+            row.ratios[name] = paired_ratios([figure(o) for o in runs], [figure(o) for o in direct])
     if m == TARGET_MULTIPLIER:
         for subject, (op, value, label) in TARGETS.items():
             if subject in row.figures or subject in row.ratios:
@@ -299,6 +353,7 @@ BENCHMARK = Benchmark(
             "capacity_seconds": 1.0,
             "probe_s": 1.0,
             "multipliers": (TARGET_MULTIPLIER,),
+            "fronts": ("direct", "haproxy"),
             "slow_clients": 200,
             "connections": 256,
         },
@@ -308,6 +363,7 @@ BENCHMARK = Benchmark(
             "capacity_seconds": 5.0,
             "probe_s": 3.0,
             "multipliers": (1, 2, 3),
+            "fronts": ("direct", "haproxy"),
             "slow_clients": SLOW_CLIENTS,
             "connections": 512,
         },

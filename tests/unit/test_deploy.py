@@ -34,6 +34,8 @@ CONFIG = ROOT / "deploy" / "livefit.toml"
 MOSQUITTO_CONF = ROOT / "deploy" / "mosquitto" / "mosquitto.conf"
 ACL = ROOT / "deploy" / "mosquitto" / "acl"
 PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+HAPROXY = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
+HAPROXY_REFUSAL = ROOT / "deploy" / "haproxy" / "429.http"
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "livefit.json"
 LIVEFIT_COMMANDS = ("serve", "replica")
@@ -171,6 +173,30 @@ def stacks() -> dict[str, set[str]]:
             stack.add(name)
             stack.discard(service.get("x-replaces", ""))
     return result
+
+
+@cache
+def haproxy_sections() -> dict[str, list[list[str]]]:
+    """HAProxy's configuration: each section ("global", "backend servers", ...) with its
+    lines, split into words, comments left out."""
+    sections: dict[str, list[list[str]]] = {}
+    current: list[list[str]] = []
+    for raw in HAPROXY.read_text().splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line.strip():
+            continue
+        words = shlex.split(line)
+        if not raw[0].isspace():
+            current = sections.setdefault(" ".join(words), [])
+        else:
+            current.append(words)
+    return sections
+
+
+def haproxy_lines(section: str, keyword: str) -> list[list[str]]:
+    """The lines of ``section`` that start with ``keyword`` (which may be several words)."""
+    head = keyword.split()
+    return [w for w in haproxy_sections()[section] if w[: len(head)] == head]
 
 
 @cache
@@ -425,6 +451,59 @@ def test_replicas_verify_the_learners_weight_key_and_cannot_sign() -> None:
 def test_public_url_points_at_the_learner() -> None:
     host, port = settings().http.base_url().removeprefix("http://").split(":")
     assert livefit_command(services()[host]) == "serve" and int(port) == settings().http.port
+
+
+# ---------------------------------------------------------------------------------------------
+# HAProxy in front
+
+
+def test_front_sends_predictions_to_every_livefit_server_while_it_is_ready() -> None:
+    """Every livefit service `up` starts by default is a server of the front's backend, by its
+    service name and the port it listens on, with a bounded number of requests in flight
+    (``maxconn``) and a health check on the readiness route."""
+    (backend,) = [name for name in haproxy_sections() if name.startswith("backend ")]
+    servers = {words[1]: words[2] for words in haproxy_lines(backend, "server")}
+    expected = sorted(livefit_services(include_profiles=False))
+    assert sorted(servers) == expected
+    for name, address in servers.items():
+        assert address == f"{name}:{settings().http.port}", name
+    assert ["option", "httpchk", "GET", "/v2/health/ready"] in haproxy_sections()[backend]
+    (defaults,) = haproxy_lines(backend, "default-server")
+    assert "check" in defaults
+    assert int(defaults[defaults.index("maxconn") + 1]) > 0
+    _, backend_name = backend.split()
+    frontend = next(name for name in haproxy_sections() if name.startswith("frontend "))
+    assert haproxy_lines(frontend, "default_backend") == [["default_backend", backend_name]]
+
+
+def test_front_refuses_with_429_and_retry_after() -> None:
+    """A request that waits ``timeout queue`` for a server gets HAProxy's 503, which the
+    errorfile (mounted where the configuration reads it) turns into a well-formed 429 with
+    Retry-After; a long queue is refused at once the same way."""
+    ((_, _, queue_timeout),) = haproxy_lines("defaults", "timeout queue")
+    match = re.fullmatch(r"(\d+)(ms|s)", queue_timeout)
+    assert match, queue_timeout
+    assert 0 < int(match[1]) * (1 if match[2] == "ms" else 1000) <= 1000, "over a second"
+    ((_, _, path),) = haproxy_lines("defaults", "errorfile 503")
+    assert mount_target(services()["front"], HAPROXY_REFUSAL) == path
+    head, _, body = HAPROXY_REFUSAL.read_bytes().partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 429 Too Many Requests"
+    fields = dict(line.lower().split(b": ", 1) for line in lines[1:])
+    assert int(fields[b"content-length"]) == len(body) and json.loads(body)["error"]
+    assert int(fields[b"retry-after"]) >= 1
+    frontend = next(name for name in haproxy_sections() if name.startswith("frontend "))
+    (refuse,) = haproxy_lines(frontend, "http-request return")
+    assert refuse[refuse.index("status") + 1] == "429"
+    assert refuse[refuse.index("hdr") + 1] == "retry-after"
+
+
+def test_front_config_is_mounted_and_published_where_it_binds() -> None:
+    front = services()["front"]
+    assert mount_target(front, HAPROXY) == "/usr/local/etc/haproxy/haproxy.cfg"
+    frontend = next(name for name in haproxy_sections() if name.startswith("frontend "))
+    ((_, address),) = haproxy_lines(frontend, "bind")
+    assert [target for _, target in port_pairs(front)] == [int(address.rsplit(":", 1)[1])]
 
 
 # ---------------------------------------------------------------------------------------------
