@@ -5,10 +5,12 @@ checkpoints, the weight topic), minus the serving half: its models are served by
 serving processes (``learner_serving.py``), which it feeds every snapshot over the local weight
 feed, and whose busy board its trainers read to give way to queued predictions. Every
 ``STATUS_INTERVAL_S`` it sends its readiness problems on the feed, and it answers its metrics on
-the group's metrics socket (``worker="training"``). SIGTERM, SIGINT or SIGHUP stops it in the
-learner's order (stop ingesting, train what was accepted, checkpoint, publish); exit 0 then,
-2 when a check before start failed (the storage is locked by another learner), 1 when a part
-could not start.
+the group's metrics socket (``worker="training"``). It runs on the cores the serving processes
+leave it (``processes.training_cores``, ``pin_to_cpus``; TensorFlow's intra-op pool sized to
+them), so that queued predictions find a core that training cannot take. SIGTERM, SIGINT or
+SIGHUP stops it in the learner's order (stop ingesting, train what was accepted, checkpoint,
+publish); exit 0 then, 2 when a check before start failed (the storage is locked by another
+learner), 1 when a part could not start.
 """
 
 from __future__ import annotations
