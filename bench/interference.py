@@ -2,12 +2,15 @@
 
 One ``livefit serve`` in one process (``http.workers = 0``, otherwise default settings) on a
 mosquitto started here, then the same learner split into a training process and one serving
-process (``http.workers = 1``, the default on 2 cores) on its own mosquitto, at its default
-``processes.training_niceness`` (0) and at 10. Each round measures the same 64-client
+process (``http.workers = 1``, the default on 2 cores), each on its own mosquitto, at several
+settings of the training process (its CPUs, ``processes.training_cores``; its priority,
+``processes.training_niceness``; its minibatch, ``train.max_batch_size``): the settings before
+issue #29 and the defaults after it among them. Each round measures the same 64-client
 prediction load twice: with the trainer idle, and while a publisher process streams 100-sample
 msgpack messages as fast as it can (started a second before the load, so the trainer is busy
-throughout; stopped after, and the backlog drained before the next run).
-The order alternates between rounds; the ratio pairs the two runs of a round.
+throughout; stopped after, and the backlog drained before the next run); and the trainer alone
+(the same publisher, no prediction load: its solo samples/s). The order alternates between
+rounds; the ratios pair the runs of a round.
 """
 
 from __future__ import annotations
@@ -23,12 +26,33 @@ from livefit.local_servers import LivefitProcess
 CLIENTS = 64
 MODEL = "busy"
 METRIC = "livefit_train_samples_total"
-# The split learner at its defaults, and with its training threads yielding to serving
-# (processes.training_niceness = 10): side by side.
+# The split learner's sides: (command column, config text appended, workdir name). Before
+# issue #29 the training process ran on every core (``training_cores = 0``).
 SPLIT_SIDES = (
-    ("serve --workers 1", ""),
-    ("serve --workers 1, training_niceness 10", "\n[processes]\ntraining_niceness = 10\n"),
+    (
+        "serve --workers 1, before #29 (training_cores 0)",
+        "\n[processes]\ntraining_cores = 0\n",
+        "split-old",
+    ),
+    (
+        "serve --workers 1, before #29, training_niceness 10",
+        "\n[processes]\ntraining_cores = 0\ntraining_niceness = 10\n",
+        "split-old-nice10",
+    ),
+    ("serve --workers 1, defaults (training_cores auto)", "", "split-defaults"),
+    (
+        "serve --workers 1, defaults, training_niceness 10",
+        "\n[processes]\ntraining_niceness = 10\n",
+        "split-nice10",
+    ),
+    (
+        "serve --workers 1, defaults, train.max_batch_size 64",
+        "\n[models.busy.train]\nmax_batch_size = 64\n",
+        "split-batch64",
+    ),
 )
+P99_LIMIT = 1.3  # issue #29: saturated p99 at most 1.3x idle
+TRAINING_KEPT = 0.25  # issue #29: training keeps at least a quarter of its solo samples/s
 
 
 def run(ctx: Context) -> BenchResult:
@@ -42,8 +66,8 @@ def run(ctx: Context) -> BenchResult:
         text = fleet.learner.config.read_text()
     # Each learner is measured alone: the one before is stopped with its backlog (the last
     # saturated run is not drained), which would otherwise train beside the next one.
-    for command, extra in SPLIT_SIDES[:1] if ctx.quick else SPLIT_SIDES:  # quick: harness
-        name = "split-learner" + ("-nice10" if extra else "")
+    sides = [SPLIT_SIDES[2]] if ctx.quick else SPLIT_SIDES  # quick: the defaults (harness)
+    for command, extra, name in sides:
         with ctx.split_learner(text + extra, name) as (broker, split):
             _measure(ctx, result, command, split, broker.url, rounds, duration)
     return result
@@ -59,37 +83,54 @@ def _measure(
     idle: list[LoadResult] = []
     busy: list[LoadResult] = []
     train_rates: list[float] = []
+    solo_rates: list[float] = []
     trained_runs: list[bool] = []  # the trainer trained during the run, or (quick) just after
     url = f"{learner.url}/v1/models/{MODEL}:predict"
     run_load(ctx.load_client, url, body, 16, 1.0, work / "load")  # first calls
+    phases = ("idle", "saturated", "solo")
     for r in range(rounds):
-        for phase in ("idle", "saturated") if r % 2 == 0 else ("saturated", "idle"):
+        for phase in phases if r % 2 == 0 else phases[::-1]:
+            last = r == rounds - 1 and phase == (phases[-1] if r % 2 == 0 else phases[0])
             if phase == "idle":
                 idle.append(run_load(ctx.load_client, url, body, CLIENTS, duration, work / "load"))
-                load = idle[-1]
-            else:
-                last = r == rounds - 1 and r % 2 == 0
+                ctx.step(
+                    f"{command}: round {r + 1}/{rounds} {phase:>9}: {idle[-1].rps:7,.0f} req/s"
+                    f"  p50 {idle[-1].p50_ms:6.2f} ms  p99 {idle[-1].p99_ms:7.2f} ms"
+                )
+            elif phase == "saturated":
                 load, rate, trained = _saturated(
                     ctx, learner, broker_url, url, body, duration, r, drain=not last
                 )
                 busy.append(load)
                 train_rates.append(rate)
                 trained_runs.append(trained)
-            ctx.step(
-                f"{command}: round {r + 1}/{rounds} {phase:>9}: {load.rps:7,.0f} req/s  p50 "
-                f"{load.p50_ms:6.2f} ms  p99 {load.p99_ms:7.2f} ms"
-                + (f"  training {train_rates[-1]:,.0f} samples/s" if phase != "idle" else "")
-            )
+                ctx.step(
+                    f"{command}: round {r + 1}/{rounds} {phase:>9}: {load.rps:7,.0f} req/s  p50 "
+                    f"{load.p50_ms:6.2f} ms  p99 {load.p99_ms:7.2f} ms  training {rate:,.0f} "
+                    "samples/s"
+                )
+            else:
+                solo_rates.append(_solo(ctx, learner, broker_url, duration, r, drain=not last))
+                ctx.step(
+                    f"{command}: round {r + 1}/{rounds} {phase:>9}: training "
+                    f"{solo_rates[-1]:,.0f} samples/s, no prediction load"
+                )
     row = Row(case={"model": spec.name, "clients": CLIENTS, "command": command})
     row.figures["idle p99 ms"] = Spread.of([r.p99_ms for r in idle], "ms")
     row.figures["saturated p99 ms"] = Spread.of([r.p99_ms for r in busy], "ms")
     row.figures["idle req/s"] = Spread.of([r.rps for r in idle], "req/s")
     row.figures["saturated req/s"] = Spread.of([r.rps for r in busy], "req/s")
     row.figures["training samples/s"] = Spread.of(train_rates, "samples/s")
+    row.figures["solo training samples/s"] = Spread.of(solo_rates, "samples/s")
     row.ratios["saturated ÷ idle (p99)"] = paired_ratios(
         [r.p99_ms for r in busy], [r.p99_ms for r in idle]
     )
-    row.target("saturated ÷ idle (p99)", "<=", 1.2, "p99 ≤ 1.2x idle (issue #18)")
+    row.ratios["training kept"] = paired_ratios(train_rates, solo_rates)
+    row.target("saturated ÷ idle (p99)", "<=", P99_LIMIT, f"p99 ≤ {P99_LIMIT:g}x idle (issue #29)")
+    row.target(
+        "training kept", ">=", TRAINING_KEPT,
+        f"training ≥ {TRAINING_KEPT:.0%} of solo (issue #29)",
+    )  # fmt: skip
     result.rows.append(row)
     errors = sum(r.errors for r in idle + busy)
     result.check(
@@ -118,6 +159,8 @@ def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
             "idle": "no samples arriving",
             "saturated": "a publisher streaming 100-sample "
             "msgpack messages (QoS 1, window 1000) as fast as it can, for the whole run",
+            "solo": "the same publisher without the prediction load: the trainer's samples/s "
+            "alone (training kept: saturated ÷ solo samples/s of the same round)",
         },
         settings={
             "model": spec.describe(),
@@ -126,7 +169,10 @@ def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
             "rounds": rounds,
             "servers": "`livefit serve` in one process (`http.workers = 0`); the same with "
             "`http.workers = 1` (a training process and a serving process), on its own broker, "
-            "at the default `processes.training_niceness` (0) and at 10",
+            "before issue #29 (`processes.training_cores = 0`: training on every core; at "
+            "`processes.training_niceness` 0 and 10), at the defaults after it "
+            '(`training_cores = "auto"`: 1 of 2 cores here), and the defaults with '
+            "`training_niceness = 10` or with `train.max_batch_size = 64` (256 by default)",
         },
     )
 
@@ -144,7 +190,44 @@ def _saturated(
     """One saturated run: its load, the samples/s trained during it, and whether it trained
     (a quick run also counts training within seconds after the load)."""
     labels = _training_labels(learner)
-    args = [
+    args = _publisher_args(broker_url, duration)
+    with ToolProcess("bench.stream_publisher", args, ctx.workdir / f"pub-{r}.log") as pub:
+        pub.start()
+        pub.wait_for("start", 60)
+        time.sleep(1.0)  # the trainer is busy before the first request
+        before, started = _trained(ctx, learner, labels), time.monotonic()
+        load = run_load(ctx.load_client, url, body, CLIENTS, duration, ctx.workdir / "load")
+        after = _trained(ctx, learner, labels)
+        rate = (after - before) / (time.monotonic() - started)
+        trained = after > before or (ctx.quick and _trains(ctx, learner, labels, before))
+    if drain:  # the next run is idle only once the backlog is trained
+        _drain(learner)
+    return load, rate, trained
+
+
+def _solo(
+    ctx: Context, learner: LivefitProcess, broker_url: str, duration: float, r: int, drain: bool
+) -> float:
+    """The samples/s trained with the publisher streaming and no prediction load."""
+    labels = _training_labels(learner)
+    with ToolProcess(
+        "bench.stream_publisher", _publisher_args(broker_url, duration),
+        ctx.workdir / f"pub-solo-{r}.log",
+    ) as pub:  # fmt: skip
+        pub.start()
+        pub.wait_for("start", 60)
+        time.sleep(1.0)  # as in a saturated run
+        before, started = _trained(ctx, learner, labels), time.monotonic()
+        time.sleep(duration)
+        rate = (_trained(ctx, learner, labels) - before) / (time.monotonic() - started)
+    if drain:
+        _drain(learner)
+    return rate
+
+
+def _publisher_args(broker_url: str, duration: float) -> list[object]:
+    """The stream publisher's arguments: 100-sample msgpack messages as fast as it can."""
+    return [
         "--broker",
         broker_url,
         "--topic",
@@ -158,18 +241,6 @@ def _saturated(
         "--duration",
         duration + 30,
     ]
-    with ToolProcess("bench.stream_publisher", args, ctx.workdir / f"pub-{r}.log") as pub:
-        pub.start()
-        pub.wait_for("start", 60)
-        time.sleep(1.0)  # the trainer is busy before the first request
-        before, started = _trained(ctx, learner, labels), time.monotonic()
-        load = run_load(ctx.load_client, url, body, CLIENTS, duration, ctx.workdir / "load")
-        after = _trained(ctx, learner, labels)
-        rate = (after - before) / (time.monotonic() - started)
-        trained = after > before or (ctx.quick and _trains(ctx, learner, labels, before))
-    if drain:  # the next run is idle only once the backlog is trained
-        _drain(learner)
-    return load, rate, trained
 
 
 def _trains(

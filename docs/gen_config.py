@@ -211,6 +211,16 @@ MEANINGS: dict[str, str] = {
         "34,000). Not the default: at 10 training starves whenever anything else saturates the "
         "machine"
     ),
+    "processes.training_cores": (
+        "a split learner (`http.workers` ≥ 1): the CPUs its training process runs on (every "
+        'thread of it but the one that forks a broker it starts). `"auto"`: the usable cores '
+        "less one per serving process, at least 1 "
+        "(1 of 2 cores, 4 of 8 with 4 serving processes); N: N cores; 0: every core (before "
+        "issue #29). It takes the highest-numbered cores of the process's CPU mask and sizes "
+        "TensorFlow's intra-op pool to them unless `tensorflow.intra_op_threads` is set; the "
+        "serving processes keep every core, so queued predictions find a core training cannot "
+        'take. Measured in BENCHMARKS.md "interference"'
+    ),
     "logging.level": (
         "`DEBUG`, `INFO`, `WARNING`, `ERROR`. At `INFO` the learner logs the first weights it "
         "publishes and then one line per 30 s per model (how many versions, which range), and a"

@@ -162,6 +162,10 @@ def _serve(args: argparse.Namespace) -> int:
         return run_learner_group(
             argv, workers, http.host, http.port, list(settings.models), http.worker_timeout_s
         )
+    if training is not None:
+        from livefit.server.runtime.training_process import size_training_pools
+
+        size_training_pools(settings, training)  # before TensorFlow starts its pools
     if not _with_tensorflow(settings):
         return 2
     if training is not None:  # a split learner's training process

@@ -8,12 +8,19 @@ each serving process is a TensorFlow process of its own (about 300 MiB PSS, 600 
 the benchmark model, BENCHMARKS.md "memory"); a machine that wants more sets ``http.workers``.
 On 2 cores that is 1, measured better than one process at the defaults (BENCHMARKS.md
 "workers", "interference"). Imports nothing of TensorFlow: the supervising parent calls it.
+
+Decision (issue #29): the training process of a split learner runs on ``training_cpus()``: by
+default the usable cores less one per serving process, at least 1 (on 2 cores: 1 core), and
+the highest-numbered of them; the serving processes keep every core. Training then never holds
+more cores than the serving processes leave it, so queued predictions find a free core, while
+an idle server still trains on its own cores at full speed (BENCHMARKS.md "interference").
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 MAX_DEFAULT_SERVING = 4
@@ -38,6 +45,29 @@ def default_serving_processes(cores: int | None = None) -> int:
     for training), at least 1, at most ``MAX_DEFAULT_SERVING``."""
     cores = usable_cores() if cores is None else cores
     return max(1, min(MAX_DEFAULT_SERVING, cores - 1))
+
+
+def training_cpus(
+    setting: str | int, serving_processes: int, cpus: Sequence[int] | None = None,
+    cpu_max: Path = CGROUP_CPU_MAX,
+) -> list[int] | None:  # fmt: skip
+    """The CPUs a split learner's training process runs on, for ``processes.training_cores``
+    (``setting``) beside ``serving_processes`` serving processes; None: every CPU (``0``, or
+    nothing to leave out). ``cpus``: the CPUs this process may run on (its affinity mask by
+    default). "auto" is ``usable_cores() - serving_processes``, at least 1; a number is capped
+    at the usable cores. The highest-numbered CPUs of the mask are taken."""
+    if cpus is None:
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # not Linux: no affinity to set
+            return None
+    quota = _cgroup_quota(cpu_max)
+    usable = len(cpus) if quota is None else max(1, min(len(cpus), math.ceil(quota)))
+    auto = setting == "auto"
+    count = max(1, usable - serving_processes) if auto else min(int(setting), usable)
+    if count <= 0 or count >= len(cpus):
+        return None
+    return sorted(cpus)[-count:]
 
 
 def _cgroup_quota(cpu_max: Path) -> float | None:

@@ -227,3 +227,18 @@ class ProcessSettings(Section):
     # idle machine still trains at full speed. Default 0 (equal shares): at 10 the training
     # threads starved whenever anything else saturated the machine (BENCHMARKS "interference").
     training_niceness: int = Field(0, ge=0, le=19)
+    # The CPUs the training process runs on (every thread of it: ingestion, trainers,
+    # TensorFlow's pools, whose intra-op pool is sized to match unless
+    # `tensorflow.intra_op_threads` is set). "auto": the usable cores less one per serving
+    # process, at least 1 (1 of 2 cores; 4 of 8 with the default 4 serving processes); N: N
+    # cores; 0: every core (before issue #29). The training process gets the highest-numbered
+    # cores; the serving processes may run on every core, so while requests queue they have the
+    # cores training may not take (BENCHMARKS.md "interference").
+    training_cores: Literal["auto"] | int = Field("auto")
+
+    @field_validator("training_cores")
+    @classmethod
+    def _cores_known(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
+        if isinstance(value, int) and not 0 <= value <= 4096:
+            raise ValueError('must be "auto", 0 (every core) or a number of cores up to 4096')
+        return value

@@ -100,6 +100,15 @@ def start_spawner() -> None:
             _spawner = _Spawner()
 
 
+def spawner_thread() -> threading.Thread:
+    """The thread that forks children for threads other than the main one (started now if it
+    has not started): the split learner's training process leaves it on every CPU when it pins
+    its other threads to the training cores, so that a broker it starts is not pinned."""
+    start_spawner()
+    assert _spawner is not None
+    return _spawner.thread
+
+
 def _forking_thread() -> _Spawner | None:
     """Who must fork a child for the calling thread: None for the main thread (it lives as
     long as the process) and the spawner thread itself, else the spawner."""

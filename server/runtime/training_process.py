@@ -5,10 +5,12 @@ checkpoints, the weight topic), minus the serving half: its models are served by
 serving processes (``learner_serving.py``), which it feeds every snapshot over the local weight
 feed, and whose busy board its trainers read to give way to queued predictions. Every
 ``STATUS_INTERVAL_S`` it sends its readiness problems on the feed, and it answers its metrics on
-the group's metrics socket (``worker="training"``). SIGTERM, SIGINT or SIGHUP stops it in the
-learner's order (stop ingesting, train what was accepted, checkpoint, publish); exit 0 then,
-2 when a check before start failed (the storage is locked by another learner), 1 when a part
-could not start.
+the group's metrics socket (``worker="training"``). It runs on the cores the serving processes
+leave it (``processes.training_cores``, ``pin_to_cpus``; TensorFlow's intra-op pool sized to
+them), so that queued predictions find a core that training cannot take. SIGTERM, SIGINT or
+SIGHUP stops it in the learner's order (stop ingesting, train what was accepted, checkpoint,
+publish); exit 0 then, 2 when a check before start failed (the storage is locked by another
+learner), 1 when a part could not start.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from ..base.heartbeat import touch
 from ..base.metrics_merge import WorkerMetrics
+from ..config.machine import training_cpus
 from ..config.model import ModelSettings
 from ..config.settings import Settings
 from ..serve.busy_board import BusyBoard
@@ -37,7 +40,7 @@ from ..weights.local_feed import (
     LocalWeightPublisher,
 )
 from ..wire.snapshot import SnapshotSlot
-from .children import start_spawner
+from .children import spawner_thread, start_spawner
 from .learner import LearnerHooks, LearnerRuntime, ModelRuntime
 from .learner_group import TrainingSlot
 from .stop_signals import on_stop_signals
@@ -152,6 +155,46 @@ def start_lowered(runtime: TrainingRuntime, increment: int) -> None:
         log.info("training threads at niceness +%d (processes.training_niceness)", increment)
 
 
+def cpus_for_training(settings: Settings, slot: TrainingSlot) -> list[int] | None:
+    """The CPUs the training process runs on (``processes.training_cores`` beside the group's
+    serving processes); None: every CPU."""
+    return training_cpus(settings.processes.training_cores, slot.workers)
+
+
+def size_training_pools(settings: Settings, slot: TrainingSlot) -> None:
+    """Size TensorFlow's intra-op pool to the training process's CPUs, unless
+    ``tensorflow.intra_op_threads`` is set: more threads than cores only take turns on them.
+    Call before ``configure_tensorflow``."""
+    cpus = cpus_for_training(settings, slot)
+    if cpus is not None and not settings.tensorflow.intra_op_threads:
+        settings.tensorflow.intra_op_threads = len(cpus)
+
+
+def pin_to_cpus(cpus: list[int] | None) -> None:
+    """Run every thread of this process on ``cpus`` (Linux keeps the mask per thread and a new
+    thread inherits its creator's), except the spawner thread, whose children (a broker) keep
+    every CPU. Best effort: logged and skipped where refused or not Linux."""
+    if cpus is None:
+        return
+    keep = spawner_thread().native_id
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError as exc:
+        log.warning("could not pin the training process to CPUs %s: %s", cpus, exc)
+        return
+    for tid in threads:
+        if tid == keep:
+            continue
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+        except (AttributeError, OSError) as exc:
+            log.warning("could not pin the training process to CPUs %s: %s", cpus, exc)
+            return
+    log.info("training process on CPUs %s (processes.training_cores)", cpus)
+
+
 def run_training(settings: Settings, slot: TrainingSlot) -> int:
     """Run the training process until SIGTERM, SIGINT or SIGHUP; its exit status."""
     runtime = TrainingRuntime(settings, slot)
@@ -168,6 +211,7 @@ def run_training(settings: Settings, slot: TrainingSlot) -> int:
         runtime.stop()
         print(f"livefit: {exc}", file=sys.stderr)
         return 2
+    pin_to_cpus(cpus_for_training(settings, slot))
     try:
         start_lowered(runtime, settings.processes.training_niceness)
     except Exception:

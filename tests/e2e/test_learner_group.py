@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from livefit.local_servers import LivefitProcess
+from livefit.server.config.machine import training_cpus
 from livefit.server.runtime.local_process import free_port
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import SMALL_MLP, learner_config, model
@@ -157,6 +158,22 @@ def test_the_training_process_feeds_both_serving_processes(
         for pid in processes(learner):
             if pid != training_pid:
                 assert set(_thread_niceness(pid).values()) == {base}, pid
+        # processes.training_cores "auto" (issue #29): the training process runs on the cores the
+        # serving processes leave (at least one; here 1 of 2, or every core on a 1-core mask),
+        # every thread of it but the spawner (a broker it forks keeps every core); the serving
+        # processes keep every core
+        every = os.sched_getaffinity(0)
+        pinned = training_cpus("auto", 2)
+        masks = _thread_cpus(training_pid)
+        if pinned is None:
+            assert set(masks.values()) == {frozenset(every)}, masks
+        else:
+            narrowed = [tid for tid, cpus in masks.items() if cpus == frozenset(pinned)]
+            assert len(narrowed) == len(masks) - 1 and training_pid in narrowed, masks
+            assert f"training process on CPUs {pinned}" in log
+        for pid in processes(learner):
+            if pid != training_pid:
+                assert set(_thread_cpus(pid).values()) == {frozenset(every)}, pid
 
 
 def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_path: Path) -> None:
@@ -369,6 +386,17 @@ def _thread_niceness(pid: int) -> dict[int, int]:
             continue
         values[int(task.name)] = int(stat.rsplit(")", 1)[1].split()[16])
     return values
+
+
+def _thread_cpus(pid: int) -> dict[int, frozenset[int]]:
+    """{thread id: the CPUs it may run on} of ``pid``'s threads."""
+    masks = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            masks[int(task.name)] = frozenset(os.sched_getaffinity(int(task.name)))
+        except OSError:  # the thread ended
+            continue
+    return masks
 
 
 def _ready_problems(learner: LivefitProcess) -> list[str]:

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from livefit.clients.metrics import MetricsReader
 from livefit.server.base.metrics_merge import merge_expositions
-from livefit.server.config.machine import default_serving_processes, usable_cores
-from livefit.server.config.sections import HttpSettings
+from livefit.server.config.machine import default_serving_processes, training_cpus, usable_cores
+from livefit.server.config.sections import HttpSettings, ProcessSettings
 
 
 @pytest.mark.parametrize(("cores", "serving"), [(1, 1), (2, 1), (3, 2), (5, 4), (64, 4)])
@@ -42,6 +42,37 @@ def test_a_cgroup_cpu_quota_caps_the_usable_cores(
     unlimited = usable_cores(tmp_path / "absent")
     assert unlimited >= 1
     assert usable_cores(path) == (unlimited if expected is None else min(unlimited, expected))
+
+
+@pytest.mark.parametrize(
+    ("cpus", "setting", "serving", "expected"),
+    [([0, 1], "auto", 1, [1]), ([0, 1, 2, 3, 4, 5, 6, 7], "auto", 4, [4, 5, 6, 7]),
+     ([0, 1, 2, 3], "auto", 3, [3]), ([0, 1], "auto", 4, [1]), ([0], "auto", 1, None),
+     ([2, 5, 9], "auto", 1, [5, 9]), ([0, 1], 0, 1, None), ([0, 1, 2, 3], 2, 1, [2, 3]),
+     ([0, 1], 2, 1, None), ([0, 1], 64, 1, None)],
+)  # fmt: skip
+def test_training_runs_on_the_cores_the_serving_processes_leave(
+    tmp_path: Path, cpus: list[int], setting: str | int, serving: int, expected: list[int] | None
+) -> None:
+    """Issue #29: "auto" leaves one core per serving process (training keeps at least one);
+    0, or a count reaching every CPU, pins nothing; the highest-numbered CPUs are taken."""
+    absent = tmp_path / "absent"  # no cgroup quota
+    assert training_cpus(setting, serving, cpus, absent) == expected
+
+
+def test_a_cgroup_cpu_quota_counts_in_the_training_cores(tmp_path: Path) -> None:
+    quota = tmp_path / "cpu.max"
+    quota.write_text("300000 100000\n")  # 3 CPUs' time on an 8-CPU mask
+    assert training_cpus("auto", 1, list(range(8)), quota) == [6, 7]
+    assert training_cpus(5, 1, list(range(8)), quota) == [5, 6, 7]
+
+
+def test_training_cores_is_auto_by_default_and_refuses_what_it_cannot_mean() -> None:
+    assert ProcessSettings().training_cores == "auto"
+    assert ProcessSettings(training_cores=3).training_cores == 3
+    for bad in (-1, 5000, "all"):
+        with pytest.raises(ValueError, match="training_cores"):
+            ProcessSettings(training_cores=bad)
 
 
 def test_unset_workers_splits_the_learner_and_zero_keeps_one_process() -> None:
