@@ -11,7 +11,9 @@ away or whose deadline passed are dropped before the model call; an exception fr
 call reaches every request of its batch. The model call runs in a single-thread executor, off
 the loop; a model whose call costs less than the hand-over to that thread and back (``inline``:
 a NumPy forward pass of a few microseconds, ``ServingModel.runs_inline``) is called on the loop
-itself, which is then its model thread.
+itself, which is then its model thread; after each such batch the batcher yields one pass of
+the loop before the next, so the answers are written and new requests read (and refused) in
+between, and that pass counts in the batch cycle admission predicts waits from.
 
 This module owns the queue, the batch loop and the model thread. Admission by expected wait
 (``submit`` refuses at once with ``QueueFull`` a request that cannot be served in time) is the
@@ -225,12 +227,23 @@ class RequestBatcher:
                 log.exception("batcher %s failed; continuing", self.name)
 
     async def _cycle(self, batch: list[_Pending]) -> None:
-        """Run one batch; a successful one's time (call, hand-over and answers) feeds the cost."""
+        """Run one batch; a successful one's time (call, hand-over and answers) feeds the cost.
+
+        An inline model's call never yields, so the batch is answered in microseconds while
+        the work of its answers (each handler waking up, serializing and writing its response:
+        most of a batch's real cost to the event loop) would run after the cycle was timed,
+        and between no two batches; the expected wait would then count only the model call
+        and admit nearly everything. So the cycle yields one pass of the event loop after
+        answering before it ends: the answered handlers run then (with whatever else was
+        ready, e.g. requests being read and refused), and the cycle is timed as the model
+        thread's is, whose await of the call spans one such pass."""
         rows = sum(p.size for p in batch)
         started = time.monotonic()
         self.admission.batch_started(rows, started)
         try:
             ok = await self._run(batch)
+            if self.inline:
+                await asyncio.sleep(0)  # the answered handlers run now (see above)
         finally:
             self.admission.batch_done()
         if ok:
