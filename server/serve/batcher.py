@@ -11,9 +11,9 @@ away or whose deadline passed are dropped before the model call; an exception fr
 call reaches every request of its batch. The model call runs in a single-thread executor, off
 the loop; a model whose call costs less than the hand-over to that thread and back (``inline``:
 a NumPy forward pass of a few microseconds, ``ServingModel.runs_inline``) is called on the loop
-itself, which is then its model thread; after each such batch the batcher yields one pass of
-the loop before the next, so the answers are written and new requests read (and refused) in
-between, and that pass counts in the batch cycle admission predicts waits from.
+itself, which is then its model thread; after each such batch the batcher yields to the loop
+before the next, so the answers are written and new requests read (and refused) in between,
+and the answered handlers' run counts in the batch cycle admission predicts waits from.
 
 This module owns the queue, the batch loop and the model thread. Admission by expected wait
 (``submit`` refuses at once with ``QueueFull`` a request that cannot be served in time) is the
