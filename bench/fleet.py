@@ -34,6 +34,7 @@ MODELS: dict[str, tuple[ModelSpec, dict[str, Any]]] = {
     "busy": (MLP, {}),  # interference
     "soak": (MLP, {}),  # memory
     "over": (MLP, {}),  # overload
+    "over_keras": (MLP, {"serve": {"runtime": "keras"}}),  # overload, the runtime of before
     # batching (bench/batching.py): the same mlp under each serve.batch_timeout_ms
     **{
         f"mlp_t{key}": (MLP, {"serve": {"batch_timeout_ms": value}})
@@ -49,6 +50,7 @@ SHARED = (
     "busy",
     "soak",
     "over",
+    "over_keras",
     "mlp_t0",
     "mlp_tauto",
 )

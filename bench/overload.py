@@ -15,7 +15,10 @@ repeated while thousands of slow clients (the slowloris pattern) hold connection
 HAProxy installed, each open-loop run is also made through **HAProxy in front** of the same
 server (``bench/haproxy_front.py``: at most 64 requests in flight at the server, the rest queued
 in the proxy and refused there with 429 and ``Retry-After`` once 512 wait or one has waited
-1 s), in the same rounds, right after the direct run at the same rate.
+1 s), in the same rounds, right after the direct run at the same rate. Each runtime
+(``serve.runtime`` "auto", the default: a NumPy forward pass called on the event loop, and
+"keras", the graph on the model thread of before) is a model of the same server, measured in
+turn in each round with a capacity of its own.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ from livefit.local_servers import LivefitProcess
 from livefit.server.config.model_tables import ServeSettings
 
 MODEL = "over"
+# serve.runtime -> the model served with it: the default (a NumPy forward pass on the event
+# loop for this MLP) and the Keras graph on the model thread of before, side by side
+RUNTIME_MODELS = {"auto": MODEL, "keras": "over_keras"}
 CAPACITY_CLIENTS = 64
 DEADLINE_MS = ServeSettings().default_deadline_ms
 TARGET_MULTIPLIER = 3
@@ -63,56 +69,68 @@ def run(ctx: Context) -> BenchResult:
     spec = MLP
     result = _result(ctx, spec)
     body = spec.request_body()
-    path = f"/v1/models/{MODEL}:predict"
+    runtimes = ctx.sizes["runtimes"]
     fronts = [f for f in ctx.sizes["fronts"] if f == "direct" or haproxy_front.available()]
-    runs: dict[tuple[str, int], list[dict[str, Any]]] = {
-        (f, m): [] for f in fronts for m in multipliers
+    runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {
+        (rt, f, m): [] for rt in runtimes for f in fronts for m in multipliers
     }
     slow: list[dict[str, Any]] = []
     capacities: list[LoadResult] = []
-    with ctx.fleet(MODEL) as fleet, contextlib.ExitStack() as stack:
+    models = [RUNTIME_MODELS[rt] for rt in runtimes]
+    with ctx.fleet(*models) as fleet, contextlib.ExitStack() as stack:
         learner = fleet.learner
-        url = learner.url + path
-        urls = {"direct": url}
+        urls: dict[tuple[str, str], str] = {}
+        for rt in runtimes:
+            urls[rt, "direct"] = f"{learner.url}/v1/models/{RUNTIME_MODELS[rt]}:predict"
         if "haproxy" in fronts:
             front = stack.enter_context(
                 haproxy_front.haproxy_front(learner.port, ctx.workdir / "haproxy")
             )
-            urls["haproxy"] = front.url + path
+            for rt in runtimes:
+                urls[rt, "haproxy"] = f"{front.url}/v1/models/{RUNTIME_MODELS[rt]}:predict"
         load_dir = ctx.workdir / "load"
         if not ctx.quick:  # first calls and connection setup are not measured
-            run_load(ctx.load_client, url, body, 16, 1.0, load_dir)
+            for rt in runtimes:
+                run_load(ctx.load_client, urls[rt, "direct"], body, 16, 1.0, load_dir)
         for r in range(rounds):
-            capacity = run_load(
-                ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
-            )
-            capacities.append(capacity)
-            cap_rps, cap_p99 = capacity.ok_rps, capacity.p99_ms
-            ctx.step(f"round {r + 1}/{rounds} capacity: {cap_rps:,.0f} req/s, p99 {cap_p99:.1f} ms")
-            for m in multipliers:
-                for f in fronts:
-                    over = _overloaded(ctx, learner, urls[f], url, body, m, capacity)
-                    over["front"] = f
-                    runs[f, m].append(over)
-                    ctx.step(_line(r, rounds, over))
-                    _settle(learner)
+            for rt in runtimes:
+                url, model = urls[rt, "direct"], RUNTIME_MODELS[rt]
+                capacity = run_load(
+                    ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
+                )
+                capacities.append(capacity)
+                cap_rps, cap_p99 = capacity.ok_rps, capacity.p99_ms
+                ctx.step(
+                    f"round {r + 1}/{rounds} {rt} capacity: {cap_rps:,.0f} req/s, "
+                    f"p99 {cap_p99:.1f} ms"
+                )
+                for m in multipliers:
+                    for f in fronts:
+                        over = _overloaded(ctx, learner, urls[rt, f], url, body, m, capacity)
+                        over["front"], over["runtime"] = f, rt
+                        runs[rt, f, m].append(over)
+                        ctx.step(_line(r, rounds, over))
+                        _settle(learner, model)
+            url = urls[runtimes[0], "direct"]
+            cap = capacities[-len(runtimes)]
             load = partial(run_load, ctx.load_client, url, body, CAPACITY_CLIENTS)
-            slow.append(with_slow_clients(learner, slow_clients, capacity, load, ctx.workdir))
+            slow.append(with_slow_clients(learner, slow_clients, cap, load, ctx.workdir))
             ctx.step(
                 f"round {r + 1}/{rounds} {slow_clients:,} slow clients: "
-                f"{slow[-1]['rps']:,.0f} req/s ({slow[-1]['rps'] / cap_rps:.2f}x), p99 "
+                f"{slow[-1]['rps']:,.0f} req/s ({slow[-1]['rps'] / cap.ok_rps:.2f}x), p99 "
                 f"{slow[-1]['p99_ms']:.1f} ms, {slow[-1]['descriptors']} more descriptors, "
                 f"{slow[-1]['still_connected']} slow ones still connected"
             )
-    for f in fronts:
-        for m in multipliers:
-            direct = runs["direct", m] if f != "direct" else None
-            result.rows.append(_row(f, m, runs[f, m], direct))
+    for rt in runtimes:
+        for f in fronts:
+            for m in multipliers:
+                direct = runs[rt, "direct", m] if f != "direct" else None
+                result.rows.append(_row(rt, f, m, runs[rt, f, m], direct))
     result.rows.append(slow_row(slow_clients, CAPACITY_CLIENTS, MAX_CONNECTIONS, slow))
     _check_answers(result, [o for v in runs.values() for o in v])
     result.extra["capacity"] = [c.to_json() for c in capacities]
     result.extra["slow_clients"] = slow
-    result.extra["runs"] = {f"{f} {m}": v for (f, m), v in runs.items()}
+    result.extra["runs"] = {f"{rt} {f} {m}": v for (rt, f, m), v in runs.items()}
     return result
 
 
@@ -176,6 +194,8 @@ def _result(ctx: Context, spec: ModelSpec) -> BenchResult:
             "capacity run again (the server's descriptors counted with psutil)",
         },
         settings={
+            "runtimes": "`serve.runtime` auto (the default: NumPy on the event loop) and keras "
+            "(the graph on the model thread), two models of the same server, in turn",
             "server": "`livefit serve`, default settings (admission by expected wait, "
             "`serve.max_queue_wait_ms` auto, `max_queue_rows` 4096, deadline 5 s)",
             "model": spec.describe(),
@@ -266,11 +286,11 @@ class _RssSampler:
         return {"start": self.samples[0], "peak": max(self.samples), "end": self.samples[-1]}
 
 
-def _settle(server: LivefitProcess, timeout: float = 30.0) -> None:
-    """Wait until nothing is queued for the model (the next run starts from empty)."""
+def _settle(server: LivefitProcess, model: str, timeout: float = 30.0) -> None:
+    """Wait until nothing is queued for ``model`` (the next run starts from empty)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if server.metric("livefit_predict_queue_rows", model=MODEL) == 0:
+        if server.metric("livefit_predict_queue_rows", model=model) == 0:
             return
         time.sleep(0.1)
 
@@ -280,7 +300,8 @@ def _line(r: int, rounds: int, o: dict[str, Any]) -> str:
     ok = f"{o['ok_p99_ms']:.1f}" if o["ok_p99_ms"] is not None else "-"
     rate = o["offered"] / o["seconds"]
     return (
-        f"round {r + 1}/{rounds} {o['front']} {o['multiplier']}x ({rate:,.0f} req/s): "
+        f"round {r + 1}/{rounds} {o['runtime']} {o['front']} {o['multiplier']}x "
+        f"({rate:,.0f} req/s): "
         f"goodput {o['goodput']:,.0f} req/s ({o['goodput'] / o['capacity_rps']:.2f}x), "
         f"200 p99 {ok} ms, 429 p99 {shed} ms, counts {o['counts']}, "
         f"recovery {o['recovery_s']:.2f} s, after {o['after_rps']:,.0f} req/s, "
@@ -294,11 +315,12 @@ def _answered(run: dict[str, Any]) -> float:
 
 
 def _row(
-    front: str, m: int, runs: list[dict[str, Any]], direct: list[dict[str, Any]] | None = None
-) -> Row:
-    """One front at one load; beside ``direct`` (the same rounds without a front), the
-    ratios of the pairs."""
-    row = Row(case={"front": front, "load": f"{m}x capacity"})
+    runtime: str, front: str, m: int, runs: list[dict[str, Any]],
+    direct: list[dict[str, Any]] | None = None,
+) -> Row:  # fmt: skip
+    """One runtime and front at one load; beside ``direct`` (the same rounds without a
+    front), the ratios of the pairs."""
+    row = Row(case={"runtime": runtime, "front": front, "load": f"{m}x capacity"})
     f = row.figures
     f["capacity req/s"] = Spread.of([o["capacity_rps"] for o in runs], "req/s")
     f["offered req/s"] = Spread.of([o["offered"] / o["seconds"] for o in runs], "req/s")
@@ -354,6 +376,7 @@ BENCHMARK = Benchmark(
             "probe_s": 1.0,
             "multipliers": (TARGET_MULTIPLIER,),
             "fronts": ("direct", "haproxy"),
+            "runtimes": ("auto", "keras"),
             "slow_clients": 200,
             "connections": 256,
         },
@@ -364,6 +387,7 @@ BENCHMARK = Benchmark(
             "probe_s": 3.0,
             "multipliers": (1, 2, 3),
             "fronts": ("direct", "haproxy"),
+            "runtimes": ("auto", "keras"),
             "slow_clients": SLOW_CLIENTS,
             "connections": 512,
         },

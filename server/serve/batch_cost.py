@@ -17,10 +17,13 @@ class BatchCost:
     Fitted online by exponentially weighted least squares over the last ``memory`` batches
     (older ones fade), so it follows the machine as it gets busier or quieter. A batch cycle
     is measured from the model call's start to the batcher being ready for the next one, so it
-    includes handing the batch to the model thread and back. Two prior points (one row and
-    ``prior_rows`` rows, from the warm-up timings when known) keep a small constant weight:
-    when every batch has the same size (a saturated server), the slope stays defined and the
-    prediction for that size is still exactly what was measured. Neither term goes negative.
+    includes handing the batch to the model thread and back, and with it the event loop's work
+    meanwhile; for a model called on the loop, the call and then the answered handlers' run
+    (writing their responses, the loop's real per-batch cost), which the batcher yields to
+    after answering. Two prior points (one row and ``prior_rows`` rows, from the warm-up
+    timings when known) keep a small constant weight: when every batch has the same size (a
+    saturated server), the slope stays defined and the prediction for that size is still
+    exactly what was measured. Neither term goes negative.
     """
 
     PRIOR_WEIGHT = 0.05  # each of the two prior points, against ~``memory`` for the data

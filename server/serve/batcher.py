@@ -11,7 +11,9 @@ away or whose deadline passed are dropped before the model call; an exception fr
 call reaches every request of its batch. The model call runs in a single-thread executor, off
 the loop; a model whose call costs less than the hand-over to that thread and back (``inline``:
 a NumPy forward pass of a few microseconds, ``ServingModel.runs_inline``) is called on the loop
-itself, which is then its model thread.
+itself, which is then its model thread; after each such batch the batcher yields to the loop
+before the next, so the answers are written and new requests read (and refused) in between,
+and the answered handlers' run counts in the batch cycle admission predicts waits from.
 
 This module owns the queue, the batch loop and the model thread. Admission by expected wait
 (``submit`` refuses at once with ``QueueFull`` a request that cannot be served in time) is the
@@ -225,16 +227,37 @@ class RequestBatcher:
                 log.exception("batcher %s failed; continuing", self.name)
 
     async def _cycle(self, batch: list[_Pending]) -> None:
-        """Run one batch; a successful one's time (call, hand-over and answers) feeds the cost."""
+        """Run one batch; a successful one's time (call, hand-over and answers) feeds the cost.
+
+        An inline model's call never yields, so the batch is answered in microseconds while
+        the work of its answers (each handler waking up, serializing and writing its response:
+        most of a batch's real cost to the event loop) would run after the cycle was timed,
+        and between no two batches; the expected wait would then count only the model call
+        and admit nearly everything. So the cycle yields to the event loop after answering
+        before it ends, and counts the answered handlers' run in it: a mark scheduled before
+        the answers runs just before their handlers (callbacks run in the order scheduled),
+        the batcher resumes just after them, and the cycle is the call plus that span. What
+        else the loop does in between (reading and refusing new requests) is left out: it is
+        not this batch's cost, and counting it made the wait grow with the refusal rate."""
         rows = sum(p.size for p in batch)
         started = time.monotonic()
         self.admission.batch_started(rows, started)
+        marks: list[float] = []
         try:
+            if self.inline:
+                asyncio.get_running_loop().call_soon(lambda: marks.append(time.monotonic()))
             ok = await self._run(batch)
+            answered = time.monotonic()
+            if self.inline:
+                await asyncio.sleep(0)  # the answered handlers run now (see above)
         finally:
             self.admission.batch_done()
         if ok:
-            self.cost.observe(rows, time.monotonic() - started)
+            now = time.monotonic()
+            seconds = now - started
+            if marks:  # the call, then the handlers' run (from the mark to now)
+                seconds = answered - started + max(0.0, now - marks[0])
+            self.cost.observe(rows, seconds)
 
     async def _wait_for_batch(self) -> None:
         """Return once enough rows are queued (``max_batch_size``, or fewer as "auto" decides)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
 
 from livefit.server.serve.admission import QueueFull
-from livefit.server.serve.batch_types import BatchStats, DeadlineExceeded
+from livefit.server.serve.batch_types import BatchStats, DeadlineExceeded, Prediction
 from livefit.server.serve.batcher import RequestBatcher
 
 HUGE_MS = 1e9
@@ -174,3 +175,47 @@ def test_stop_fails_queued_requests_instead_of_hanging() -> None:
             await pending
 
     asyncio.run(main())
+
+
+def test_inline_batch_cycle_counts_the_answers_loop_work_and_refuses_by_it() -> None:
+    """An inline model's call costs microseconds, but its answers cost the event loop their
+    handlers' work (serializing and writing the response). The batch cycle must count that
+    work, so that admission refuses once the queue's real wait is over the bound."""
+    answer_s = 200e-6  # each handler's work on the loop after its answer
+
+    async def main() -> tuple[float, list[object]]:
+        batcher = RequestBatcher(
+            "m", FakeModel(), max_batch_size=8, batch_timeout_ms=0, max_queue_rows=10_000,
+            max_queue_wait_ms=20.0, inline=True,
+        )  # fmt: skip
+        batcher.start()
+
+        async def handler(value: float) -> Prediction:
+            answer = await batcher.submit(rows(1, value), 30.0)
+            until = time.perf_counter() + answer_s
+            while time.perf_counter() < until:  # writing the answer, on the loop
+                pass
+            return answer
+
+        try:
+            for _ in range(8):  # rounds of 8 concurrent requests: the cost is learned
+                await asyncio.gather(*(handler(float(i)) for i in range(8)))
+            learned = batcher.cost.predict(8)
+            # 200 requests at once (all admitted or refused before the batcher runs again)
+            tasks = [asyncio.create_task(handler(float(i))) for i in range(200)]
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            return learned, outcomes
+        finally:
+            await batcher.stop()
+
+    learned, outcomes = asyncio.run(main())
+    refused = [o for o in outcomes if isinstance(o, QueueFull)]
+    answered = [o for o in outcomes if isinstance(o, Prediction)]
+    print(f"learned batch of 8: {learned * 1e3:.2f} ms; {len(refused)} refused, "
+          f"{len(answered)} answered")  # fmt: skip
+    # each batch of 8 costs the loop at least 8 answers' work (the busy-wait), whatever the load
+    assert learned >= 0.75 * 8 * answer_s
+    assert len(refused) + len(answered) == 200
+    assert all(o.reason == "wait" for o in refused)
+    # 20 ms admits about 12 batches of 1.6 ms or more; the rest is refused at once
+    assert 50 <= len(refused) <= 200 - 8
