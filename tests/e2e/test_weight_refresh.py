@@ -226,8 +226,12 @@ def test_two_learners_fighting_over_the_topic_back_off_for_good_and_log_little(
     for _, _, restores in learners:
         gaps = np.diff(restores)
         assert len(restores) >= 6, restores
-        # 0, 0.05, 0.1, 0.2 s, then 0.3 s for good: never a burst of restores again
-        assert gaps[4:].min() >= 0.3 * 0.95, gaps.round(3).tolist()
+        # 0, 0.05, 0.1, 0.2 s, then 0.3 s for good: never a burst of restores again. A restore
+        # that a loaded machine runs late shortens the gap after it (0.36 s, then 0.25 s: seen
+        # on 2 busy cores), so each gap is held to most of the maximum and their median to it;
+        # the old bug (the gap back to 0 at the maximum) gives gaps of 0 to 0.1 s.
+        assert gaps[4:].min() >= 0.3 * 0.6, gaps.round(3).tolist()
+        assert np.median(gaps[4:]) >= 0.3 * 0.95, gaps.round(3).tolist()
     foreign = [r for r in caplog.records if "is not this learner's" in r.getMessage()]
     errors = [r for r in foreign if r.levelno == logging.ERROR]
     assert len(errors) == 2, [r.getMessage()[:80] for r in errors]  # one per learner
