@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from .broker_urls import broker_url_list, hide_credentials, parse_broker_urls
 from .machine import default_serving_processes
 
 MIN_WORKER_TIMEOUT_S = 3.0  # http.worker_timeout_s: three heartbeats (server/base/heartbeat.py)
-MAX_BROKER_URLS = 64  # broker.url: nodes of one cluster; more is a mistake, not a cluster
 
 
 class Section(BaseModel):
@@ -71,29 +70,14 @@ class BrokerSettings(Section):
                 )
         if len({url.partition("://")[0] for url in urls}) > 1:
             raise ValueError("mixes mqtt:// and mqtts://: every node must use the same one")
+        # What the clients will parse, parsed now: a bad port, no host, the same node twice or
+        # different users stop the process here, not in its startup with a traceback.
+        parse_broker_urls(urls)
         return value
 
     def urls(self) -> list[str]:
         """The broker URLs, one per node (``["auto"]`` for auto)."""
         return ["auto"] if self.url == "auto" else broker_url_list(self.url)
-
-
-def broker_url_list(value: str | Sequence[str]) -> list[str]:
-    """``broker.url`` as a list of URLs: a list as it is, a string split at its commas, blanks
-    around each stripped; ValueError for none, an empty one, or more than ``MAX_BROKER_URLS``."""
-    urls = [u.strip() for u in (value.split(",") if isinstance(value, str) else value)]
-    if not urls or not all(isinstance(u, str) and u for u in urls):
-        raise ValueError("no broker URL, or an empty one in the list (a stray comma?)")
-    if len(urls) > MAX_BROKER_URLS:
-        raise ValueError(
-            f"{len(urls)} broker URLs: at most {MAX_BROKER_URLS} (the nodes of one cluster)"
-        )
-    return urls
-
-
-def hide_credentials(url: str) -> str:
-    """``url`` as a log line or an error may show it: the user and password replaced."""
-    return re.sub(r"//[^/@]*@", "//***@", url)
 
 
 class HttpSettings(Section):

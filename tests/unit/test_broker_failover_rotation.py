@@ -17,7 +17,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import ValidationError
 
 from livefit.server.base.metrics import Metrics
-from livefit.server.config.sections import MAX_BROKER_URLS, BrokerSettings
+from livefit.server.config.broker_urls import MAX_BROKER_URLS
+from livefit.server.config.sections import BrokerSettings
 from livefit.server.config.settings import ConfigError, load_settings
 from livefit.server.mqtt.broker import BrokerAddress, parse_broker_urls
 from livefit.server.mqtt.failover import Failover, NodeRotation, Resubscriber
@@ -67,6 +68,8 @@ def test_one_url_is_one_node() -> None:
         ("mqtt://a:1,http://b:2", "mqtt:// or mqtts://"),
         ("mqtt://a:1,mqtt://a:1", "twice"),
         ("mqtt://u:p@a:1,mqtt://v:p@b:2", "different users"),
+        ("mqtt://h:0", "port 0"),  # was taken as no port: 1883, perhaps another broker
+        ("mqtt://[::1:1", "Invalid IPv6"),
     ],
 )
 def test_bad_node_lists_are_refused_with_the_reason(value: str | list[str], says: str) -> None:
@@ -81,6 +84,32 @@ def test_bad_node_lists_are_refused_with_the_reason(value: str | list[str], says
 def test_settings_refuse_bad_node_lists(value: str | list[str]) -> None:
     with pytest.raises(ValidationError):
         BrokerSettings(url=value)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("mqtt://a:1,mqtt://A:1", "twice"),
+        ("mqtt://h,mqtt://h:1883", "twice"),
+        ("mqtt://h:abc", "invalid port"),
+        ("mqtt://h:99999", "invalid port"),
+        ("mqtt://h:0", "port 0"),
+        ("mqtt://u:p@:1883", "must look like"),
+        ("mqtt://u:p#q@h:1", "must look like"),
+        ("mqtt://u@a:1,mqtt://u:p@b:2", "different users"),
+        ("mqtt://[::1:1", "Invalid IPv6"),
+    ],
+)
+def test_the_settings_refuse_what_the_clients_would_refuse_when_the_file_loads(
+    tmp_path: Path, value: str, says: str
+) -> None:
+    """Before, these loaded, and `livefit serve`/`replica` died in startup with a traceback
+    (or, for port 0, connected to 1883)."""
+    config = tmp_path / "c.toml"
+    config.write_text(learner_config("mqtt://x:1", tmp_path / "data", "env-nodes"))
+    with pytest.raises(ConfigError, match=says) as refused:
+        load_settings(config, environ={"LIVEFIT_BROKER__URL": value})
+    assert "LIVEFIT_BROKER__URL" in str(refused.value)
 
 
 def test_credentials_written_once_apply_to_every_node_and_are_never_shown() -> None:
