@@ -108,6 +108,12 @@ def broker_url_list(value: str | Sequence[str]) -> list[str]:
     urls = [u.strip() for u in (value.split(",") if isinstance(value, str) else value)]
     if not urls or not all(isinstance(u, str) and u for u in urls):
         raise ValueError("no broker URL, or an empty one in the list (a stray comma?)")
+    if isinstance(value, str) and "@" in value and not all("://" in u for u in urls):
+        # A comma in a password splits its URL: neither piece may be shown.
+        raise ValueError(
+            "a piece between commas is no URL: a comma inside a password? Percent-encode it "
+            "(%2C), as any of : / @ # ? % in a password"
+        )
     if len(urls) > MAX_BROKER_URLS:
         raise ValueError(
             f"{len(urls)} broker URLs: at most {MAX_BROKER_URLS} (the nodes of one cluster)"
@@ -116,5 +122,8 @@ def broker_url_list(value: str | Sequence[str]) -> list[str]:
 
 
 def hide_credentials(url: str) -> str:
-    """``url`` as a log line or an error may show it: the user and password replaced."""
-    return re.sub(r"//[^/@]*@", "//***@", url)
+    """``url`` as a log line or an error may show it: the user and password replaced, everything
+    from ``//`` to the last ``@`` (a password may hold a ``/``, ``#`` or ``@`` that a URL would
+    need percent-encoded: the error about it must not show it). In a string of several URLs
+    that hides the nodes before the last ``@`` too: more hidden, never a password shown."""
+    return re.sub(r"//.*@", "//***@", url, flags=re.DOTALL)

@@ -66,7 +66,8 @@ class BrokerSettings(Section):
             if not re.match(r"^mqtts?://[^/]+$", url):
                 raise ValueError(
                     '"auto", mqtt://[user:pass@]host:port or mqtts://..., or a list of such URLs '
-                    f"(a cluster's nodes), expected; got {hide_credentials(url)!r}"
+                    f"(a cluster's nodes), expected (percent-encode : / @ # ? % in a password); "
+                    f"got {hide_credentials(url)!r}"
                 )
         if len({url.partition("://")[0] for url in urls}) > 1:
             raise ValueError("mixes mqtt:// and mqtts://: every node must use the same one")

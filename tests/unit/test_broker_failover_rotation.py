@@ -112,6 +112,26 @@ def test_the_settings_refuse_what_the_clients_would_refuse_when_the_file_loads(
     assert "LIVEFIT_BROKER__URL" in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "mqtt://replica:Ab3/x+SECRET@mosquitto:1883",  # a base64 password: '/' in it
+        "mqtt://a:1,mqtt://u:Ab/SECRET@b:2",
+        "mqtt://u:SE,CRET@h:1",  # a comma splits the URL: neither piece may be shown
+        "mqtt://u:p@SECRET#x@h:1",
+        "mqtt://u:SECRET@h:1\nmqtt://h:2",
+    ],
+)
+def test_a_refused_url_never_shows_its_password(tmp_path: Path, value: str) -> None:
+    """Before, a password holding '/' (or a comma) was shown whole in the error, twice."""
+    config = tmp_path / "c.toml"
+    config.write_text(learner_config("mqtt://x:1", tmp_path / "data", "env-nodes"))
+    with pytest.raises(ConfigError) as refused:
+        load_settings(config, environ={"LIVEFIT_BROKER__URL": value})
+    for secret in ("SECRET", "SE", "CRET", "Ab3", "Ab/"):
+        assert secret not in str(refused.value), str(refused.value)
+
+
 def test_credentials_written_once_apply_to_every_node_and_are_never_shown() -> None:
     parsed = parse_broker_urls("mqtt://a:1,mqtt://learner:s3cret@b:2,mqtt://c:3")
     assert {(a.username, a.password) for a in parsed} == {("learner", "s3cret")}
