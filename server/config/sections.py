@@ -86,7 +86,7 @@ class HttpSettings(Section):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    public_url: str | None = None  # default http://<host>:<port>; put in weight manifests
+    public_url: str | None = None  # default http://<host>:<port>; replicas sharing it pull here
     token: SecretStr | None = None  # bearer token for the weight download (and predictions)
     protect_predictions: bool = False  # require the token on prediction and model endpoints
     body_timeout_s: float = Field(10.0, gt=0)  # a request body must arrive within this
@@ -111,6 +111,17 @@ class HttpSettings(Section):
     # 0 turns the check off; otherwise at least MIN_WORKER_TIMEOUT_S (a serving process beats
     # every second: below a few beats the check kills processes that run).
     worker_timeout_s: float = Field(30.0, ge=0)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url_without_credentials(cls, value: str | None) -> str | None:
+        # A replica sharing this config pulls from it and logs it as its pull origin.
+        if value is not None and "@" in value.split("://", 1)[-1].split("/", 1)[0]:
+            raise ValueError(
+                "no user or password in the URL (a replica logs it as where it pulls from); "
+                "set http.token"
+            )
+        return value
 
     @field_validator("worker_timeout_s")
     @classmethod

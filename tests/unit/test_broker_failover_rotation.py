@@ -276,3 +276,19 @@ def test_a_cancelled_resubscriber_sends_nothing() -> None:
     resubscriber.refused("t", lambda: calls.append(2))
     time.sleep(1.2)
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("LIVEFIT_MODELS__DEMO__WEIGHTS__PULL_URL", "http://u:SECRET@learner:8000"),
+        ("LIVEFIT_HTTP__PUBLIC_URL", "http://u:SECRET@learner:8000"),
+    ],
+)
+def test_pull_urls_carry_no_password(tmp_path: Path, key: str, value: str) -> None:
+    """A replica logs its pull origin at start; before, a password in it was logged with it."""
+    config = tmp_path / "c.toml"
+    config.write_text(learner_config("mqtt://x:1", tmp_path / "data", "env-nodes"))
+    with pytest.raises(ConfigError, match="no user or password") as refused:
+        load_settings(config, environ={key: value})
+    assert "SECRET" not in str(refused.value)
