@@ -21,6 +21,7 @@ from livefit.server.config.broker_urls import MAX_BROKER_URLS
 from livefit.server.config.sections import BrokerSettings
 from livefit.server.config.settings import ConfigError, load_settings
 from livefit.server.mqtt.broker import BrokerAddress, parse_broker_urls
+from livefit.server.mqtt.connection_status import ConnectionStatus
 from livefit.server.mqtt.failover import Failover, NodeRotation, Resubscriber
 from tests.configs import learner_config
 
@@ -292,3 +293,21 @@ def test_pull_urls_carry_no_password(tmp_path: Path, key: str, value: str) -> No
     with pytest.raises(ConfigError, match="no user or password") as refused:
         load_settings(config, environ={key: value})
     assert "SECRET" not in str(refused.value)
+
+
+def test_readiness_names_every_node_once_each_has_failed() -> None:
+    """Before, with every node down, readiness named the first node alone with the count of
+    the attempts on all of them: 'MQTT broker at mqtt://n0 unreachable (6 ... failed)'."""
+    three = nodes(3)
+    status = ConnectionStatus(three[0], "learner-demo", BrokerSettings(), nodes=three)
+    status.failed()
+    assert str(three[0]) in status.reason() and "every node" not in status.reason()
+    status.failed()
+    status.failed()
+    reason = status.reason()
+    assert "every node" in reason and all(str(node) in reason for node in three), reason
+    status.succeeded()
+    alone = ConnectionStatus(three[0], "learner-demo", BrokerSettings())
+    for _ in range(5):
+        alone.failed()
+    assert "every node" not in alone.reason() and str(three[0]) in alone.reason()
