@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from .broker_urls import broker_url_list, hide_credentials, parse_broker_urls
 from .machine import default_serving_processes
 
 MIN_WORKER_TIMEOUT_S = 3.0  # http.worker_timeout_s: three heartbeats (server/base/heartbeat.py)
-MAX_BROKER_URLS = 64  # broker.url: nodes of one cluster; more is a mistake, not a cluster
 
 
 class Section(BaseModel):
@@ -67,10 +66,14 @@ class BrokerSettings(Section):
             if not re.match(r"^mqtts?://[^/]+$", url):
                 raise ValueError(
                     '"auto", mqtt://[user:pass@]host:port or mqtts://..., or a list of such URLs '
-                    f"(a cluster's nodes), expected; got {hide_credentials(url)!r}"
+                    f"(a cluster's nodes), expected (percent-encode : / @ # ? % in a password); "
+                    f"got {hide_credentials(url)!r}"
                 )
         if len({url.partition("://")[0] for url in urls}) > 1:
             raise ValueError("mixes mqtt:// and mqtts://: every node must use the same one")
+        # What the clients will parse, parsed now: a bad port, no host, the same node twice or
+        # different users stop the process here, not in its startup with a traceback.
+        parse_broker_urls(urls)
         return value
 
     def urls(self) -> list[str]:
@@ -78,30 +81,12 @@ class BrokerSettings(Section):
         return ["auto"] if self.url == "auto" else broker_url_list(self.url)
 
 
-def broker_url_list(value: str | Sequence[str]) -> list[str]:
-    """``broker.url`` as a list of URLs: a list as it is, a string split at its commas, blanks
-    around each stripped; ValueError for none, an empty one, or more than ``MAX_BROKER_URLS``."""
-    urls = [u.strip() for u in (value.split(",") if isinstance(value, str) else value)]
-    if not urls or not all(isinstance(u, str) and u for u in urls):
-        raise ValueError("no broker URL, or an empty one in the list (a stray comma?)")
-    if len(urls) > MAX_BROKER_URLS:
-        raise ValueError(
-            f"{len(urls)} broker URLs: at most {MAX_BROKER_URLS} (the nodes of one cluster)"
-        )
-    return urls
-
-
-def hide_credentials(url: str) -> str:
-    """``url`` as a log line or an error may show it: the user and password replaced."""
-    return re.sub(r"//[^/@]*@", "//***@", url)
-
-
 class HttpSettings(Section):
     """Where the HTTP API listens, and the address other processes use to reach it."""
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    public_url: str | None = None  # default http://<host>:<port>; put in weight manifests
+    public_url: str | None = None  # default http://<host>:<port>; replicas sharing it pull here
     token: SecretStr | None = None  # bearer token for the weight download (and predictions)
     protect_predictions: bool = False  # require the token on prediction and model endpoints
     body_timeout_s: float = Field(10.0, gt=0)  # a request body must arrive within this
@@ -126,6 +111,17 @@ class HttpSettings(Section):
     # 0 turns the check off; otherwise at least MIN_WORKER_TIMEOUT_S (a serving process beats
     # every second: below a few beats the check kills processes that run).
     worker_timeout_s: float = Field(30.0, ge=0)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url_without_credentials(cls, value: str | None) -> str | None:
+        # A replica sharing this config pulls from it and logs it as its pull origin.
+        if value is not None and "@" in value.split("://", 1)[-1].split("/", 1)[0]:
+            raise ValueError(
+                "no user or password in the URL (a replica logs it as where it pulls from); "
+                "set http.token"
+            )
+        return value
 
     @field_validator("worker_timeout_s")
     @classmethod

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError, field_validator, model_validator
 
+from .broker_urls import hide_credentials
 from .model import ModelSettings
 from .sections import (
     BrokerSettings,
@@ -204,7 +205,7 @@ def _shown_env_value(name: str, raw: str) -> str:
     """An environment value as an error may show it: secrets and URL credentials hidden."""
     if name in ("token", "pull_token", "hmac_key", "password"):
         return "***"
-    shown = re.sub(r"//[^/@]*@", "//***@", raw)
+    shown = hide_credentials(raw)
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 

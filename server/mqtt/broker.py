@@ -1,97 +1,20 @@
-"""Where the broker is: ``mqtt[s]://`` URLs parsed into ``BrokerAddress`` es, one per node of a
-cluster (``parse_broker_urls``). Resolving ``url = "auto"`` (finding or starting a broker) is
-``runtime.broker``'s; which node to try next is ``failover``'s.
-
-Several nodes: ``broker.url`` is a TOML list of URLs or one string of URLs separated by commas
-(what an environment variable can carry). All speak the same scheme (``mqtt`` or ``mqtts``:
-one TLS setting serves them all), and share one user: credentials may be written on any of the
-URLs, and URLs that carry them must carry the same ones (a cluster has one user database).
+"""Where the broker is: one ``BrokerAddress`` per node of a cluster. The URLs are parsed by
+``config.broker_urls`` (the settings validate ``broker.url`` with it when the file loads), whose
+names are re-exported here for the clients; resolving ``url = "auto"`` (finding or starting a
+broker) is ``runtime.broker``'s; which node to try next is ``failover``'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 
-from ..config.sections import broker_url_list, hide_credentials
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 1883
-DEFAULT_TLS_PORT = 8883
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerAddress:
-    """A broker endpoint, parsed from ``mqtt[s]://[user:pass@]host[:port]``."""
-
-    host: str
-    port: int
-    tls: bool = False
-    username: str | None = None
-    password: str | None = None
-
-    def __str__(self) -> str:  # never shows the password
-        scheme = "mqtts" if self.tls else "mqtt"
-        user = f"{self.username}@" if self.username else ""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{scheme}://{user}{host}:{self.port}"
-
-    @property
-    def node(self) -> str:
-        """``host:port``: the node's name in logs and metric labels (no user, no password)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-
-def parse_broker_url(url: str) -> BrokerAddress:
-    """Parse one broker URL; ValueError names what is wrong (never the password)."""
-    parts = urlsplit(url)
-    shown = hide_credentials(url)
-    if parts.scheme not in ("mqtt", "mqtts"):
-        raise ValueError(f"broker URL must start with mqtt:// or mqtts://, got {shown!r}")
-    if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError(f"broker URL must look like mqtt://[user:pass@]host:port, got {shown!r}")
-    tls = parts.scheme == "mqtts"
-    port_text = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
-    if port_text and not (port_text.isascii() and port_text.isdigit()):
-        raise ValueError(f"broker URL has an invalid port: {shown!r}")
-    try:
-        port = parts.port or (DEFAULT_TLS_PORT if tls else DEFAULT_PORT)
-    except ValueError:
-        raise ValueError(f"broker URL has an invalid port: {shown!r}") from None
-    return BrokerAddress(
-        host=parts.hostname,
-        port=port,
-        tls=tls,
-        username=unquote(parts.username) if parts.username is not None else None,
-        password=unquote(parts.password) if parts.password is not None else None,
-    )
-
-
-def parse_broker_urls(value: str | Sequence[str]) -> tuple[BrokerAddress, ...]:
-    """The nodes ``value`` names, in order: one URL, URLs separated by commas, or a list of
-    URLs. ValueError names what is wrong: no URL, too many, one malformed, mixed schemes, the
-    same node twice, different users."""
-    nodes = tuple(parse_broker_url(url) for url in broker_url_list(value))
-    if len({node.tls for node in nodes}) > 1:
-        raise ValueError("broker URLs mix mqtt:// and mqtts://: every node must use the same one")
-    seen: set[tuple[str, int]] = set()
-    for node in nodes:
-        if (node.host, node.port) in seen:
-            raise ValueError(f"broker URLs name {node.node} twice")
-        seen.add((node.host, node.port))
-    users = {(n.username, n.password) for n in nodes if n.username is not None}
-    if len(users) > 1:
-        raise ValueError(
-            "broker URLs carry different users or passwords: a cluster has one user, write it "
-            "on one URL (or the same on each)"
-        )
-    if users:
-        username, password = users.pop()
-        nodes = tuple(dataclasses.replace(n, username=username, password=password) for n in nodes)
-    return nodes
+# The parse lives with the settings, which validate broker.url by it; re-exported for clients.
+from ..config.broker_urls import DEFAULT_HOST as DEFAULT_HOST
+from ..config.broker_urls import DEFAULT_PORT as DEFAULT_PORT
+from ..config.broker_urls import DEFAULT_TLS_PORT as DEFAULT_TLS_PORT
+from ..config.broker_urls import BrokerAddress as BrokerAddress
+from ..config.broker_urls import parse_broker_url as parse_broker_url
+from ..config.broker_urls import parse_broker_urls as parse_broker_urls
 
 
 def as_nodes(address: BrokerAddress | Sequence[BrokerAddress]) -> tuple[BrokerAddress, ...]:

@@ -91,7 +91,7 @@ class MqttConnection:
         self.client_id = client_id or settings.client_id
         self.failover = Failover(nodes, settings, self.client_id, metrics)
         self.resubscriber = Resubscriber(f"MQTT client {self.client_id!r}")
-        self.status = ConnectionStatus(nodes[0], self.client_id, settings)
+        self.status = ConnectionStatus(nodes[0], self.client_id, settings, nodes=nodes)
         self._ack_lock = threading.Lock()  # an ack is sent on the connection it belongs to
         self._session = 0  # this connection's number: + 1 at every lost connection
         self.guard = PublishGuard(

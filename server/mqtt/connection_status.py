@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..config.sections import BrokerSettings
@@ -33,9 +34,11 @@ class ConnectionStatus:
     (at once again when the failure changes, e.g. from unreachable to refused)."""
 
     def __init__(
-        self, address: BrokerAddress, client_id: str, settings: BrokerSettings, what: str = ""
-    ) -> None:
-        self.address = address
+        self, address: BrokerAddress, client_id: str, settings: BrokerSettings, what: str = "",
+        nodes: Sequence[BrokerAddress] = (),
+    ) -> None:  # fmt: skip
+        self.address = address  # the node tried now (failover moves it)
+        self.nodes = tuple(nodes)  # a cluster's nodes: named all once every one has failed
         self.client_id = client_id
         self.retry_s = max(1, round(settings.reconnect_max_s))
         self.what = what  # e.g. "weight stream of demo: "; empty for the learner's samples
@@ -63,13 +66,13 @@ class ConnectionStatus:
             log.warning(
                 "%sMQTT broker at %s unreachable for client id %r (%d connection %s failed); "
                 "retrying every %d s at most",
-                self.what, self.address, self.client_id, self.failures, attempts, self.retry_s,
+                self.what, self.where(), self.client_id, self.failures, attempts, self.retry_s,
             )  # fmt: skip
         else:
             log.error(
                 "%sMQTT broker at %s refused the connection for client id %r: %s (%d connection "
                 "%s failed); retrying every %d s at most",
-                self.what, self.address, self.client_id, text, self.failures, attempts,
+                self.what, self.where(), self.client_id, text, self.failures, attempts,
                 self.retry_s,
             )  # fmt: skip
 
@@ -79,17 +82,25 @@ class ConnectionStatus:
         self.connected.set()
         return failed
 
+    def where(self) -> str:
+        """The node tried now; with several nodes once as many attempts failed as there are
+        nodes (each was tried), every node: one of them alone would send an operator to check
+        that one while the count covers them all."""
+        if len(self.nodes) > 1 and self.failures >= len(self.nodes):
+            return f"every node ({', '.join(str(node) for node in self.nodes)})"
+        return str(self.address)
+
     def reason(self) -> str:
         """Why there is no connection, for readiness and the dashboard."""
         attempts = "attempt" if self.failures == 1 else "attempts"
         if self.refusal is not None:
             return (
-                f"MQTT broker at {self.address} refused the connection: {self.refusal} "
+                f"MQTT broker at {self.where()} refused the connection: {self.refusal} "
                 f"({self.failures} connection {attempts} failed)"
             )
         if self.failures:
             return (
-                f"MQTT broker at {self.address} unreachable "
+                f"MQTT broker at {self.where()} unreachable "
                 f"({self.failures} connection {attempts} failed)"
             )
         return f"not connected to the MQTT broker at {self.address}"

@@ -61,7 +61,7 @@ class WeightReceiver(WeightVerifier):
         what = f"weight stream of {model}: "
         self.failover = Failover(nodes, self.broker, client_id, what=what)
         self.resubscriber = Resubscriber(f"weight stream of {model}")
-        self.status = ConnectionStatus(nodes[0], client_id, self.broker, what=what)
+        self.status = ConnectionStatus(nodes[0], client_id, self.broker, what=what, nodes=nodes)
         self.connected = self.status.connected
         self._client = self._make_client(client_id)
 

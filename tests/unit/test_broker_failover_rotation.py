@@ -17,9 +17,11 @@ from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import ValidationError
 
 from livefit.server.base.metrics import Metrics
-from livefit.server.config.sections import MAX_BROKER_URLS, BrokerSettings
+from livefit.server.config.broker_urls import MAX_BROKER_URLS
+from livefit.server.config.sections import BrokerSettings
 from livefit.server.config.settings import ConfigError, load_settings
 from livefit.server.mqtt.broker import BrokerAddress, parse_broker_urls
+from livefit.server.mqtt.connection_status import ConnectionStatus
 from livefit.server.mqtt.failover import Failover, NodeRotation, Resubscriber
 from tests.configs import learner_config
 
@@ -67,6 +69,8 @@ def test_one_url_is_one_node() -> None:
         ("mqtt://a:1,http://b:2", "mqtt:// or mqtts://"),
         ("mqtt://a:1,mqtt://a:1", "twice"),
         ("mqtt://u:p@a:1,mqtt://v:p@b:2", "different users"),
+        ("mqtt://h:0", "port 0"),  # was taken as no port: 1883, perhaps another broker
+        ("mqtt://[::1:1", "Invalid IPv6"),
     ],
 )
 def test_bad_node_lists_are_refused_with_the_reason(value: str | list[str], says: str) -> None:
@@ -81,6 +85,52 @@ def test_bad_node_lists_are_refused_with_the_reason(value: str | list[str], says
 def test_settings_refuse_bad_node_lists(value: str | list[str]) -> None:
     with pytest.raises(ValidationError):
         BrokerSettings(url=value)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("mqtt://a:1,mqtt://A:1", "twice"),
+        ("mqtt://h,mqtt://h:1883", "twice"),
+        ("mqtt://h:abc", "invalid port"),
+        ("mqtt://h:99999", "invalid port"),
+        ("mqtt://h:0", "port 0"),
+        ("mqtt://u:p@:1883", "must look like"),
+        ("mqtt://u:p#q@h:1", "must look like"),
+        ("mqtt://u@a:1,mqtt://u:p@b:2", "different users"),
+        ("mqtt://[::1:1", "Invalid IPv6"),
+    ],
+)
+def test_the_settings_refuse_what_the_clients_would_refuse_when_the_file_loads(
+    tmp_path: Path, value: str, says: str
+) -> None:
+    """Before, these loaded, and `livefit serve`/`replica` died in startup with a traceback
+    (or, for port 0, connected to 1883)."""
+    config = tmp_path / "c.toml"
+    config.write_text(learner_config("mqtt://x:1", tmp_path / "data", "env-nodes"))
+    with pytest.raises(ConfigError, match=says) as refused:
+        load_settings(config, environ={"LIVEFIT_BROKER__URL": value})
+    assert "LIVEFIT_BROKER__URL" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "mqtt://replica:Ab3/x+SECRET@mosquitto:1883",  # a base64 password: '/' in it
+        "mqtt://a:1,mqtt://u:Ab/SECRET@b:2",
+        "mqtt://u:SE,CRET@h:1",  # a comma splits the URL: neither piece may be shown
+        "mqtt://u:p@SECRET#x@h:1",
+        "mqtt://u:SECRET@h:1\nmqtt://h:2",
+    ],
+)
+def test_a_refused_url_never_shows_its_password(tmp_path: Path, value: str) -> None:
+    """Before, a password holding '/' (or a comma) was shown whole in the error, twice."""
+    config = tmp_path / "c.toml"
+    config.write_text(learner_config("mqtt://x:1", tmp_path / "data", "env-nodes"))
+    with pytest.raises(ConfigError) as refused:
+        load_settings(config, environ={"LIVEFIT_BROKER__URL": value})
+    for secret in ("SECRET", "SE", "CRET", "Ab3", "Ab/"):
+        assert secret not in str(refused.value), str(refused.value)
 
 
 def test_credentials_written_once_apply_to_every_node_and_are_never_shown() -> None:
@@ -227,3 +277,37 @@ def test_a_cancelled_resubscriber_sends_nothing() -> None:
     resubscriber.refused("t", lambda: calls.append(2))
     time.sleep(1.2)
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("LIVEFIT_MODELS__DEMO__WEIGHTS__PULL_URL", "http://u:SECRET@learner:8000"),
+        ("LIVEFIT_HTTP__PUBLIC_URL", "http://u:SECRET@learner:8000"),
+    ],
+)
+def test_pull_urls_carry_no_password(tmp_path: Path, key: str, value: str) -> None:
+    """A replica logs its pull origin at start; before, a password in it was logged with it."""
+    config = tmp_path / "c.toml"
+    config.write_text(learner_config("mqtt://x:1", tmp_path / "data", "env-nodes"))
+    with pytest.raises(ConfigError, match="no user or password") as refused:
+        load_settings(config, environ={key: value})
+    assert "SECRET" not in str(refused.value)
+
+
+def test_readiness_names_every_node_once_each_has_failed() -> None:
+    """Before, with every node down, readiness named the first node alone with the count of
+    the attempts on all of them: 'MQTT broker at mqtt://n0 unreachable (6 ... failed)'."""
+    three = nodes(3)
+    status = ConnectionStatus(three[0], "learner-demo", BrokerSettings(), nodes=three)
+    status.failed()
+    assert str(three[0]) in status.reason() and "every node" not in status.reason()
+    status.failed()
+    status.failed()
+    reason = status.reason()
+    assert "every node" in reason and all(str(node) in reason for node in three), reason
+    status.succeeded()
+    alone = ConnectionStatus(three[0], "learner-demo", BrokerSettings())
+    for _ in range(5):
+        alone.failed()
+    assert "every node" not in alone.reason() and str(three[0]) in alone.reason()
