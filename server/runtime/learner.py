@@ -331,10 +331,9 @@ class LearnerRuntime:
         """Count a detected drift and report it on the model's events topic."""
         self.metrics.group(TrainingStateMetrics).drift_detected.labels(model=name).inc()
         runtime = self.models.get(name)
-        connection = runtime.connection if runtime is not None else None
-        if connection is None or runtime is None or runtime.trainer is None:
+        if runtime is None or runtime.trainer is None:
             return
-        event = {
+        self._publish_event(name, {
             "event": "drift",
             "model": name,
             "detections": detections,
@@ -342,19 +341,14 @@ class LearnerRuntime:
             "samples_seen": runtime.trainer.samples_seen,
             "reaction": runtime.settings.drift.reaction,
             "time": time.time(),
-        }
-        connection.publish(
-            self.settings.events_topic(name), json.dumps(event).encode(), qos=1,
-            content_type="application/json",
-        )  # fmt: skip
+        })  # fmt: skip
 
     def report_selection(self, name: str, switch: Switch, version: int) -> None:
         """Report a change of the served candidate on the model's events topic."""
         runtime = self.models.get(name)
-        connection = runtime.connection if runtime is not None else None
-        if connection is None or runtime is None or runtime.trainer is None:
+        if runtime is None or runtime.trainer is None:
             return
-        event = {
+        self._publish_event(name, {
             "event": "selection",
             "model": name,
             "served": switch.new,
@@ -363,8 +357,15 @@ class LearnerRuntime:
             "version": version,
             "samples_seen": runtime.trainer.samples_seen,
             "time": time.time(),
-        }
-        connection.publish(
+        })  # fmt: skip
+
+    def _publish_event(self, name: str, event: dict[str, object]) -> None:
+        """Publish ``event`` as JSON on the model's events topic (QoS 1), when the model has a
+        broker connection."""
+        runtime = self.models.get(name)
+        if runtime is None or runtime.connection is None:
+            return
+        runtime.connection.publish(
             self.settings.events_topic(name), json.dumps(event).encode(), qos=1,
             content_type="application/json",
         )  # fmt: skip
