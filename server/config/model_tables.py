@@ -74,7 +74,8 @@ class DriftSettings(Section):
     enabled: bool = True  # detect, count and report drift (a cheap test on the losses)
     method: Literal["page_hinkley", "adwin"] = "page_hinkley"
     threshold: float = Field(50.0, gt=0)  # Page-Hinkley lambda, in standardised loss units
-    # "none": log and count only; "reset_optimizer": zero the optimizer state; "boost_lr":
+    # "none": log and count only; "reset_optimizer": a fresh optimizer state (the learning rate
+    # kept); "boost_lr":
     # boost_factor times the learning rate for boost_steps steps, then back at once;
     # "flush_replay": empty the replay buffer (it holds the old concept); "recover": empty the
     # replay buffer and boost the learning rate by boost_factor, decaying linearly to the
