@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from livefit.models import names
 
-from .sections import Section
+from .sections import Section, without_credentials
 from .topic_filters import checked_topic
 
 
@@ -274,11 +274,7 @@ class WeightsSettings(Section):
     def _check_pull_url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^https?://[^/?#]+(/[^?#]*)?$", value):
             raise ValueError("must be the learner's base URL, http(s)://host:port")
-        if value is not None and "@" in value.split("://", 1)[1].split("/", 1)[0]:
-            # The URL is logged at start: a user and password in it would be too.
-            raise ValueError(
-                "no user or password in the URL (it is logged): set weights.pull_token"
-            )
+        without_credentials(value, "weights.pull_token")
         return value.rstrip("/") if value else value
 
     @field_validator("pull_token")

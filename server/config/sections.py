@@ -21,6 +21,14 @@ from .machine import default_serving_processes
 MIN_WORKER_TIMEOUT_S = 3.0  # http.worker_timeout_s: three heartbeats (server/base/heartbeat.py)
 
 
+def without_credentials(url: str | None, secret_setting: str) -> str | None:
+    """``url`` unchanged, or ValueError if it carries a user or password: livefit logs the HTTP
+    URLs it pulls from, so a secret goes in ``secret_setting`` (a header), never in the URL."""
+    if url is not None and "@" in url.split("://", 1)[-1].split("/", 1)[0]:
+        raise ValueError(f"no user or password in the URL (it is logged): set {secret_setting}")
+    return url
+
+
 class Section(BaseModel):
     # Numbers become strings where a string is expected: LIVEFIT_..._HMAC_KEY=123456 is a key.
     model_config = ConfigDict(extra="forbid", validate_default=True, coerce_numbers_to_str=True)
@@ -116,12 +124,7 @@ class HttpSettings(Section):
     @classmethod
     def _public_url_without_credentials(cls, value: str | None) -> str | None:
         # A replica sharing this config pulls from it and logs it as its pull origin.
-        if value is not None and "@" in value.split("://", 1)[-1].split("/", 1)[0]:
-            raise ValueError(
-                "no user or password in the URL (a replica logs it as where it pulls from); "
-                "set http.token"
-            )
-        return value
+        return without_credentials(value, "http.token")
 
     @field_validator("worker_timeout_s")
     @classmethod
