@@ -21,7 +21,7 @@ import msgpack
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.config.broker_urls import parse_broker_url
 
 
 class Counter:

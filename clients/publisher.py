@@ -26,8 +26,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from livefit.server.config.broker_urls import BrokerAddress, parse_broker_urls
 from livefit.server.config.sections import BrokerSettings
-from livefit.server.mqtt.broker import BrokerAddress, parse_broker_urls
 from livefit.server.mqtt.failover import Failover
 from livefit.server.wire.encoding import CONTENT_TYPES, Format
 

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from livefit.models.builders import weight_names
+from livefit.server.config.broker_urls import parse_broker_urls
 from livefit.server.config.sections import BrokerSettings
-from livefit.server.mqtt.broker import parse_broker_urls
 from livefit.server.weights.format import WeightsMeta, architecture_fingerprint
 from livefit.server.weights.keys import VerifyKey, parse_verify_key, read_key_file
 from livefit.server.weights.receiver import WeightReceiver

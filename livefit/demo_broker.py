@@ -34,7 +34,7 @@ def choose_broker(
 ) -> DemoBroker | None:
     """The broker to use for ``--broker`` ``url`` (started in ``workdir`` and registered in
     ``stop.children`` if the demo starts one); None (and why said) if there is none to use."""
-    from livefit.server.mqtt.broker import (
+    from livefit.server.config.broker_urls import (
         DEFAULT_HOST,
         DEFAULT_PORT,
         BrokerAddress,
@@ -100,7 +100,7 @@ def clear_retained(broker: str, topic: str) -> None:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
-    from livefit.server.mqtt.broker import parse_broker_url
+    from livefit.server.config.broker_urls import parse_broker_url
 
     address = parse_broker_url(broker)
     client = mqtt.Client(CallbackAPIVersion.VERSION2)

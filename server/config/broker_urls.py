@@ -1,7 +1,8 @@
 """Broker URLs: ``mqtt[s]://`` URLs parsed into ``BrokerAddress`` es, one per node of a cluster
 (``parse_broker_urls``). The settings validate ``broker.url`` with it when the file loads, so a
 malformed URL, the same node twice or different users stop a process before it starts;
-``mqtt.broker`` and the clients use the same parse.
+every MQTT client of livefit and the clients use the same parse
+(``as_nodes`` turns one address or several into the nodes to try).
 
 Several nodes: ``broker.url`` is a TOML list of URLs or one string of URLs separated by commas
 (what an environment variable can carry). All speak the same scheme (``mqtt`` or ``mqtts``:
@@ -127,3 +128,11 @@ def hide_credentials(url: str) -> str:
     need percent-encoded: the error about it must not show it). In a string of several URLs
     that hides the nodes before the last ``@`` too: more hidden, never a password shown."""
     return re.sub(r"//.*@", "//***@", url, flags=re.DOTALL)
+
+
+def as_nodes(address: BrokerAddress | Sequence[BrokerAddress]) -> tuple[BrokerAddress, ...]:
+    """One broker or a cluster's nodes, as the nodes (at least one)."""
+    nodes = (address,) if isinstance(address, BrokerAddress) else tuple(address)
+    if not nodes:
+        raise ValueError("no broker node")
+    return nodes

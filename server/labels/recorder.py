@@ -36,9 +36,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from ..base.metrics import Metrics
+from ..config.broker_urls import BrokerAddress, as_nodes
 from ..config.sections import BrokerSettings
 from ..config.settings import Settings
-from ..mqtt.broker import BrokerAddress, as_nodes
 from ..mqtt.failover import Failover
 from ..mqtt.paho_client import paho_client
 from ..mqtt.publish_guard import PublishGuard, publish_packet_bytes

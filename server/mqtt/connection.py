@@ -35,8 +35,8 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from ..base.metrics import ErrorMetrics, Metrics
+from ..config.broker_urls import BrokerAddress, as_nodes
 from ..config.sections import BrokerSettings
-from .broker import BrokerAddress, as_nodes
 from .connection_status import ConnectionStatus
 from .failover import Failover, Resubscriber
 from .metrics import BrokerMetrics

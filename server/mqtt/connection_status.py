@@ -13,8 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..config.broker_urls import BrokerAddress
 from ..config.sections import BrokerSettings
-from .broker import BrokerAddress
 
 log = logging.getLogger(__name__)
 UNREACHABLE_LOG_MAX_S = 60.0  # failed attempts are logged at 0, 1, 2, 4 ... 60, 60 ... s apart

@@ -23,8 +23,8 @@ from typing import Any
 import paho.mqtt.client as paho
 
 from ..base.metrics import Metrics
+from ..config.broker_urls import BrokerAddress
 from ..config.sections import BrokerSettings
-from .broker import BrokerAddress
 from .metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)

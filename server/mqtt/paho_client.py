@@ -6,8 +6,8 @@ from __future__ import annotations
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from ..config.broker_urls import BrokerAddress
 from ..config.sections import BrokerSettings, TlsSettings
-from .broker import BrokerAddress
 
 
 def apply_credentials(client: paho.Client, address: BrokerAddress, tls: TlsSettings) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import paho.mqtt.client as paho
 
+from ..config.broker_urls import BrokerAddress, as_nodes
 from ..config.sections import BrokerSettings
-from .broker import BrokerAddress, as_nodes
 from .connection_status import refusal_text
 from .paho_client import paho_client
 

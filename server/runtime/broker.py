@@ -1,4 +1,5 @@
-"""Resolve ``broker.url = "auto"``: find a broker or start one (parsing a URL is ``mqtt.broker``'s).
+"""Resolve ``broker.url = "auto"``: find a broker or start one (a URL is parsed by
+``config.broker_urls``).
 
 ``auto`` picks, in order, and says in the log which it chose:
 1. a broker already listening on 127.0.0.1:1883 (Debian's mosquitto package starts one);
@@ -17,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Protocol
 
-from ..mqtt.broker import DEFAULT_HOST, DEFAULT_PORT, BrokerAddress, parse_broker_urls
+from ..config.broker_urls import DEFAULT_HOST, DEFAULT_PORT, BrokerAddress, parse_broker_urls
 from .local_process import is_listening
 from .mosquitto import Mosquitto, find_mosquitto
 

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 from livefit.models.builders import weight_names
 
 from ..base.metrics import Metrics
+from ..config.broker_urls import BrokerAddress
 from ..config.model import ModelSettings
 from ..config.settings import Settings
 from ..ingest.dedup import SequenceTracker
@@ -42,7 +43,6 @@ from ..ingest.sample_queue import SampleQueue
 from ..ingest.worker import IngestWorker
 from ..labels.joiner import LabelJoiner
 from ..labels.recorder import recorder_for
-from ..mqtt.broker import BrokerAddress
 from ..mqtt.connection import MqttConnection
 from ..mqtt.probe import for_broker
 from ..serve.metrics import ServingMetrics

@@ -27,12 +27,12 @@ from prometheus_client import CollectorRegistry
 from livefit.models.builders import weight_names
 
 from ..base.metrics import Metrics
+from ..config.broker_urls import BrokerAddress
 from ..config.model import ModelSettings
 from ..config.sections import BrokerSettings
 from ..config.settings import ConfigError, Settings
 from ..http.auth import TokenGuard
 from ..labels.recorder import recorder_for
-from ..mqtt.broker import BrokerAddress
 from ..mqtt.probe import for_broker
 from ..serve.metrics import ServingMetrics
 from ..serve.serving import ServedModel

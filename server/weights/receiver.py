@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 
 import paho.mqtt.client as paho
 
+from ..config.broker_urls import BrokerAddress, as_nodes
 from ..config.sections import BrokerSettings
-from ..mqtt.broker import BrokerAddress, as_nodes
 from ..mqtt.connection_status import ConnectionStatus
 from ..mqtt.failover import Failover, Resubscriber
 from ..mqtt.paho_client import paho_client

@@ -34,8 +34,8 @@ from livefit.clients.predict import PredictClient
 from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.local_servers import LivefitProcess
+from livefit.server.config.broker_urls import parse_broker_url
 from livefit.server.config.sections import BrokerSettings
-from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.mqtt.probe import for_broker
 from livefit.server.runtime.local_process import stop_all
 from livefit.server.runtime.mosquitto import Mosquitto

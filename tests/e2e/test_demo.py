@@ -27,7 +27,7 @@ from rich.console import Console
 from livefit import demo_broker
 from livefit.demo_broker import choose_broker
 from livefit.demo_stop import StopRequest
-from livefit.server.mqtt.broker import parse_broker_url
+from livefit.server.config.broker_urls import parse_broker_url
 from livefit.server.runtime.local_process import free_port, is_listening
 from livefit.server.runtime.mosquitto import SBIN_DIRS, Mosquitto
 from tests.procfs import alive

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from livefit.server.base.metrics import Metrics
+from livefit.server.config.broker_urls import BrokerAddress
 from livefit.server.config.sections import BrokerSettings
-from livefit.server.mqtt.broker import BrokerAddress
 from livefit.server.mqtt.connection import MqttConnection
 from livefit.server.runtime.broker import EmbeddedAmqtt
 from livefit.server.runtime.local_process import free_port

@@ -14,9 +14,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
 from livefit.server.base.metrics import Metrics
+from livefit.server.config.broker_urls import parse_broker_url
 from livefit.server.config.sections import BrokerSettings
 from livefit.server.labels.recorder import PredictionRecorder
-from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.runtime.mosquitto import Mosquitto
 from livefit.server.wire.codec import SampleSpec
 from livefit.server.wire.labels import decode_labels, decode_predictions

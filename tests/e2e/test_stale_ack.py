@@ -18,8 +18,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.server.base.metrics import Metrics
+from livefit.server.config.broker_urls import parse_broker_urls
 from livefit.server.config.sections import BrokerSettings
-from livefit.server.mqtt.broker import parse_broker_urls
 from livefit.server.mqtt.connection import MqttConnection, RawMessage
 from livefit.server.runtime.mosquitto import Mosquitto
 

@@ -16,8 +16,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from livefit.clients.payloads import encode_samples
 from livefit.local_servers import LivefitProcess
 from livefit.server.base.metrics import Metrics
+from livefit.server.config.broker_urls import parse_broker_url
 from livefit.server.config.sections import BrokerSettings
-from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.mqtt.connection import MqttConnection
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model

@@ -103,8 +103,8 @@ def test_a_refused_subscription_is_an_error_naming_the_topic(
     from paho.mqtt.reasoncodes import ReasonCode
 
     from livefit.server.base.metrics import Metrics
+    from livefit.server.config.broker_urls import parse_broker_url
     from livefit.server.config.sections import BrokerSettings
-    from livefit.server.mqtt.broker import parse_broker_url
     from livefit.server.mqtt.connection import MqttConnection
 
     address = parse_broker_url("mqtt://learner:pw@127.0.0.1:1")

@@ -19,8 +19,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.server.base.metrics import Metrics
+from livefit.server.config.broker_urls import parse_broker_url
 from livefit.server.config.sections import BrokerSettings
-from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.mqtt.connection import MqttConnection
 from livefit.server.runtime.mosquitto import Mosquitto
 from livefit.server.weights import publisher as publisher_module

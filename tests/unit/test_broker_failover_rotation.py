@@ -17,10 +17,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import ValidationError
 
 from livefit.server.base.metrics import Metrics
-from livefit.server.config.broker_urls import MAX_BROKER_URLS
+from livefit.server.config.broker_urls import MAX_BROKER_URLS, BrokerAddress, parse_broker_urls
 from livefit.server.config.sections import BrokerSettings
 from livefit.server.config.settings import ConfigError, load_settings
-from livefit.server.mqtt.broker import BrokerAddress, parse_broker_urls
 from livefit.server.mqtt.connection_status import ConnectionStatus
 from livefit.server.mqtt.failover import Failover, NodeRotation, Resubscriber
 from tests.configs import learner_config

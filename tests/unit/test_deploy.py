@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from livefit.server.config.broker_urls import parse_broker_url
 from livefit.server.config.settings import Settings, load_settings
-from livefit.server.mqtt.broker import parse_broker_url
 from tests.metric_groups import every_family
 
 ROOT = Path(__file__).resolve().parents[2]

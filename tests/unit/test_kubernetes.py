@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from livefit.cli import build_parser
+from livefit.server.config.broker_urls import parse_broker_url
 from livefit.server.config.settings import Settings, load_settings
 from livefit.server.http.app import create_app
-from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.runtime.learner_group import TRAINING_GRACE_S
 from livefit.server.runtime.workers import STOP_GRACE_S
 from tests.stub_runtime import StubRuntime

@@ -19,7 +19,7 @@ from livefit.clients.pacing import RatePacer
 from livefit.clients.payloads import encode_samples
 from livefit.clients.publish_args import add_arguments, parse_shape
 from livefit.clients.synthetic import LinearStream, SequenceStream, cycle_chunks, load_file
-from livefit.server.mqtt.broker import BrokerAddress, parse_broker_url
+from livefit.server.config.broker_urls import BrokerAddress, parse_broker_url
 from livefit.server.runtime.local_process import free_port
 from livefit.server.wire.codec import SampleSpec, decode_message
 from livefit.server.wire.encoding import CONTENT_TYPES

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from livefit.server.config.broker_urls import parse_broker_url
 from livefit.server.config.model_tables import WeightsSettings
 from livefit.server.config.settings import ConfigError, Settings
-from livefit.server.mqtt.broker import parse_broker_url
 from livefit.server.weights.format import (
     MAGIC,
     SIGNING_CONTEXT,
