@@ -517,7 +517,7 @@ class Trainer:
         snapshot = self._snapshot(force=True)  # the checkpoint reuses its copy of the weights
         if snapshot is None:  # cannot happen: a forced snapshot always exists
             raise RuntimeError(f"no snapshot of {self.name} v{self.version} to checkpoint")
-        if self._served_step() is not self.step or self.step.averaging:
+        if self._served_step() is not self.step or self.step.serve_average:
             # Checkpoints keep the configured model's trained weights (its averaged ones, if
             # any, travel in the policy's extra arrays).
             weights = tuple(np.asarray(w) for w in self.model.get_weights())
