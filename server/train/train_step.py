@@ -20,9 +20,11 @@ With weight averaging (``train.weight_average`` = d > 0) the step also keeps an 
 moving average of the trained weights, updated in the graph after each applied update with
 decay min(d, t / (``AVERAGE_START`` + t)) at the t-th update (the average follows a fresh
 model's first steps instead of dragging its initial weights along), and scores the batch with
-the averaged weights (``model.stateless_call``, one more forward pass): those are the weights
-snapshots carry (``served_weights``), so the prequential score is that of the model clients
-get. The trained weights keep learning as before.
+the averaged weights too (``model.stateless_call``, one more forward pass; in
+``StepResult.average_losses`` and ``average_predictions``). The update policy decides which
+of the two are served (``serve_average``: snapshots carry ``served_weights``) and reports the
+served ones' scores, so the prequential score is that of the model clients get. The trained
+weights keep learning as before; a rolled-back step leaves the average as it was.
 """
 
 from __future__ import annotations
@@ -189,13 +191,13 @@ class TrainStep:
             out = scored if scored is not None else pred
             extras: tuple[tf.Tensor, ...] = ()
             if averages:  # the averaged weights' scores too (pre-update, like the others)
-                averaged, _ = model.stateless_call(
+                averaged_out, _ = model.stateless_call(
                     [a.value() for a in averages],
                     [v.value for v in model.non_trainable_variables],
                     x,
                     training=False,
                 )
-                extras = (per_sample(y, averaged), averaged)
+                extras = (per_sample(y, averaged_out), averaged_out)
             return loss, reported, losses, pred, out, grads, extras
 
         def update(loss, reported, pred, grads, stats, mirrored=None) -> tf.Tensor:
@@ -282,8 +284,9 @@ class TrainStep:
 
         def average() -> tf.Tensor:
             """Move the averaged weights towards the new ones: an exponential moving average
-            with decay ``weight_average``, debiased at the start (decay (1 + t) / (10 + t)
-            while that is smaller), so the average follows a fresh model's first steps."""
+            with decay ``weight_average``, debiased at the start (decay t / (AVERAGE_START + t)
+            at the t-th update while that is smaller), so the average follows a fresh model's
+            first steps."""
             t = averaged.assign_add(1.0)
             decay = tf.minimum(weight_average, t / (AVERAGE_START + t))
             for mean, variable in zip(averages, model.trainable_variables, strict=True):

@@ -23,15 +23,16 @@ def debiased_average(trajectory: list[list[np.ndarray]], start: list[np.ndarray]
     return mean
 
 
-def test_off_by_default_serves_the_trained_weights() -> None:
-    assert ModelSettings(input_shape=[3], output_shape=[1]).train.weight_average == 0.0
-    t = trainer()
+def test_on_by_default_and_off_serves_the_trained_weights() -> None:
+    assert ModelSettings(input_shape=[3], output_shape=[1]).train.weight_average == 0.95
+    t = trainer(train={"weight_average": 0.0})
     t.train_batch(batch(np.ones((4, 3))))
     snapshot = t._snapshot(force=True)
     assert snapshot is not None
     for served, trained in zip(snapshot.weights, t.model.get_weights(), strict=True):
         np.testing.assert_array_equal(served, trained)
     assert t.policy.state().keys().isdisjoint({"average_steps", "average_0"})
+    assert t.policy.learn(batch(np.ones((4, 3)))).first.average_losses is None
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5])
@@ -110,7 +111,7 @@ def test_checkpoints_keep_trained_weights_and_the_average(tmp_path: Path) -> Non
 
 
 def test_a_checkpoint_without_an_average_restarts_it_from_the_weights(tmp_path: Path) -> None:
-    t = trainer(tmp_path)
+    t = trainer(tmp_path, train={"weight_average": 0.0})
     t.train_batch(batch(np.ones((4, 3))))
     t._maybe_checkpoint(final=True)
     restored = trainer(tmp_path, train={"weight_average": 0.9})
