@@ -34,6 +34,7 @@ class Knobs:
     boost_steps: int | None = None
     start_lr_factor: float | None = None
     start_steps: int | None = None
+    weight_average: float | None = None
     seed: int = MODEL_SEED
 
     def model_config(self, table: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +63,7 @@ class Knobs:
                 "replay_share",
                 "start_lr_factor",
                 "start_steps",
+                "weight_average",
             )
             if getattr(self, k) is not None
         }
@@ -104,6 +106,7 @@ class Knobs:
             "boost_steps": s.drift.boost_steps,
             "start_lr_factor": s.train.start_lr_factor,
             "start_steps": s.train.start_steps,
+            "weight_average": s.train.weight_average,
         }
 
     def key(self) -> str:
@@ -137,6 +140,8 @@ def describe(r: dict[str, Any]) -> str:
         parts.append(f"target scaling {r['target_scaling']}")
     if r.get("start_lr_factor", 1) > 1:
         parts.append(f"start lr x{r['start_lr_factor']:g} over {r['start_steps']} steps")
+    if r.get("weight_average"):
+        parts.append(f"averaged weights {r['weight_average']:g}")
     if r["drift_reaction"] != "none":  # the threshold only matters when drift changes learning
         reaction = r["drift_reaction"]
         if reaction in ("boost_lr", "recover") and "boost_factor" in r:
@@ -167,6 +172,7 @@ V01 = Knobs(  # livefit 0.1's defaults, explicitly: the "before" of the issue
     replay_capacity=0,
     scaling="standardize",
     drift_reaction="none",
+    weight_average=0.0,
 )
 # The defaults before the recent-window replay (the previous recommendation), for comparison.
 PREVIOUS = replace(V01, optimizer="nadam", learning_rate=0.01)
@@ -182,6 +188,6 @@ RECOMMENDED = replace(
 )
 # The defaults before fast starts and drift recovery (issue #30): no start boost, and drift
 # only logged and counted.
-BEFORE_RECOVERY = Knobs(start_lr_factor=1.0, drift_reaction="none")
+BEFORE_RECOVERY = Knobs(start_lr_factor=1.0, drift_reaction="none", weight_average=0.0)
 # Regression as before online target scaling: the network learns the raw targets.
 NO_TARGET_SCALING = Knobs(target_scaling="none")

@@ -15,6 +15,16 @@ targets (the statistics start as the identity), whose gradients, thousands of ti
 than later ones, would hold Adam-like optimizers' second moments up for hundreds of steps.
 The losses and predictions the step reports are in the user's units (the model's output
 against ``y``), so prequential scores and the training loss metric read as the target.
+
+With weight averaging (``train.weight_average`` = d > 0) the step also keeps an exponential
+moving average of the trained weights, updated in the graph after each applied update with
+decay min(d, t / (``AVERAGE_START`` + t)) at the t-th update (the average follows a fresh
+model's first steps instead of dragging its initial weights along), and scores the batch with
+the averaged weights too (``model.stateless_call``, one more forward pass; in
+``StepResult.average_losses`` and ``average_predictions``). The update policy decides which
+of the two are served (``serve_average``: snapshots carry ``served_weights``) and reports the
+served ones' scores, so the prequential score is that of the model clients get. The trained
+weights keep learning as before; a rolled-back step leaves the average as it was.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from livefit.models.target_scaling import standardized_view, target_scaling_laye
 from ..base.flat_call import flat_caller
 from .placement import Placement, as_placement, pad_rows, replica_slice
 
+AVERAGE_START = 9.0  # the average's decay is t / (AVERAGE_START + t) while that is smaller
 _TRAINING_SENSITIVE = (
     keras.layers.Dropout,
     keras.layers.BatchNormalization,
@@ -52,6 +63,9 @@ class StepResult:
     prequential_losses: np.ndarray  # (n,) per-sample loss before the update
     predictions: np.ndarray  # (n, *output_shape) before the update
     applied: bool = True  # False: a loss, prediction, gradient or new weight was not finite
+    # With weight averaging: the same scores from the averaged weights (else None)
+    average_losses: np.ndarray | None = None
+    average_predictions: np.ndarray | None = None
 
 
 def behaves_same_in_training(model: keras.Model) -> bool:
@@ -79,8 +93,13 @@ class TrainStep:
         input_shape: list[int],
         target_shape: list[int],
         device: str | Placement,
+        weight_average: float = 0.0,
     ) -> None:
         self.model = model
+        self.weight_average = weight_average
+        # Whether snapshots carry the averaged weights (the update policy decides, see
+        # UpdatePolicy._choose_weights); False without averaging.
+        self.serve_average = False
         placement = as_placement(device)
         self.placement = placement
         self.device = placement.primary
@@ -101,7 +120,19 @@ class TrainStep:
             backup = [
                 tf.Variable(v, trainable=False, name=f"backup_{i}") for i, v in enumerate(state)
             ]
+            # The averaged weights (train.weight_average) and how many updates they average.
+            averages = (
+                [
+                    tf.Variable(v, trainable=False, name=f"average_{i}")
+                    for i, v in enumerate(model.trainable_variables)
+                ]
+                if weight_average > 0
+                else []
+            )
+            averaged = tf.Variable(0.0, trainable=False, name="averaged_steps")
         self._backup = backup
+        self._averages = averages
+        self._averaged = averaged
         separate_eval = not behaves_same_in_training(model)
         replicas = placement.replicas
         signature = [
@@ -157,7 +188,17 @@ class TrainStep:
                 losses, reported = fitted, loss
             if scored is not None:
                 losses = per_sample(y, scored)
-            return loss, reported, losses, pred, scored if scored is not None else pred, grads
+            out = scored if scored is not None else pred
+            extras: tuple[tf.Tensor, ...] = ()
+            if averages:  # the averaged weights' scores too (pre-update, like the others)
+                averaged_out, _ = model.stateless_call(
+                    [a.value() for a in averages],
+                    [v.value for v in model.non_trainable_variables],
+                    x,
+                    training=False,
+                )
+                extras = (per_sample(y, averaged_out), averaged_out)
+            return loss, reported, losses, pred, out, grads, extras
 
         def update(loss, reported, pred, grads, stats, mirrored=None) -> tf.Tensor:
             """Apply ``grads`` (their ``mirrored`` copies, one per device, where given) if
@@ -179,8 +220,9 @@ class TrainStep:
             @tf.function(input_signature=signature)
             def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *stats: tf.Tensor):
                 rows = tf.cast(tf.shape(x)[0], tf.float32)
-                loss, reported, losses, pred, out, grads = forward(x, y, w, rows, *stats)
-                return reported, losses, out, update(loss, reported, pred, grads, stats)
+                loss, reported, losses, pred, out, grads, extras = forward(x, y, w, rows, *stats)
+                applied = update(loss, reported, pred, grads, stats)
+                return reported, losses, out, applied, *extras
 
         else:
             strategy = placement.strategy
@@ -197,7 +239,7 @@ class TrainStep:
                 # The replicas' forward and backward passes, then the update once, across
                 # replicas: rollback and statistics as on one device, every copy alike.
                 results = strategy.run(on_replica, args=(x, y, w, rows, *stats))
-                loss, reported, losses, pred, out, grads = results
+                loss, reported, losses, pred, out, grads, extras = results
                 loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
                 reported = strategy.reduce(tf.distribute.ReduceOp.SUM, reported, axis=None)
                 real = tf.cast(rows, tf.int32)
@@ -209,7 +251,10 @@ class TrainStep:
                 grads = strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, pairs)
                 checked = [strategy.experimental_local_results(g)[0] for g in grads]
                 applied = update(loss, reported, pred, checked, stats, grads)
-                return reported, gathered(losses), gathered(out), applied
+                return (
+                    reported, gathered(losses), gathered(out), applied,
+                    *(gathered(e) for e in extras),
+                )  # fmt: skip
 
         def set_statistics(*stats: tf.Tensor) -> tf.Tensor:
             layers = [layer for layer in (scaler, target) if layer is not None]
@@ -233,7 +278,20 @@ class TrainStep:
                     variable.assign(saved)
                 return tf.constant(False)
 
-            return tf.cond(ok, lambda: tf.constant(True), restore)
+            if not averages:
+                return tf.cond(ok, lambda: tf.constant(True), restore)
+            return tf.cond(ok, average, restore)
+
+        def average() -> tf.Tensor:
+            """Move the averaged weights towards the new ones: an exponential moving average
+            with decay ``weight_average``, debiased at the start (decay t / (AVERAGE_START + t)
+            at the t-th update while that is smaller), so the average follows a fresh model's
+            first steps."""
+            t = averaged.assign_add(1.0)
+            decay = tf.minimum(weight_average, t / (AVERAGE_START + t))
+            for mean, variable in zip(averages, model.trainable_variables, strict=True):
+                mean.assign(decay * mean + (1.0 - decay) * variable)
+            return tf.constant(True)
 
         self._step = step
         self._call = step
@@ -277,14 +335,62 @@ class TrainStep:
                 args += list(given) if given is not None else [layer.mean, layer.std]
         with tf.device(self.device):
             if self._flat is not None:
-                loss, losses, pred, applied = self._flat(args)
+                loss, losses, pred, applied, *extras = self._flat(args)
             else:
-                loss, losses, pred, applied = self._call(*args)
-        if replicas > 1:
+                loss, losses, pred, applied, *extras = self._call(*args)
+        losses, pred = losses.numpy()[:rows], pred.numpy()[:rows]
+        if extras:  # weight averaging: the averaged weights' scores
+            average_losses, average_pred = (e.numpy()[:rows] for e in extras)
             return StepResult(
-                float(loss), losses.numpy()[:rows], pred.numpy()[:rows], bool(applied)
+                float(loss), losses, pred, bool(applied), average_losses, average_pred
             )
-        return StepResult(float(loss), losses.numpy(), pred.numpy(), bool(applied))
+        return StepResult(float(loss), losses, pred, bool(applied))
+
+    @property
+    def averaging(self) -> bool:
+        """Whether predictions use averaged weights (``train.weight_average`` > 0)."""
+        return bool(self._averages)
+
+    def served_weights(self) -> list[np.ndarray]:
+        """Copies of the weights predictions use, in ``model.get_weights()`` order: the
+        averaged ones in place of the trained ones when averaging, else the model's own."""
+        if not self._averages or not self.serve_average:
+            return [np.asarray(w) for w in self.model.get_weights()]
+        average_of = {
+            id(v): a for v, a in zip(self.model.trainable_variables, self._averages, strict=True)
+        }
+        return [np.array(average_of.get(id(v), v).numpy()) for v in self.model.weights]
+
+    def reset_average(self) -> None:
+        """Restart the average from the current weights (after a drift: the old concept's
+        weights would otherwise linger in what is served)."""
+        if not self._averages:
+            return
+        for mean, variable in zip(self._averages, self.model.trainable_variables, strict=True):
+            mean.assign(variable)
+        self._averaged.assign(0.0)
+
+    def average_state(self) -> dict[str, np.ndarray]:
+        """The averaged weights and their step count, for a checkpoint's extra arrays."""
+        if not self._averages:
+            return {}
+        state = {f"average_{i}": np.array(a.numpy()) for i, a in enumerate(self._averages)}
+        state["average_steps"] = np.array(self._averaged.numpy())
+        return state
+
+    def restore_average(self, extra: dict[str, np.ndarray]) -> None:
+        """Take the averaged weights from a checkpoint's extra arrays; without them (averaging
+        was off when it was written) the average restarts from the current weights."""
+        if not self._averages:
+            return
+        if "average_steps" not in extra or any(
+            f"average_{i}" not in extra for i in range(len(self._averages))
+        ):
+            self.reset_average()
+            return
+        for i, mean in enumerate(self._averages):
+            mean.assign(np.reshape(extra[f"average_{i}"], mean.shape))
+        self._averaged.assign(float(np.asarray(extra["average_steps"]).reshape(())))
 
     def optimizer_state(self) -> list[np.ndarray]:
         """Copies of the optimizer's variables (for checkpoints)."""
@@ -301,3 +407,4 @@ class TrainStep:
         self.model.set_weights(weights)
         for variable, value in zip(variables, optimizer_state, strict=True):
             variable.assign(np.reshape(value, variable.shape))  # safetensors stores () as (1,)
+        self.reset_average()  # restore_average takes the checkpoint's average, where it has one

@@ -13,6 +13,8 @@ not finite is rolled back; outlying regression targets are clipped (``update_pol
 counted.
 With online model selection (``selection.enabled``) a ``CandidateSet`` trains every candidate
 on each batch; snapshots carry the served candidate's weights, checkpoints the configured one's.
+With weight averaging (``train.weight_average``) snapshots carry the averaged weights (what
+was scored), checkpoints the trained ones and the average.
 
 Its durable state: at start it restores the newest checkpoint (continuing above every version
 ever handed out), it claims versions on disk a block at a time before using them and, on a
@@ -120,6 +122,7 @@ class Trainer:
             settings.input_shape,
             settings.resolved_target_shape(),
             placement,
+            weight_average=settings.train.weight_average,
         )
         self.policy = UpdatePolicy(
             settings, self.step, self.hooks.drift_detected, seed=settings.seed
@@ -364,7 +367,7 @@ class Trainer:
         snapshot = Snapshot(
             model=self.name,
             version=self.version,
-            weights=tuple(np.asarray(w) for w in self._served_model().get_weights()),
+            weights=tuple(self._served_step().served_weights()),
             created_at=time.time(),
             samples_seen=self.samples_seen,
             newest_published_at=self._newest_published_at,
@@ -377,10 +380,10 @@ class Trainer:
         self.slot.publish(snapshot)
         return snapshot
 
-    def _served_model(self):
-        """The model snapshots carry: the served candidate's (the configured one without
-        selection)."""
-        return self.model if self.candidates is None else self.candidates.served_model
+    def _served_step(self) -> TrainStep:
+        """The step whose model snapshots carry: the served candidate's (the configured one
+        without selection); its averaged weights with ``train.weight_average``."""
+        return self.step if self.candidates is None else self.candidates.served.policy.step
 
     # checkpoints and versions ------------------------------------------------------------------
     def _init_checkpoints(
@@ -514,7 +517,9 @@ class Trainer:
         snapshot = self._snapshot(force=True)  # the checkpoint reuses its copy of the weights
         if snapshot is None:  # cannot happen: a forced snapshot always exists
             raise RuntimeError(f"no snapshot of {self.name} v{self.version} to checkpoint")
-        if self._served_model() is not self.model:  # checkpoints keep the configured one
+        if self._served_step() is not self.step or self.step.serve_average:
+            # Checkpoints keep the configured model's trained weights (its averaged ones, if
+            # any, travel in the policy's extra arrays).
             weights = tuple(np.asarray(w) for w in self.model.get_weights())
             snapshot = replace(snapshot, weights=weights)
         checkpoint = Checkpoint.from_snapshot(

@@ -25,6 +25,9 @@ Per batch, after the compiled step scored it (test-then-train):
   learning rate for a while (``drift.reaction``);
 - a fresh model (not one restored from a checkpoint) starts at ``train.start_lr_factor`` times
   the learning rate, decaying linearly to it over ``train.start_steps`` steps.
+- with weight averaging (``train.weight_average``) a reaction to drift (any but "none") also
+  restarts the average from the current weights, and the average travels in the checkpoint's
+  extra arrays beside the scalers' statistics.
 """
 
 from __future__ import annotations
@@ -42,11 +45,13 @@ from livefit.models.target_scaling import target_scaling_layer
 from ..config.model import ModelSettings
 from ..wire.samples import Batch
 from .drift import DriftDetector
+from .prequential import WindowedMean
 from .replay import ReplayBuffer, mix
 from .scaling import LevelShift, LevelShiftWatch, RunningStandardizer
 from .train_step import StepResult, TrainStep
 
 log = logging.getLogger(__name__)
+AVERAGE_WINDOW = 500  # samples: the windowed losses that choose trained or averaged weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,10 @@ class UpdatePolicy:
         if train.start_lr_factor > 1:
             self._boost = LrBoost(train.start_lr_factor, train.start_steps, decays=True)
             self._set_lr(self._base_lr * self._boost.factor())
+        # With weight averaging: the recent prequential losses of both weights (see
+        # _choose_weights); the step serves whichever did better.
+        self._trained_loss = WindowedMean(AVERAGE_WINDOW)
+        self._average_loss = WindowedMean(AVERAGE_WINDOW)
         self._saved_scaler: RunningStandardizer | None = None
         self._saved_target_scaler: RunningStandardizer | None = None
 
@@ -137,6 +146,7 @@ class UpdatePolicy:
             replayed += k
             self._after_step()
         assert first is not None
+        first = self._choose_weights(first)
         drift = self._watch(first)  # before the batch joins replay: a flush keeps the batch
         if steps:
             self._absorb(batch)
@@ -146,6 +156,25 @@ class UpdatePolicy:
             if self._saved_target_scaler is not None:
                 self.target_scaler = self._saved_target_scaler
         return Learned(first, steps, replayed, drift, batch.y, outliers, shift)
+
+    def _choose_weights(self, first: StepResult) -> StepResult:
+        """With weight averaging: the scores of the weights served before this batch (the
+        averaged ones where their windowed prequential loss was the lower), then, with this
+        batch's losses of both added, which weights to serve from now on."""
+        if first.average_losses is None or first.average_predictions is None:
+            return first
+        served = first
+        if self.step.serve_average:
+            served = replace(
+                first,
+                prequential_losses=first.average_losses,
+                predictions=first.average_predictions,
+            )
+        if first.applied:
+            self._trained_loss.add(first.prequential_losses)
+            self._average_loss.add(first.average_losses)
+            self.step.serve_average = bool(self._average_loss.value < self._trained_loss.value)
+        return served
 
     def _with_replay(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         if self.replay is None:
@@ -222,6 +251,8 @@ class UpdatePolicy:
             self._set_lr(self._base_lr * self._boost.factor())
         elif self.reaction in ("flush_replay", "recover") and self.replay is not None:
             self.replay.clear()
+        if self.reaction != "none":
+            self.step.reset_average()  # the old concept's weights leave what is served
         if self.reaction == "recover":
             self._boost = LrBoost(self.boost_factor, self.boost_steps, decays=True)
             self._set_lr(self._base_lr * self._boost.factor())
@@ -249,6 +280,7 @@ class UpdatePolicy:
         for prefix, scaler in (("scaler_", self.scaler), ("target_scaler_", self.target_scaler)):
             if scaler is not None:
                 state.update({f"{prefix}{k}": v for k, v in scaler.state().items()})
+        state.update(self.step.average_state())
         return state
 
     def restore(self, extra: dict[str, np.ndarray]) -> None:
@@ -257,6 +289,7 @@ class UpdatePolicy:
         if self._boost.left > 0:
             self._boost = LrBoost()
             self._set_lr(self._base_lr)
+        self.step.restore_average(extra)
         if self.scaler is not None and "scaler_count" in extra:
             self.scaler = _restored_scaler(extra, "scaler_")
         if self.target_scaler is not None and "target_scaler_count" in extra:
@@ -316,5 +349,7 @@ def _first_rows(result: StepResult, n: int) -> StepResult:
     if len(result.prequential_losses) == n:
         return result
     return StepResult(
-        result.loss, result.prequential_losses[:n], result.predictions[:n], result.applied
-    )
+        result.loss, result.prequential_losses[:n], result.predictions[:n], result.applied,
+        None if result.average_losses is None else result.average_losses[:n],
+        None if result.average_predictions is None else result.average_predictions[:n],
+    )  # fmt: skip

@@ -31,10 +31,12 @@ SETTINGS = ModelSettings.model_validate(
 )  # fmt: skip
 
 
-def trainer(directory: Path | None) -> tuple[Trainer, SampleQueue, SnapshotSlot]:
+def trainer(
+    directory: Path | None, settings: ModelSettings = SETTINGS
+) -> tuple[Trainer, SampleQueue, SnapshotSlot]:
     queue, slot = SampleQueue(1000), SnapshotSlot()
     store = CheckpointStore(directory, "m") if directory is not None else None
-    t = Trainer("m", SETTINGS, queue, slot, Metrics(), "/CPU:0", checkpoints=store)
+    t = Trainer("m", settings, queue, slot, Metrics(), "/CPU:0", checkpoints=store)
     t.warm_up()
     return t, queue, slot
 
@@ -151,11 +153,16 @@ def test_a_directory_with_no_version_history_starts_a_new_lineage(tmp_path: Path
     second.stop()
 
 
-def test_a_checkpoint_is_the_served_snapshot_plus_optimizer_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("average", [0.0, 0.95])
+def test_a_checkpoint_is_the_served_snapshot_plus_optimizer_state(
+    tmp_path: Path, average: float
+) -> None:
     """One copy of the weights leaves the trainer: the checkpoint at version v holds the very
     arrays of the snapshot serving got at v (not a second ``get_weights`` copy), beside the
-    optimizer state, and both round-trip through the file."""
-    t, queue, slot = trainer(tmp_path)
+    optimizer state, and both round-trip through the file. Unless the snapshot carries the
+    averaged weights (``train.weight_average``): then the checkpoint holds the trained ones."""
+    train = SETTINGS.train.model_copy(update={"weight_average": average})
+    t, queue, slot = trainer(tmp_path, SETTINGS.model_copy(update={"train": train}))
     written: list[Checkpoint] = []
     t.on_checkpoint(written.append)
     t.start()
@@ -166,11 +173,16 @@ def test_a_checkpoint_is_the_served_snapshot_plus_optimizer_state(tmp_path: Path
     final = max(written, key=lambda checkpoint: checkpoint.version)
     snapshot = slot.latest
     assert snapshot is not None and snapshot.version == final.version == t.version
-    assert all(a is b for a, b in zip(final.weights, snapshot.weights, strict=True))
+    if t.step.serve_average:
+        for a, b in zip(final.weights, t.model.get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert "average_steps" in final.extra
+    else:
+        assert all(a is b for a, b in zip(final.weights, snapshot.weights, strict=True))
     assert final.lineage == snapshot.lineage and final.samples_seen == snapshot.samples_seen
     on_disk = CheckpointStore(tmp_path, "m").load_latest()
     assert on_disk is not None and on_disk.version == final.version
-    for a, b in zip(on_disk.weights, snapshot.weights, strict=True):
+    for a, b in zip(on_disk.weights, final.weights, strict=True):
         np.testing.assert_array_equal(a, b)
     assert len(on_disk.optimizer) == len(t.step.optimizer_state()) > 0
 

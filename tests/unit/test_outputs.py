@@ -169,7 +169,10 @@ def test_predictions_served_and_scored_are_probabilities() -> None:
     np.testing.assert_allclose(outputs.sum(axis=1), 1.0, rtol=1e-5)
     # The serving model pads 5 rows to its batch size of 8: other GEMM shapes, other float32
     # rounding (1.4e-6 relative seen on an AVX-512 CPU), so equal up to float32 precision.
-    np.testing.assert_allclose(outputs, np.asarray(t.model(rows)), rtol=1e-5, atol=1e-7)
+    # The weights served: the trained ones, or their average (train.weight_average).
+    served = build_uncompiled(t.settings, "/CPU:0")
+    served.set_weights(t.step.served_weights())
+    np.testing.assert_allclose(outputs, np.asarray(served(rows)), rtol=1e-5, atol=1e-7)
 
 
 def test_binary_classifier_scores_probabilities_at_the_users_configuration() -> None:

@@ -1,0 +1,143 @@
+"""``train.weight_average``: an exponential moving average of the trained weights, served (and
+scored) while its recent prequential loss is lower than the trained weights'; checkpoints keep
+the trained weights and the average."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from livefit.server.config.model import ModelSettings
+from livefit.server.train.train_step import StepResult
+from tests.unit.test_update_policy import batch, trainer
+
+
+def debiased_average(trajectory: list[list[np.ndarray]], start: list[np.ndarray], decay: float):
+    """The average the step keeps: decay min(``decay``, t / (9 + t)) at the t-th update."""
+    mean = [np.array(w, dtype=np.float64) for w in start]
+    for t, weights in enumerate(trajectory, start=1):
+        d = min(decay, t / (9 + t))
+        mean = [d * m + (1 - d) * w for m, w in zip(mean, weights, strict=True)]
+    return mean
+
+
+def test_on_by_default_and_off_serves_the_trained_weights() -> None:
+    assert ModelSettings(input_shape=[3], output_shape=[1]).train.weight_average == 0.95
+    t = trainer(train={"weight_average": 0.0})
+    t.train_batch(batch(np.ones((4, 3))))
+    snapshot = t._snapshot(force=True)
+    assert snapshot is not None
+    for served, trained in zip(snapshot.weights, t.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(served, trained)
+    assert t.policy.state().keys().isdisjoint({"average_steps", "average_0"})
+    assert t.policy.learn(batch(np.ones((4, 3)))).first.average_losses is None
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.0, 1.5])
+def test_the_decay_is_below_one(bad: float) -> None:
+    with pytest.raises(ValueError):
+        ModelSettings(input_shape=[3], output_shape=[1], train={"weight_average": bad})
+
+
+def test_served_average_is_in_snapshots_and_scores() -> None:
+    t = trainer(train={"weight_average": 0.5, "start_lr_factor": 1}, learning_rate=0.1)
+    rng = np.random.default_rng(1)
+    start = [np.array(v.numpy()) for v in t.model.trainable_variables]
+    trajectory = []
+    for _ in range(6):  # one step a batch (backlog): one update of the average each
+        t.train_batch(batch(rng.normal(size=(8, 3)), backlog=1))
+        trajectory.append([np.array(v.numpy()) for v in t.model.trainable_variables])
+    expected = debiased_average(trajectory, start, 0.5)
+    t.step.serve_average = True  # as if the average had done better (see the next test)
+    snapshot = t._snapshot(force=True)
+    assert snapshot is not None
+    served = [snapshot.weights[i] for i, v in enumerate(t.model.weights) if v.trainable]
+    for got, want in zip(served, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(served[0], t.model.get_weights()[0])  # not the trained ones
+    # The next batch is scored with the averaged weights: what a client would have got.
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    other = trainer()
+    other.model.set_weights(list(snapshot.weights))
+    want_pred = np.asarray(other.model(x))
+    learned = t.policy.learn(batch(x, backlog=1))
+    np.testing.assert_allclose(learned.first.predictions, want_pred, rtol=1e-5, atol=1e-6)
+    assert learned.first.average_predictions is not None
+
+
+def result(trained: float, averaged: float) -> StepResult:
+    n = 4
+    return StepResult(
+        0.0, np.full(n, trained), np.zeros((n, 1)), True, np.full(n, averaged), np.ones((n, 1))
+    )
+
+
+def test_the_weights_with_the_lower_windowed_loss_are_served() -> None:
+    t = trainer(train={"weight_average": 0.9})
+    policy = t.policy
+    assert not t.step.serve_average  # the trained weights until the average did better
+    first = policy._choose_weights(result(1.0, 0.5))  # scored with the trained weights
+    np.testing.assert_array_equal(first.predictions, np.zeros((4, 1)))
+    assert t.step.serve_average  # the average did better: served from now on
+    second = policy._choose_weights(result(1.0, 2.0))
+    np.testing.assert_array_equal(second.predictions, np.ones((4, 1)))  # the average's
+    np.testing.assert_array_equal(second.prequential_losses, np.full(4, 2.0))
+    assert not t.step.serve_average  # windowed means: 1.25 (averaged) against 1.0
+    served = t._snapshot(force=True)
+    assert served is not None
+    for got, want in zip(served.weights, t.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_checkpoints_keep_trained_weights_and_the_average(tmp_path: Path) -> None:
+    settings = {"train": {"weight_average": 0.9}}
+    t = trainer(tmp_path, **settings)
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        t.train_batch(batch(rng.normal(size=(8, 3))))
+    trained = t.model.get_weights()
+    t.step.serve_average = True
+    served = t._snapshot(force=True).weights  # type: ignore[union-attr]
+    t._maybe_checkpoint(final=True)
+    restored = trainer(tmp_path, **settings)
+    for got, want in zip(restored.model.get_weights(), trained, strict=True):
+        np.testing.assert_array_equal(got, want)
+    restored.step.serve_average = True
+    for got, want in zip(restored.step.served_weights(), served, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert float(restored.step._averaged.numpy()) == float(t.step._averaged.numpy())
+
+
+def test_a_checkpoint_without_an_average_restarts_it_from_the_weights(tmp_path: Path) -> None:
+    t = trainer(tmp_path, train={"weight_average": 0.0})
+    t.train_batch(batch(np.ones((4, 3))))
+    t._maybe_checkpoint(final=True)
+    restored = trainer(tmp_path, train={"weight_average": 0.9})
+    restored.step.serve_average = True
+    for got, want in zip(restored.step.served_weights(), t.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_drift_reaction_restarts_the_average() -> None:
+    t = trainer(train={"weight_average": 0.99}, drift={"reaction": "flush_replay"})
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        t.train_batch(batch(rng.normal(size=(8, 3))))
+    t.policy.drift._detector.update = lambda losses: [0]  # type: ignore[method-assign]
+    t.train_batch(batch(rng.normal(size=(8, 3))))
+    t.step.serve_average = True
+    for got, want in zip(t.step.served_weights(), t.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_without_averaging_a_drift_reaction_and_a_restore_work(tmp_path: Path) -> None:
+    t = trainer(tmp_path, drift={"reaction": "flush_replay"})
+    t.train_batch(batch(np.ones((4, 3))))
+    t.policy.drift._detector.update = lambda losses: [0]  # type: ignore[method-assign]
+    t.train_batch(batch(np.ones((4, 3))))
+    assert t.policy.drift.detections == 1
+    t._maybe_checkpoint(final=True)
+    restored = trainer(tmp_path)
+    assert restored.restored_from is not None
