@@ -255,6 +255,7 @@ def _summary(
         "offered": len(load) + unanswered,
         "seconds": seconds,
         "sent_seconds": stop - start,
+        "started_at": start,  # CLOCK_MONOTONIC: the same clock in every process here
         "counts": counts,
         "good": int(good.sum()),
         "good_in_run": good_in_run,

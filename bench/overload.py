@@ -197,6 +197,7 @@ def _overloaded(
         after_rps=after.ok_rps,
         rss_mib=rss.summary(),
         sockets=rss.sockets(s["seconds"]),
+        event_loop=rss.event_loop(over["started_at"], s["seconds"]),
     )
     return over
 
@@ -374,6 +375,9 @@ def _open_loop(
         "--probe-s", str(probe_s), "--connections", str(connections),
         "--max-conns", str(MAX_CONNECTIONS),
     ]  # fmt: skip
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=seconds + probe_s + deadline_ms / 1000 + 60,
         cwd=REPO, env={**_environ(), **QUIET_ENV},
@@ -382,6 +386,9 @@ def _open_loop(
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"open-loop client failed ({done.returncode}): {done.stderr[-3000:]}")
     data: dict[str, Any] = json.loads(line)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the client's CPU, its start and probes included (it runs on the server's cores)
+    data["client_cpu_s"] = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return data
 
 
@@ -415,6 +422,9 @@ class _RssSampler:
         self.proc_net_tcp = "/proc/net/tcp"
         self.unread: list[int] = []  # bytes received by the server's sockets, unread
         self.backlog: list[int] = []  # connections waiting in the accept queue
+        # (when, CPU s, run-queue wait s) of the main thread (the event loop), schedstat
+        self.schedstat = f"/proc/{server.pid}/task/{server.pid}/schedstat"
+        self.loop: list[tuple[float, float, float]] = []
         self.samples: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
@@ -423,6 +433,7 @@ class _RssSampler:
         while True:
             self.samples.append(self.process.memory_info().rss / 2**20)
             self._sample_sockets()
+            self._sample_loop()
             if self._stop.wait(0.25):
                 self.samples.append(self.process.memory_info().rss / 2**20)
                 return
@@ -456,6 +467,25 @@ class _RssSampler:
             return
         self.unread.append(unread)
         self.backlog.append(backlog)
+
+    def _sample_loop(self) -> None:
+        try:
+            with open(self.schedstat) as handle:
+                ran, waited, _ = handle.read().split()
+        except (OSError, ValueError):
+            return
+        self.loop.append((time.monotonic(), int(ran) / 1e9, int(waited) / 1e9))
+
+    def event_loop(self, start: float, seconds: float) -> dict[str, float]:
+        """Over the samples within ``seconds`` from ``start`` (monotonic): the share of the
+        time the event loop's thread ran, and the share it was ready to run but waited for a
+        core (taken by other processes); with ``idle`` the rest."""
+        inside = [x for x in self.loop if start <= x[0] <= start + seconds]
+        if len(inside) < 2:
+            return {}
+        (t0, ran0, waited0), (t1, ran1, waited1) = inside[0], inside[-1]
+        ran, waited = (ran1 - ran0) / (t1 - t0), (waited1 - waited0) / (t1 - t0)
+        return {"ran": ran, "waited": waited, "idle": max(0.0, 1.0 - ran - waited)}
 
     def sockets(self, seconds: float) -> dict[str, float]:
         """Over the samples of the first ``seconds`` (the load): requests waiting unread in
@@ -537,6 +567,13 @@ def _row(
         f["429 p99 after send ms"] = Spread.of(
             [o["shed_after_send_p99_ms"] for o in runs if o.get("shed_after_send_p99_ms")], "ms"
         )
+    loops = [o["event_loop"] for o in runs if o.get("event_loop")]
+    if loops:  # the event loop's thread during the load: running, or ready and waiting
+        f["loop ran"] = Spread.of([x["ran"] for x in loops], "")
+        f["loop waited for a core"] = Spread.of([x["waited"] for x in loops], "")
+    f["client CPU µs per request"] = Spread.of(
+        [o.get("client_cpu_s", 0.0) / max(1, o["offered"]) * 1e6 for o in runs], "µs"
+    )
     if all("sockets" in o for o in runs):
         f["unread in sockets (mean)"] = Spread.of(
             [o["sockets"]["unread_requests_mean"] for o in runs], "req"

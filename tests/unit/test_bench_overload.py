@@ -50,3 +50,13 @@ def test_the_refusal_only_model_holds_one_row_for_longer_than_a_run() -> None:
     assert serve.max_queue_rows == 1
     assert serve.batch_timeout_ms == serve.max_batch_timeout_ms == 10_000
     assert serve.default_deadline_ms > serve.batch_timeout_ms
+
+
+def test_event_loop_share_from_schedstat_samples() -> None:
+    sampler = overload._RssSampler.__new__(overload._RssSampler)
+    # (when, CPU s, run-queue wait s): 2 s of load from t=10, sampled before, during, after
+    sampler.loop = [(9.0, 0.0, 0.0), (10.0, 1.0, 0.0), (11.0, 1.5, 0.25), (12.0, 2.0, 0.5),
+                    (13.0, 3.0, 0.5)]  # fmt: skip
+    share = overload._RssSampler.event_loop(sampler, 10.0, 2.0)
+    assert share == {"ran": 0.5, "waited": 0.25, "idle": 0.25}
+    assert overload._RssSampler.event_loop(sampler, 20.0, 2.0) == {}
