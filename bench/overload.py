@@ -32,7 +32,9 @@ During each open-loop run the client also records how late it sent each request 
 behind), and the learner's sockets are sampled every 0.25 s from ``/proc/net/tcp``: bytes
 received but not yet read by the server (requests waiting for the event loop) and the accept
 queue of its listening socket; by Little's law, requests unread on average ÷ the offered rate
-is the mean time a request waited in the socket buffers.
+is the mean time a request waited in the socket buffers. The event loop thread's
+``schedstat`` gives its share of the run spent running and spent ready but waiting for a core
+(taken by the client or other processes), and the client's own CPU per request is counted.
 """
 
 from __future__ import annotations
