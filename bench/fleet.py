@@ -22,6 +22,12 @@ from livefit.server.runtime.mosquitto import Mosquitto
 # Every model a benchmark asks a fleet for: one name per benchmark, so that counters and
 # weights of one never mix with another's when a quick run shares the fleet. Settings are
 # livefit's defaults unless the extra keys of the model's table say otherwise.
+_REFUSE_ALL = {
+    "batch_timeout_ms": 10_000,
+    "max_batch_timeout_ms": 10_000,
+    "max_queue_rows": 1,
+    "default_deadline_ms": 60_000,
+}
 MODELS: dict[str, tuple[ModelSpec, dict[str, Any]]] = {
     "ingest": (MLP, {}),  # ingestion
     "ingest1k": (MLP, {"train": {"max_batch_size": 1024}}),  # ingestion, informative
@@ -35,6 +41,9 @@ MODELS: dict[str, tuple[ModelSpec, dict[str, Any]]] = {
     "soak": (MLP, {}),  # memory
     "over": (MLP, {}),  # overload
     "over_keras": (MLP, {"serve": {"runtime": "keras"}}),  # overload, the runtime of before
+    # overload, refusals only: one request waits 10 s for company and holds the one row its
+    # queue may hold, so every other request is refused from its head (the cost of a refusal)
+    "over_refuse": (MLP, {"serve": _REFUSE_ALL}),
     # batching (bench/batching.py): the same mlp under each serve.batch_timeout_ms
     **{
         f"mlp_t{key}": (MLP, {"serve": {"batch_timeout_ms": value}})
@@ -51,6 +60,7 @@ SHARED = (
     "soak",
     "over",
     "over_keras",
+    "over_refuse",
     "mlp_t0",
     "mlp_tauto",
 )

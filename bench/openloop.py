@@ -40,6 +40,7 @@ class _Conn(asyncio.Protocol):
         self.gen = gen
         self.buf = bytearray()
         self.due: float | None = None  # when the request in flight was due
+        self.sent = 0.0  # when it was written (after ``due`` when this client runs late)
         self.phase = 0
         self.transport: asyncio.Transport | None = None
 
@@ -48,7 +49,7 @@ class _Conn(asyncio.Protocol):
         self.gen.connected(self)
 
     def send(self, due: float, phase: int) -> None:
-        self.due, self.phase = due, phase
+        self.due, self.phase, self.sent = due, phase, time.monotonic()
         assert self.transport is not None
         self.transport.write(self.gen.request)
 
@@ -99,8 +100,8 @@ class _Generator:
         self.connecting = 0
         self.waiting: deque[tuple[float, int]] = deque()  # due requests with no connection
         self.in_flight = 0
-        # per phase (0 load, 1 probe): (due, latency s, status, retry_after)
-        self.records: tuple[list[tuple[float, float, int, bool]], ...] = ([], [])
+        # per phase (0 load, 1 probe): (due, latency s, status, retry_after, sent - due s)
+        self.records: tuple[list[tuple[float, float, int, bool, float]], ...] = ([], [])
         self.max_open = 0
         self.max_waiting = 0  # requests due with no free connection, at most
 
@@ -154,7 +155,7 @@ class _Generator:
 
     def answered(self, conn: _Conn, status: int, retry_after: bool, close: bool) -> None:
         assert conn.due is not None
-        self._record(conn.phase, conn.due, status, retry_after)
+        self._record(conn.phase, conn.due, status, retry_after, conn.sent)
         conn.due = None
         if close:
             assert conn.transport is not None
@@ -165,15 +166,19 @@ class _Generator:
     def lost(self, conn: _Conn) -> None:
         self.open -= 1
         if conn.due is not None:
-            self._record(conn.phase, conn.due, -1, False)
+            self._record(conn.phase, conn.due, -1, False, conn.sent)
             conn.due = None
         if conn in self.idle:
             self.idle.remove(conn)
         self._more_connections()  # the server closed it (idle, or to make room): replace it
 
-    def _record(self, phase: int, due: float, status: int, retry_after: bool) -> None:
+    def _record(
+        self, phase: int, due: float, status: int, retry_after: bool, sent: float | None = None
+    ) -> None:
         self.in_flight -= 1
-        self.records[phase].append((due, time.monotonic() - due, status, retry_after))
+        now = time.monotonic()
+        late = (sent if sent is not None else now) - due
+        self.records[phase].append((due, now - due, status, retry_after, late))
 
     def close(self) -> None:
         for conn in self.idle:
@@ -224,6 +229,7 @@ def _summary(
     due = np.asarray([r[0] - start for r in load], dtype=np.float64)
     latency = np.asarray([r[1] for r in load], dtype=np.float64)
     status = np.asarray([r[2] for r in load], dtype=np.int64)
+    late = np.asarray([r[4] for r in load], dtype=np.float64)
     values, numbers = np.unique(status, return_counts=True)
     counts = {str(int(s)): int(n) for s, n in zip(values, numbers, strict=True)}
     if unanswered:
@@ -238,6 +244,9 @@ def _summary(
     def pct(mask: np.ndarray, q: float) -> float | None:
         return float(np.percentile(latency[mask], q) * 1000) if mask.any() else None
 
+    def late_pct(mask: np.ndarray, q: float) -> float | None:
+        return float(np.percentile(late[mask], q) * 1000) if mask.any() else None
+
     bins = np.arange(0.0, np.ceil(max(seconds, float(done_at.max()) if len(done_at) else 0)) + 1)
     per_second = np.histogram(done_at[good], bins=bins)[0] if len(bins) > 1 else np.zeros(0)
     probes = [[round(r[0] - stop, 4), round(r[1] * 1000, 3), r[2]] for r in sorted(gen.records[1])]
@@ -246,6 +255,7 @@ def _summary(
         "offered": len(load) + unanswered,
         "seconds": seconds,
         "sent_seconds": stop - start,
+        "started_at": start,  # CLOCK_MONOTONIC: the same clock in every process here
         "counts": counts,
         "good": int(good.sum()),
         "good_in_run": good_in_run,
@@ -254,6 +264,14 @@ def _summary(
         "ok_p99_ms": pct(status == 200, 99),
         "shed_p50_ms": pct(shed, 50),
         "shed_p99_ms": pct(shed, 99),
+        # of those latencies, how late this client sent (its own loop behind, or no free
+        # connection): the rest is the server's (socket buffers included) and the reading here
+        "ok_sent_late_p99_ms": late_pct(status == 200, 99),
+        "shed_sent_late_p50_ms": late_pct(shed, 50),
+        "shed_sent_late_p99_ms": late_pct(shed, 99),
+        "shed_after_send_p99_ms": (
+            float(np.percentile((latency - late)[shed], 99) * 1000) if shed.any() else None
+        ),
         "shed_without_retry_after": int(sum(1 for r in load if r[2] == 429 and not r[3])),
         "good_per_second": [int(x) for x in per_second],
         "max_connections_open": gen.max_open,

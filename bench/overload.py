@@ -19,6 +19,22 @@ in the proxy and refused there with 429 and ``Retry-After`` once 512 wait or one
 (``serve.runtime`` "auto", the default: a NumPy forward pass called on the event loop, and
 "keras", the graph on the model thread of before) is a model of the same server, measured in
 turn in each round with a capacity of its own.
+
+**What a refusal costs against an answer.** The learner's CPU time (user + system, all its
+threads, from psutil, less its idle rate) is read around each run: per 200 in the capacity run,
+*a*; per 429 in a run where every request is refused, *r* (a model whose one queued request
+waits 10 s for company and whose queue holds one row, so the rest are refused from the head;
+the open-loop client at twice the first runtime's capacity, the refusal rate of a 3x run, on
+keep-alive connections as in the overload runs). When one event loop bounds the capacity
+(C = 1/a), at m times the capacity it must spend g·a + (mC - g)·r ≤ 1 second per second, so
+goodput ÷ capacity ≤ (1 - m·r/a) / (1 - r/a): the **bound** shown beside the measured goodput.
+During each open-loop run the client also records how late it sent each request (its own loop
+behind), and the learner's sockets are sampled every 0.25 s from ``/proc/net/tcp``: bytes
+received but not yet read by the server (requests waiting for the event loop) and the accept
+queue of its listening socket; by Little's law, requests unread on average ÷ the offered rate
+is the mean time a request waited in the socket buffers. The event loop thread's
+``schedstat`` gives its share of the run spent running and spent ready but waiting for a core
+(taken by the client or other processes), and the client's own CPU per request is counted.
 """
 
 from __future__ import annotations
@@ -46,6 +62,7 @@ MODEL = "over"
 # serve.runtime -> the model served with it: the default (a NumPy forward pass on the event
 # loop for this MLP) and the Keras graph on the model thread of before, side by side
 RUNTIME_MODELS = {"auto": MODEL, "keras": "over_keras"}
+REFUSE_MODEL = "over_refuse"  # refuses everything but one request every 10 s (bench/fleet.py)
 CAPACITY_CLIENTS = 64
 DEADLINE_MS = ServeSettings().default_deadline_ms
 TARGET_MULTIPLIER = 3
@@ -76,7 +93,9 @@ def run(ctx: Context) -> BenchResult:
     }
     slow: list[dict[str, Any]] = []
     capacities: list[LoadResult] = []
-    models = [RUNTIME_MODELS[rt] for rt in runtimes]
+    costs: dict[str, list[dict[str, float]]] = {rt: [] for rt in runtimes}  # a, per round
+    refusal_costs: list[dict[str, float]] = []  # r, per round
+    models = [RUNTIME_MODELS[rt] for rt in runtimes] + [REFUSE_MODEL]
     with ctx.fleet(*models) as fleet, contextlib.ExitStack() as stack:
         learner = fleet.learner
         urls: dict[tuple[str, str], str] = {}
@@ -89,25 +108,46 @@ def run(ctx: Context) -> BenchResult:
             for rt in runtimes:
                 urls[rt, "haproxy"] = f"{front.url}/v1/models/{RUNTIME_MODELS[rt]}:predict"
         load_dir = ctx.workdir / "load"
+        refuse_url = f"{learner.url}/v1/models/{REFUSE_MODEL}:predict"
         if not ctx.quick:  # first calls and connection setup are not measured
             for rt in runtimes:
                 run_load(ctx.load_client, urls[rt, "direct"], body, 16, 1.0, load_dir)
+        cpu = _CpuMeter(learner)
         for r in range(rounds):
             for rt in runtimes:
                 url, model = urls[rt, "direct"], RUNTIME_MODELS[rt]
-                capacity = run_load(
-                    ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
-                )
+                cpu.idle()
+                with cpu.measure() as used:
+                    capacity = run_load(
+                        ctx.load_client, url, body, CAPACITY_CLIENTS, capacity_seconds, load_dir
+                    )
                 capacities.append(capacity)
+                costs[rt].append(_per_request(used, capacity.requests - capacity.non_200))
                 cap_rps, cap_p99 = capacity.ok_rps, capacity.p99_ms
                 ctx.step(
                     f"round {r + 1}/{rounds} {rt} capacity: {cap_rps:,.0f} req/s, "
-                    f"p99 {cap_p99:.1f} ms"
+                    f"p99 {cap_p99:.1f} ms, CPU per answer {costs[rt][-1]['us']:.0f} µs "
+                    f"({costs[rt][-1]['cores']:.2f} cores)"
                 )
+                if rt == runtimes[0]:  # refusals only, at the refusal rate of a 3x run
+                    refusal_costs.append(
+                        _refusal_cost(cpu, refuse_url, body, 2 * cap_rps, ctx, load_dir)
+                    )
+                    ctx.step(
+                        f"round {r + 1}/{rounds} refusals only at {2 * cap_rps:,.0f} req/s: "
+                        f"CPU per refusal {refusal_costs[-1]['us']:.0f} µs "
+                        f"(user {refusal_costs[-1]['user_us']:.0f}, system "
+                        f"{refusal_costs[-1]['system_us']:.0f}; "
+                        f"{refusal_costs[-1]['cores']:.2f} cores), 429 p99 "
+                        f"{refusal_costs[-1]['shed_p99_ms']:.1f} ms"
+                    )
                 for m in multipliers:
                     for f in fronts:
                         over = _overloaded(ctx, learner, urls[rt, f], url, body, m, capacity)
                         over["front"], over["runtime"] = f, rt
+                        over["cpu_per_answer_us"] = costs[rt][-1]["us"]
+                        over["cpu_per_refusal_us"] = refusal_costs[-1]["us"]
+                        over["cores_at_capacity"] = costs[rt][-1]["cores"]
                         runs[rt, f, m].append(over)
                         ctx.step(_line(r, rounds, over))
                         _settle(learner, model)
@@ -126,9 +166,12 @@ def run(ctx: Context) -> BenchResult:
             for m in multipliers:
                 direct = runs[rt, "direct", m] if f != "direct" else None
                 result.rows.append(_row(rt, f, m, runs[rt, f, m], direct))
+    result.rows.append(_refusal_row(refusal_costs))
     result.rows.append(slow_row(slow_clients, CAPACITY_CLIENTS, MAX_CONNECTIONS, slow))
     _check_answers(result, [o for v in runs.values() for o in v])
     result.extra["capacity"] = [c.to_json() for c in capacities]
+    result.extra["cpu_per_answer"] = costs
+    result.extra["cpu_per_refusal"] = refusal_costs
     result.extra["slow_clients"] = slow
     result.extra["runs"] = {f"{rt} {f} {m}": v for (rt, f, m), v in runs.items()}
     return result
@@ -143,7 +186,7 @@ def _overloaded(
     s = ctx.sizes
     load_dir = ctx.workdir / "load"
     cap_rps, cap_p99, probe_s = capacity.ok_rps, capacity.p99_ms, s["probe_s"]
-    with _RssSampler(learner) as rss:
+    with _RssSampler(learner, _request_bytes(url, body)) as rss:
         over = _open_loop(url, body, m * cap_rps, s["seconds"], probe_s, load_dir, s["connections"])
     after = run_load(
         ctx.load_client, direct_url, body, CAPACITY_CLIENTS, s["capacity_seconds"], load_dir
@@ -155,8 +198,113 @@ def _overloaded(
         recovery_s=_recovery(over["probes"], 2 * cap_p99, probe_s),
         after_rps=after.ok_rps,
         rss_mib=rss.summary(),
+        sockets=rss.sockets(s["seconds"]),
+        event_loop=rss.event_loop(over["started_at"], s["seconds"]),
     )
     return over
+
+
+class _CpuMeter:
+    """The learner's CPU time (user and system, all threads), less what it uses idle."""
+
+    def __init__(self, server: LivefitProcess) -> None:
+        import psutil
+
+        self.process = psutil.Process(server.pid)
+        self.idle_rate = (0.0, 0.0)  # user, system CPU seconds per second when idle
+
+    def _times(self) -> tuple[float, float, float]:
+        t = self.process.cpu_times()
+        return time.monotonic(), t.user, t.system
+
+    def idle(self, seconds: float = 1.0) -> None:
+        """Measure the idle rate (MQTT, timers, the lag watch) over ``seconds`` of no load."""
+        t0, u0, s0 = self._times()
+        time.sleep(seconds)
+        t1, u1, s1 = self._times()
+        self.idle_rate = ((u1 - u0) / (t1 - t0), (s1 - s0) / (t1 - t0))
+
+    @contextlib.contextmanager
+    def measure(self) -> Any:
+        """Yields a dict filled on exit: ``user``, ``system`` (CPU seconds above the idle
+        rate) and ``seconds`` (wall)."""
+        used: dict[str, float] = {}
+        t0, u0, s0 = self._times()
+        yield used
+        t1, u1, s1 = self._times()
+        dt = t1 - t0
+        used.update(
+            seconds=dt,
+            user=max(0.0, u1 - u0 - self.idle_rate[0] * dt),
+            system=max(0.0, s1 - s0 - self.idle_rate[1] * dt),
+        )
+
+
+def _per_request(
+    used: dict[str, float], requests: int, seconds: float | None = None
+) -> dict[str, float]:
+    """CPU µs per request (all, user, system), and the cores used on average over ``seconds``
+    of load (the whole measurement when not given)."""
+    n = max(1, requests)
+    return {
+        "us": (used["user"] + used["system"]) / n * 1e6,
+        "user_us": used["user"] / n * 1e6,
+        "system_us": used["system"] / n * 1e6,
+        "cores": (used["user"] + used["system"]) / (seconds or used["seconds"]),
+        "requests": float(requests),
+    }
+
+
+def _refusal_cost(
+    cpu: _CpuMeter, url: str, body: bytes, rate: float, ctx: Context, workdir: Path
+) -> dict[str, float]:
+    """CPU per 429 in an open-loop run where every request but about one in 10 s is refused
+    from its head (``REFUSE_MODEL``), at ``rate``."""
+    s = ctx.sizes
+    cpu.idle()
+    with cpu.measure() as used:
+        run = _open_loop(
+            url, body, rate, s["refusal_seconds"], 0.0, workdir, s["connections"], 1000.0
+        )
+    refused = _count(run, "429")
+    cost = _per_request(used, refused, s["refusal_seconds"])
+    cost.update(
+        rate=rate,
+        refused=float(refused),
+        answered=float(_count(run, "200")),
+        shed_p50_ms=run["shed_p50_ms"] or float("nan"),
+        shed_p99_ms=run["shed_p99_ms"] or float("nan"),
+    )
+    return cost
+
+
+def _request_bytes(url: str, body: bytes) -> int:
+    from bench.loadgen import post_request
+
+    return len(post_request(url, body)[2])
+
+
+def bound(m: float, ratio: float) -> float:
+    """The most goodput ÷ capacity one event loop can give at ``m`` times its capacity when a
+    refusal costs ``ratio`` of an answer: g·a + (mC - g)·r ≤ 1 with C = 1/a."""
+    if m <= 1:
+        return 1.0
+    if ratio >= 1:
+        return 0.0
+    return max(0.0, (1 - m * ratio) / (1 - ratio))
+
+
+def _refusal_row(costs: list[dict[str, float]]) -> Row:
+    """The refusal-only runs: CPU per 429 and its 429 latency."""
+    row = Row(case={"runtime": "any", "front": "direct", "load": "refusals only (2x capacity)"})
+    f = row.figures
+    f["offered req/s"] = Spread.of([c["rate"] for c in costs], "req/s")
+    f["CPU µs per 429 (r)"] = Spread.of([c["us"] for c in costs], "µs")
+    f["of which system µs"] = Spread.of([c["system_us"] for c in costs], "µs")
+    f["server cores"] = Spread.of([c["cores"] for c in costs], "")  # while refusing
+    f["429 p50 ms"] = Spread.of([c["shed_p50_ms"] for c in costs], "ms")
+    f["429 p99 ms"] = Spread.of([c["shed_p99_ms"] for c in costs], "ms")
+    return row
 
 
 def _check_answers(result: BenchResult, shed: list[dict[str, Any]]) -> None:
@@ -218,25 +366,31 @@ def _count(run: dict[str, Any], status: str) -> int:
 
 def _open_loop(
     url: str, body: bytes, rate: float, seconds: float, probe_s: float, workdir: Path,
-    connections: int,
+    connections: int, deadline_ms: float = DEADLINE_MS,
 ) -> dict[str, Any]:  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
     body_file = workdir / "body.json"
     body_file.write_bytes(body)
     argv = [
         sys.executable, "-m", "bench.openloop", "--url", url, "--body-file", str(body_file),
-        "--rate", f"{rate:.1f}", "--duration", str(seconds), "--deadline-ms", str(DEADLINE_MS),
+        "--rate", f"{rate:.1f}", "--duration", str(seconds), "--deadline-ms", str(deadline_ms),
         "--probe-s", str(probe_s), "--connections", str(connections),
         "--max-conns", str(MAX_CONNECTIONS),
     ]  # fmt: skip
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=seconds + probe_s + DEADLINE_MS / 1000 + 60,
+        argv, capture_output=True, text=True, timeout=seconds + probe_s + deadline_ms / 1000 + 60,
         cwd=REPO, env={**_environ(), **QUIET_ENV},
     )  # fmt: skip
     line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
     if done.returncode != 0 or line is None:
         raise RuntimeError(f"open-loop client failed ({done.returncode}): {done.stderr[-3000:]}")
     data: dict[str, Any] = json.loads(line)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the client's CPU, its start and probes included (it runs on the server's cores)
+    data["client_cpu_s"] = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return data
 
 
@@ -257,12 +411,22 @@ def _recovery(probes: list[list[float]], ok_ms: float, probe_s: float) -> float:
 
 
 class _RssSampler:
-    """The server's RSS every 0.25 s while the block runs: start, peak and end (MiB)."""
+    """The server's RSS every 0.25 s while the block runs: start, peak and end (MiB); with it,
+    its sockets (``/proc/net/tcp``): bytes received and not yet read by the server, and the
+    accept queue of its listening socket."""
 
-    def __init__(self, server: LivefitProcess) -> None:
+    def __init__(self, server: LivefitProcess, request_bytes: int = 0) -> None:
         import psutil
 
         self.process = psutil.Process(server.pid)
+        self.port = f":{server.port:04X} "
+        self.request_bytes = request_bytes
+        self.proc_net_tcp = "/proc/net/tcp"
+        self.unread: list[int] = []  # bytes received by the server's sockets, unread
+        self.backlog: list[int] = []  # connections waiting in the accept queue
+        # (when, CPU s, run-queue wait s) of the main thread (the event loop), schedstat
+        self.schedstat = f"/proc/{server.pid}/task/{server.pid}/schedstat"
+        self.loop: list[tuple[float, float, float]] = []
         self.samples: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
@@ -270,6 +434,8 @@ class _RssSampler:
     def _run(self) -> None:
         while True:
             self.samples.append(self.process.memory_info().rss / 2**20)
+            self._sample_sockets()
+            self._sample_loop()
             if self._stop.wait(0.25):
                 self.samples.append(self.process.memory_info().rss / 2**20)
                 return
@@ -284,6 +450,56 @@ class _RssSampler:
 
     def summary(self) -> dict[str, float]:
         return {"start": self.samples[0], "peak": max(self.samples), "end": self.samples[-1]}
+
+    def _sample_sockets(self) -> None:
+        unread = backlog = 0
+        try:
+            with open(self.proc_net_tcp) as handle:
+                next(handle)
+                for line in handle:
+                    fields = line.split(None, 5)
+                    if not (fields[1] + " ").endswith(self.port):
+                        continue  # not a server-side socket (a client's local port differs)
+                    rx = int(fields[4].partition(":")[2], 16)
+                    if fields[3] == "0A":  # listening: rx is the accept queue's length
+                        backlog += rx
+                    elif fields[3] == "01":
+                        unread += rx
+        except OSError:
+            return
+        self.unread.append(unread)
+        self.backlog.append(backlog)
+
+    def _sample_loop(self) -> None:
+        try:
+            with open(self.schedstat) as handle:
+                ran, waited, _ = handle.read().split()
+        except (OSError, ValueError):
+            return
+        self.loop.append((time.monotonic(), int(ran) / 1e9, int(waited) / 1e9))
+
+    def event_loop(self, start: float, seconds: float) -> dict[str, float]:
+        """Over the samples within ``seconds`` from ``start`` (monotonic): the share of the
+        time the event loop's thread ran, and the share it was ready to run but waited for a
+        core (taken by other processes); with ``idle`` the rest."""
+        inside = [x for x in self.loop if start <= x[0] <= start + seconds]
+        if len(inside) < 2:
+            return {}
+        (t0, ran0, waited0), (t1, ran1, waited1) = inside[0], inside[-1]
+        ran, waited = (ran1 - ran0) / (t1 - t0), (waited1 - waited0) / (t1 - t0)
+        return {"ran": ran, "waited": waited, "idle": max(0.0, 1.0 - ran - waited)}
+
+    def sockets(self, seconds: float) -> dict[str, float]:
+        """Over the samples of the first ``seconds`` (the load): requests waiting unread in
+        the server's sockets, mean and peak, and the accept queue's peak."""
+        n = max(1, min(len(self.unread), int(seconds / 0.25)))
+        per = max(1, self.request_bytes)
+        unread = self.unread[:n] or [0]
+        return {
+            "unread_requests_mean": sum(unread) / len(unread) / per,
+            "unread_requests_peak": max(unread) / per,
+            "accept_queue_peak": float(max(self.backlog[:n] or [0])),
+        }
 
 
 def _settle(server: LivefitProcess, model: str, timeout: float = 30.0) -> None:
@@ -305,6 +521,9 @@ def _line(r: int, rounds: int, o: dict[str, Any]) -> str:
         f"goodput {o['goodput']:,.0f} req/s ({o['goodput'] / o['capacity_rps']:.2f}x), "
         f"200 p99 {ok} ms, 429 p99 {shed} ms, counts {o['counts']}, "
         f"recovery {o['recovery_s']:.2f} s, after {o['after_rps']:,.0f} req/s, "
+        f"unread {o['sockets']['unread_requests_mean']:.0f} req (mean), accept queue "
+        f"{o['sockets']['accept_queue_peak']:.0f} (peak), 429 p99 sent late "
+        f"{o.get('shed_sent_late_p99_ms') or 0:.1f} ms, "
         f"RSS +{o['rss_mib']['peak'] - o['rss_mib']['start']:.0f} MiB"
     )
 
@@ -339,6 +558,33 @@ def _row(
         [o["rss_mib"]["peak"] - o["rss_mib"]["start"] for o in runs], "MiB"
     )
     f["recovery s"] = Spread.of([o["recovery_s"] for o in runs], "s")
+    if front == "direct":
+        f["CPU µs per 200 (a)"] = Spread.of([o["cpu_per_answer_us"] for o in runs], "µs")
+        f["CPU µs per 429 (r)"] = Spread.of([o["cpu_per_refusal_us"] for o in runs], "µs")
+        # 1 would mean the one event loop's core bounds the capacity (the bound's premise)
+        f["server cores at capacity"] = Spread.of([o["cores_at_capacity"] for o in runs], "")
+    late = [o["shed_sent_late_p99_ms"] for o in runs if o.get("shed_sent_late_p99_ms") is not None]
+    if late:  # of the 429 p99: how late the client sent, and the rest
+        f["429 p99: client late ms"] = Spread.of(late, "ms")
+        f["429 p99 after send ms"] = Spread.of(
+            [o["shed_after_send_p99_ms"] for o in runs if o.get("shed_after_send_p99_ms")], "ms"
+        )
+    loops = [o["event_loop"] for o in runs if o.get("event_loop")]
+    if loops:  # the event loop's thread during the load: running, or ready and waiting
+        f["loop ran"] = Spread.of([x["ran"] for x in loops], "")
+        f["loop waited for a core"] = Spread.of([x["waited"] for x in loops], "")
+    f["client CPU µs per request"] = Spread.of(
+        [o.get("client_cpu_s", 0.0) / max(1, o["offered"]) * 1e6 for o in runs], "µs"
+    )
+    if all("sockets" in o for o in runs):
+        f["unread in sockets (mean)"] = Spread.of(
+            [o["sockets"]["unread_requests_mean"] for o in runs], "req"
+        )
+        f["socket wait ms (mean)"] = Spread.of(
+            [o["sockets"]["unread_requests_mean"] / (o["offered"] / o["seconds"]) * 1000
+             for o in runs], "ms",
+        )  # fmt: skip
+        f["accept queue (peak)"] = Spread.of([o["sockets"]["accept_queue_peak"] for o in runs], "")
     row.ratios["goodput ÷ capacity"] = paired_ratios(
         [o["goodput"] for o in runs], [o["capacity_rps"] for o in runs]
     )
@@ -348,6 +594,13 @@ def _row(
     row.ratios["after ÷ capacity"] = paired_ratios(
         [o["after_rps"] for o in runs], [o["capacity_rps"] for o in runs]
     )
+    if front == "direct":
+        row.ratios["r ÷ a"] = paired_ratios(
+            [o["cpu_per_refusal_us"] for o in runs], [o["cpu_per_answer_us"] for o in runs]
+        )
+        row.ratios["bound: goodput ÷ capacity"] = Spread.of(
+            [bound(m, o["cpu_per_refusal_us"] / o["cpu_per_answer_us"]) for o in runs], ""
+        )
     if direct is not None:
         pairs = {
             "goodput ÷ direct": lambda o: o["goodput"],
@@ -379,6 +632,7 @@ BENCHMARK = Benchmark(
             "runtimes": ("auto", "keras"),
             "slow_clients": 200,
             "connections": 256,
+            "refusal_seconds": 1.0,
         },
         full={
             "rounds": 2,
@@ -390,6 +644,7 @@ BENCHMARK = Benchmark(
             "runtimes": ("auto", "keras"),
             "slow_clients": SLOW_CLIENTS,
             "connections": 512,
+            "refusal_seconds": 5.0,
         },
     ),
     explained_always=True,

@@ -112,7 +112,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._close("header_too_large", self.HEAD_TOO_LARGE)
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn's builds the request's ASGI scope here (a dict, a copy of the app state); a
+        # request answered from its head never needs one, so it is built in
+        # on_headers_complete, only for a request that goes on (``_begin_scope``)
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
         if self._head_bytes < 0:  # the first byte of a later request on this connection
             self._expect_head()
             self._head_bytes = 1  # (the read it came in is not counted: a byte, at least)
@@ -145,11 +150,21 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 self._reservation = answer.reservation
                 app, self.app = self.app, answer
                 try:
+                    self._begin_scope()
                     super().on_headers_complete()
                 finally:
                     self.app = app
                 return
+        self._begin_scope()
         super().on_headers_complete()
+
+    def _begin_scope(self) -> None:
+        """uvicorn's ``on_message_begin`` (the ASGI scope), run once the head is known to go
+        on to an app, keeping the URL and headers parsed since."""
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()
+        self.url, self.expect_100_continue = url, expect
+        self.headers = self.scope["headers"] = headers
 
     def _answer_from_head(self, answer: bytes) -> None:
         """Send ``answer`` now; drop the body as it arrives; keep the connection if the client
