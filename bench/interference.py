@@ -15,7 +15,13 @@ rounds; the ratios pair the runs of a round.
 
 from __future__ import annotations
 
+import os
+import resource
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psutil
 
 from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
 from bench.load import LoadResult, run_load
@@ -46,11 +52,17 @@ SPLIT_SIDES = (
         "split-nice10",
     ),
     (
+        "serve --workers 1, defaults, serving_cores others",
+        '\n[processes]\nserving_cores = "others"\n',
+        "split-serving-others",
+    ),
+    (
         "serve --workers 1, defaults, train.max_batch_size 64",
         "\n[models.busy.train]\nmax_batch_size = 64\n",
         "split-batch64",
     ),
 )
+T = TypeVar("T")
 P99_LIMIT = 1.3  # issue #29: saturated p99 at most 1.3x idle
 TRAINING_KEPT = 0.25  # issue #29: training keeps at least a quarter of its solo samples/s
 
@@ -84,7 +96,9 @@ def _measure(
     busy: list[LoadResult] = []
     train_rates: list[float] = []
     solo_rates: list[float] = []
-    trained_runs: list[bool] = []  # the trainer trained during the run, or (quick) just after
+    trained_runs: list[bool] = []
+    idle_cpu: list[tuple[float, float]] = []  # (cores busy, the load client's cores)
+    busy_cpu: list[tuple[float, float]] = []  # the trainer trained during the run, or (quick) just after
     url = f"{learner.url}/v1/models/{MODEL}:predict"
     run_load(ctx.load_client, url, body, 16, 1.0, work / "load")  # first calls
     phases = ("idle", "saturated", "solo")
@@ -92,15 +106,21 @@ def _measure(
         for phase in phases if r % 2 == 0 else phases[::-1]:
             last = r == rounds - 1 and phase == (phases[-1] if r % 2 == 0 else phases[0])
             if phase == "idle":
-                idle.append(run_load(ctx.load_client, url, body, CLIENTS, duration, work / "load"))
+                load, cpu = _cpu_of(
+                    lambda: run_load(ctx.load_client, url, body, CLIENTS, duration, work / "load")
+                )
+                idle.append(load)
+                idle_cpu.append(cpu)
                 ctx.step(
                     f"{command}: round {r + 1}/{rounds} {phase:>9}: {idle[-1].rps:7,.0f} req/s"
                     f"  p50 {idle[-1].p50_ms:6.2f} ms  p99 {idle[-1].p99_ms:7.2f} ms"
+                    f"  cores busy {cpu[0]:.2f} (load client {cpu[1]:.2f})"
                 )
             elif phase == "saturated":
-                load, rate, trained = _saturated(
+                load, rate, trained, cpu = _saturated(
                     ctx, learner, broker_url, url, body, duration, r, drain=not last
                 )
+                busy_cpu.append(cpu)
                 busy.append(load)
                 train_rates.append(rate)
                 trained_runs.append(trained)
@@ -122,6 +142,9 @@ def _measure(
     row.figures["saturated req/s"] = Spread.of([r.rps for r in busy], "req/s")
     row.figures["training samples/s"] = Spread.of(train_rates, "samples/s")
     row.figures["solo training samples/s"] = Spread.of(solo_rates, "samples/s")
+    row.figures["idle: cores busy"] = Spread.of([c[0] for c in idle_cpu], "cores")
+    row.figures["idle: load client's cores"] = Spread.of([c[1] for c in idle_cpu], "cores")
+    row.figures["saturated: cores busy"] = Spread.of([c[0] for c in busy_cpu], "cores")
     row.ratios["saturated ÷ idle (p99)"] = paired_ratios(
         [r.p99_ms for r in busy], [r.p99_ms for r in idle]
     )
@@ -172,7 +195,9 @@ def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
             "before issue #29 (`processes.training_cores = 0`: training on every core; at "
             "`processes.training_niceness` 0 and 10), at the defaults after it "
             '(`training_cores = "auto"`: 1 of 2 cores here), and the defaults with '
-            "`training_niceness = 10` or with `train.max_batch_size = 64` (256 by default)",
+            "`training_niceness = 10`, with `processes.serving_cores = \"others\"` (the serving "
+            "process kept off the training core) or with `train.max_batch_size = 64` (256 by "
+            "default)",
         },
     )
 
@@ -196,13 +221,49 @@ def _saturated(
         pub.wait_for("start", 60)
         time.sleep(1.0)  # the trainer is busy before the first request
         before, started = _trained(ctx, learner, labels), time.monotonic()
-        load = run_load(ctx.load_client, url, body, CLIENTS, duration, ctx.workdir / "load")
+        load, cpu = _cpu_of(
+            lambda: run_load(ctx.load_client, url, body, CLIENTS, duration, ctx.workdir / "load")
+        )
         after = _trained(ctx, learner, labels)
         rate = (after - before) / (time.monotonic() - started)
         trained = after > before or (ctx.quick and _trains(ctx, learner, labels, before))
     if drain:  # the next run is idle only once the backlog is trained
         _drain(learner)
-    return load, rate, trained
+    return load, rate, trained, cpu
+
+
+def _cpu_of(run: Callable[[], T]) -> tuple[T, tuple[float, float]]:
+    """``run()``'s result, and the CPU it took: the cores the whole machine kept busy while it
+    ran (every process: this host's other jobs too), and the cores its load client used (a
+    child process it waited for: its CPU time, from ``getrusage``, over the wall time).
+
+    On a 2-core machine the idle run's figures say how much CPU is left for training at all:
+    the load client and the serving process share the same cores."""
+    before_cpu = psutil.cpu_times()
+    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    result = run()
+    elapsed = time.monotonic() - started
+    after_cpu = psutil.cpu_times()
+    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    idle_s = _idle_s(after_cpu) - _idle_s(before_cpu)
+    total_s = _total_s(after_cpu) - _total_s(before_cpu)
+    cores = os.cpu_count() or 1
+    busy = cores * (1.0 - idle_s / total_s) if total_s > 0 else 0.0
+    client_s = (after_children.ru_utime + after_children.ru_stime) - (
+        before_children.ru_utime + before_children.ru_stime
+    )
+    return result, (busy, client_s / elapsed if elapsed > 0 else 0.0)
+
+
+def _idle_s(times: Any) -> float:
+    return times.idle + getattr(times, "iowait", 0.0)
+
+
+def _total_s(times: Any) -> float:
+    """Every CPU second counted once (Linux's guest time is already inside user time)."""
+    guest = getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
+    return sum(times) - guest
 
 
 def _solo(

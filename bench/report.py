@@ -9,6 +9,7 @@ and pass or miss), the correctness checks, the machine it ran on, and the analys
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.registry import BENCHMARKS
@@ -24,7 +25,7 @@ def render(doc: dict[str, Any], source: str = "bench/results/latest.json") -> st
     per benchmark first, then the introduction, every target, and each benchmark's section."""
     benches = doc.get("benchmarks", {})
     names = [n for n in BENCHMARKS if n in benches] + [n for n in benches if n not in BENCHMARKS]
-    parts = [_summary(source, benches, names), _header(benches, names)]
+    parts = [_summary(source, benches, names), *_front_prose(), _header(benches, names)]
     for name in names:
         parts.append(render_benchmark(benches[name]))
     return "\n".join(parts).rstrip() + "\n"
@@ -69,6 +70,17 @@ def _summary(source: str, benches: dict[str, Any], names: list[str]) -> str:
         )
     lines.append("")
     return "\n".join(lines)
+
+
+FRONT_PROSE = Path(__file__).resolve().parent / "prose" / "front.md"
+
+
+def _front_prose() -> list[str]:
+    """``bench/prose/front.md`` (hand-written: an issue's targets before and after, across
+    benchmarks) under the summary, when it exists."""
+    if not FRONT_PROSE.exists():
+        return []
+    return [FRONT_PROSE.read_text().rstrip() + "\n"]
 
 
 def _header(benches: dict[str, Any], names: list[str]) -> str:

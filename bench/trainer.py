@@ -9,6 +9,11 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
 * **raw step**: a ``tf.function`` of forward pass, gradient and ``optimizer.apply`` written here,
   fed pre-built tensors of exactly the batch size: what TensorFlow itself allows.
 * **per-message**: the classic Keras-over-MQTT loop, ``model.train_on_batch`` on each sample.
+* **before #29**: the same ``Trainer`` measurement (1-sample chunks) and raw step on the code as
+  it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's history into
+  the work directory), in a process of its own each round: its ratio to its own raw step
+  stands beside livefit's. Skipped, with a note, where the history is not there (a shallow
+  clone).
 
 Every figure is samples/s; each round runs every side once (order rotated), ratios pair the
 sides of one round.
@@ -16,13 +21,33 @@ sides of one round.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tarfile
 import time
+from io import BytesIO
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.harness import Benchmark, BenchResult, Context, Row, Sizes, Spread, paired_ratios
+from bench.harness import (
+    REPO,
+    Benchmark,
+    BenchResult,
+    Context,
+    Row,
+    Sizes,
+    Spread,
+    paired_ratios,
+)
 from bench.models import MLP, ModelSpec
+from bench.procs import QUIET_ENV
+
+BEFORE_29 = "409e868"  # main before issue #29's first merge (the trainer as it was)
+BEFORE_CHUNK = 1  # the before side is measured with single-sample chunks only
 
 CHUNKS = (1, 100)
 SIDES = {
@@ -32,6 +57,8 @@ SIDES = {
     "raw step": "`tf.function` (fixed input signature) of forward, `GradientTape` and "
     "`optimizer.apply` on pre-built tensors of the batch size: the hardware limit",
     "per-message": "`model.train_on_batch(x[i:i+1], y[i:i+1])` per sample (compiled Keras model)",
+    "before #29": f"the livefit and raw-step measurements on the code before issue #29 (commit "
+    f"{BEFORE_29}), in a process of their own each round, chunks of {BEFORE_CHUNK}",
 }
 
 
@@ -53,9 +80,22 @@ def run(ctx: Context) -> BenchResult:
         (bs, c): [] for bs in sizes for c in CHUNKS
     }
     per_message: list[float] = []
+    before_tree = _before_tree(ctx.workdir / "before-29")
+    if before_tree is None:
+        result.notes.append(
+            f"The before-#29 side was skipped: commit {BEFORE_29} is not in this clone's history."
+        )
+    before: dict[int, list[tuple[float, float]]] = {bs: [] for bs in sizes}  # (livefit, raw)
     for r in range(rounds):
         ctx.step(f"trainer round {r + 1}/{rounds}: per-message train_on_batch")
         per_message.append(_per_message(spec, x_all, y_all, seconds))
+        if before_tree is not None:
+            for bs, pair in _before_rates(before_tree, sizes, seconds).items():
+                before[bs].append(pair)
+                ctx.step(
+                    f"  batch {bs:>4} before #29: livefit {pair[0]:>9,.0f}/s  "
+                    f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
+                )
         for bs in _rotate(sizes, r):
             raw = _raw_step(tf, spec, x_all, y_all, bs, seconds)
             raw_rates[bs].append(raw)
@@ -75,10 +115,61 @@ def run(ctx: Context) -> BenchResult:
     result.merge_checks()
     for bs in sizes:
         for chunk in CHUNKS:
+            pairs = before[bs] if chunk == BEFORE_CHUNK else []
             result.rows.append(
-                _row(bs, chunk, livefit_rates[(bs, chunk)], raw_rates[bs], per_message)
+                _row(bs, chunk, livefit_rates[(bs, chunk)], raw_rates[bs], per_message, pairs)
             )
     return result
+
+
+def _before_tree(where: Path) -> Path | None:
+    """The code of ``BEFORE_29`` (livefit, server, models, clients, bench) unpacked in
+    ``where``, laid out so that ``import livefit.server`` and ``import bench`` find it first;
+    None where this repository's history lacks the commit."""
+    if (where / "livefit" / "server").exists():
+        return where
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "archive", BEFORE_29, "livefit", "server", "models",
+         "clients", "bench"],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return None
+    where.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=BytesIO(done.stdout)) as archive:
+        archive.extractall(where, filter="data")
+    for package in ("server", "models", "clients"):  # what setuptools maps into livefit.*
+        (where / "livefit" / package).symlink_to(Path("..") / package)
+    return where
+
+
+_BEFORE_SCRIPT = """
+import json, sys
+sys.path.insert(0, ".")
+import tensorflow as tf
+from bench.models import MLP
+from bench.trainer import _count_for, _raw_step, trainer_rate, training_data
+x, y = training_data(MLP, n=200_000)
+sizes, seconds, chunk = json.loads(sys.argv[1])
+out = {}
+for bs in sizes:
+    raw = _raw_step(tf, MLP, x, y, bs, seconds)
+    n = _count_for(raw, bs, seconds, len(x))
+    out[bs] = (trainer_rate(MLP, x[:n], y[:n], bs, chunk)[0], raw)
+print(json.dumps(out))
+"""
+
+
+def _before_rates(tree: Path, sizes: list[int], seconds: float) -> dict[int, tuple[float, float]]:
+    """{batch size: (trainer samples/s, raw step samples/s)} of the code before #29, measured
+    in a fresh process the way this benchmark measures the code of now."""
+    env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, "-c", _BEFORE_SCRIPT, json.dumps([sizes, seconds, BEFORE_CHUNK])],
+        cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=True,
+    )  # fmt: skip
+    line = done.stdout.strip().splitlines()[-1]
+    return {int(bs): (float(a), float(b)) for bs, (a, b) in json.loads(line).items()}
 
 
 def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
@@ -100,14 +191,20 @@ def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
 
 
 def _row(
-    bs: int, chunk: int, livefit: list[float], raw: list[float], per_message: list[float]
-) -> Row:
+    bs: int, chunk: int, livefit: list[float], raw: list[float], per_message: list[float],
+    before: list[tuple[float, float]],
+) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
     row.figures["raw step samples/s"] = Spread.of(raw, "samples/s")
     row.figures["per-message samples/s"] = Spread.of(per_message, "samples/s")
     row.ratios["livefit ÷ raw step"] = paired_ratios(livefit, raw)
     row.ratios["livefit ÷ per-message"] = paired_ratios(livefit, per_message)
+    if before:
+        row.figures["before #29 samples/s"] = Spread.of([b[0] for b in before], "samples/s")
+        row.ratios["before #29 ÷ its raw step"] = paired_ratios(
+            [b[0] for b in before], [b[1] for b in before]
+        )
     if bs >= 256:  # at 32 even the raw step is only ~55x per-message: no target there
         row.target("livefit ÷ raw step", ">=", 0.8, "≥ 0.8x raw step")
         row.target("livefit ÷ per-message", ">=", 100, "≥ 100x per-message")

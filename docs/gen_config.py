@@ -219,7 +219,16 @@ MEANINGS: dict[str, str] = {
         "issue #29). It takes the highest-numbered cores of the process's CPU mask and sizes "
         "TensorFlow's intra-op pool to them unless `tensorflow.intra_op_threads` is set; the "
         "serving processes keep every core, so queued predictions find a core training cannot "
-        'take. Measured in BENCHMARKS.md "interference"'
+        'take (unless `processes.serving_cores` is "others"). Measured in BENCHMARKS.md '
+        '"interference"'
+    ),
+    "processes.serving_cores": (
+        'a split learner: the CPUs its serving processes run on. `"all"`: every core, the '
+        'training process\'s too; `"others"`: the cores `processes.training_cores` leaves (every '
+        "core when training is not pinned), so a saturated training process never shares a core "
+        "with an event loop, at the cost of the serving processes never using the training "
+        'cores when training is idle. Set before any thread starts. Measured side by side in '
+        'BENCHMARKS.md "interference"'
     ),
     "logging.level": (
         "`DEBUG`, `INFO`, `WARNING`, `ERROR`. At `INFO` the learner logs the first weights it "

@@ -166,6 +166,10 @@ def _serve(args: argparse.Namespace) -> int:
         from livefit.server.runtime.training_process import size_training_pools
 
         size_training_pools(settings, training)  # before TensorFlow starts its pools
+    elif slot is not None:  # a serving process: its CPUs before any thread starts
+        from livefit.server.runtime.learner_group import pin_serving_process
+
+        pin_serving_process(settings.processes, slot.count)
     if not _with_tensorflow(settings):
         return 2
     if training is not None:  # a split learner's training process

@@ -70,6 +70,27 @@ def training_cpus(
     return sorted(cpus)[-count:]
 
 
+def serving_cpus(
+    serving_setting: str, training_setting: str | int, serving_processes: int,
+    cpus: Sequence[int] | None = None, cpu_max: Path = CGROUP_CPU_MAX,
+) -> list[int] | None:  # fmt: skip
+    """The CPUs a split learner's serving processes run on, for ``processes.serving_cores``
+    (``serving_setting``); None: every CPU. "others": the CPUs of the mask that
+    ``training_cpus`` leaves out (None when training is not pinned); "all": None."""
+    if serving_setting != "others":
+        return None
+    if cpus is None:
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return None
+    training = training_cpus(training_setting, serving_processes, cpus, cpu_max)
+    if training is None:
+        return None
+    rest = [cpu for cpu in sorted(cpus) if cpu not in set(training)]
+    return rest or None
+
+
 def _cgroup_quota(cpu_max: Path) -> float | None:
     """The CPU quota in cores, or None (no cgroup v2 file, no quota, or a line not understood)."""
     try:

@@ -234,6 +234,11 @@ class ProcessSettings(Section):
     # cores; the serving processes may run on every core, so while requests queue they have the
     # cores training may not take (BENCHMARKS.md "interference").
     training_cores: Literal["auto"] | int = Field("auto")
+    # The CPUs the serving processes run on. "all": every core, the training process's too;
+    # "others": the cores `training_cores` leaves (every core when training is not pinned), so
+    # a busy training process never shares a core with an event loop. Measured side by side in
+    # BENCHMARKS.md "interference".
+    serving_cores: Literal["all", "others"] = Field("all")
 
     @field_validator("training_cores")
     @classmethod

@@ -39,6 +39,8 @@ from pathlib import Path
 
 from ..base.heartbeat import Silence, beat_file
 from ..base.logs import TRAINING_ENV
+from ..config.machine import serving_cpus
+from ..config.sections import ProcessSettings
 from ..serve.busy_board import BOARD_FILE, BusyBoard
 from ..weights.local_feed import FEED_FILE
 from .children import start_child, stop_children
@@ -55,6 +57,23 @@ from .workers import (
 log = logging.getLogger(__name__)
 _TRAINING_DIR, _TRAINING_WORKERS = TRAINING_ENV, "LIVEFIT_TRAINING_WORKERS"
 TRAINING_GRACE_S = 120.0  # the final training, checkpoint and publish of every model
+
+
+def pin_serving_process(processes: ProcessSettings, serving_processes: int) -> list[int] | None:
+    """Run this serving process of a split learner on the CPUs ``processes.serving_cores``
+    gives it (beside ``serving_processes`` serving processes in all); the CPUs, or None where
+    it keeps every CPU. Call before any thread starts (TensorFlow's pools among them): a new
+    thread inherits its creator's mask. Best effort: logged and skipped where refused."""
+    cpus = serving_cpus(processes.serving_cores, processes.training_cores, serving_processes)
+    if cpus is None:
+        return None
+    try:
+        os.sched_setaffinity(0, cpus)
+    except (AttributeError, OSError) as exc:
+        log.warning("could not pin the serving process to CPUs %s: %s", cpus, exc)
+        return None
+    log.info("serving process on CPUs %s (processes.serving_cores)", cpus)
+    return cpus
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,3 +116,22 @@ def test_markdown_is_regenerated_from_the_json(
     )
     assert done.returncode == 0, done.stderr
     assert again.read_text() == markdown
+
+
+def test_speed_rows_measure_before_and_after_side_by_side(
+    quick_run: tuple[dict, str, Path],
+) -> None:
+    """Issue #29: the trainer's single-sample rows carry the code before #29, measured in the
+    same run (or a note says the clone lacks that commit); the interference rows record how
+    busy the cores were, the load client's share among them."""
+    doc, _, _ = quick_run
+    trainer = doc["benchmarks"]["trainer"]
+    single = [row for row in trainer["rows"] if row["case"]["samples per chunk"] == 1]
+    if any("before-#29 side was skipped" in note for note in trainer["notes"]):
+        assert all("before #29 ÷ its raw step" not in row["ratios"] for row in single)
+    else:
+        assert all(row["ratios"]["before #29 ÷ its raw step"]["median"] > 0 for row in single)
+    for row in doc["benchmarks"]["interference"]["rows"]:
+        busy = row["figures"]["idle: cores busy"]["median"]
+        assert 0 < busy <= (os.cpu_count() or 1) + 0.01, row["case"]
+        assert 0 <= row["figures"]["idle: load client's cores"]["median"] <= busy + 0.01

@@ -8,6 +8,7 @@ registries, as a group's ``/metrics`` answers it) served by a real HTTP server o
 from __future__ import annotations
 
 import http.server
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,8 +19,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from livefit.clients.metrics import MetricsReader
 from livefit.server.base.metrics_merge import merge_expositions
-from livefit.server.config.machine import default_serving_processes, training_cpus, usable_cores
+from livefit.server.config.machine import (
+    default_serving_processes,
+    serving_cpus,
+    training_cpus,
+    usable_cores,
+)
 from livefit.server.config.sections import HttpSettings, ProcessSettings
+from livefit.server.runtime.learner_group import pin_serving_process
 
 
 @pytest.mark.parametrize(("cores", "serving"), [(1, 1), (2, 1), (3, 2), (5, 4), (64, 4)])
@@ -73,6 +80,55 @@ def test_training_cores_is_auto_by_default_and_refuses_what_it_cannot_mean() -> 
     for bad in (-1, 5000, "all"):
         with pytest.raises(ValueError, match="training_cores"):
             ProcessSettings(training_cores=bad)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "serving_setting", "training_setting", "expected"),
+    [([0, 1], "others", "auto", [0]), ([0, 1], "all", "auto", None),
+     ([0, 1, 2, 3, 4, 5, 6, 7], "others", "auto", [0, 1, 2, 3]),
+     ([0, 1], "others", 0, None), ([0], "others", "auto", None),
+     ([2, 5, 9], "others", "auto", [2])],
+)  # fmt: skip
+def test_serving_runs_on_every_core_or_on_those_training_leaves(
+    tmp_path: Path, cpus: list[int], serving_setting: str, training_setting: str | int,
+    expected: list[int] | None,
+) -> None:  # fmt: skip
+    """``processes.serving_cores``: "all" pins nothing; "others" takes the CPUs the training
+    process does not run on, and pins nothing when training is not pinned."""
+    serving = 4 if len(cpus) == 8 else 1
+    absent = tmp_path / "absent"
+    assert serving_cpus(serving_setting, training_setting, serving, cpus, absent) == expected
+    if expected is not None:  # the two sets split the mask between them
+        training = training_cpus(training_setting, serving, cpus, absent) or []
+        assert sorted(expected + training) == sorted(cpus)
+
+
+def test_a_serving_process_is_pinned_before_its_threads_start() -> None:
+    """``pin_serving_process`` narrows the thread that calls it (Linux keeps the mask per
+    thread; the serving process calls it from its main thread before any other starts) and a
+    thread it starts inherits the mask. Run in a thread of its own, so that this test's process
+    keeps its CPUs."""
+    every = sorted(os.sched_getaffinity(0))
+    settings = ProcessSettings(serving_cores="others")
+    seen: dict[str, object] = {}
+
+    def serving_main() -> None:
+        seen["pinned"] = pin_serving_process(settings, 1)
+        seen["own"] = sorted(os.sched_getaffinity(0))
+        child = threading.Thread(target=lambda: seen.update(child=sorted(os.sched_getaffinity(0))))
+        child.start()
+        child.join()
+
+    main = threading.Thread(target=serving_main)
+    main.start()
+    main.join()
+    expected = serving_cpus("others", "auto", 1, every)
+    assert seen["pinned"] == expected
+    assert seen["own"] == seen["child"] == (every if expected is None else expected)
+    assert sorted(os.sched_getaffinity(0)) == every
+    default = ProcessSettings()
+    assert default.serving_cores == "all"
+    assert pin_serving_process(default, 1) is None
 
 
 def test_unset_workers_splits_the_learner_and_zero_keeps_one_process() -> None:
