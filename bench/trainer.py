@@ -47,6 +47,7 @@ from bench.models import MLP, ModelSpec
 from bench.procs import QUIET_ENV
 
 BEFORE_29 = "409e868"  # main before issue #29's first merge (the trainer as it was)
+NO_AVERAGING = {"weight_average": 0.0}  # the livefit side without issue #30's averaging
 BEFORE_CHUNK = 1  # the before side is measured with single-sample chunks only
 
 CHUNKS = (1, 100)
@@ -57,6 +58,8 @@ SIDES = {
     "raw step": "`tf.function` (fixed input signature) of forward, `GradientTape` and "
     "`optimizer.apply` on pre-built tensors of the batch size: the hardware limit",
     "per-message": "`model.train_on_batch(x[i:i+1], y[i:i+1])` per sample (compiled Keras model)",
+    "livefit, no averaging": "the livefit side with `train.weight_average = 0` (issue #30's "
+    "weight averaging off: no averaged weights kept or scored), chunks of 1",
     "before #29": f"the livefit and raw-step measurements on the code before issue #29 (commit "
     f"{BEFORE_29}), in a process of their own each round, chunks of {BEFORE_CHUNK}",
 }
@@ -80,6 +83,7 @@ def run(ctx: Context) -> BenchResult:
         (bs, c): [] for bs in sizes for c in CHUNKS
     }
     per_message: list[float] = []
+    no_averaging: dict[int, list[float]] = {bs: [] for bs in sizes}
     before_tree = _before_tree(ctx.workdir / "before-29")
     if before_tree is None:
         result.notes.append(
@@ -100,6 +104,8 @@ def run(ctx: Context) -> BenchResult:
             raw = _raw_step(tf, spec, x_all, y_all, bs, seconds)
             raw_rates[bs].append(raw)
             n = _count_for(raw, bs, seconds, len(x_all))
+            plain, _ = trainer_rate(spec, x_all[:n], y_all[:n], bs, 1, train=NO_AVERAGING)
+            no_averaging[bs].append(plain)
             for chunk in _rotate(list(CHUNKS), r):
                 rate, checks = trainer_rate(spec, x_all[:n], y_all[:n], bs, chunk)
                 livefit_rates[(bs, chunk)].append(rate)
@@ -116,8 +122,12 @@ def run(ctx: Context) -> BenchResult:
     for bs in sizes:
         for chunk in CHUNKS:
             pairs = before[bs] if chunk == BEFORE_CHUNK else []
+            plain = no_averaging[bs] if chunk == 1 else []
             result.rows.append(
-                _row(bs, chunk, livefit_rates[(bs, chunk)], raw_rates[bs], per_message, pairs)
+                _row(
+                    bs, chunk, livefit_rates[(bs, chunk)], raw_rates[bs], per_message, pairs,
+                    plain,
+                )
             )
     return result
 
@@ -192,7 +202,7 @@ def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
 
 def _row(
     bs: int, chunk: int, livefit: list[float], raw: list[float], per_message: list[float],
-    before: list[tuple[float, float]],
+    before: list[tuple[float, float]], no_averaging: list[float],
 ) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
@@ -200,6 +210,9 @@ def _row(
     row.figures["per-message samples/s"] = Spread.of(per_message, "samples/s")
     row.ratios["livefit ÷ raw step"] = paired_ratios(livefit, raw)
     row.ratios["livefit ÷ per-message"] = paired_ratios(livefit, per_message)
+    if no_averaging:
+        row.figures["no averaging samples/s"] = Spread.of(no_averaging, "samples/s")
+        row.ratios["no averaging ÷ raw step"] = paired_ratios(no_averaging, raw)
     if before:
         row.figures["before #29 samples/s"] = Spread.of([b[0] for b in before], "samples/s")
         row.ratios["before #29 ÷ its raw step"] = paired_ratios(
@@ -281,10 +294,12 @@ def _per_message(spec: ModelSpec, x: np.ndarray, y: np.ndarray, seconds: float) 
 
 
 def trainer_rate(
-    spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, chunk: int, device: Any = None
-) -> tuple[float, dict[str, int]]:
+    spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, chunk: int, device: Any = None,
+    train: dict[str, Any] | None = None,
+) -> tuple[float, dict[str, int]]:  # fmt: skip
     """Samples/s of a real ``Trainer`` (on ``device``: a name or a ``Placement``; default
-    ``auto``) through every sample of ``x``, queued in chunks of ``chunk``."""
+    ``auto``) through every sample of ``x``, queued in chunks of ``chunk``; ``train``: more
+    ``[train]`` settings than the batch size and queue."""
     from prometheus_client import CollectorRegistry
 
     from livefit.server.base.metrics import Metrics
@@ -307,7 +322,7 @@ def trainer_rate(
             "learning_rate": spec.learning_rate,
             "seed": spec.seed,
             "scaling": spec.scaling,
-            "train": {"max_batch_size": bs, "queue_capacity": n + 1},
+            "train": {"max_batch_size": bs, "queue_capacity": n + 1, **(train or {})},
         }
     )
     metrics = Metrics(CollectorRegistry())
