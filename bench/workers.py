@@ -34,6 +34,7 @@ from bench.serving import rotate
 from livefit.local_servers import HttpProcess
 from livefit.server.runtime.local_process import free_port
 
+BEFORE_MODEL = "mlp_keras"  # the same network on the graph runtime every model had before #29
 TARGETS = {64: 0.7, 1: 0.5}  # livefit ÷ ceiling (req/s) at this many clients (issue #18)
 
 
@@ -47,6 +48,9 @@ def run(ctx: Context) -> BenchResult:
         sides={
             "livefit replica --workers N": "N serving processes behind one port, each a whole "
             "replica of the learner's mlp, default settings",
+            "livefit replica --workers 1, keras runtime": "the same replica group answering "
+            f'for {BEFORE_MODEL}, the same network with `serve.runtime = "keras"`: the runtime '
+            "every model had before issue #29",
             "livefit serve --workers N": "the learner of the same mlp: N >= 1, a training "
             "process and N serving processes (unset: the default, 1 on 2 cores); 0, one "
             "process; idle",
@@ -66,6 +70,8 @@ def run(ctx: Context) -> BenchResult:
     for n in clients:
         for w in workers:
             result.rows.append(_row(n, w, runs))
+        if 1 in workers:
+            result.rows.append(_row(n, 1, runs, "keras"))
         for w in (0, *workers):
             result.rows.append(_row(n, w, runs, "learner"))
     result.extra["runs"] = {k: [r.to_json() for r in v] for k, v in runs.items()}
@@ -80,14 +86,17 @@ def _measure(
     """Runs by ``"<clients>/<side>/<workers>"``."""
     body, path = MLP.request_body(), MLP.predict_path()
     runs: dict[str, list[LoadResult]] = {}
-    with ctx.fleet("mlp") as fleet, _servers(ctx, fleet, workers) as servers:
-        for server in servers.values():  # first calls and connection setup are not measured
-            run_load(ctx.load_client, server.url + path, body, 16, 0.5, ctx.workdir / "load")
-        keys = list(servers)
+    with ctx.fleet("mlp", BEFORE_MODEL) as fleet, _servers(ctx, fleet, workers) as servers:
+        urls = {key: server.url + path for key, server in servers.items()}
+        if "livefit/1" in servers:  # the same replica group, the runtime of before #29
+            urls["keras/1"] = servers["livefit/1"].url + f"/v1/models/{BEFORE_MODEL}:predict"
+        for url in urls.values():  # first calls and connection setup are not measured
+            run_load(ctx.load_client, url, body, 16, 0.5, ctx.workdir / "load")
+        keys = list(urls)
         for r in range(rounds):
             for i, n in enumerate(clients):
                 for key in rotate(keys, r * len(clients) + i):
-                    url = servers[key].url + path
+                    url = urls[key]
                     load = run_load(ctx.load_client, url, body, n, duration, ctx.workdir / "load")
                     runs.setdefault(f"{n}/{key}", []).append(load)
                     ctx.step(
@@ -149,8 +158,11 @@ def _row(n: int, w: int, runs: dict[str, list[LoadResult]], side: str = "livefit
     """``side`` ("livefit": the replica group, "learner": the split learner, 0 workers: the
     one-process learner) against the ceiling with as many serving processes."""
     mine, ceiling = runs[f"{n}/{side}/{w}"], runs[f"{n}/ceiling/{max(w, 1)}"]
-    kind = {"livefit": "replica", "learner": "serve"}[side]
-    row = Row(case={"clients": n, "command": f"{kind} --workers {w}"})
+    kind = {"livefit": "replica", "learner": "serve", "keras": "replica"}[side]
+    command = f"{kind} --workers {w}"
+    if side == "keras":
+        command += ', serve.runtime "keras" (before #29)'
+    row = Row(case={"clients": n, "command": command})
     row.figures["livefit req/s"] = Spread.of([r.ok_rps for r in mine], "req/s")
     row.figures["ceiling req/s"] = Spread.of([r.ok_rps for r in ceiling], "req/s")
     row.figures["livefit p50 ms"] = Spread.of([r.p50_ms for r in mine], "ms")
@@ -158,7 +170,7 @@ def _row(n: int, w: int, runs: dict[str, list[LoadResult]], side: str = "livefit
     row.figures["livefit errors"] = Spread.of([float(r.errors) for r in mine], "")
     ratio = "livefit ÷ ceiling (req/s)"
     row.ratios[ratio] = paired_ratios([r.ok_rps for r in mine], [r.ok_rps for r in ceiling])
-    if n in TARGETS:
+    if n in TARGETS and side != "keras":  # the side before #29 is there to compare with
         row.target(ratio, ">=", TARGETS[n], f"≥ {TARGETS[n]:g}x the ceiling at {n} clients")
     return row
 
