@@ -27,14 +27,38 @@ E2E = Path(__file__).resolve().parent / "e2e"
 SPLIT_RUN = re.compile(r"\[(?:[^\]]*-)?split(?:-[^\]]*)?\]$")
 
 
+# The end-to-end files of a minute or more on a loaded 2-core CI machine, longest first (CI runs
+# of 2026-11-26: docs/testing.md). Alphabetical order put three of them near the end of the
+# end-to-end files, where one of them could run alone on a worker while the other had finished.
+LONGEST_FIRST = (
+    "test_bench_quick.py",
+    "test_bench_learning.py",
+    "test_devices.py",
+    "test_broker_matrix.py",
+    "test_two_learners_one_replica.py",
+    "test_kubernetes_processes.py",
+    "test_broker_failover.py",
+)
+
+
+def _order(item: pytest.Item) -> tuple[int, int]:
+    """Long end-to-end files first (``LONGEST_FIRST``), then the other end-to-end files, then
+    the unit files; a stable sort keeps each file's tests in their order."""
+    if not item.path.is_relative_to(E2E):
+        return (2, 0)
+    if item.path.name in LONGEST_FIRST:
+        return (0, LONGEST_FIRST.index(item.path.name))
+    return (1, 0)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the end-to-end tests, and run them first: the two workers take files in this order
-    (``--no-loadscope-reorder``), so the longest files (minutes each) start early and the
-    short unit files even out the end, instead of one long file running alone last."""
+    """Mark the end-to-end tests, and run them first, the longest files first: the two workers
+    take files in this order (``--no-loadscope-reorder``), so the files of minutes start early
+    and the short files even out the end, instead of one long file running alone last."""
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.e2e)
-    items.sort(key=lambda item: not item.path.is_relative_to(E2E))
+    items.sort(key=_order)
 
 
 class FilesAndLayouts(LoadFileScheduling):

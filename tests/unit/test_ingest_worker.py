@@ -204,7 +204,7 @@ def test_stopping_while_the_log_fails_forgets_the_pending_numbers(tmp_path: Path
 
 
 def test_a_queue_nobody_drains_reports_a_stall(tmp_path: Path) -> None:
-    worker, connection, _, _ = worker_for(tmp_path, capacity=1, stall_after_s=0.3)
+    worker, connection, samples, _ = worker_for(tmp_path, capacity=1, stall_after_s=0.3)
     worker.start()
     try:
         for seq in range(3):  # the first fills the queue; the worker waits to queue the second
@@ -216,6 +216,9 @@ def test_a_queue_nobody_drains_reports_a_stall(tmp_path: Path) -> None:
         time.sleep(0.8)
         assert worker.stalled()
     finally:
+        # A closed queue ends the wait for room at once: the stop does not wait STOP_DELIVERY_S
+        # (8 s, the rest of this test's 9 s) to queue the message in hand.
+        samples.close()
         worker.stop()
         assert worker.commit.wal is not None
         worker.commit.wal.close()
