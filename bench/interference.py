@@ -96,9 +96,9 @@ def _measure(
     busy: list[LoadResult] = []
     train_rates: list[float] = []
     solo_rates: list[float] = []
-    trained_runs: list[bool] = []
+    trained_runs: list[bool] = []  # the trainer trained during the run, or (quick) just after
     idle_cpu: list[tuple[float, float]] = []  # (cores busy, the load client's cores)
-    busy_cpu: list[tuple[float, float]] = []  # the trainer trained during the run, or (quick) just after
+    busy_cpu: list[tuple[float, float]] = []
     url = f"{learner.url}/v1/models/{MODEL}:predict"
     run_load(ctx.load_client, url, body, 16, 1.0, work / "load")  # first calls
     phases = ("idle", "saturated", "solo")

@@ -10,10 +10,10 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   fed pre-built tensors of exactly the batch size: what TensorFlow itself allows.
 * **per-message**: the classic Keras-over-MQTT loop, ``model.train_on_batch`` on each sample.
 * **before #29**: the same ``Trainer`` measurement (1-sample chunks) and raw step on the code as
-  it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's history into
-  the work directory), in a process of its own each round: its ratio to its own raw step
-  stands beside livefit's. Skipped, with a note, where the history is not there (a shallow
-  clone).
+  it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's
+  history into the work directory), in a process of its own each round: its ratio to its own
+  raw step stands beside livefit's. Skipped, with a note, where the history is not there (a
+  shallow clone).
 
 Every figure is samples/s; each round runs every side once (order rotated), ratios pair the
 sides of one round.
