@@ -42,6 +42,22 @@ class WindowedMean:
     def cumulative(self) -> float:
         return self.total_sum / self.total_count if self.total_count else float("nan")
 
+    def batches(self) -> np.ndarray:
+        """The window's batches, oldest first, as a (batches, 2) array of (sum, count)."""
+        return np.array(self._batches, dtype=np.float64).reshape(-1, 2)
+
+    @classmethod
+    def from_batches(cls, window: int, batches: np.ndarray) -> WindowedMean:
+        """A mean over ``window`` holding ``batches`` (as ``batches()`` returns them): the same
+        windowed value; the cumulative one counts those batches only."""
+        mean = cls(window)
+        for batch_sum, batch_count in np.asarray(batches, dtype=np.float64).reshape(-1, 2):
+            mean._batches.append((float(batch_sum), int(batch_count)))
+            mean._sum += float(batch_sum)
+            mean._count += int(batch_count)
+        mean.total_sum, mean.total_count = mean._sum, mean._count
+        return mean
+
 
 def correct_predictions(y_true: np.ndarray, y_pred: np.ndarray, sparse: bool) -> np.ndarray:
     """1.0 where a classifier's prediction is right: argmax for several outputs, 0.5 for one."""

@@ -14,7 +14,7 @@ counted.
 With online model selection (``selection.enabled``) a ``CandidateSet`` trains every candidate
 on each batch; snapshots carry the served candidate's weights, checkpoints the configured one's.
 With weight averaging (``train.weight_average``) snapshots carry the averaged weights (what
-was scored), checkpoints the trained ones and the average.
+was scored), checkpoints the trained ones, the average and what chose between them.
 
 Its durable state: at start it restores the newest checkpoint (continuing above every version
 ever handed out), it claims versions on disk a block at a time before using them and, on a

@@ -27,7 +27,9 @@ Per batch, after the compiled step scored it (test-then-train):
   the learning rate, decaying linearly to it over ``train.start_steps`` steps.
 - with weight averaging (``train.weight_average``) a reaction to drift (any but "none") also
   restarts the average from the current weights, and the average travels in the checkpoint's
-  extra arrays beside the scalers' statistics.
+  extra arrays beside the scalers' statistics, with the windowed losses that chose the served
+  weights: a restarted learner serves what it served when the checkpoint was taken (the
+  averaged weights where they had done better), not the trained ones until it re-learns that.
 """
 
 from __future__ import annotations
@@ -173,8 +175,13 @@ class UpdatePolicy:
         if first.applied:
             self._trained_loss.add(first.prequential_losses)
             self._average_loss.add(first.average_losses)
-            self.step.serve_average = bool(self._average_loss.value < self._trained_loss.value)
+            self.step.serve_average = self._average_did_better()
         return served
+
+    def _average_did_better(self) -> bool:
+        """Whether the averaged weights' windowed prequential loss is the lower (False while
+        neither has one)."""
+        return bool(self._average_loss.value < self._trained_loss.value)
 
     def _with_replay(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         if self.replay is None:
@@ -275,25 +282,41 @@ class UpdatePolicy:
 
     # checkpoint state --------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
-        """Arrays to save with a checkpoint (the scalers' running statistics)."""
+        """Arrays to save with a checkpoint: the scalers' running statistics; with weight
+        averaging the average and the windowed losses that choose the served weights."""
         state: dict[str, np.ndarray] = {}
         for prefix, scaler in (("scaler_", self.scaler), ("target_scaler_", self.target_scaler)):
             if scaler is not None:
                 state.update({f"{prefix}{k}": v for k, v in scaler.state().items()})
         state.update(self.step.average_state())
+        if self.step.averaging:
+            state["average_choice_trained"] = self._trained_loss.batches()
+            state["average_choice_averaged"] = self._average_loss.batches()
         return state
 
     def restore(self, extra: dict[str, np.ndarray]) -> None:
-        """Take the scalers' statistics from a checkpoint; a restored model is not fresh, so
-        a start boost still running ends here."""
+        """Take the scalers' statistics and the average from a checkpoint; a restored model is
+        not fresh, so a start boost still running ends here."""
         if self._boost.left > 0:
             self._boost = LrBoost()
             self._set_lr(self._base_lr)
         self.step.restore_average(extra)
+        self._restore_choice(extra)
         if self.scaler is not None and "scaler_count" in extra:
             self.scaler = _restored_scaler(extra, "scaler_")
         if self.target_scaler is not None and "target_scaler_count" in extra:
             self.target_scaler = _restored_scaler(extra, "target_scaler_")
+
+    def _restore_choice(self, extra: dict[str, np.ndarray]) -> None:
+        """Serve what was served at the checkpoint: its windowed losses of both weights, and
+        the choice they make. A checkpoint without them (or without an average) leaves the
+        trained weights served until the average does better."""
+        keys = ("average_choice_trained", "average_choice_averaged", "average_steps")
+        if not self.step.averaging or any(key not in extra for key in keys):
+            return
+        self._trained_loss = WindowedMean.from_batches(AVERAGE_WINDOW, extra[keys[0]])
+        self._average_loss = WindowedMean.from_batches(AVERAGE_WINDOW, extra[keys[1]])
+        self.step.serve_average = self._average_did_better()
 
 
 def reset_optimizer_state(model: Any) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from livefit.server.config.model import ModelSettings
+from livefit.server.train.prequential import WindowedMean
 from livefit.server.train.train_step import StepResult
 from tests.unit.test_update_policy import batch, trainer
 
@@ -141,3 +142,41 @@ def test_without_averaging_a_drift_reaction_and_a_restore_work(tmp_path: Path) -
     t._maybe_checkpoint(final=True)
     restored = trainer(tmp_path)
     assert restored.restored_from is not None
+
+
+def test_a_restart_serves_what_the_checkpoint_served(tmp_path: Path) -> None:
+    """The windowed losses that chose the served weights travel in the checkpoint: a restored
+    trainer serves the average where it did better (it used to serve the trained weights until
+    a batch of its own, then choose from that batch's losses alone) and goes on choosing from
+    the same window."""
+    settings = {"train": {"weight_average": 0.9}}
+    t = trainer(tmp_path, **settings)
+    t.train_batch(batch(np.ones((4, 3))))  # the first step: both weights score alike (L)
+    t.policy._choose_weights(result(1.0, 0.5))  # windows: trained 4 L + 4, averaged 4 L + 2
+    assert t.step.serve_average
+    served = t._snapshot(force=True).weights  # type: ignore[union-attr]
+    t._maybe_checkpoint(final=True)
+    restored = trainer(tmp_path, **settings)
+    assert restored.step.serve_average
+    assert restored._last_snapshot is not None  # what warm_up handed to serving
+    for got, want in zip(restored._last_snapshot.weights, served, strict=True):
+        np.testing.assert_array_equal(got, want)
+    # A batch on which the trained weights do better: alone it would switch to them, with
+    # the restored window (4 L + 6 against 4 L + 5.2) the average stays served.
+    fresh = trainer(tmp_path / "fresh", **settings)
+    fresh.policy._choose_weights(result(0.5, 0.8))
+    assert not fresh.step.serve_average
+    restored.policy._choose_weights(result(0.5, 0.8))
+    assert restored.step.serve_average
+
+
+def test_the_choice_window_round_trips() -> None:
+    mean = WindowedMean(10)
+    for values in ([1.0, 2.0], [3.0] * 5, [4.0] * 6):
+        mean.add(np.array(values))
+    again = WindowedMean.from_batches(10, mean.batches())
+    assert again.value == mean.value
+    again.add(np.array([5.0] * 3))
+    mean.add(np.array([5.0] * 3))
+    assert again.value == mean.value
+    assert np.isnan(WindowedMean.from_batches(10, WindowedMean(10).batches()).value)
