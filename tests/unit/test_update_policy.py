@@ -277,7 +277,6 @@ def test_drift_reactions_that_empty_the_replay_buffer(reaction: str) -> None:
 
 def test_a_fresh_model_starts_with_a_decaying_learning_rate_boost() -> None:
     t = trainer(learning_rate=0.01, train={"start_lr_factor": 4.0, "start_steps": 3})
-    optimizer = t.model.optimizer
     assert t.policy.learning_rate == pytest.approx(0.04)
     rates = []
     for _ in range(3):
