@@ -25,6 +25,13 @@ the averaged weights too (``model.stateless_call``, one more forward pass; in
 of the two are served (``serve_average``: snapshots carry ``served_weights``) and reports the
 served ones' scores, so the prequential score is that of the model clients get. The trained
 weights keep learning as before; a rolled-back step leaves the average as it was.
+
+The learning rate is an input of the step too (``TrainStep.learning_rate``, which the update
+policy sets for its start and drift boosts), assigned to the optimizer's variable in the graph
+before the update (after the rollback copy, so a rolled-back step leaves the previous rate
+too): an eager assignment costs 130-350 us (Keras' setter, measured), half a
+step's time at batch 256, and a fresh model's start boost changes the rate every step. So the
+optimizer's variable holds the rate of the last step run, ``learning_rate`` that of the next.
 """
 
 from __future__ import annotations
@@ -113,6 +120,15 @@ class TrainStep:
         self._target = target
         view = standardized_view(model)
         optimizer = model.optimizer
+        # The rate the next step runs at: an input of the step, assigned in the graph (see the
+        # module's docstring). None where the optimizer's rate is not a variable (a schedule).
+        rate = getattr(optimizer, "_learning_rate", None)
+        rate_variable = rate if isinstance(rate, keras.Variable) else None
+        self._rate_variable = rate_variable
+        self._rate: float | None = None
+        self._rate_input = np.float32(0.0)
+        if rate_variable is not None:
+            self.learning_rate = float(np.asarray(rate_variable))
         # Everything a step changes, and a device-side copy to roll a bad step back to.
         with placement.scope():
             optimizer.build(model.trainable_variables)
@@ -142,6 +158,8 @@ class TrainStep:
         ]
         if replicas > 1:  # the real rows of a batch padded to a multiple of the replicas
             signature.append(tf.TensorSpec([], tf.float32, name="rows"))
+        if rate_variable is not None:
+            signature.append(tf.TensorSpec([], tf.float32, name="learning_rate"))
         if scaler is not None:
             signature += [
                 tf.TensorSpec(scaler.stats_shape, tf.float32, name="mean"),
@@ -200,9 +218,10 @@ class TrainStep:
                 extras = (per_sample(y, averaged_out), averaged_out)
             return loss, reported, losses, pred, out, grads, extras
 
-        def update(loss, reported, pred, grads, stats, mirrored=None) -> tf.Tensor:
-            """Apply ``grads`` (their ``mirrored`` copies, one per device, where given) if
-            everything is finite; True when applied."""
+        def update(loss, reported, pred, grads, stats, rate, mirrored=None) -> tf.Tensor:
+            """Apply ``grads`` (their ``mirrored`` copies, one per device, where given) at
+            learning rate ``rate`` (None: the optimizer's own) if everything is finite; True
+            when applied."""
             # The reported loss and the predictions too: with target scaling the fitted loss
             # can be finite while the prediction in the user's units is not.
             finite = tf.logical_and(tf.math.is_finite(loss), tf.math.is_finite(reported))
@@ -210,7 +229,9 @@ class TrainStep:
             for grad in grads:
                 finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
             applied_grads = grads if mirrored is None else mirrored
-            applied = tf.cond(finite, lambda: apply(applied_grads), lambda: tf.constant(False))
+            applied = tf.cond(
+                finite, lambda: apply(applied_grads, rate), lambda: tf.constant(False)
+            )
             if stats:  # after the forward pass: this batch used the old statistics
                 tf.cond(applied, lambda: set_statistics(*stats), lambda: tf.constant(False))
             return applied
@@ -218,10 +239,11 @@ class TrainStep:
         if placement.strategy is None:
 
             @tf.function(input_signature=signature)
-            def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *stats: tf.Tensor):
+            def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *inputs: tf.Tensor):
+                rate, stats = split_rate(inputs)
                 rows = tf.cast(tf.shape(x)[0], tf.float32)
                 loss, reported, losses, pred, out, grads, extras = forward(x, y, w, rows, *stats)
-                applied = update(loss, reported, pred, grads, stats)
+                applied = update(loss, reported, pred, grads, stats, rate)
                 return reported, losses, out, applied, *extras
 
         else:
@@ -235,7 +257,8 @@ class TrainStep:
                 return tf.concat(strategy.experimental_local_results(values), axis=0)
 
             @tf.function(input_signature=signature)
-            def step(x, y, w, rows, *stats):
+            def step(x, y, w, rows, *inputs):
+                rate, stats = split_rate(inputs)
                 # The replicas' forward and backward passes, then the update once, across
                 # replicas: rollback and statistics as on one device, every copy alike.
                 results = strategy.run(on_replica, args=(x, y, w, rows, *stats))
@@ -250,11 +273,18 @@ class TrainStep:
                 # Summed onto each variable's devices (all-reduce), not through one device.
                 grads = strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, pairs)
                 checked = [strategy.experimental_local_results(g)[0] for g in grads]
-                applied = update(loss, reported, pred, checked, stats, grads)
+                applied = update(loss, reported, pred, checked, stats, rate, grads)
                 return (
                     reported, gathered(losses), gathered(out), applied,
                     *(gathered(e) for e in extras),
                 )  # fmt: skip
+
+        def split_rate(inputs: tuple[tf.Tensor, ...]):
+            """The learning rate (the first of ``inputs`` when the step takes one, else None)
+            and the statistics (the rest)."""
+            if rate_variable is None:
+                return None, inputs
+            return inputs[0], inputs[1:]
 
         def set_statistics(*stats: tf.Tensor) -> tf.Tensor:
             layers = [layer for layer in (scaler, target) if layer is not None]
@@ -264,10 +294,13 @@ class TrainStep:
                 layer.std.assign(std)
             return tf.constant(True)
 
-        def apply(grads: list[tf.Tensor]) -> tf.Tensor:
-            """Apply the update; if any new value is not finite, restore the state before it."""
+        def apply(grads: list[tf.Tensor], rate: tf.Tensor | None) -> tf.Tensor:
+            """Apply the update at ``rate``; if any new value is not finite, restore the state
+            before it (the previous rate included)."""
             for saved, variable in zip(backup, state, strict=True):
                 saved.assign(variable)
+            if rate is not None and rate_variable is not None:
+                rate_variable.assign(rate)
             optimizer.apply(grads, model.trainable_variables)
             ok = tf.constant(True)
             for variable in model.trainable_variables:
@@ -330,6 +363,8 @@ class TrainStep:
         args: list[object] = [x, y, w]
         if replicas > 1:
             args = [*pad_rows(x, y, w, replicas), np.float32(rows)]
+        if self._rate_variable is not None:
+            args.append(self._rate_input)
         for layer, given in ((self._scaler, statistics), (self._target, target_statistics)):
             if layer is not None:
                 args += list(given) if given is not None else [layer.mean, layer.std]
@@ -345,6 +380,18 @@ class TrainStep:
                 float(loss), losses, pred, bool(applied), average_losses, average_pred
             )
         return StepResult(float(loss), losses, pred, bool(applied))
+
+    @property
+    def learning_rate(self) -> float | None:
+        """The learning rate the next step runs at (assigned to the optimizer's variable in
+        the step's graph); None where the optimizer's rate is not a variable (a schedule)."""
+        return self._rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self._rate = float(value)
+        # float32 like the variable; a rate beyond float32 becomes its largest value, not inf
+        self._rate_input = np.float32(min(float(value), float(np.finfo(np.float32).max)))
 
     @property
     def averaging(self) -> bool:

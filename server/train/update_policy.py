@@ -112,6 +112,8 @@ class UpdatePolicy:
         self.boost_steps = drift.boost_steps
         self.on_drift = on_drift
         self._base_lr = float(np.asarray(step.model.optimizer.learning_rate))
+        if step.learning_rate is not None:
+            self._base_lr = step.learning_rate
         self._boost = LrBoost()
         if train.start_lr_factor > 1:
             self._boost = LrBoost(train.start_lr_factor, train.start_steps, decays=True)
@@ -277,8 +279,19 @@ class UpdatePolicy:
         """The learning rate's current multiple of the configured one (1 outside boosts)."""
         return self._boost.factor()
 
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate the next step runs at (the step assigns it to the optimizer in
+        its graph, so the optimizer's variable holds the last step's)."""
+        if self.step.learning_rate is not None:
+            return self.step.learning_rate
+        return float(np.asarray(self.step.model.optimizer.learning_rate))
+
     def _set_lr(self, value: float) -> None:
-        self.step.model.optimizer.learning_rate = value
+        if self.step.learning_rate is not None:
+            self.step.learning_rate = value  # assigned in the step's graph
+        else:  # a learning-rate schedule: not an input of the step
+            self.step.model.optimizer.learning_rate = value
 
     # checkpoint state --------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:

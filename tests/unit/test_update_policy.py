@@ -231,20 +231,20 @@ def test_drift_reactions(reaction: str) -> None:
         fresh.build(t.model.trainable_variables)
         for live, new in zip(optimizer.variables, fresh.variables, strict=True):
             np.testing.assert_array_equal(np.asarray(live), np.asarray(new), err_msg=live.path)
-        assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.01)
+        assert t.policy.learning_rate == pytest.approx(0.01)
     elif reaction == "boost_lr":
-        assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.03)
+        assert t.policy.learning_rate == pytest.approx(0.03)
         t.policy.drift = None
         for _ in range(3):
             t.train_batch(batch(np.ones((4, 3))))
-        assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.01)
+        assert t.policy.learning_rate == pytest.approx(0.01)
     else:  # recover: 3x, then decaying linearly: 3 steps of 2 per batch (caught up)
-        assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.03)
+        assert t.policy.learning_rate == pytest.approx(0.03)
         t.policy.drift = None
         t.train_batch(batch(np.ones((4, 3))))
-        assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.01 * (1 + 2 / 3))
+        assert t.policy.learning_rate == pytest.approx(0.01 * (1 + 2 / 3))
         t.train_batch(batch(np.ones((4, 3))))
-        assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.01)
+        assert t.policy.learning_rate == pytest.approx(0.01)
 
 
 def test_a_reset_optimizer_keeps_learning() -> None:
@@ -277,26 +277,51 @@ def test_drift_reactions_that_empty_the_replay_buffer(reaction: str) -> None:
 
 def test_a_fresh_model_starts_with_a_decaying_learning_rate_boost() -> None:
     t = trainer(learning_rate=0.01, train={"start_lr_factor": 4.0, "start_steps": 3})
-    optimizer = t.model.optimizer
-    assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.04)
+    assert t.policy.learning_rate == pytest.approx(0.04)
     rates = []
     for _ in range(3):
         t.train_batch(batch(np.ones((4, 3)), backlog=1))  # one step a batch
-        rates.append(float(np.asarray(optimizer.learning_rate)))
+        rates.append(t.policy.learning_rate)
     assert rates == pytest.approx([0.03, 0.02, 0.01])
     t.train_batch(batch(np.ones((4, 3)), backlog=1))
-    assert float(np.asarray(optimizer.learning_rate)) == pytest.approx(0.01)
+    assert t.policy.learning_rate == pytest.approx(0.01)
+
+
+def test_each_step_runs_at_the_rate_the_policy_set_for_it() -> None:
+    """The rate is an input of the compiled step: the optimizer's variable holds the rate of
+    the step just run, and the update is made with it (plain SGD: a 4x rate moves the weights
+    4x as far on the same first batch, and the decayed rate of the next steps likewise)."""
+    x = np.random.default_rng(1).normal(size=(8, 3))
+    moves = {}
+    for factor in (1.0, 4.0):
+        t = trainer(
+            optimizer="sgd", learning_rate=0.01, target_scaling="none", scaling="none",
+            train={"start_lr_factor": factor, "start_steps": 2, "weight_average": 0},
+        )  # fmt: skip
+        before = t.model.get_weights()
+        expected = t.policy.learning_rate
+        t.train_batch(batch(x, backlog=1))
+        assert float(np.asarray(t.model.optimizer.learning_rate)) == pytest.approx(expected)
+        moves[factor] = float(
+            sum(np.abs(a - b).sum() for a, b in zip(t.model.get_weights(), before, strict=True))
+        )
+        assert t.policy.learning_rate == pytest.approx(0.01 * (1 + (factor - 1) / 2))
+        t.train_batch(batch(x, backlog=1))
+        assert float(np.asarray(t.model.optimizer.learning_rate)) == pytest.approx(
+            0.01 * (1 + (factor - 1) / 2)
+        )
+    assert moves[4.0] == pytest.approx(4 * moves[1.0], rel=1e-4)
 
 
 def test_no_start_boost_by_setting_or_after_a_restore(tmp_path: Path) -> None:
     plain = trainer(learning_rate=0.01, train={"start_lr_factor": 1.0})
-    assert float(np.asarray(plain.model.optimizer.learning_rate)) == pytest.approx(0.01)
+    assert plain.policy.learning_rate == pytest.approx(0.01)
     t = trainer(tmp_path, learning_rate=0.01, train={"start_lr_factor": 4.0})
     t.train_batch(batch(np.ones((4, 3))))
     t._maybe_checkpoint(final=True)
     restored = trainer(tmp_path, learning_rate=0.01, train={"start_lr_factor": 4.0})
     assert restored.policy.lr_factor == 1.0
-    assert float(np.asarray(restored.model.optimizer.learning_rate)) == pytest.approx(0.01)
+    assert restored.policy.learning_rate == pytest.approx(0.01)
 
 
 def test_the_same_seed_repeats_a_run() -> None:
