@@ -109,14 +109,14 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_dev_sets_up_a_fresh_debian_as_root() -> None:
     """Package lists fetched before installing, Python's venv module (Debian ships it apart),
     the tools the full suite uses (mosquitto, nats-server, promtool and prometheus, Chromium,
-    openssl), sudo only when it needs no password, and then the demo or pytest itself."""
+    openssl, wrk for the benchmarks' quick run), sudo only when it needs no password, and then the demo or pytest itself."""
     assert DEV.index("apt-get update") < DEV.index("apt-get install -y")
     assert "apt_missing+=(python3-venv)" in DEV
     packages = {
         word for line in re.findall(r"^\s*need (.+)$", DEV, re.M) for word in line.split()[1:]
     }
     assert {"mosquitto", "mosquitto-clients", "nats-server", "prometheus", "chromium",
-            "openssl"} <= packages  # fmt: skip
+            "openssl", "wrk"} <= packages  # fmt: skip
     assert all("sudo -n" in line for line in DEV.splitlines() if re.search(r"\bsudo\b.*true", line))
     assert 'exec .venv/bin/livefit demo "$@"' in DEV
     assert 'exec .venv/bin/python -m pytest "$@"' in DEV
