@@ -9,6 +9,12 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
 * **raw step**: a ``tf.function`` of forward pass, gradient and ``optimizer.apply`` written here,
   fed pre-built tensors of exactly the batch size: what TensorFlow itself allows.
 * **per-message**: the classic Keras-over-MQTT loop, ``model.train_on_batch`` on each sample.
+* **training process**: the livefit measurement (1-sample chunks) in a process of its own set
+  up as ``livefit serve``'s training process is by default on this machine (a split learner):
+  pinned to the CPUs ``processes.training_cores = "auto"`` leaves it beside the default serving
+  processes, TensorFlow's intra-op pool sized to them; its own raw step measured in the same
+  process. What users get, where the livefit side above runs with TensorFlow's defaults on
+  every core.
 * **before #29**: the same ``Trainer`` measurement (1-sample chunks) and raw step on the code as
   it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's
   history into the work directory), in a process of its own each round: its ratio to its own
@@ -60,6 +66,10 @@ SIDES = {
     "per-message": "`model.train_on_batch(x[i:i+1], y[i:i+1])` per sample (compiled Keras model)",
     "livefit, no averaging": "the livefit side with `train.weight_average = 0` (issue #30's "
     "weight averaging off: no averaged weights kept or scored), chunks of 1",
+    "training process": "the livefit side (chunks of 1) in its own process pinned and sized as "
+    "`livefit serve`'s training process is by default here (`processes.training_cores = "
+    '"auto"` beside the default serving processes; intra-op threads = its cores), beside '
+    "a raw step in that process",
     "before #29": f"the livefit and raw-step measurements on the code before issue #29 (commit "
     f"{BEFORE_29}), in a process of their own each round, chunks of {BEFORE_CHUNK}",
 }
@@ -90,6 +100,12 @@ def run(ctx: Context) -> BenchResult:
             f"The before-#29 side was skipped: commit {BEFORE_29} is not in this clone's history."
         )
     before: dict[int, list[tuple[float, float]]] = {bs: [] for bs in sizes}  # (livefit, raw)
+    process: dict[int, list[tuple[float, float]]] = {bs: [] for bs in sizes}  # (livefit, raw)
+    cpus = _training_process_cpus()
+    result.settings["training process CPUs"] = (
+        "every CPU (nothing to leave out): TensorFlow's defaults" if cpus is None
+        else f"{cpus} of {sorted(os.sched_getaffinity(0))}, intra-op threads {len(cpus)}"
+    )  # fmt: skip
     for r in range(rounds):
         ctx.step(f"trainer round {r + 1}/{rounds}: per-message train_on_batch")
         per_message.append(_per_message(spec, x_all, y_all, seconds))
@@ -100,6 +116,12 @@ def run(ctx: Context) -> BenchResult:
                     f"  batch {bs:>4} before #29: livefit {pair[0]:>9,.0f}/s  "
                     f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
                 )
+        for bs, pair in _process_rates(REPO, sizes, seconds, cpus).items():
+            process[bs].append(pair)
+            ctx.step(
+                f"  batch {bs:>4} training process: livefit {pair[0]:>9,.0f}/s  "
+                f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
+            )
         for bs in _rotate(sizes, r):
             raw = _raw_step(tf, spec, x_all, y_all, bs, seconds)
             raw_rates[bs].append(raw)
@@ -123,10 +145,17 @@ def run(ctx: Context) -> BenchResult:
         for chunk in CHUNKS:
             pairs = before[bs] if chunk == BEFORE_CHUNK else []
             plain = no_averaging[bs] if chunk == 1 else []
+            own = process[bs] if chunk == 1 else []
             result.rows.append(
                 _row(
-                    bs, chunk, livefit_rates[(bs, chunk)], raw_rates[bs], per_message, pairs,
+                    bs,
+                    chunk,
+                    livefit_rates[(bs, chunk)],
+                    raw_rates[bs],
+                    per_message,
+                    pairs,
                     plain,
+                    own,
                 )
             )
     return result
@@ -151,6 +180,49 @@ def _before_tree(where: Path) -> Path | None:
     for package in ("server", "models", "clients"):  # what setuptools maps into livefit.*
         (where / "livefit" / package).symlink_to(Path("..") / package)
     return where
+
+
+def _training_process_cpus() -> list[int] | None:
+    """The CPUs ``livefit serve``'s training process runs on here by default (None: every
+    one), as ``server/runtime/training_process.py`` computes them."""
+    from livefit.server.config.machine import default_serving_processes, training_cpus
+
+    return training_cpus("auto", default_serving_processes())
+
+
+_PROCESS_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, ".")
+cpus, sizes, seconds = json.loads(sys.argv[1])
+if cpus is not None:  # before TensorFlow starts a thread: every one inherits the mask
+    os.sched_setaffinity(0, cpus)
+import tensorflow as tf
+if cpus is not None:
+    tf.config.threading.set_intra_op_parallelism_threads(len(cpus))
+from bench.models import MLP
+from bench.trainer import _count_for, _raw_step, trainer_rate, training_data
+x, y = training_data(MLP, n=200_000)
+out = {}
+for bs in sizes:
+    raw = _raw_step(tf, MLP, x, y, bs, seconds)
+    n = _count_for(raw, bs, seconds, len(x))
+    out[bs] = (trainer_rate(MLP, x[:n], y[:n], bs, 1)[0], raw)
+print(json.dumps(out))
+"""
+
+
+def _process_rates(
+    tree: Path, sizes: list[int], seconds: float, cpus: list[int] | None
+) -> dict[int, tuple[float, float]]:
+    """{batch size: (trainer samples/s, raw step samples/s)} in a fresh process set up as the
+    training process is (pinned to ``cpus``, its intra-op pool sized to them)."""
+    env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, "-c", _PROCESS_SCRIPT, json.dumps([cpus, sizes, seconds])],
+        cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=True,
+    )  # fmt: skip
+    line = done.stdout.strip().splitlines()[-1]
+    return {int(bs): (float(a), float(b)) for bs, (a, b) in json.loads(line).items()}
 
 
 _BEFORE_SCRIPT = """
@@ -203,6 +275,7 @@ def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
 def _row(
     bs: int, chunk: int, livefit: list[float], raw: list[float], per_message: list[float],
     before: list[tuple[float, float]], no_averaging: list[float],
+    process: list[tuple[float, float]] | None = None,
 ) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
@@ -213,6 +286,13 @@ def _row(
     if no_averaging:
         row.figures["no averaging samples/s"] = Spread.of(no_averaging, "samples/s")
         row.ratios["no averaging ÷ raw step"] = paired_ratios(no_averaging, raw)
+    if process:
+        row.figures["training process samples/s"] = Spread.of([p[0] for p in process], "samples/s")
+        row.figures["its raw step samples/s"] = Spread.of([p[1] for p in process], "samples/s")
+        row.ratios["training process ÷ its raw step"] = paired_ratios(
+            [p[0] for p in process], [p[1] for p in process]
+        )
+        row.ratios["training process ÷ raw step"] = paired_ratios([p[0] for p in process], raw)
     if before:
         row.figures["before #29 samples/s"] = Spread.of([b[0] for b in before], "samples/s")
         row.ratios["before #29 ÷ its raw step"] = paired_ratios(
