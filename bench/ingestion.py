@@ -218,7 +218,7 @@ BENCHMARK = Benchmark(
     summary="MQTT publish -> trained, vs a bare paho subscriber that only decodes",
     run=run,
     sizes=Sizes(
-        quick={"rounds": 1, "counts": {1: 1500, 100: 10_000}},
+        quick={"rounds": 1, "counts": {1: 500, 100: 5_000}},
         full={"rounds": 3, "counts": {1: 20_000, 100: 300_000}},
     ),
 )

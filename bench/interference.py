@@ -215,7 +215,7 @@ def _saturated(
     """One saturated run: its load, the samples/s trained during it, and whether it trained
     (a quick run also counts training within seconds after the load)."""
     labels = _training_labels(learner)
-    args = _publisher_args(broker_url, duration)
+    args = _publisher_args(broker_url, duration, ctx.sizes["publish_samples"])
     with ToolProcess("bench.stream_publisher", args, ctx.workdir / f"pub-{r}.log") as pub:
         pub.start()
         pub.wait_for("start", 60)
@@ -271,10 +271,8 @@ def _solo(
 ) -> float:
     """The samples/s trained with the publisher streaming and no prediction load."""
     labels = _training_labels(learner)
-    with ToolProcess(
-        "bench.stream_publisher", _publisher_args(broker_url, duration),
-        ctx.workdir / f"pub-solo-{r}.log",
-    ) as pub:  # fmt: skip
+    args = _publisher_args(broker_url, duration, ctx.sizes["publish_samples"])
+    with ToolProcess("bench.stream_publisher", args, ctx.workdir / f"pub-solo-{r}.log") as pub:
         pub.start()
         pub.wait_for("start", 60)
         time.sleep(1.0)  # as in a saturated run
@@ -286,8 +284,9 @@ def _solo(
     return rate
 
 
-def _publisher_args(broker_url: str, duration: float) -> list[object]:
-    """The stream publisher's arguments: 100-sample msgpack messages as fast as it can."""
+def _publisher_args(broker_url: str, duration: float, samples: int) -> list[object]:
+    """The stream publisher's arguments: 100-sample msgpack messages as fast as it can, at most
+    ``samples`` of them."""
     return [
         "--broker",
         broker_url,
@@ -298,7 +297,7 @@ def _publisher_args(broker_url: str, duration: float) -> list[object]:
         "--batch",
         100,
         "--count",
-        50_000_000,
+        samples,
         "--duration",
         duration + 30,
     ]
@@ -368,7 +367,10 @@ BENCHMARK = Benchmark(
     summary="prediction p99 with the trainer saturated vs idle",
     run=run,
     sizes=Sizes(
-        quick={"rounds": 1, "duration": 1.0},
-        full={"rounds": 3, "duration": 4.0},
+        # publish_samples: what a saturating publisher sends at most. Quick: enough to keep the
+        # trainer busy through a run (it trains well under 50,000 samples/s here), and a backlog
+        # drained in seconds rather than the publisher's ~15 s of output.
+        quick={"rounds": 1, "duration": 1.0, "publish_samples": 100_000},
+        full={"rounds": 3, "duration": 4.0, "publish_samples": 50_000_000},
     ),
 )

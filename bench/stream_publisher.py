@@ -38,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     x, y = stream.sample(min(args.count, 100_000))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    if args.duration > 0:
-        threading.Timer(args.duration, stop.set).start()
+    if args.duration > 0:  # a daemon: SIGTERM before the duration must not wait it out
+        timer = threading.Timer(args.duration, stop.set)
+        timer.daemon = True
+        timer.start()
     publisher = SamplePublisher(
         args.broker, args.topic, fmt=args.fmt, raw=args.raw, window=args.window, source="bench"
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import math
 import time
@@ -60,8 +59,7 @@ def learn_inprocess(stream: Stream, knobs: Knobs | Any, chunk: int = CHUNK) -> S
             seconds, extra, per_sample,
         )  # fmt: skip
     del trainer, queue
-    keras.utils.clear_session(free_memory=True)
-    gc.collect()
+    keras.utils.clear_session(free_memory=True)  # its gc.collect() frees the model and graph
     return score
 
 

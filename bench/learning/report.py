@@ -47,9 +47,10 @@ def markdown(results: dict[str, Any]) -> str:
 
 def _md_intro(results: dict[str, Any]) -> str:
     s = results["settings"]
+    first = max((r["samples"] for r in results["streams"].values()), default=0)
     quick = (
-        "\n**Quick mode**: the first 500 samples of each stream; this checks the harness, "
-        "not the quality.\n"
+        f"\n**Quick mode**: the first {first} samples of each stream; this checks the "
+        "harness, not the quality.\n"
         if results["mode"] == "quick"
         else ""
     )

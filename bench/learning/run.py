@@ -49,9 +49,9 @@ def run(
 ) -> dict[str, Any]:
     """Measure livefit and the peers on every stream; with ``sweep``, the defaults sweep too.
 
-    Returns plain JSON (see ``markdown``). ``quick``: the first 500 samples of each stream,
-    livefit at its defaults only, two model seeds (and two settings in the sweep): checks the
-    harness works, not the quality.
+    Returns plain JSON (see ``markdown``). ``quick``: the first ``QUICK_SAMPLES`` of each
+    stream, livefit at its defaults only, two model seeds (and in the sweep one setting beside
+    the defaults): checks the harness works, not the quality.
     """
     log = log or _print
     started = time.perf_counter()
@@ -225,7 +225,9 @@ def _print(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.learning", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="500 samples a stream: the harness")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_SAMPLES} samples a stream: the harness"
+    )
     parser.add_argument("--sweep", action="store_true", help="also the defaults sweep")
     parser.add_argument("--json", metavar="PATH", help="results (default bench/results/...)")
     parser.add_argument("--markdown", metavar="PATH", help="Markdown section to write")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 CHUNK = 25  # samples per MQTT message, and per minibatch when the trainer keeps up
-QUICK_SAMPLES = 500
+QUICK_SAMPLES = 200  # quick runs: 8 messages a stream, enough to check the harness
 STREAM_SEED = 42
 
 Rows = Iterable[tuple[dict[str, Any], Any]]

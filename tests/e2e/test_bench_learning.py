@@ -1,8 +1,8 @@
 """The learning-quality benchmark's harness works: ``bench.learning.run(quick=True, sweep=True)``.
 
-A real mosquitto and a real ``livefit serve`` take the first 500 samples of each stream over
-MQTT, river's per-sample learners score the same samples, the model seeds and the in-process
-sweep run their quick settings. The checks are on the structure of the results and the
+A real mosquitto and a real ``livefit serve`` take the first ``QUICK_SAMPLES`` (200) of each
+stream over MQTT, river's per-sample learners score the same samples, the model seeds and the
+in-process sweep run their quick settings. The checks are on the structure of the results and the
 Markdown, and on livefit running at the configuration a user writes, never on the quality:
 that is a benchmark figure, recorded in BENCHMARKS.md.
 """

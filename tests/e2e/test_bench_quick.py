@@ -1,13 +1,14 @@
 """The benchmark harness works end to end: ``python -m bench --quick`` (tiny sizes, no speed).
 
 It runs every benchmark but the learning-quality one in a child process (real mosquitto, real
-livefit processes, every peer server) and checks that the JSON holds each benchmark with its figures, ratios, targets and
-machine facts, and that the Markdown is regenerated from it. It never asserts on speed: a
-speed requirement is a benchmark figure, recorded in BENCHMARKS.md.
+livefit processes, every peer server) and checks that the JSON holds each benchmark with its
+figures, ratios, targets and machine facts, and that the Markdown is regenerated from it. It
+never asserts on speed: a speed requirement is a benchmark figure, recorded in BENCHMARKS.md.
 
 The learning benchmark's quick run is ``test_bench_learning.py``'s (its streams, sweep, JSON,
-Markdown and the result ``python -m bench`` records for it): running it here again cost about
-70 s on the xdist worker that carries this file, the suite's longest (380 s alone).
+Markdown and the result ``python -m bench`` records for it): running it here again would add
+about two minutes to the xdist worker that carries this file, the suite's longest (about 240 s
+alone on 2 cores, 2026-11-26).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path
         env=env,
         capture_output=True,
         text=True,
-        timeout=450,  # about 150 s on a quiet 2-core machine; 240 s seen at load 5
+        timeout=450,  # about 230 s on 2 cores at load 1-2 (2026-11-26); 340 s before trimming
     )
     assert done.returncode == 0, f"bench failed:\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
     return json.loads(json_path.read_text()), md_path.read_text(), json_path
