@@ -110,7 +110,7 @@ def run(ctx: Context) -> BenchResult:
         ctx.step(f"trainer round {r + 1}/{rounds}: per-message train_on_batch")
         per_message.append(_per_message(spec, x_all, y_all, seconds))
         if before_tree is not None:
-            for bs, pair in _before_rates(before_tree, sizes, seconds).items():
+            for bs, pair in _process_rates(before_tree, sizes, seconds, None, BEFORE_CHUNK).items():
                 before[bs].append(pair)
                 ctx.step(
                     f"  batch {bs:>4} before #29: livefit {pair[0]:>9,.0f}/s  "
@@ -193,7 +193,7 @@ def _training_process_cpus() -> list[int] | None:
 _PROCESS_SCRIPT = """
 import json, os, sys
 sys.path.insert(0, ".")
-cpus, sizes, seconds = json.loads(sys.argv[1])
+cpus, sizes, seconds, chunk = json.loads(sys.argv[1])
 if cpus is not None:  # before TensorFlow starts a thread: every one inherits the mask
     os.sched_setaffinity(0, cpus)
 import tensorflow as tf
@@ -206,48 +206,21 @@ out = {}
 for bs in sizes:
     raw = _raw_step(tf, MLP, x, y, bs, seconds)
     n = _count_for(raw, bs, seconds, len(x))
-    out[bs] = (trainer_rate(MLP, x[:n], y[:n], bs, 1)[0], raw)
-print(json.dumps(out))
-"""
-
-
-def _process_rates(
-    tree: Path, sizes: list[int], seconds: float, cpus: list[int] | None
-) -> dict[int, tuple[float, float]]:
-    """{batch size: (trainer samples/s, raw step samples/s)} in a fresh process set up as the
-    training process is (pinned to ``cpus``, its intra-op pool sized to them)."""
-    env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(tree)}
-    done = subprocess.run(
-        [sys.executable, "-c", _PROCESS_SCRIPT, json.dumps([cpus, sizes, seconds])],
-        cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=True,
-    )  # fmt: skip
-    line = done.stdout.strip().splitlines()[-1]
-    return {int(bs): (float(a), float(b)) for bs, (a, b) in json.loads(line).items()}
-
-
-_BEFORE_SCRIPT = """
-import json, sys
-sys.path.insert(0, ".")
-import tensorflow as tf
-from bench.models import MLP
-from bench.trainer import _count_for, _raw_step, trainer_rate, training_data
-x, y = training_data(MLP, n=200_000)
-sizes, seconds, chunk = json.loads(sys.argv[1])
-out = {}
-for bs in sizes:
-    raw = _raw_step(tf, MLP, x, y, bs, seconds)
-    n = _count_for(raw, bs, seconds, len(x))
     out[bs] = (trainer_rate(MLP, x[:n], y[:n], bs, chunk)[0], raw)
 print(json.dumps(out))
 """
 
 
-def _before_rates(tree: Path, sizes: list[int], seconds: float) -> dict[int, tuple[float, float]]:
-    """{batch size: (trainer samples/s, raw step samples/s)} of the code before #29, measured
-    in a fresh process the way this benchmark measures the code of now."""
+def _process_rates(
+    tree: Path, sizes: list[int], seconds: float, cpus: list[int] | None, chunk: int = 1
+) -> dict[int, tuple[float, float]]:
+    """{batch size: (trainer samples/s, raw step samples/s)} of the code in ``tree``, measured
+    in a fresh process the way this benchmark measures in its own: pinned to ``cpus`` with
+    its intra-op pool sized to them (the training process), or with TensorFlow's defaults on
+    every CPU (None: the before-#29 side, whose tree has the same helpers)."""
     env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(tree)}
     done = subprocess.run(
-        [sys.executable, "-c", _BEFORE_SCRIPT, json.dumps([sizes, seconds, BEFORE_CHUNK])],
+        [sys.executable, "-c", _PROCESS_SCRIPT, json.dumps([cpus, sizes, seconds, chunk])],
         cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=True,
     )  # fmt: skip
     line = done.stdout.strip().splitlines()[-1]
