@@ -111,9 +111,7 @@ class UpdatePolicy:
         self.boost_factor = drift.boost_factor
         self.boost_steps = drift.boost_steps
         self.on_drift = on_drift
-        self._base_lr = float(np.asarray(step.model.optimizer.learning_rate))
-        if step.learning_rate is not None:
-            self._base_lr = step.learning_rate
+        self._base_lr = self.learning_rate  # the configured rate, before any boost
         self._boost = LrBoost()
         if train.start_lr_factor > 1:
             self._boost = LrBoost(train.start_lr_factor, train.start_steps, decays=True)
