@@ -49,9 +49,27 @@ class WindowedMean:
     @classmethod
     def from_batches(cls, window: int, batches: np.ndarray) -> WindowedMean:
         """A mean over ``window`` holding ``batches`` (as ``batches()`` returns them): the same
-        windowed value; the cumulative one counts those batches only."""
+        windowed value; the cumulative one counts those batches only.
+
+        ``batches`` comes from a checkpoint, so it is checked, not trusted: a ValueError unless
+        it is numeric with (sum, count) pairs, at most ``window`` of them, each count a whole
+        number from 1 to ``window`` and no sum NaN.
+        """
+        array = np.asarray(batches)
+        if array.dtype.kind not in "fiu" or array.size % 2 or array.size > 2 * window:
+            raise ValueError(
+                f"not a window's (sum, count) pairs: dtype {array.dtype}, {array.size} values"
+            )
+        pairs = array.astype(np.float64).reshape(-1, 2)
+        sums, counts = pairs[:, 0], pairs[:, 1]
+        if np.isnan(sums).any():
+            raise ValueError("a batch's loss sum is NaN")
+        if not (np.isfinite(counts) & (counts >= 1) & (counts <= window)).all() or (
+            counts != np.floor(counts)
+        ).any():
+            raise ValueError(f"batch counts must be whole numbers from 1 to {window}")
         mean = cls(window)
-        for batch_sum, batch_count in np.asarray(batches, dtype=np.float64).reshape(-1, 2):
+        for batch_sum, batch_count in pairs:
             mean._batches.append((float(batch_sum), int(batch_count)))
             mean._sum += float(batch_sum)
             mean._count += int(batch_count)

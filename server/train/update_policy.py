@@ -325,8 +325,16 @@ class UpdatePolicy:
         keys = ("average_choice_trained", "average_choice_averaged", "average_steps")
         if not self.step.averaging or any(key not in extra for key in keys):
             return
-        self._trained_loss = WindowedMean.from_batches(AVERAGE_WINDOW, extra[keys[0]])
-        self._average_loss = WindowedMean.from_batches(AVERAGE_WINDOW, extra[keys[1]])
+        try:
+            trained = WindowedMean.from_batches(AVERAGE_WINDOW, extra[keys[0]])
+            averaged = WindowedMean.from_batches(AVERAGE_WINDOW, extra[keys[1]])
+        except ValueError as error:  # a checkpoint that passed its checksum but not this
+            log.warning(
+                "checkpoint's choice between averaged and trained weights is unreadable (%s): "
+                "serving the trained weights until the average does better", error
+            )
+            return
+        self._trained_loss, self._average_loss = trained, averaged
         self.step.serve_average = self._average_did_better()
 
 

@@ -180,3 +180,54 @@ def test_the_choice_window_round_trips() -> None:
     mean.add(np.array([5.0] * 3))
     assert again.value == mean.value
     assert np.isnan(WindowedMean.from_batches(10, WindowedMean(10).batches()).value)
+
+
+HOSTILE_CHOICES = {
+    "a NaN count": np.array([[1.0, np.nan]]),
+    "an infinite count": np.array([[1.0, np.inf]]),
+    "a negative count": np.array([[1.0, -4.0]]),
+    "a zero count": np.array([[1.0, 0.0]]),
+    "a fractional count": np.array([[1.0, 0.5]]),
+    "a count past the window": np.array([[1.0, 2.0**62]]),
+    "a NaN sum": np.array([[np.nan, 4.0]]),
+    "an odd number of values": np.array([1.0, 2.0, 3.0]),
+    "more pairs than the window holds": np.ones((5000, 2)),
+    "integers past float64's range": np.array([[10**18, 2**63 - 1]], dtype=np.int64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_CHOICES))
+def test_a_checkpoint_with_an_unreadable_choice_restores_and_serves_the_trained_weights(
+    tmp_path: Path, name: str
+) -> None:
+    """The windows that choose the served weights are checked, not trusted: a checkpoint that
+    passes its checksum with nonsense in them (a bug, or a file written by hand) restores the
+    model, the average and the scalers, serves the trained weights and goes on learning; it
+    used to raise from inside the restore (a NaN count) or build a window that never drains."""
+    settings = {"train": {"weight_average": 0.9}}
+    t = trainer(tmp_path, **settings)
+    t.train_batch(batch(np.ones((4, 3))))
+    t.policy._choose_weights(result(1.0, 0.5))
+    assert t.step.serve_average
+    state = t.policy.state
+
+    def hostile_state() -> dict[str, np.ndarray]:
+        arrays = state()
+        arrays["average_choice_averaged"] = HOSTILE_CHOICES[name]
+        return arrays
+
+    t.policy.state = hostile_state  # type: ignore[method-assign]
+    t._maybe_checkpoint(final=True)
+    restored = trainer(tmp_path, **settings)
+    assert restored.restored_from is not None
+    assert not restored.step.serve_average
+    assert restored.step.average_state()["average_steps"] == t.step.average_state()["average_steps"]
+    restored.train_batch(batch(np.ones((4, 3))))
+    assert restored.samples_seen == t.samples_seen + 4
+
+
+@pytest.mark.parametrize("bad", [np.array(["1", "2"]), np.array([b"\xff\xfe", b"x"]),
+                                 np.array([None, 1.0], dtype=object)])
+def test_a_window_from_anything_but_numbers_is_refused(bad: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="pairs"):
+        WindowedMean.from_batches(10, bad)
