@@ -29,6 +29,7 @@ from bench.learning.streams import (
     DRIFTS,
     METRIC,
     QUICK_SAMPLES,
+    QUICK_STREAMS,
     REGRESSION,
     STREAMS,
     Stream,
@@ -49,9 +50,9 @@ def run(
 ) -> dict[str, Any]:
     """Measure livefit and the peers on every stream; with ``sweep``, the defaults sweep too.
 
-    Returns plain JSON (see ``markdown``). ``quick``: the first ``QUICK_SAMPLES`` of each
-    stream, livefit at its defaults only, two model seeds (and in the sweep one setting beside
-    the defaults): checks the harness works, not the quality.
+    Returns plain JSON (see ``markdown``). ``quick``: the first ``QUICK_SAMPLES`` of each of
+    ``QUICK_STREAMS``, livefit at its defaults only, two model seeds (and in the sweep one
+    setting beside the defaults): checks the harness works, not the quality.
     """
     log = log or _print
     started = time.perf_counter()
@@ -59,8 +60,8 @@ def run(
     workdir = Path(tempfile.mkdtemp(prefix="livefit-learning-")) if workdir is None else workdir
     try:
         streams = {
-            name: load_stream(spec, QUICK_SAMPLES if quick else None)
-            for name, spec in STREAMS.items()
+            name: load_stream(STREAMS[name], QUICK_SAMPLES if quick else None)
+            for name in (QUICK_STREAMS if quick else STREAMS)
         }
         peers = {name: peer_scores(s) for name, s in streams.items()}
         for name, p in peers.items():

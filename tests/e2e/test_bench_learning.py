@@ -1,10 +1,12 @@
 """The learning-quality benchmark's harness works: ``bench.learning.run(quick=True, sweep=True)``.
 
 A real mosquitto and a real ``livefit serve`` take the first ``QUICK_SAMPLES`` (200) of each
-stream over MQTT, river's per-sample learners score the same samples, the model seeds and the
+of ``QUICK_STREAMS`` (five of the fifteen: every task and the sweep's streams) over MQTT, river's per-sample learners score the same samples, the model seeds and the
 in-process sweep run their quick settings. The checks are on the structure of the results and the
 Markdown, and on livefit running at the configuration a user writes, never on the quality:
-that is a benchmark figure, recorded in BENCHMARKS.md.
+that is a benchmark figure, recorded in BENCHMARKS.md. Every one of the fifteen streams is
+loaded and checked for what the benchmark needs of it (``test_every_stream_loads``), without
+learning on it: learning on all fifteen doubled this file's time.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ PEERS = {
 
 def test_every_stream_has_livefit_and_its_peers(results: dict[str, Any]) -> None:
     assert results["mode"] == "quick"
-    assert set(results["streams"]) == set(learning.STREAMS)
+    assert set(results["streams"]) == set(learning.QUICK_STREAMS)
     assert {s["task"] for s in results["streams"].values()} == set(PEERS)
     for name, stream in results["streams"].items():
         samples = min(learning.QUICK_SAMPLES, learning.STREAMS[name].samples)
@@ -90,6 +92,28 @@ def test_livefit_runs_at_the_configuration_a_user_writes(results: dict[str, Any]
     assert "output_activation" not in text and "metrics" not in text
 
 
+@pytest.mark.parametrize("name", sorted(learning.STREAMS))
+def test_every_stream_loads(name: str) -> None:
+    """What a full run needs of each stream, on its first 50 rows: river's rows and float
+    arrays of one width, targets of the stream's task, a model table a user would write."""
+    spec = learning.STREAMS[name]
+    stream = learning.load_stream(spec, 50)
+    assert len(stream) == 50 and len(stream.rows) == 50
+    assert stream.x.shape == (50, len(stream.features)) and stream.x.dtype == "float32"
+    assert all(len(row) == len(stream.features) for row, _ in stream.rows)
+    table = stream.table()
+    assert set(table) == {"input_shape", "output_shape", "loss"}
+    assert table["input_shape"] == [len(stream.features)]
+    if spec.task == "multiclass":
+        assert stream.y.shape == (50,) and table["output_shape"] == [len(stream.classes)]
+        assert set(stream.y.astype(int)) <= set(range(len(stream.classes)))
+    else:
+        assert stream.y.shape == (50, 1) and table["output_shape"] == [1]
+        if spec.task == "binary":
+            assert set(stream.y.reshape(-1)) <= {0.0, 1.0}
+    assert spec.samples >= learning.QUICK_SAMPLES
+
+
 def test_model_seeds_are_recorded(results: dict[str, Any]) -> None:
     for name, stream in results["streams"].items():
         seeds = stream["seeds"]
@@ -120,14 +144,14 @@ def test_sweep_and_agreement_are_recorded(results: dict[str, Any]) -> None:
         assert all(_is_score(s["accuracy"]) for s in row["streams"].values())
         assert row["worst_margin"] == min(row["margin_to_lr"].values())
     sides = {(r["stream"], r["side"]) for r in results["agreement"]}
-    assert sides == {(name, "defaults") for name in learning.STREAMS}
+    assert sides == {(name, "defaults") for name in learning.QUICK_STREAMS}
 
 
 def test_markdown_has_a_table_per_stream_and_the_sweep(results: dict[str, Any]) -> None:
     text = learning.markdown(results)
     assert text.startswith("## Learning quality")
-    for spec in learning.STREAMS.values():
-        assert f"### {spec.title}" in text
+    for name in learning.QUICK_STREAMS:
+        assert f"### {learning.STREAMS[name].title}" in text
     assert "### Defaults sweep" in text and "### Model seeds" in text
     assert "Prequential MAE" in text
     assert learning.markdown(json.loads(json.dumps(results))) == text  # from the JSON alone
@@ -135,7 +159,7 @@ def test_markdown_has_a_table_per_stream_and_the_sweep(results: dict[str, Any]) 
 
 def test_the_suite_format_states_a_target_per_stream(results: dict[str, Any]) -> None:
     doc = learning.to_bench_result(results).to_json()
-    assert len(doc["rows"]) == len(learning.STREAMS)
+    assert len(doc["rows"]) == len(learning.QUICK_STREAMS)
     targets = {"binary": ["≥ logistic regression"], "multiclass": ["≥ softmax regression"],
                "regression": []}  # fmt: skip
     for row, stream in zip(doc["rows"], results["streams"].values(), strict=True):

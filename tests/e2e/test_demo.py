@@ -273,7 +273,7 @@ def test_the_demo_runs_over_mqtt_311(amqtt_broker: str, tmp_path: Path, demos: l
     """A broker that speaks MQTT 3.1.1 only (amqtt, what the demo starts without mosquitto):
     learner, replica (the weight stream, signature in the payload) and publisher all use
     3.1.1, and the replica serves the learner's weights."""
-    demo = Demo(tmp_path, "--broker", amqtt_broker, "--duration", "25", "--clients", "2")
+    demo = Demo(tmp_path, "--broker", amqtt_broker, "--duration", "15", "--clients", "2")
     demos.append(demo)
     demo.finish(timeout=500)
     assert "MQTT 3.1.1 only" in demo.output, demo.output

@@ -404,7 +404,10 @@ max_batch_size = 16
 queue_capacity = 200
 """
     server = LivefitProcess(text, tmp_path).start()
-    flood_samples = 100 * 100
+    # 4,000 samples of a 1024x1024 MLP at batches of 16: about 15 s of training behind the fast
+    # model's 200 (10,000 took half a minute more of CPU and proved nothing more); the backlog
+    # check below fails the test should the flood ever drain first.
+    flood_samples = 40 * 100
     flood: dict[str, PublishStats] = {}
     flooder = threading.Thread(
         target=lambda: flood.setdefault(
