@@ -64,9 +64,10 @@ class WindowedMean:
         sums, counts = pairs[:, 0], pairs[:, 1]
         if np.isnan(sums).any():
             raise ValueError("a batch's loss sum is NaN")
-        if not (np.isfinite(counts) & (counts >= 1) & (counts <= window)).all() or (
-            counts != np.floor(counts)
-        ).any():
+        if (
+            not (np.isfinite(counts) & (counts >= 1) & (counts <= window)).all()
+            or (counts != np.floor(counts)).any()
+        ):
             raise ValueError(f"batch counts must be whole numbers from 1 to {window}")
         mean = cls(window)
         for batch_sum, batch_count in pairs:

@@ -331,7 +331,8 @@ class UpdatePolicy:
         except ValueError as error:  # a checkpoint that passed its checksum but not this
             log.warning(
                 "checkpoint's choice between averaged and trained weights is unreadable (%s): "
-                "serving the trained weights until the average does better", error
+                "serving the trained weights until the average does better",
+                error,
             )
             return
         self._trained_loss, self._average_loss = trained, averaged
