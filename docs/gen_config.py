@@ -344,7 +344,9 @@ MEANINGS: dict[str, str] = {
         " holds the rest"
     ),
     "models.<name>.train.steps_per_batch": (
-        "gradient steps on each minibatch (each a version); see `extras_when`"
+        "gradient steps on each minibatch (each a version); unset: 4 for regression losses"
+        " (mse, mae, huber, log_cosh), 2 for the others (measured: BENCHMARKS.md, learning"
+        " quality); see `extras_when`"
     ),
     "models.<name>.train.replay_capacity": (
         "samples kept for replay (0: off); memory is this many samples"

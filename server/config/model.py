@@ -20,6 +20,7 @@ from livefit.models.names import BUILTIN_BUILDERS
 from livefit.models.outputs import (
     default_output_activation,
     default_target_scaling,
+    loss_kind,
     output_problem,
     target_scaling_problem,
 )
@@ -37,6 +38,9 @@ from .model_tables import (
 from .sections import Section
 from .topic_filters import checked_topic, filter_problem, shown_topic
 
+# Gradient steps per caught-up minibatch for regression losses when train.steps_per_batch is
+# unset (2 for the other losses): see TrainSettings.steps_per_batch.
+REGRESSION_STEPS_PER_BATCH = 4
 _BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -201,6 +205,12 @@ class ModelSettings(Section):
                 changes = candidate.model_dump(exclude={"name"}, exclude_none=True)
                 return self.model_copy(update=changes)
         raise KeyError(f"no candidate {name!r} in selection.candidates")
+
+    def resolved_steps_per_batch(self) -> int:
+        """``train.steps_per_batch``, else 4 for regression losses, else 2."""
+        if self.train.steps_per_batch is not None:
+            return self.train.steps_per_batch
+        return REGRESSION_STEPS_PER_BATCH if loss_kind(self.loss) == "regression" else 2
 
     def resolved_target_scaling(self) -> str:
         """``target_scaling``, else ``standardize`` for regression losses, else ``none``."""

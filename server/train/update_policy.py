@@ -81,7 +81,7 @@ class UpdatePolicy:
     ) -> None:
         train = settings.train
         self.step = step
-        self.steps_per_batch = train.steps_per_batch
+        self.steps_per_batch = settings.resolved_steps_per_batch()
         self.replay_share = train.replay_share
         self.extras_always = train.extras_when == "always"
         self.replay = (

@@ -444,3 +444,22 @@ def test_selection_settings_are_checked(tmp_path: Path, extra: str, expected: st
         load_settings(write(tmp_path, MINIMAL + SELECTION + extra), environ={})
     assert expected in str(caught.value)
     assert "models.demo.selection" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("loss", "steps"),
+    [("mse", 4), ("mae", 4), ("huber", 4), ("log_cosh", 4), ("binary_crossentropy", 2),
+     ("sparse_categorical_crossentropy", 2), ("categorical_crossentropy", 2), ("hinge", 2)],
+)  # fmt: skip
+def test_steps_per_batch_defaults_by_the_loss_and_a_set_value_wins(loss: str, steps: int) -> None:
+    """Unset, ``train.steps_per_batch`` is 4 for regression losses and 2 for the others (the
+    learning benchmark's finding); a value the user sets is kept for every loss."""
+    shapes = {"input_shape": [3], "output_shape": [2 if "categorical" in loss else 1]}
+    settings = ModelSettings(loss=loss, **shapes)
+    assert settings.train.steps_per_batch is None
+    assert settings.resolved_steps_per_batch() == steps
+    for chosen in (1, 2, 7):
+        fixed = ModelSettings(loss=loss, train={"steps_per_batch": chosen}, **shapes)
+        assert fixed.resolved_steps_per_batch() == chosen
+    with pytest.raises(ValueError, match="steps_per_batch"):
+        ModelSettings(loss=loss, train={"steps_per_batch": 0}, **shapes)
