@@ -344,12 +344,12 @@ MEANINGS: dict[str, str] = {
         " holds the rest"
     ),
     "models.<name>.train.steps_per_batch": (
-        "gradient steps on each minibatch (each a version); unset: 4 for regression losses"
-        " (mse, mae, huber, log_cosh), 2 for the others (measured: BENCHMARKS.md, learning"
-        " quality); see `extras_when`"
+        "gradient steps on each minibatch (each a version); the default depends on the loss"
+        " (measured: BENCHMARKS.md, learning quality); see `extras_when`"
     ),
     "models.<name>.train.replay_capacity": (
-        "samples kept for replay (0: off); memory is this many samples"
+        "samples kept for replay (0: off); memory is this many samples (the default depends"
+        " on the loss, measured: BENCHMARKS.md, learning quality)"
     ),
     "models.<name>.train.replay_mode": (
         "`window` (the most recent samples) or `reservoir` (a uniform sample of the whole stream)"
@@ -647,6 +647,8 @@ UNSET: dict[str, str] = {
         '`"standardize"` for `mse`, `mae`, `huber`, `log_cosh` (any spelling); else `"none"`'
     ),
     f"{MODEL}.topic": "`livefit/<name>/samples`",
+    f"{MODEL}.train.steps_per_batch": "4 for `mse`, `mae`, `huber`, `log_cosh`; else 2",
+    f"{MODEL}.train.replay_capacity": "2000 for `mse`, `mae`, `huber`, `log_cosh`; else 500",
     f"{MODEL}.dead_letter_topic": "`livefit/<name>/rejected`",
     f"{MODEL}.serve.allowed_batch_sizes": "powers of two up to `max_batch_size`",
     f"{MODEL}.weights.topic": "`livefit/<name>/weights`",

@@ -41,6 +41,9 @@ from .topic_filters import checked_topic, filter_problem, shown_topic
 # Gradient steps per caught-up minibatch for regression losses when train.steps_per_batch is
 # unset (2 for the other losses): see TrainSettings.steps_per_batch.
 REGRESSION_STEPS_PER_BATCH = 4
+# Samples kept for replay for regression losses when train.replay_capacity is unset (500 for
+# the other losses): see TrainSettings.replay_capacity.
+REGRESSION_REPLAY_CAPACITY = 2000
 _BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -211,6 +214,12 @@ class ModelSettings(Section):
         if self.train.steps_per_batch is not None:
             return self.train.steps_per_batch
         return REGRESSION_STEPS_PER_BATCH if loss_kind(self.loss) == "regression" else 2
+
+    def resolved_replay_capacity(self) -> int:
+        """``train.replay_capacity``, else 2,000 for regression losses, else 500."""
+        if self.train.replay_capacity is not None:
+            return self.train.replay_capacity
+        return REGRESSION_REPLAY_CAPACITY if loss_kind(self.loss) == "regression" else 500
 
     def resolved_target_scaling(self) -> str:
         """``target_scaling``, else ``standardize`` for regression losses, else ``none``."""

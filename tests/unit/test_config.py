@@ -447,19 +447,30 @@ def test_selection_settings_are_checked(tmp_path: Path, extra: str, expected: st
 
 
 @pytest.mark.parametrize(
-    ("loss", "steps"),
-    [("mse", 4), ("mae", 4), ("huber", 4), ("log_cosh", 4), ("binary_crossentropy", 2),
-     ("sparse_categorical_crossentropy", 2), ("categorical_crossentropy", 2), ("hinge", 2)],
+    ("loss", "steps", "replay"),
+    [("mse", 4, 2000), ("mae", 4, 2000), ("huber", 4, 2000), ("log_cosh", 4, 2000),
+     ("binary_crossentropy", 2, 500), ("sparse_categorical_crossentropy", 2, 500),
+     ("categorical_crossentropy", 2, 500), ("hinge", 2, 500)],
 )  # fmt: skip
-def test_steps_per_batch_defaults_by_the_loss_and_a_set_value_wins(loss: str, steps: int) -> None:
-    """Unset, ``train.steps_per_batch`` is 4 for regression losses and 2 for the others (the
-    learning benchmark's finding); a value the user sets is kept for every loss."""
+def test_update_defaults_by_the_loss_and_a_set_value_wins(
+    loss: str, steps: int, replay: int
+) -> None:
+    """Unset, ``train.steps_per_batch`` is 4 for regression losses and 2 for the others, and
+    ``train.replay_capacity`` 2,000 and 500 (the learning benchmark's findings); a value the
+    user sets is kept for every loss, 0 replay included."""
     shapes = {"input_shape": [3], "output_shape": [2 if "categorical" in loss else 1]}
     settings = ModelSettings(loss=loss, **shapes)
     assert settings.train.steps_per_batch is None
     assert settings.resolved_steps_per_batch() == steps
+    assert settings.train.replay_capacity is None
+    assert settings.resolved_replay_capacity() == replay
     for chosen in (1, 2, 7):
         fixed = ModelSettings(loss=loss, train={"steps_per_batch": chosen}, **shapes)
         assert fixed.resolved_steps_per_batch() == chosen
+    for capacity in (0, 1, 500, 2000, 10**6):
+        fixed = ModelSettings(loss=loss, train={"replay_capacity": capacity}, **shapes)
+        assert fixed.resolved_replay_capacity() == capacity
     with pytest.raises(ValueError, match="steps_per_batch"):
         ModelSettings(loss=loss, train={"steps_per_batch": 0}, **shapes)
+    with pytest.raises(ValueError, match="replay_capacity"):
+        ModelSettings(loss=loss, train={"replay_capacity": -1}, **shapes)

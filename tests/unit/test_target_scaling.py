@@ -86,7 +86,8 @@ def test_statistics_match_a_direct_computation_and_travel_in_the_weights() -> No
     """Only new samples count, once each, with replay and several steps per batch (the
     defaults: four for this regression model)."""
     t = trainer()
-    assert t.settings.train.replay_capacity > 0 and t.policy.steps_per_batch == 4
+    assert t.policy.replay is not None and t.policy.replay.capacity == 2000
+    assert t.policy.steps_per_batch == 4
     rng = np.random.default_rng(1)
     seen = []
     for size in (1, 7, 64, 3, 200, 25, 25):

@@ -95,6 +95,28 @@ def test_replay_composition_and_bound() -> None:
     assert t.metrics.registry.get_sample_value("livefit_replayed_samples_total", {"model": "m"}) > 0
 
 
+
+@pytest.mark.parametrize(
+    ("overrides", "capacity"),
+    [({}, 2000), ({"loss": "binary_crossentropy"}, 500), ({"train": {"replay_capacity": 0}}, 0),
+     ({"loss": "binary_crossentropy", "train": {"replay_capacity": 3000}}, 3000)],
+)  # fmt: skip
+def test_the_replay_buffer_holds_the_loss_default_or_the_set_capacity(
+    overrides: dict[str, Any], capacity: int
+) -> None:
+    """Unset, a regression model replays from its last 2,000 samples and a classifier from its
+    last 500; a set capacity wins (0: no buffer). Filled past it, the buffer stays there."""
+    t = trainer(**overrides)
+    if capacity == 0:
+        assert t.policy.replay is None
+        return
+    assert t.policy.replay is not None and t.policy.replay.capacity == capacity
+    rng = np.random.default_rng(2)
+    for _ in range(capacity // 250 + 2):
+        x = rng.normal(size=(250, 3))
+        t.train_batch(batch(x, (x.sum(axis=1, keepdims=True) > 0).astype(np.float32)))
+    assert len(t.policy.replay) == capacity
+
 @pytest.mark.parametrize("extras_when", ["caught_up", "always"])
 def test_extra_steps_and_replay_only_when_caught_up(extras_when: str) -> None:
     t = trainer(
