@@ -227,7 +227,7 @@ MEANINGS: dict[str, str] = {
         'training process\'s too; `"others"`: the cores `processes.training_cores` leaves (every '
         "core when training is not pinned), so a saturated training process never shares a core "
         "with an event loop, at the cost of the serving processes never using the training "
-        'cores when training is idle. Set before any thread starts. Measured side by side in '
+        "cores when training is idle. Set before any thread starts. Measured side by side in "
         'BENCHMARKS.md "interference": on 2 cores it served more requests under load, but with '
         'the worst p99 (6.95x idle against 2.86x for "all")'
     ),

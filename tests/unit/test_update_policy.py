@@ -95,7 +95,6 @@ def test_replay_composition_and_bound() -> None:
     assert t.metrics.registry.get_sample_value("livefit_replayed_samples_total", {"model": "m"}) > 0
 
 
-
 @pytest.mark.parametrize(
     ("overrides", "capacity"),
     [({}, 2000), ({"loss": "binary_crossentropy"}, 500), ({"train": {"replay_capacity": 0}}, 0),
@@ -116,6 +115,7 @@ def test_the_replay_buffer_holds_the_loss_default_or_the_set_capacity(
         x = rng.normal(size=(250, 3))
         t.train_batch(batch(x, (x.sum(axis=1, keepdims=True) > 0).astype(np.float32)))
     assert len(t.policy.replay) == capacity
+
 
 @pytest.mark.parametrize("extras_when", ["caught_up", "always"])
 def test_extra_steps_and_replay_only_when_caught_up(extras_when: str) -> None:
