@@ -648,7 +648,10 @@ UNSET: dict[str, str] = {
     ),
     f"{MODEL}.topic": "`livefit/<name>/samples`",
     f"{MODEL}.train.steps_per_batch": "4 for `mse`, `mae`, `huber`, `log_cosh`; else 2",
-    f"{MODEL}.train.replay_capacity": "2000 for `mse`, `mae`, `huber`, `log_cosh`; else 500",
+    f"{MODEL}.train.replay_capacity": (
+        "2000 for `mse`, `mae`, `huber`, `log_cosh`, else 500; fewer where that many samples"
+        " would take more than 256 MiB"
+    ),
     f"{MODEL}.dead_letter_topic": "`livefit/<name>/rejected`",
     f"{MODEL}.serve.allowed_batch_sizes": "powers of two up to `max_batch_size`",
     f"{MODEL}.weights.topic": "`livefit/<name>/weights`",

@@ -44,6 +44,11 @@ REGRESSION_STEPS_PER_BATCH = 4
 # Samples kept for replay for regression losses when train.replay_capacity is unset (500 for
 # the other losses): see TrainSettings.replay_capacity.
 REGRESSION_REPLAY_CAPACITY = 2000
+# An unset train.replay_capacity also keeps the buffer within this many bytes (float32 inputs,
+# targets and sample weights): a model with large inputs replays from fewer samples than its
+# loss's default (a 224x224x3 image is 602 kB a sample: 445 samples, not 2,000 or 500). A set
+# capacity is kept whatever its size.
+REPLAY_DEFAULT_BYTES = 256 * 2**20
 _BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -216,10 +221,13 @@ class ModelSettings(Section):
         return REGRESSION_STEPS_PER_BATCH if loss_kind(self.loss) == "regression" else 2
 
     def resolved_replay_capacity(self) -> int:
-        """``train.replay_capacity``, else 2,000 for regression losses, else 500."""
+        """``train.replay_capacity``, else 2,000 for regression losses and 500 for the others,
+        at most as many samples as ``REPLAY_DEFAULT_BYTES`` hold (at least one)."""
         if self.train.replay_capacity is not None:
             return self.train.replay_capacity
-        return REGRESSION_REPLAY_CAPACITY if loss_kind(self.loss) == "regression" else 500
+        capacity = REGRESSION_REPLAY_CAPACITY if loss_kind(self.loss) == "regression" else 500
+        values = math.prod(self.input_shape) + math.prod(self.resolved_target_shape()) + 1
+        return max(1, min(capacity, REPLAY_DEFAULT_BYTES // (4 * values)))
 
     def resolved_target_scaling(self) -> str:
         """``target_scaling``, else ``standardize`` for regression losses, else ``none``."""

@@ -3,6 +3,7 @@ user meets them in ``livefit serve``: ``tests/e2e/test_config_at_start.py``)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -474,3 +475,24 @@ def test_update_defaults_by_the_loss_and_a_set_value_wins(
         ModelSettings(loss=loss, train={"steps_per_batch": 0}, **shapes)
     with pytest.raises(ValueError, match="replay_capacity"):
         ModelSettings(loss=loss, train={"replay_capacity": -1}, **shapes)
+
+
+@pytest.mark.parametrize(
+    ("input_shape", "loss", "capacity"),
+    [([224, 224, 3], "mse", 445), ([224, 224, 3], "binary_crossentropy", 445),
+     ([64, 64, 3], "mse", 2000), ([64, 64, 3], "binary_crossentropy", 500),
+     ([2**20, 64], "mse", 1), ([10**6], "mse", 67)],
+)  # fmt: skip
+def test_the_default_replay_buffer_stays_within_256_mib(
+    input_shape: list[int], loss: str, capacity: int
+) -> None:
+    """Unset, the replay capacity shrinks for large inputs so that the buffer (float32 inputs,
+    targets and weights) holds at most 256 MiB, down to one sample; a set capacity is kept."""
+    settings = ModelSettings(loss=loss, input_shape=input_shape, output_shape=[1])
+    assert settings.resolved_replay_capacity() == capacity
+    sample_bytes = 4 * (math.prod(input_shape) + 2)
+    assert capacity == 1 or capacity * sample_bytes <= 256 * 2**20
+    chosen = ModelSettings(
+        loss=loss, input_shape=input_shape, output_shape=[1], train={"replay_capacity": 2000}
+    )
+    assert chosen.resolved_replay_capacity() == 2000
