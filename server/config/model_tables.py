@@ -34,11 +34,12 @@ class TrainSettings(Section):
     # points), 4 steps lost more.
     steps_per_batch: int | None = Field(None, ge=1, le=100)
     # Samples kept for replay (0: no replay). Unset: 2,000 for regression losses, 500 for the
-    # others, fewer where that many would take more than 256 MiB (ModelSettings.
-    # resolved_replay_capacity). Memory is the capacity times one sample's size. Measured in-process over the five regression streams and 4 model seeds
-    # (BENCHMARKS.md, learning quality), with 4 steps: 1,000, 2,000 and 4,000 samples each
-    # lowered the MAE on four streams and left ChickWeights (578 samples) level, 2,000 by 0.0
-    # to 3.5 %; on the binary streams larger windows than 500 lost on Hyperplane and SEA.
+    # others, fewer where that many would take more than 256 MiB
+    # (ModelSettings.resolved_replay_capacity). Memory is the capacity times one sample's size.
+    # Measured in-process over the five regression streams and 4 model seeds (BENCHMARKS.md,
+    # learning quality), with 4 steps: 1,000, 2,000 and 4,000 samples each lowered the MAE on
+    # three streams and left TrumpApproval and ChickWeights (1,001 and 578 samples) level; on
+    # the binary streams windows longer than 500 lost on Hyperplane and SEA.
     replay_capacity: int | None = Field(None, ge=0)
     replay_mode: Literal["reservoir", "window"] = "window"
     replay_share: float = Field(0.75, ge=0, lt=1)  # share of replayed samples in each step
