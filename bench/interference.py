@@ -195,7 +195,7 @@ def _result(spec: ModelSpec, rounds: int, duration: float) -> BenchResult:
             "before issue #29 (`processes.training_cores = 0`: training on every core; at "
             "`processes.training_niceness` 0 and 10), at the defaults after it "
             '(`training_cores = "auto"`: 1 of 2 cores here), and the defaults with '
-            "`training_niceness = 10`, with `processes.serving_cores = \"others\"` (the serving "
+            '`training_niceness = 10`, with `processes.serving_cores = "others"` (the serving '
             "process kept off the training core) or with `train.max_batch_size = 64` (256 by "
             "default)",
         },

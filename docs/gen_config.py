@@ -227,7 +227,7 @@ MEANINGS: dict[str, str] = {
         'training process\'s too; `"others"`: the cores `processes.training_cores` leaves (every '
         "core when training is not pinned), so a saturated training process never shares a core "
         "with an event loop, at the cost of the serving processes never using the training "
-        'cores when training is idle. Set before any thread starts. Measured side by side in '
+        "cores when training is idle. Set before any thread starts. Measured side by side in "
         'BENCHMARKS.md "interference": on 2 cores it served more requests under load, but with '
         'the worst p99 (6.95x idle against 2.86x for "all")'
     ),
@@ -344,10 +344,12 @@ MEANINGS: dict[str, str] = {
         " holds the rest"
     ),
     "models.<name>.train.steps_per_batch": (
-        "gradient steps on each minibatch (each a version); see `extras_when`"
+        "gradient steps on each minibatch (each a version); the default depends on the loss"
+        " (measured: BENCHMARKS.md, learning quality); see `extras_when`"
     ),
     "models.<name>.train.replay_capacity": (
-        "samples kept for replay (0: off); memory is this many samples"
+        "samples kept for replay (0: off); memory is this many samples (the default depends"
+        " on the loss, measured: BENCHMARKS.md, learning quality)"
     ),
     "models.<name>.train.replay_mode": (
         "`window` (the most recent samples) or `reservoir` (a uniform sample of the whole stream)"
@@ -645,6 +647,11 @@ UNSET: dict[str, str] = {
         '`"standardize"` for `mse`, `mae`, `huber`, `log_cosh` (any spelling); else `"none"`'
     ),
     f"{MODEL}.topic": "`livefit/<name>/samples`",
+    f"{MODEL}.train.steps_per_batch": "4 for `mse`, `mae`, `huber`, `log_cosh`; else 2",
+    f"{MODEL}.train.replay_capacity": (
+        "2000 for `mse`, `mae`, `huber`, `log_cosh`, else 500; fewer where that many samples"
+        " would take more than 256 MiB"
+    ),
     f"{MODEL}.dead_letter_topic": "`livefit/<name>/rejected`",
     f"{MODEL}.serve.allowed_batch_sizes": "powers of two up to `max_batch_size`",
     f"{MODEL}.weights.topic": "`livefit/<name>/weights`",

@@ -88,14 +88,18 @@ class Knobs:
         from livefit.server.config.model import ModelSettings
 
         s = ModelSettings.model_validate(self.model_config(BINARY_TABLE))
-        replay = s.train.replay_capacity > 0 and s.train.replay_share > 0
+        # None: livefit's default capacity, which depends on the loss (2,000 for regression,
+        # else 500)
+        capacity = s.train.replay_capacity
+        replay = (capacity is None or capacity > 0) and s.train.replay_share > 0
         return {
             "builder": s.builder,
             **_builder_facts(s.builder, s.builder_options),
             "optimizer": s.optimizer,
             "learning_rate": s.learning_rate,
+            # None: livefit's default, which depends on the loss (4 for regression, else 2)
             "steps_per_batch": s.train.steps_per_batch,
-            "replay_capacity": s.train.replay_capacity if replay else 0,
+            "replay_capacity": capacity if replay else 0,
             "replay_mode": s.train.replay_mode if replay else None,
             "replay_share": s.train.replay_share if replay else 0.0,
             "scaling": s.scaling,
@@ -128,9 +132,11 @@ def describe(r: dict[str, Any]) -> str:
     parts = [
         model,
         f"{r['optimizer']} lr {r['learning_rate']:g}",
-        f"{r['steps_per_batch']} step{'s' if r['steps_per_batch'] > 1 else ''}",
+        _steps(r["steps_per_batch"]),
     ]
-    if r["replay_capacity"]:
+    if r["replay_capacity"] is None:  # livefit's default: by the loss's kind
+        parts.append(f"replay {r['replay_mode']} 500 (2000 for regression) x {r['replay_share']:g}")
+    elif r["replay_capacity"]:
         parts.append(f"replay {r['replay_mode']} {r['replay_capacity']} x {r['replay_share']:g}")
     else:
         parts.append("no replay")
@@ -188,6 +194,16 @@ RECOMMENDED = replace(
 )
 # The defaults before fast starts and drift recovery (issue #30): no start boost, and drift
 # only logged and counted.
-BEFORE_RECOVERY = Knobs(start_lr_factor=1.0, drift_reaction="none", weight_average=0.0)
+BEFORE_RECOVERY = Knobs(
+    start_lr_factor=1.0, drift_reaction="none", weight_average=0.0, steps_per_batch=2,
+    replay_capacity=500,
+)  # fmt: skip  # 2 steps and 500 replayed for every loss before regression's own defaults
 # Regression as before online target scaling: the network learns the raw targets.
 NO_TARGET_SCALING = Knobs(target_scaling="none")
+
+
+def _steps(steps: int | None) -> str:
+    """``2 steps``; livefit's default (None): by the loss's kind."""
+    if steps is None:
+        return "2 steps (4 for regression)"
+    return f"{steps} step{'s' if steps > 1 else ''}"

@@ -20,6 +20,7 @@ from livefit.models.names import BUILTIN_BUILDERS
 from livefit.models.outputs import (
     default_output_activation,
     default_target_scaling,
+    loss_kind,
     output_problem,
     target_scaling_problem,
 )
@@ -37,6 +38,17 @@ from .model_tables import (
 from .sections import Section
 from .topic_filters import checked_topic, filter_problem, shown_topic
 
+# Gradient steps per caught-up minibatch for regression losses when train.steps_per_batch is
+# unset (2 for the other losses): see TrainSettings.steps_per_batch.
+REGRESSION_STEPS_PER_BATCH = 4
+# Samples kept for replay for regression losses when train.replay_capacity is unset (500 for
+# the other losses): see TrainSettings.replay_capacity.
+REGRESSION_REPLAY_CAPACITY = 2000
+# An unset train.replay_capacity also keeps the buffer within this many bytes (float32 inputs,
+# targets and sample weights): a model with large inputs replays from fewer samples than its
+# loss's default (a 224x224x3 image is 602 kB a sample: 445 samples, not 2,000 or 500). A set
+# capacity is kept whatever its size.
+REPLAY_DEFAULT_BYTES = 256 * 2**20
 _BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -201,6 +213,21 @@ class ModelSettings(Section):
                 changes = candidate.model_dump(exclude={"name"}, exclude_none=True)
                 return self.model_copy(update=changes)
         raise KeyError(f"no candidate {name!r} in selection.candidates")
+
+    def resolved_steps_per_batch(self) -> int:
+        """``train.steps_per_batch``, else 4 for regression losses, else 2."""
+        if self.train.steps_per_batch is not None:
+            return self.train.steps_per_batch
+        return REGRESSION_STEPS_PER_BATCH if loss_kind(self.loss) == "regression" else 2
+
+    def resolved_replay_capacity(self) -> int:
+        """``train.replay_capacity``, else 2,000 for regression losses and 500 for the others,
+        at most as many samples as ``REPLAY_DEFAULT_BYTES`` hold (at least one)."""
+        if self.train.replay_capacity is not None:
+            return self.train.replay_capacity
+        capacity = REGRESSION_REPLAY_CAPACITY if loss_kind(self.loss) == "regression" else 500
+        values = math.prod(self.input_shape) + math.prod(self.resolved_target_shape()) + 1
+        return max(1, min(capacity, REPLAY_DEFAULT_BYTES // (4 * values)))
 
     def resolved_target_scaling(self) -> str:
         """``target_scaling``, else ``standardize`` for regression losses, else ``none``."""

@@ -108,7 +108,11 @@ class CandidateSet:
             own = settings.candidate_settings(entry.name)
             model = build_compiled(own, placement)
             step = TrainStep(
-                model, make_loss(own), own.input_shape, own.resolved_target_shape(), placement,
+                model,
+                make_loss(own),
+                own.input_shape,
+                own.resolved_target_shape(),
+                placement,
                 weight_average=own.train.weight_average,
             )
             policy = UpdatePolicy(own, step, None, seed=own.seed)

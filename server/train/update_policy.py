@@ -81,12 +81,13 @@ class UpdatePolicy:
     ) -> None:
         train = settings.train
         self.step = step
-        self.steps_per_batch = train.steps_per_batch
+        self.steps_per_batch = settings.resolved_steps_per_batch()
         self.replay_share = train.replay_share
         self.extras_always = train.extras_when == "always"
+        replay_capacity = settings.resolved_replay_capacity()
         self.replay = (
-            ReplayBuffer(train.replay_capacity, train.replay_mode, seed)
-            if train.replay_capacity > 0 and train.replay_share > 0
+            ReplayBuffer(replay_capacity, train.replay_mode, seed)
+            if replay_capacity > 0 and train.replay_share > 0
             else None
         )
         self.layer = standardize_layer(step.model)

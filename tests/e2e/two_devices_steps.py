@@ -4,7 +4,8 @@ the same step mirrored on two logical CPU devices, printed as one JSON document.
 A process of its own because the CPU can only be split before TensorFlow initialises its
 devices (``tests/e2e/test_devices.py`` runs it and checks the figures). For each model the
 same seed builds both copies; both learn the same batches (sizes not divisible by two among
-them) through the trainer's ``UpdatePolicy`` (two steps a batch, replay, scaling); a batch
+them) through the trainer's ``UpdatePolicy`` (the default steps a batch: four for the
+regression models, two for the classifier; replay, scaling); a batch
 with an infinite input must be rolled back on both; then each one's weights and optimizer
 state restore into a fresh model on the other placement and must predict what it predicts.
 """
@@ -61,6 +62,7 @@ def compare(name: str, options: dict, two: Placement) -> dict:
     two_step, two_policy = trainer_parts(settings, two)
     rng = np.random.default_rng(1)
     report: dict = {"losses": [], "predictions": [], "rows": []}
+    report["default_steps"] = settings.resolved_steps_per_batch()
     for n in BATCH_SIZES:
         x = rng.normal(size=(n, 4)).astype(np.float32)
         if options["loss"] == "binary_crossentropy":

@@ -3,6 +3,7 @@ user meets them in ``livefit serve``: ``tests/e2e/test_config_at_start.py``)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -444,3 +445,54 @@ def test_selection_settings_are_checked(tmp_path: Path, extra: str, expected: st
         load_settings(write(tmp_path, MINIMAL + SELECTION + extra), environ={})
     assert expected in str(caught.value)
     assert "models.demo.selection" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("loss", "steps", "replay"),
+    [("mse", 4, 2000), ("mae", 4, 2000), ("huber", 4, 2000), ("log_cosh", 4, 2000),
+     ("binary_crossentropy", 2, 500), ("sparse_categorical_crossentropy", 2, 500),
+     ("categorical_crossentropy", 2, 500), ("hinge", 2, 500)],
+)  # fmt: skip
+def test_update_defaults_by_the_loss_and_a_set_value_wins(
+    loss: str, steps: int, replay: int
+) -> None:
+    """Unset, ``train.steps_per_batch`` is 4 for regression losses and 2 for the others, and
+    ``train.replay_capacity`` 2,000 and 500 (the learning benchmark's findings); a value the
+    user sets is kept for every loss, 0 replay included."""
+    shapes = {"input_shape": [3], "output_shape": [2 if "categorical" in loss else 1]}
+    settings = ModelSettings(loss=loss, **shapes)
+    assert settings.train.steps_per_batch is None
+    assert settings.resolved_steps_per_batch() == steps
+    assert settings.train.replay_capacity is None
+    assert settings.resolved_replay_capacity() == replay
+    for chosen in (1, 2, 7):
+        fixed = ModelSettings(loss=loss, train={"steps_per_batch": chosen}, **shapes)
+        assert fixed.resolved_steps_per_batch() == chosen
+    for capacity in (0, 1, 500, 2000, 10**6):
+        fixed = ModelSettings(loss=loss, train={"replay_capacity": capacity}, **shapes)
+        assert fixed.resolved_replay_capacity() == capacity
+    with pytest.raises(ValueError, match="steps_per_batch"):
+        ModelSettings(loss=loss, train={"steps_per_batch": 0}, **shapes)
+    with pytest.raises(ValueError, match="replay_capacity"):
+        ModelSettings(loss=loss, train={"replay_capacity": -1}, **shapes)
+
+
+@pytest.mark.parametrize(
+    ("input_shape", "loss", "capacity"),
+    [([224, 224, 3], "mse", 445), ([224, 224, 3], "binary_crossentropy", 445),
+     ([64, 64, 3], "mse", 2000), ([64, 64, 3], "binary_crossentropy", 500),
+     ([2**20, 64], "mse", 1), ([10**6], "mse", 67)],
+)  # fmt: skip
+def test_the_default_replay_buffer_stays_within_256_mib(
+    input_shape: list[int], loss: str, capacity: int
+) -> None:
+    """Unset, the replay capacity shrinks for large inputs so that the buffer (float32 inputs,
+    targets and weights) holds at most 256 MiB, down to one sample; a set capacity is kept."""
+    settings = ModelSettings(loss=loss, input_shape=input_shape, output_shape=[1])
+    assert settings.resolved_replay_capacity() == capacity
+    sample_bytes = 4 * (math.prod(input_shape) + 2)
+    assert capacity == 1 or capacity * sample_bytes <= 256 * 2**20
+    chosen = ModelSettings(
+        loss=loss, input_shape=input_shape, output_shape=[1], train={"replay_capacity": 2000}
+    )
+    assert chosen.resolved_replay_capacity() == 2000

@@ -56,4 +56,4 @@ def test_bad_step_is_rolled_back(optimizer: str, learning_rate: float, x: np.nda
     assert all(np.isfinite(w).all() for w in t.model.get_weights())
     if optimizer == "adam":  # (sgd at lr 3e38 cannot take a sane step at all)
         t.train_batch(batch(np.random.default_rng(1).normal(size=(8, 4))))
-        assert t.version == version + t.settings.train.steps_per_batch  # training goes on
+        assert t.version == version + t.policy.steps_per_batch  # training goes on

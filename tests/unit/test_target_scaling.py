@@ -83,9 +83,11 @@ def test_far_from_zero_targets_are_learnt_at_the_users_configuration() -> None:
 
 
 def test_statistics_match_a_direct_computation_and_travel_in_the_weights() -> None:
-    """Only new samples count, once each, with replay and two steps per batch (the defaults)."""
+    """Only new samples count, once each, with replay and several steps per batch (the
+    defaults: four for this regression model)."""
     t = trainer()
-    assert t.settings.train.replay_capacity > 0 and t.settings.train.steps_per_batch == 2
+    assert t.policy.replay is not None and t.policy.replay.capacity == 2000
+    assert t.policy.steps_per_batch == 4
     rng = np.random.default_rng(1)
     seen = []
     for size in (1, 7, 64, 3, 200, 25, 25):
@@ -109,7 +111,7 @@ def test_statistics_match_a_direct_computation_and_travel_in_the_weights() -> No
 
 
 def test_serving_copies_predict_in_the_users_units() -> None:
-    t = trainer()
+    t = trainer(train={"weight_average": 0.0})  # the trained weights served: t.model predicts
     rng = np.random.default_rng(2)
     for _ in range(60):
         t.train_batch(batch(*stream(rng, 25)))

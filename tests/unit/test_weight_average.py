@@ -226,8 +226,10 @@ def test_a_checkpoint_with_an_unreadable_choice_restores_and_serves_the_trained_
     assert restored.samples_seen == t.samples_seen + 4
 
 
-@pytest.mark.parametrize("bad", [np.array(["1", "2"]), np.array([b"\xff\xfe", b"x"]),
-                                 np.array([None, 1.0], dtype=object)])
+@pytest.mark.parametrize(
+    "bad",
+    [np.array(["1", "2"]), np.array([b"\xff\xfe", b"x"]), np.array([None, 1.0], dtype=object)],
+)
 def test_a_window_from_anything_but_numbers_is_refused(bad: np.ndarray) -> None:
     with pytest.raises(ValueError, match="pairs"):
         WindowedMean.from_batches(10, bad)
