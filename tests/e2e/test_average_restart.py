@@ -19,6 +19,7 @@ weights are served is decided in the trainer, the same in both):
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from pathlib import Path
@@ -178,3 +179,38 @@ def test_a_killed_learner_serves_and_keeps_the_average_of_its_checkpoint(
     assert (replayed, final.samples_seen) == (LOGGED, TRAINED + LOGGED)
     assert steps > 0 and counted == steps_averaged(saved) + steps, (counted, steps)
     assert not np.allclose(local.averaged(final)[kernel], final.weights[kernel])
+
+
+def test_a_checkpoint_with_an_unreadable_choice_restarts_serving_the_trained_weights(
+    own_broker: Mosquitto, tmp_path: Path
+) -> None:
+    """The windowed losses that chose the served weights are read, not trusted
+    (docs/guarantees.md): a checkpoint that passes its checksum with a NaN count in them
+    (rewritten here through the real checkpoint writer, as a bug or a hand edit would) still
+    restores. ``livefit serve`` starts, says so in its log, serves the checkpoint's trained
+    weights rather than its average, and learns the samples that come next; before the check a
+    NaN count made the restore raise."""
+    storage = tmp_path / "data"
+    server = LivefitProcess(config(own_broker, storage, 1.0), tmp_path).start()
+    try:
+        publish(own_broker, 1000, "part-1", seed=3)
+        assert wait_trained(server, 1000) == 1000
+    finally:
+        assert server.stop() == 0  # a clean stop writes a final checkpoint
+    store = CheckpointStore(storage / "checkpoints" / "demo", "demo")
+    saved = store.load_latest()
+    assert saved is not None and "average_choice_averaged" in saved.extra
+    hostile = {**saved.extra, "average_choice_averaged": np.array([[1.0, np.nan]])}
+    store.write(dataclasses.replace(saved, extra=hostile))  # the same version, a valid checksum
+
+    server = LivefitProcess(config(own_broker, storage, 3600), tmp_path).start()
+    try:
+        assert metric(server, "livefit_model_samples", model="demo") == 1000
+        assert_serves(server, list(saved.weights))  # the trained weights, not the average
+        publish(own_broker, 200, "part-2", seed=4)
+        assert wait_trained(server, 1200) == 1200
+        version, _ = served_weights(server)
+    finally:
+        assert server.stop() == 0
+    assert version > saved.version
+    assert "choice between averaged and trained weights is unreadable" in server.tail(400)
