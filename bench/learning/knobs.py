@@ -135,7 +135,10 @@ def describe(r: dict[str, Any]) -> str:
         _steps(r["steps_per_batch"]),
     ]
     if r["replay_capacity"] is None:  # livefit's default: by the loss's kind
-        parts.append(f"replay {r['replay_mode']} 500 (2000 for regression) x {r['replay_share']:g}")
+        from livefit.server.config.model import REGRESSION_REPLAY_CAPACITY, REPLAY_CAPACITY
+
+        capacity = f"{REPLAY_CAPACITY} ({REGRESSION_REPLAY_CAPACITY} for regression)"
+        parts.append(f"replay {r['replay_mode']} {capacity} x {r['replay_share']:g}")
     elif r["replay_capacity"]:
         parts.append(f"replay {r['replay_mode']} {r['replay_capacity']} x {r['replay_share']:g}")
     else:
@@ -205,5 +208,7 @@ NO_TARGET_SCALING = Knobs(target_scaling="none")
 def _steps(steps: int | None) -> str:
     """``2 steps``; livefit's default (None): by the loss's kind."""
     if steps is None:
-        return "2 steps (4 for regression)"
+        from livefit.server.config.model import REGRESSION_STEPS_PER_BATCH, STEPS_PER_BATCH
+
+        return f"{STEPS_PER_BATCH} steps ({REGRESSION_STEPS_PER_BATCH} for regression)"
     return f"{steps} step{'s' if steps > 1 else ''}"

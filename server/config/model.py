@@ -38,12 +38,12 @@ from .model_tables import (
 from .sections import Section
 from .topic_filters import checked_topic, filter_problem, shown_topic
 
-# Gradient steps per caught-up minibatch for regression losses when train.steps_per_batch is
-# unset (2 for the other losses): see TrainSettings.steps_per_batch.
-REGRESSION_STEPS_PER_BATCH = 4
-# Samples kept for replay for regression losses when train.replay_capacity is unset (500 for
-# the other losses): see TrainSettings.replay_capacity.
-REGRESSION_REPLAY_CAPACITY = 2000
+# Gradient steps per caught-up minibatch when train.steps_per_batch is unset, for regression
+# losses and for the others: see TrainSettings.steps_per_batch.
+REGRESSION_STEPS_PER_BATCH, STEPS_PER_BATCH = 4, 2
+# Samples kept for replay when train.replay_capacity is unset, for regression losses and for
+# the others: see TrainSettings.replay_capacity.
+REGRESSION_REPLAY_CAPACITY, REPLAY_CAPACITY = 2000, 500
 # An unset train.replay_capacity also keeps the buffer within this many bytes (float32 inputs,
 # targets and sample weights): a model with large inputs replays from fewer samples than its
 # loss's default (a 224x224x3 image is 602 kB a sample: 445 samples, not 2,000 or 500). A set
@@ -218,14 +218,16 @@ class ModelSettings(Section):
         """``train.steps_per_batch``, else 4 for regression losses, else 2."""
         if self.train.steps_per_batch is not None:
             return self.train.steps_per_batch
-        return REGRESSION_STEPS_PER_BATCH if loss_kind(self.loss) == "regression" else 2
+        regression = loss_kind(self.loss) == "regression"
+        return REGRESSION_STEPS_PER_BATCH if regression else STEPS_PER_BATCH
 
     def resolved_replay_capacity(self) -> int:
         """``train.replay_capacity``, else 2,000 for regression losses and 500 for the others,
         at most as many samples as ``REPLAY_DEFAULT_BYTES`` hold (at least one)."""
         if self.train.replay_capacity is not None:
             return self.train.replay_capacity
-        capacity = REGRESSION_REPLAY_CAPACITY if loss_kind(self.loss) == "regression" else 500
+        regression = loss_kind(self.loss) == "regression"
+        capacity = REGRESSION_REPLAY_CAPACITY if regression else REPLAY_CAPACITY
         values = math.prod(self.input_shape) + math.prod(self.resolved_target_shape()) + 1
         return max(1, min(capacity, REPLAY_DEFAULT_BYTES // (4 * values)))
 
