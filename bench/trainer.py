@@ -15,6 +15,11 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   processes, TensorFlow's intra-op pool sized to them; its own raw step measured in the same
   process. What users get, where the livefit side above runs with TensorFlow's defaults on
   every core.
+* **step alone**: the trainer's compiled step (``TrainStep``) called back to back on batches
+  of the batch size with nothing between the calls, in this process and in the training
+  process: what the step's own promises cost (each sample scored before the update and its
+  scores read back, the rollback copy and checks, the averaged weights), without the
+  trainer's bookkeeping around it. No trainer built on the step can be faster.
 * **before #29**: the same ``Trainer`` measurement (1-sample chunks) and raw step on the code as
   it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's
   history into the work directory), in a process of its own each round: its ratio to its own
@@ -70,6 +75,11 @@ SIDES = {
     "`livefit serve`'s training process is by default here (`processes.training_cores = "
     '"auto"` beside the default serving processes; intra-op threads = its cores), beside '
     "a raw step in that process",
+    "step alone": "the trainer's compiled step (`TrainStep`, default settings) called back to "
+    "back on batches of the batch size, nothing between calls: the step's own promises (scores "
+    "read before the update, rollback copy and checks, averaged weights) without the trainer's "
+    "bookkeeping; the ceiling of a trainer built on it. Measured in the benchmark's process and "
+    "in the training process",
     "before #29": f"the livefit and raw-step measurements on the code before issue #29 (commit "
     f"{BEFORE_29}), in a process of their own each round, chunks of {BEFORE_CHUNK}",
 }
@@ -100,7 +110,9 @@ def run(ctx: Context) -> BenchResult:
             f"The before-#29 side was skipped: commit {BEFORE_29} is not in this clone's history."
         )
     before: dict[int, list[tuple[float, float]]] = {bs: [] for bs in sizes}  # (livefit, raw)
-    process: dict[int, list[tuple[float, float]]] = {bs: [] for bs in sizes}  # (livefit, raw)
+    # (livefit, raw, step alone)
+    process: dict[int, list[tuple[float, float, float | None]]] = {bs: [] for bs in sizes}
+    alone: dict[int, list[float]] = {bs: [] for bs in sizes}
     cpus = _training_process_cpus()
     result.settings["training process CPUs"] = (
         "every CPU (nothing to leave out): TensorFlow's defaults" if cpus is None
@@ -111,7 +123,7 @@ def run(ctx: Context) -> BenchResult:
         per_message.append(_per_message(spec, x_all, y_all, seconds))
         if before_tree is not None:
             for bs, pair in _process_rates(before_tree, sizes, seconds, None, BEFORE_CHUNK).items():
-                before[bs].append(pair)
+                before[bs].append(pair[:2])
                 ctx.step(
                     f"  batch {bs:>4} before #29: livefit {pair[0]:>9,.0f}/s  "
                     f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
@@ -120,7 +132,8 @@ def run(ctx: Context) -> BenchResult:
             process[bs].append(pair)
             ctx.step(
                 f"  batch {bs:>4} training process: livefit {pair[0]:>9,.0f}/s  "
-                f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
+                f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)  "
+                f"step alone {pair[2] or 0:>9,.0f}/s"
             )
         for bs in _rotate(sizes, r):
             raw = _raw_step(tf, spec, x_all, y_all, bs, seconds)
@@ -128,6 +141,7 @@ def run(ctx: Context) -> BenchResult:
             n = _count_for(raw, bs, seconds, len(x_all))
             plain, _ = trainer_rate(spec, x_all[:n], y_all[:n], bs, 1, train=NO_AVERAGING)
             no_averaging[bs].append(plain)
+            alone[bs].append(step_rate(spec, x_all, y_all, bs, seconds))
             for chunk in _rotate(list(CHUNKS), r):
                 rate, checks = trainer_rate(spec, x_all[:n], y_all[:n], bs, chunk)
                 livefit_rates[(bs, chunk)].append(rate)
@@ -156,6 +170,7 @@ def run(ctx: Context) -> BenchResult:
                     pairs,
                     plain,
                     own,
+                    alone[bs] if chunk == 1 else [],
                 )
             )
     return result
@@ -201,20 +216,26 @@ if cpus is not None:
     tf.config.threading.set_intra_op_parallelism_threads(len(cpus))
 from bench.models import MLP
 from bench.trainer import _count_for, _raw_step, trainer_rate, training_data
+try:
+    from bench.trainer import step_rate
+except ImportError:  # code from before the step-alone side
+    step_rate = None
 x, y = training_data(MLP, n=200_000)
 out = {}
 for bs in sizes:
     raw = _raw_step(tf, MLP, x, y, bs, seconds)
     n = _count_for(raw, bs, seconds, len(x))
-    out[bs] = (trainer_rate(MLP, x[:n], y[:n], bs, chunk)[0], raw)
+    alone = step_rate(MLP, x, y, bs, seconds) if step_rate is not None else None
+    out[bs] = (trainer_rate(MLP, x[:n], y[:n], bs, chunk)[0], raw, alone)
 print(json.dumps(out))
 """
 
 
 def _process_rates(
     tree: Path, sizes: list[int], seconds: float, cpus: list[int] | None, chunk: int = 1
-) -> dict[int, tuple[float, float]]:
-    """{batch size: (trainer samples/s, raw step samples/s)} of the code in ``tree``, measured
+) -> dict[int, tuple[float, float, float | None]]:
+    """{batch size: (trainer samples/s, raw step samples/s, step alone samples/s or None where
+    the code has no ``step_rate``)} of the code in ``tree``, measured
     in a fresh process the way this benchmark measures in its own: pinned to ``cpus`` with
     its intra-op pool sized to them (the training process), or with TensorFlow's defaults on
     every CPU (None: the before-#29 side, whose tree has the same helpers)."""
@@ -224,7 +245,10 @@ def _process_rates(
         cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=True,
     )  # fmt: skip
     line = done.stdout.strip().splitlines()[-1]
-    return {int(bs): (float(a), float(b)) for bs, (a, b) in json.loads(line).items()}
+    return {
+        int(bs): (float(a), float(b), None if c is None else float(c))
+        for bs, (a, b, c) in json.loads(line).items()
+    }
 
 
 def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
@@ -248,7 +272,8 @@ def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
 def _row(
     bs: int, chunk: int, livefit: list[float], raw: list[float], per_message: list[float],
     before: list[tuple[float, float]], no_averaging: list[float],
-    process: list[tuple[float, float]] | None = None,
+    process: list[tuple[float, float, float | None]] | None = None,
+    alone: list[float] | None = None,
 ) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
@@ -259,6 +284,9 @@ def _row(
     if no_averaging:
         row.figures["no averaging samples/s"] = Spread.of(no_averaging, "samples/s")
         row.ratios["no averaging ÷ raw step"] = paired_ratios(no_averaging, raw)
+    if alone:
+        row.figures["step alone samples/s"] = Spread.of(alone, "samples/s")
+        row.ratios["step alone ÷ raw step"] = paired_ratios(alone, raw)
     if process:
         row.figures["training process samples/s"] = Spread.of([p[0] for p in process], "samples/s")
         row.figures["its raw step samples/s"] = Spread.of([p[1] for p in process], "samples/s")
@@ -266,6 +294,12 @@ def _row(
             [p[0] for p in process], [p[1] for p in process]
         )
         row.ratios["training process ÷ raw step"] = paired_ratios([p[0] for p in process], raw)
+        steps = [p[2] for p in process if p[2] is not None]
+        if len(steps) == len(process):
+            row.figures["its step alone samples/s"] = Spread.of(steps, "samples/s")
+            row.ratios["its step alone ÷ its raw step"] = paired_ratios(
+                steps, [p[1] for p in process]
+            )
     if before:
         row.figures["before #29 samples/s"] = Spread.of([b[0] for b in before], "samples/s")
         row.ratios["before #29 ÷ its raw step"] = paired_ratios(
@@ -346,13 +380,10 @@ def _per_message(spec: ModelSpec, x: np.ndarray, y: np.ndarray, seconds: float) 
     return done / (time.perf_counter() - started)
 
 
-def trainer_rate(
-    spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, chunk: int, device: Any = None,
-    train: dict[str, Any] | None = None,
-) -> tuple[float, dict[str, int]]:  # fmt: skip
-    """Samples/s of a real ``Trainer`` (on ``device``: a name or a ``Placement``; default
-    ``auto``) through every sample of ``x``, queued in chunks of ``chunk``; ``train``: more
-    ``[train]`` settings than the batch size and queue."""
+def _trainer(spec: ModelSpec, bs: int, capacity: int, device: Any = None,
+             train: dict[str, Any] | None = None) -> tuple[Any, Any]:  # fmt: skip
+    """A warmed-up ``Trainer`` of ``spec`` at batch size ``bs`` (default settings beyond the
+    batch size and queue), and its queue."""
     from prometheus_client import CollectorRegistry
 
     from livefit.server.base.metrics import Metrics
@@ -360,10 +391,8 @@ def trainer_rate(
     from livefit.server.ingest.sample_queue import SampleQueue
     from livefit.server.train.modeling import resolve_device
     from livefit.server.train.trainer import Trainer
-    from livefit.server.wire.samples import SampleChunk
     from livefit.server.wire.snapshot import SnapshotSlot
 
-    n = len(x)
     settings = ModelSettings.model_validate(
         {
             "builder": spec.builder,
@@ -375,7 +404,7 @@ def trainer_rate(
             "learning_rate": spec.learning_rate,
             "seed": spec.seed,
             "scaling": spec.scaling,
-            "train": {"max_batch_size": bs, "queue_capacity": n + 1, **(train or {})},
+            "train": {"max_batch_size": bs, "queue_capacity": capacity, **(train or {})},
         }
     )
     metrics = Metrics(CollectorRegistry())
@@ -384,6 +413,20 @@ def trainer_rate(
     device = resolve_device("auto") if device is None else device
     trainer = Trainer("bench", settings, queue, SnapshotSlot(), metrics, device)
     trainer.warm_up()
+    return trainer, queue
+
+
+def trainer_rate(
+    spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, chunk: int, device: Any = None,
+    train: dict[str, Any] | None = None,
+) -> tuple[float, dict[str, int]]:  # fmt: skip
+    """Samples/s of a real ``Trainer`` (on ``device``: a name or a ``Placement``; default
+    ``auto``) through every sample of ``x``, queued in chunks of ``chunk``; ``train``: more
+    ``[train]`` settings than the batch size and queue."""
+    from livefit.server.wire.samples import SampleChunk
+
+    n = len(x)
+    trainer, queue = _trainer(spec, bs, n + 1, device, train)
     ones = np.ones(bs, dtype=np.float32)
     for _ in range(2):  # the first calls of a traced function are not what a stream pays
         trainer.step(x[:bs], y[:bs], ones)
@@ -397,6 +440,26 @@ def trainer_rate(
     trainer.stop(timeout=600)
     elapsed = time.perf_counter() - started
     return n / elapsed, {"samples_seen": trainer.samples_seen}
+
+
+def step_rate(spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, seconds: float) -> float:
+    """Samples/s of the trainer's compiled step alone (``TrainStep``, default settings), called
+    back to back on batches of ``bs`` with nothing between the calls: what the step itself
+    costs (scores before the update, rollback copy and checks, averaged weights) before the
+    trainer's bookkeeping (scaling statistics, drift, replay, prequential windows, metrics).
+    The ceiling of any trainer built on this step."""
+    trainer, _ = _trainer(spec, bs, 2)
+    step = trainer.step
+    ones = np.ones(bs, dtype=np.float32)
+    batches = [(x[i * bs : (i + 1) * bs], y[i * bs : (i + 1) * bs]) for i in range(len(x) // bs)]
+    for xb, yb in batches[:3]:
+        step(xb, yb, ones)
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for xb, yb in batches[:64]:
+            step(xb, yb, ones)
+            done += bs
+    return done / (time.perf_counter() - started)
 
 
 BENCHMARK = Benchmark(
