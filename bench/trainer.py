@@ -5,7 +5,9 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
 * **livefit**: a real ``Trainer`` with its ``SampleQueue``, pre-filled in memory with chunks of
   1 sample (what single-sample messages give it) or 100 samples (batched messages); timed from
   ``start()`` until ``stop()`` returned, i.e. every queued sample trained (prequential scoring,
-  metrics and weight snapshots included).
+  metrics and weight snapshots included). In this process (2 or more CPUs, no serving) the
+  default ``train.pipeline = "auto"`` pipelines its steps; **no pipeline** is the same with
+  ``"off"``, one batch after the other.
 * **raw step**: a ``tf.function`` of forward pass, gradient and ``optimizer.apply`` written here,
   fed pre-built tensors of exactly the batch size: what TensorFlow itself allows.
 * **per-message**: the classic Keras-over-MQTT loop, ``model.train_on_batch`` on each sample.
@@ -16,10 +18,12 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   process. What users get, where the livefit side above runs with TensorFlow's defaults on
   every core.
 * **step alone**: the trainer's compiled step (``TrainStep``) called back to back on batches
-  of the batch size with nothing between the calls, in this process and in the training
-  process: what the step's own promises cost (each sample scored before the update and its
-  scores read back, the rollback copy and checks, the averaged weights), without the
-  trainer's bookkeeping around it. No trainer built on the step can be faster.
+  of the batch size with nothing between the calls, each call waiting for its scores, in this
+  process and in the training process: what the step's own promises cost (each sample scored
+  before the update and its scores read back, the rollback copy and checks, the averaged
+  weights), without the trainer's bookkeeping around it. No trainer that runs one batch after
+  the other can be faster; the pipelined one can, as it never waits for a step with nothing
+  queued behind it.
 * **before #29**: the same ``Trainer`` measurement (1-sample chunks) and raw step on the code as
   it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's
   history into the work directory), in a process of its own each round: its ratio to its own
@@ -59,16 +63,20 @@ from bench.procs import QUIET_ENV
 
 BEFORE_29 = "409e868"  # main before issue #29's first merge (the trainer as it was)
 NO_AVERAGING = {"weight_average": 0.0}  # the livefit side without issue #30's averaging
+NO_PIPELINE = {"pipeline": "off"}  # the livefit side one batch after the other
 BEFORE_CHUNK = 1  # the before side is measured with single-sample chunks only
 
 CHUNKS = (1, 100)
 SIDES = {
     "livefit": "`Trainer` + `SampleQueue` (default settings: prequential scoring, metrics, "
-    "a snapshot every 0.15 s: `weights.serve_interval_s`), `train.max_batch_size` = the batch "
-    "size, `max_wait_ms` = 0",
+    'a snapshot every 0.15 s: `weights.serve_interval_s`; `train.pipeline = "auto"`, on in '
+    "this process), `train.max_batch_size` = the batch size, `max_wait_ms` = 0",
     "raw step": "`tf.function` (fixed input signature) of forward, `GradientTape` and "
     "`optimizer.apply` on pre-built tensors of the batch size: the hardware limit",
     "per-message": "`model.train_on_batch(x[i:i+1], y[i:i+1])` per sample (compiled Keras model)",
+    "livefit, no pipeline": 'the livefit side with `train.pipeline = "off"`: one batch '
+    'after the other, as before the pipelined trainer (in this process `"auto"` turns it '
+    "on: 2 CPUs, no serving), chunks of 1",
     "livefit, no averaging": "the livefit side with `train.weight_average = 0` (issue #30's "
     "weight averaging off: no averaged weights kept or scored), chunks of 1",
     "training process": "the livefit side (chunks of 1) in its own process pinned and sized as "
@@ -76,10 +84,11 @@ SIDES = {
     '"auto"` beside the default serving processes; intra-op threads = its cores), beside '
     "a raw step in that process",
     "step alone": "the trainer's compiled step (`TrainStep`, default settings) called back to "
-    "back on batches of the batch size, nothing between calls: the step's own promises (scores "
-    "read before the update, rollback copy and checks, averaged weights) without the trainer's "
-    "bookkeeping; the ceiling of a trainer built on it. Measured in the benchmark's process and "
-    "in the training process",
+    "back on batches of the batch size, nothing between calls, each waiting for its scores: the "
+    "step's own promises (scores read before the update, rollback copy and checks, averaged "
+    "weights) without the trainer's bookkeeping; the ceiling of a trainer that runs one batch "
+    "after the other (the pipelined one is not one). Measured in the benchmark's process and in "
+    "the training process",
     "before #29": f"the livefit and raw-step measurements on the code before issue #29 (commit "
     f"{BEFORE_29}), in a process of their own each round, chunks of {BEFORE_CHUNK}",
 }
@@ -104,6 +113,7 @@ def run(ctx: Context) -> BenchResult:
     }
     per_message: list[float] = []
     no_averaging: dict[int, list[float]] = {bs: [] for bs in sizes}
+    no_pipeline: dict[int, list[float]] = {bs: [] for bs in sizes}
     before_tree = _before_tree(ctx.workdir / "before-29")
     if before_tree is None:
         result.notes.append(
@@ -141,6 +151,8 @@ def run(ctx: Context) -> BenchResult:
             n = _count_for(raw, bs, seconds, len(x_all))
             plain, _ = trainer_rate(spec, x_all[:n], y_all[:n], bs, 1, train=NO_AVERAGING)
             no_averaging[bs].append(plain)
+            one_by_one, _ = trainer_rate(spec, x_all[:n], y_all[:n], bs, 1, train=NO_PIPELINE)
+            no_pipeline[bs].append(one_by_one)
             alone[bs].append(step_rate(spec, x_all, y_all, bs, seconds))
             for chunk in _rotate(list(CHUNKS), r):
                 rate, checks = trainer_rate(spec, x_all[:n], y_all[:n], bs, chunk)
@@ -171,6 +183,7 @@ def run(ctx: Context) -> BenchResult:
                     plain,
                     own,
                     alone[bs] if chunk == 1 else [],
+                    no_pipeline[bs] if chunk == 1 else [],
                 )
             )
     return result
@@ -274,6 +287,7 @@ def _row(
     before: list[tuple[float, float]], no_averaging: list[float],
     process: list[tuple[float, float, float | None]] | None = None,
     alone: list[float] | None = None,
+    no_pipeline: list[float] | None = None,
 ) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
@@ -284,6 +298,10 @@ def _row(
     if no_averaging:
         row.figures["no averaging samples/s"] = Spread.of(no_averaging, "samples/s")
         row.ratios["no averaging ÷ raw step"] = paired_ratios(no_averaging, raw)
+    if no_pipeline:
+        row.figures["no pipeline samples/s"] = Spread.of(no_pipeline, "samples/s")
+        row.ratios["no pipeline ÷ raw step"] = paired_ratios(no_pipeline, raw)
+        row.ratios["livefit ÷ no pipeline"] = paired_ratios(livefit, no_pipeline)
     if alone:
         row.figures["step alone samples/s"] = Spread.of(alone, "samples/s")
         row.ratios["step alone ÷ raw step"] = paired_ratios(alone, raw)
@@ -444,20 +462,26 @@ def trainer_rate(
 
 def step_rate(spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, seconds: float) -> float:
     """Samples/s of the trainer's compiled step alone (``TrainStep``, default settings), called
-    back to back on batches of ``bs`` with nothing between the calls: what the step itself
-    costs (scores before the update, rollback copy and checks, averaged weights) before the
-    trainer's bookkeeping (scaling statistics, drift, replay, prequential windows, metrics).
-    The ceiling of any trainer built on this step."""
+    back to back on batches of ``bs`` with nothing between the calls, each waiting for its
+    scores: what the step itself costs (scores before the update, rollback copy and checks,
+    averaged weights) before the trainer's bookkeeping (scaling statistics, drift, replay,
+    prequential windows, metrics). The ceiling of a trainer that runs one batch after the
+    other."""
     trainer, _ = _trainer(spec, bs, 2)
-    step = trainer.step
+    step, policy = trainer.step, trainer.policy
     ones = np.ones(bs, dtype=np.float32)
     batches = [(x[i * bs : (i + 1) * bs], y[i * bs : (i + 1) * bs]) for i in range(len(x) // bs)]
+    # numpy statistics, as the trainer passes them (without, the step reads its variables)
+    stats = [
+        None if layer is None else (np.asarray(layer.mean), np.asarray(layer.std))
+        for layer in (policy.layer, policy.target_layer)
+    ]
     for xb, yb in batches[:3]:
-        step(xb, yb, ones)
+        step(xb, yb, ones, *stats)
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         for xb, yb in batches[:64]:
-            step(xb, yb, ones)
+            step(xb, yb, ones, *stats)
             done += bs
     return done / (time.perf_counter() - started)
 

@@ -133,6 +133,7 @@ def test_speed_rows_measure_before_and_after_side_by_side(
     for row in single:
         assert row["ratios"]["step alone ÷ raw step"]["median"] > 0, row["case"]
         assert row["ratios"]["its step alone ÷ its raw step"]["median"] > 0, row["case"]
+        assert row["ratios"]["livefit ÷ no pipeline"]["median"] > 0, row["case"]
     if any("before-#29 side was skipped" in note for note in trainer["notes"]):
         assert all("before #29 ÷ its raw step" not in row["ratios"] for row in single)
     else:
