@@ -5,7 +5,9 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
 * **livefit**: a real ``Trainer`` with its ``SampleQueue``, pre-filled in memory with chunks of
   1 sample (what single-sample messages give it) or 100 samples (batched messages); timed from
   ``start()`` until ``stop()`` returned, i.e. every queued sample trained (prequential scoring,
-  metrics and weight snapshots included).
+  metrics and weight snapshots included). In this process (2 or more CPUs, no serving) the
+  default ``train.pipeline = "auto"`` pipelines its steps; **no pipeline** is the same with
+  ``"off"``, one batch after the other.
 * **raw step**: a ``tf.function`` of forward pass, gradient and ``optimizer.apply`` written here,
   fed pre-built tensors of exactly the batch size: what TensorFlow itself allows.
 * **per-message**: the classic Keras-over-MQTT loop, ``model.train_on_batch`` on each sample.
@@ -15,6 +17,13 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   processes, TensorFlow's intra-op pool sized to them; its own raw step measured in the same
   process. What users get, where the livefit side above runs with TensorFlow's defaults on
   every core.
+* **step alone**: the trainer's compiled step (``TrainStep``) called back to back on batches
+  of the batch size with nothing between the calls, each call waiting for its scores, in this
+  process and in the training process: what the step's own promises cost (each sample scored
+  before the update and its scores read back, the rollback copy and checks, the averaged
+  weights), without the trainer's bookkeeping around it. No trainer that runs one batch after
+  the other can be faster; the pipelined one can, as it never waits for a step with nothing
+  queued behind it.
 * **before #29**: the same ``Trainer`` measurement (1-sample chunks) and raw step on the code as
   it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's
   history into the work directory), in a process of its own each round: its ratio to its own
@@ -54,22 +63,32 @@ from bench.procs import QUIET_ENV
 
 BEFORE_29 = "409e868"  # main before issue #29's first merge (the trainer as it was)
 NO_AVERAGING = {"weight_average": 0.0}  # the livefit side without issue #30's averaging
+NO_PIPELINE = {"pipeline": "off"}  # the livefit side one batch after the other
 BEFORE_CHUNK = 1  # the before side is measured with single-sample chunks only
 
 CHUNKS = (1, 100)
 SIDES = {
     "livefit": "`Trainer` + `SampleQueue` (default settings: prequential scoring, metrics, "
-    "a snapshot every 0.15 s: `weights.serve_interval_s`), `train.max_batch_size` = the batch "
-    "size, `max_wait_ms` = 0",
+    'a snapshot every 0.15 s: `weights.serve_interval_s`; `train.pipeline = "auto"`, on in '
+    "this process), `train.max_batch_size` = the batch size, `max_wait_ms` = 0",
     "raw step": "`tf.function` (fixed input signature) of forward, `GradientTape` and "
     "`optimizer.apply` on pre-built tensors of the batch size: the hardware limit",
     "per-message": "`model.train_on_batch(x[i:i+1], y[i:i+1])` per sample (compiled Keras model)",
+    "livefit, no pipeline": 'the livefit side with `train.pipeline = "off"`: one batch '
+    'after the other, as before the pipelined trainer (in this process `"auto"` turns it '
+    "on: 2 CPUs, no serving), chunks of 1",
     "livefit, no averaging": "the livefit side with `train.weight_average = 0` (issue #30's "
     "weight averaging off: no averaged weights kept or scored), chunks of 1",
     "training process": "the livefit side (chunks of 1) in its own process pinned and sized as "
     "`livefit serve`'s training process is by default here (`processes.training_cores = "
     '"auto"` beside the default serving processes; intra-op threads = its cores), beside '
     "a raw step in that process",
+    "step alone": "the trainer's compiled step (`TrainStep`, default settings) called back to "
+    "back on batches of the batch size, nothing between calls, each waiting for its scores: the "
+    "step's own promises (scores read before the update, rollback copy and checks, averaged "
+    "weights) without the trainer's bookkeeping; the ceiling of a trainer that runs one batch "
+    "after the other (the pipelined one is not one). Measured in the benchmark's process and in "
+    "the training process",
     "before #29": f"the livefit and raw-step measurements on the code before issue #29 (commit "
     f"{BEFORE_29}), in a process of their own each round, chunks of {BEFORE_CHUNK}",
 }
@@ -94,13 +113,16 @@ def run(ctx: Context) -> BenchResult:
     }
     per_message: list[float] = []
     no_averaging: dict[int, list[float]] = {bs: [] for bs in sizes}
+    no_pipeline: dict[int, list[float]] = {bs: [] for bs in sizes}
     before_tree = _before_tree(ctx.workdir / "before-29")
     if before_tree is None:
         result.notes.append(
             f"The before-#29 side was skipped: commit {BEFORE_29} is not in this clone's history."
         )
     before: dict[int, list[tuple[float, float]]] = {bs: [] for bs in sizes}  # (livefit, raw)
-    process: dict[int, list[tuple[float, float]]] = {bs: [] for bs in sizes}  # (livefit, raw)
+    # (livefit, raw, step alone)
+    process: dict[int, list[tuple[float, float, float | None]]] = {bs: [] for bs in sizes}
+    alone: dict[int, list[float]] = {bs: [] for bs in sizes}
     cpus = _training_process_cpus()
     result.settings["training process CPUs"] = (
         "every CPU (nothing to leave out): TensorFlow's defaults" if cpus is None
@@ -111,7 +133,7 @@ def run(ctx: Context) -> BenchResult:
         per_message.append(_per_message(spec, x_all, y_all, seconds))
         if before_tree is not None:
             for bs, pair in _process_rates(before_tree, sizes, seconds, None, BEFORE_CHUNK).items():
-                before[bs].append(pair)
+                before[bs].append(pair[:2])
                 ctx.step(
                     f"  batch {bs:>4} before #29: livefit {pair[0]:>9,.0f}/s  "
                     f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
@@ -120,7 +142,8 @@ def run(ctx: Context) -> BenchResult:
             process[bs].append(pair)
             ctx.step(
                 f"  batch {bs:>4} training process: livefit {pair[0]:>9,.0f}/s  "
-                f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
+                f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)  "
+                f"step alone {pair[2] or 0:>9,.0f}/s"
             )
         for bs in _rotate(sizes, r):
             raw = _raw_step(tf, spec, x_all, y_all, bs, seconds)
@@ -128,6 +151,9 @@ def run(ctx: Context) -> BenchResult:
             n = _count_for(raw, bs, seconds, len(x_all))
             plain, _ = trainer_rate(spec, x_all[:n], y_all[:n], bs, 1, train=NO_AVERAGING)
             no_averaging[bs].append(plain)
+            one_by_one, _ = trainer_rate(spec, x_all[:n], y_all[:n], bs, 1, train=NO_PIPELINE)
+            no_pipeline[bs].append(one_by_one)
+            alone[bs].append(step_rate(spec, x_all, y_all, bs, seconds))
             for chunk in _rotate(list(CHUNKS), r):
                 rate, checks = trainer_rate(spec, x_all[:n], y_all[:n], bs, chunk)
                 livefit_rates[(bs, chunk)].append(rate)
@@ -156,6 +182,8 @@ def run(ctx: Context) -> BenchResult:
                     pairs,
                     plain,
                     own,
+                    alone[bs] if chunk == 1 else [],
+                    no_pipeline[bs] if chunk == 1 else [],
                 )
             )
     return result
@@ -201,20 +229,26 @@ if cpus is not None:
     tf.config.threading.set_intra_op_parallelism_threads(len(cpus))
 from bench.models import MLP
 from bench.trainer import _count_for, _raw_step, trainer_rate, training_data
+try:
+    from bench.trainer import step_rate
+except ImportError:  # code from before the step-alone side
+    step_rate = None
 x, y = training_data(MLP, n=200_000)
 out = {}
 for bs in sizes:
     raw = _raw_step(tf, MLP, x, y, bs, seconds)
     n = _count_for(raw, bs, seconds, len(x))
-    out[bs] = (trainer_rate(MLP, x[:n], y[:n], bs, chunk)[0], raw)
+    alone = step_rate(MLP, x, y, bs, seconds) if step_rate is not None else None
+    out[bs] = (trainer_rate(MLP, x[:n], y[:n], bs, chunk)[0], raw, alone)
 print(json.dumps(out))
 """
 
 
 def _process_rates(
     tree: Path, sizes: list[int], seconds: float, cpus: list[int] | None, chunk: int = 1
-) -> dict[int, tuple[float, float]]:
-    """{batch size: (trainer samples/s, raw step samples/s)} of the code in ``tree``, measured
+) -> dict[int, tuple[float, float, float | None]]:
+    """{batch size: (trainer samples/s, raw step samples/s, step alone samples/s or None where
+    the code has no ``step_rate``)} of the code in ``tree``, measured
     in a fresh process the way this benchmark measures in its own: pinned to ``cpus`` with
     its intra-op pool sized to them (the training process), or with TensorFlow's defaults on
     every CPU (None: the before-#29 side, whose tree has the same helpers)."""
@@ -224,7 +258,10 @@ def _process_rates(
         cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=True,
     )  # fmt: skip
     line = done.stdout.strip().splitlines()[-1]
-    return {int(bs): (float(a), float(b)) for bs, (a, b) in json.loads(line).items()}
+    return {
+        int(bs): (float(a), float(b), None if c is None else float(c))
+        for bs, (a, b, c) in json.loads(line).items()
+    }
 
 
 def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
@@ -248,7 +285,9 @@ def _result(spec: ModelSpec, rounds: int, seconds: float) -> BenchResult:
 def _row(
     bs: int, chunk: int, livefit: list[float], raw: list[float], per_message: list[float],
     before: list[tuple[float, float]], no_averaging: list[float],
-    process: list[tuple[float, float]] | None = None,
+    process: list[tuple[float, float, float | None]] | None = None,
+    alone: list[float] | None = None,
+    no_pipeline: list[float] | None = None,
 ) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
@@ -259,6 +298,13 @@ def _row(
     if no_averaging:
         row.figures["no averaging samples/s"] = Spread.of(no_averaging, "samples/s")
         row.ratios["no averaging ÷ raw step"] = paired_ratios(no_averaging, raw)
+    if no_pipeline:
+        row.figures["no pipeline samples/s"] = Spread.of(no_pipeline, "samples/s")
+        row.ratios["no pipeline ÷ raw step"] = paired_ratios(no_pipeline, raw)
+        row.ratios["livefit ÷ no pipeline"] = paired_ratios(livefit, no_pipeline)
+    if alone:
+        row.figures["step alone samples/s"] = Spread.of(alone, "samples/s")
+        row.ratios["step alone ÷ raw step"] = paired_ratios(alone, raw)
     if process:
         row.figures["training process samples/s"] = Spread.of([p[0] for p in process], "samples/s")
         row.figures["its raw step samples/s"] = Spread.of([p[1] for p in process], "samples/s")
@@ -266,6 +312,12 @@ def _row(
             [p[0] for p in process], [p[1] for p in process]
         )
         row.ratios["training process ÷ raw step"] = paired_ratios([p[0] for p in process], raw)
+        steps = [p[2] for p in process if p[2] is not None]
+        if len(steps) == len(process):
+            row.figures["its step alone samples/s"] = Spread.of(steps, "samples/s")
+            row.ratios["its step alone ÷ its raw step"] = paired_ratios(
+                steps, [p[1] for p in process]
+            )
     if before:
         row.figures["before #29 samples/s"] = Spread.of([b[0] for b in before], "samples/s")
         row.ratios["before #29 ÷ its raw step"] = paired_ratios(
@@ -346,13 +398,10 @@ def _per_message(spec: ModelSpec, x: np.ndarray, y: np.ndarray, seconds: float) 
     return done / (time.perf_counter() - started)
 
 
-def trainer_rate(
-    spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, chunk: int, device: Any = None,
-    train: dict[str, Any] | None = None,
-) -> tuple[float, dict[str, int]]:  # fmt: skip
-    """Samples/s of a real ``Trainer`` (on ``device``: a name or a ``Placement``; default
-    ``auto``) through every sample of ``x``, queued in chunks of ``chunk``; ``train``: more
-    ``[train]`` settings than the batch size and queue."""
+def _trainer(spec: ModelSpec, bs: int, capacity: int, device: Any = None,
+             train: dict[str, Any] | None = None) -> tuple[Any, Any]:  # fmt: skip
+    """A warmed-up ``Trainer`` of ``spec`` at batch size ``bs`` (default settings beyond the
+    batch size and queue), and its queue."""
     from prometheus_client import CollectorRegistry
 
     from livefit.server.base.metrics import Metrics
@@ -360,10 +409,8 @@ def trainer_rate(
     from livefit.server.ingest.sample_queue import SampleQueue
     from livefit.server.train.modeling import resolve_device
     from livefit.server.train.trainer import Trainer
-    from livefit.server.wire.samples import SampleChunk
     from livefit.server.wire.snapshot import SnapshotSlot
 
-    n = len(x)
     settings = ModelSettings.model_validate(
         {
             "builder": spec.builder,
@@ -375,7 +422,7 @@ def trainer_rate(
             "learning_rate": spec.learning_rate,
             "seed": spec.seed,
             "scaling": spec.scaling,
-            "train": {"max_batch_size": bs, "queue_capacity": n + 1, **(train or {})},
+            "train": {"max_batch_size": bs, "queue_capacity": capacity, **(train or {})},
         }
     )
     metrics = Metrics(CollectorRegistry())
@@ -384,6 +431,20 @@ def trainer_rate(
     device = resolve_device("auto") if device is None else device
     trainer = Trainer("bench", settings, queue, SnapshotSlot(), metrics, device)
     trainer.warm_up()
+    return trainer, queue
+
+
+def trainer_rate(
+    spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, chunk: int, device: Any = None,
+    train: dict[str, Any] | None = None,
+) -> tuple[float, dict[str, int]]:  # fmt: skip
+    """Samples/s of a real ``Trainer`` (on ``device``: a name or a ``Placement``; default
+    ``auto``) through every sample of ``x``, queued in chunks of ``chunk``; ``train``: more
+    ``[train]`` settings than the batch size and queue."""
+    from livefit.server.wire.samples import SampleChunk
+
+    n = len(x)
+    trainer, queue = _trainer(spec, bs, n + 1, device, train)
     ones = np.ones(bs, dtype=np.float32)
     for _ in range(2):  # the first calls of a traced function are not what a stream pays
         trainer.step(x[:bs], y[:bs], ones)
@@ -397,6 +458,32 @@ def trainer_rate(
     trainer.stop(timeout=600)
     elapsed = time.perf_counter() - started
     return n / elapsed, {"samples_seen": trainer.samples_seen}
+
+
+def step_rate(spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, seconds: float) -> float:
+    """Samples/s of the trainer's compiled step alone (``TrainStep``, default settings), called
+    back to back on batches of ``bs`` with nothing between the calls, each waiting for its
+    scores: what the step itself costs (scores before the update, rollback copy and checks,
+    averaged weights) before the trainer's bookkeeping (scaling statistics, drift, replay,
+    prequential windows, metrics). The ceiling of a trainer that runs one batch after the
+    other."""
+    trainer, _ = _trainer(spec, bs, 2)
+    step, policy = trainer.step, trainer.policy
+    ones = np.ones(bs, dtype=np.float32)
+    batches = [(x[i * bs : (i + 1) * bs], y[i * bs : (i + 1) * bs]) for i in range(len(x) // bs)]
+    # numpy statistics, as the trainer passes them (without, the step reads its variables)
+    stats = [
+        None if layer is None else (np.asarray(layer.mean), np.asarray(layer.std))
+        for layer in (policy.layer, policy.target_layer)
+    ]
+    for xb, yb in batches[:3]:
+        step(xb, yb, ones, *stats)
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for xb, yb in batches[:64]:
+            step(xb, yb, ones, *stats)
+            done += bs
+    return done / (time.perf_counter() - started)
 
 
 BENCHMARK = Benchmark(

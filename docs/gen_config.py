@@ -372,6 +372,18 @@ MEANINGS: dict[str, str] = {
         "queued, and its thread runs at OS niceness +5, so predictions go first on a small "
         "machine (see BENCHMARKS.md, interference); `0`: never wait, normal priority"
     ),
+    "models.<name>.train.pipeline": (
+        "start a plain batch's step (one taken from a backlog: one step on its own samples) "
+        "while the step before it still runs, so the trainer's bookkeeping (scores, drift test,"
+        " scaling, metrics) overlaps TensorFlow's work; where the step before was rolled back "
+        "or brought a drift reaction, the early step is rewound and run again, so the result is"
+        " that of one batch after the other (`livefit_train_rewinds_total`; "
+        "[design](design.md#the-pipelined-trainer)). Measured: 1.35-1.71x the trainer's "
+        "samples/s on 2 cores, 25-30 % slower on one (BENCHMARKS.md, trainer). `auto`: on in a "
+        "process that may use 2 or more CPUs and serves no predictions (a split learner's "
+        "training process with 2 or more training cores); `on`: also in a one-process learner; "
+        "`off`. Never with several devices or model selection"
+    ),
     "models.<name>.train.start_lr_factor": (
         "fast start: a fresh model's first `start_steps` training steps run at this multiple "
         "of `learning_rate`, decaying linearly to it (a model restored from a checkpoint is "

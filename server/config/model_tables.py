@@ -49,6 +49,14 @@ class TrainSettings(Section):
     extras_when: Literal["caught_up", "always"] = "caught_up"
     # Before each step, wait up to this long while prediction requests are queued (0: never).
     yield_to_serving_ms: float = Field(2.0, ge=0, le=1000)
+    # Start a plain batch's step (taken from a backlog: one step on its own samples) while the
+    # step before it still runs, so the trainer's bookkeeping (scores, drift test, scaling,
+    # metrics) overlaps TensorFlow's work instead of following it; where the step before did
+    # not apply or brought a drift reaction, the early step is rewound and run again, so the
+    # result is the same. "auto": on where the trainer's process may use 2 or more CPUs (the
+    # overlap needs a second one), with one device and model selection off; "on" (still off
+    # for several devices and with selection), "off".
+    pipeline: Literal["auto", "on", "off"] = "auto"
     # With target scaling: a target more than this many standard deviations from the running
     # mean of the targets (from the 10th target on; widened by 100 / count below 100 targets)
     # is an outlier, clipped to that bound before it trains or enters the statistics, and

@@ -435,6 +435,8 @@ class LearnerRuntime:
 class LearnerHooks(TrainerHooks):
     """What model ``runtime``'s trainer asks of the learner around it."""
 
+    serving_here = True  # a one-process learner; a split learner's training process: below
+
     def __init__(self, learner: LearnerRuntime, runtime: ModelRuntime) -> None:
         self.learner = learner
         self.runtime = runtime

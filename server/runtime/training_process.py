@@ -103,6 +103,8 @@ class TrainingRuntime(LearnerRuntime):
 class _TrainingHooks(LearnerHooks):
     """The learner's hooks; predictions wait when any serving process says so on the board."""
 
+    serving_here = False  # the serving processes are others
+
     def __init__(self, training: TrainingRuntime, runtime: ModelRuntime) -> None:
         super().__init__(training, runtime)
         self.training = training

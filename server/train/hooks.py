@@ -16,6 +16,10 @@ class TrainerHooks:
     """What a trainer asks of the process around it. Each answer has a neutral default, so a
     trainer on its own (a test, the bench) needs none; the learner's runtime overrides them."""
 
+    # Whether this process also serves predictions (a one-process learner): its event loop
+    # then shares the GIL with the trainer thread, and ``train.pipeline = "auto"`` stays off.
+    serving_here = False
+
     def predictions_waiting(self) -> bool:
         """True while prediction requests wait for this model: the trainer gives way
         (``train.yield_to_serving_ms``) and skips its extra steps."""

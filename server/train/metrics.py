@@ -70,6 +70,14 @@ class TrainingMetrics(MetricGroup):
             ["model"],
             registry=registry,
         )
+        self.train_rewinds = Counter(
+            "livefit_train_rewinds_total",
+            "Steps the pipelined trainer (train.pipeline) started before the step ahead of "
+            "them was finished and ran again, that step having been rolled back or brought a "
+            "drift reaction",
+            ["model"],
+            registry=registry,
+        )
         self.train_target_shifts = Counter(
             "livefit_train_target_shifts_total",
             "Changes of level of a regression target: 20 of the last 32 targets beyond the "
@@ -83,6 +91,7 @@ class TrainingMetrics(MetricGroup):
         self.train_samples.labels(model=model)
         self.train_yield_seconds.labels(model=model)
         self.train_nonfinite.labels(model=model)
+        self.train_rewinds.labels(model=model)
         self.train_outliers.labels(model=model)
         self.train_target_shifts.labels(model=model)
 

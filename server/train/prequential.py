@@ -114,6 +114,11 @@ class PrequentialScores:
             error = np.subtract(
                 y_pred.reshape(len(y_pred), -1), y_true.reshape(len(y_true), -1), dtype=np.float64
             )
+            if error.shape[1] == 1:  # one output: the same values without two row means
+                error = error[:, 0]
+                self.scores["mse"].add(error * error)
+                self.scores["mae"].add(np.abs(error))
+                return
             self.scores["mse"].add((error**2).mean(axis=1))
             self.scores["mae"].add(np.abs(error).mean(axis=1))
 

@@ -75,6 +75,16 @@ class StepResult:
     average_predictions: np.ndarray | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """A step started by ``TrainStep.dispatch``: its output tensors (maybe not computed yet)
+    and its inputs, kept alive until ``collect``."""
+
+    rows: int
+    outputs: tuple[tf.Tensor, ...]
+    inputs: tuple[np.ndarray, ...]
+
+
 def behaves_same_in_training(model: keras.Model) -> bool:
     """True when ``model(x, training=True)`` equals ``model(x, training=False)``.
 
@@ -101,6 +111,7 @@ class TrainStep:
         target_shape: list[int],
         device: str | Placement,
         weight_average: float = 0.0,
+        rewindable: bool = False,
     ) -> None:
         self.model = model
         self.weight_average = weight_average
@@ -146,9 +157,20 @@ class TrainStep:
                 else []
             )
             averaged = tf.Variable(0.0, trainable=False, name="averaged_steps")
+            # With ``rewindable``: what an applied step changes beyond ``state`` (the averaged
+            # weights and their count, the scaling layers' statistics), copied before it too,
+            # so that ``rewind`` can undo the last applied step whole (see ``rewind``).
+            beyond = [*averages, averaged] if rewindable else []
+            for layer in (scaler, target) if rewindable else ():
+                if layer is not None:
+                    beyond += [layer.mean, layer.std]
+            beyond_backup = [
+                tf.Variable(v, trainable=False, name=f"rewind_{i}") for i, v in enumerate(beyond)
+            ]
         self._backup = backup
         self._averages = averages
         self._averaged = averaged
+        self.rewindable = rewindable
         separate_eval = not behaves_same_in_training(model)
         replicas = placement.replicas
         signature = [
@@ -299,6 +321,8 @@ class TrainStep:
             before it (the previous rate included)."""
             for saved, variable in zip(backup, state, strict=True):
                 saved.assign(variable)
+            for saved, variable in zip(beyond_backup, beyond, strict=True):
+                saved.assign(variable)
             if rate is not None and rate_variable is not None:
                 rate_variable.assign(rate)
             optimizer.apply(grads, model.trainable_variables)
@@ -326,8 +350,17 @@ class TrainStep:
                 mean.assign(decay * mean + (1.0 - decay) * variable)
             return tf.constant(True)
 
+        @tf.function(input_signature=[])
+        def rewind() -> tf.Tensor:
+            for saved, variable in zip(backup, state, strict=True):
+                variable.assign(saved)
+            for saved, variable in zip(beyond_backup, beyond, strict=True):
+                variable.assign(saved)
+            return tf.constant(True)
+
         self._step = step
         self._call = step
+        self._rewind = rewind
         self._flat: Callable[[list[object]], list[tf.Tensor]] | None = None
 
     def warm_up(self) -> None:
@@ -339,6 +372,8 @@ class TrainStep:
         """
         with tf.device(self.device):
             self._call = self._step.get_concrete_function()
+            if self.rewindable:  # traced now too: a rewind is rare, and should not be slow
+                self._rewind.get_concrete_function()
         self._flat = flat_caller(self._call)
 
     @property
@@ -358,6 +393,20 @@ class TrainStep:
         with a target_scaling layer ``target_statistics`` likewise (default: keep the current
         ones). On several devices the batch is padded with zero-weight rows to a multiple of
         their count; the result holds the real rows only."""
+        return self.collect(self.dispatch(x, y, w, statistics, target_statistics))
+
+    def dispatch(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        w: np.ndarray,
+        statistics: tuple[np.ndarray, np.ndarray] | None = None,
+        target_statistics: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> Dispatched:
+        """Start the step (arguments as ``__call__``'s); ``collect`` its result. In a thread
+        whose TensorFlow executor is asynchronous (``async_executor``) this returns before the
+        step has run, so the caller can do other work meanwhile; the arrays must then stay
+        unchanged until ``collect`` (the trainer's batches are never written again)."""
         rows = len(x)
         replicas = self.placement.replicas
         args: list[object] = [x, y, w]
@@ -369,10 +418,13 @@ class TrainStep:
             if layer is not None:
                 args += list(given) if given is not None else [layer.mean, layer.std]
         with tf.device(self.device):
-            if self._flat is not None:
-                loss, losses, pred, applied, *extras = self._flat(args)
-            else:
-                loss, losses, pred, applied, *extras = self._call(*args)
+            outputs = self._flat(args) if self._flat is not None else self._call(*args)
+        return Dispatched(rows, tuple(outputs), (x, y, w))
+
+    def collect(self, dispatched: Dispatched) -> StepResult:
+        """The result of a dispatched step (waits for it to finish)."""
+        rows = dispatched.rows
+        loss, losses, pred, applied, *extras = dispatched.outputs
         losses, pred = losses.numpy()[:rows], pred.numpy()[:rows]
         if extras:  # weight averaging: the averaged weights' scores
             average_losses, average_pred = (e.numpy()[:rows] for e in extras)
@@ -380,6 +432,17 @@ class TrainStep:
                 float(loss), losses, pred, bool(applied), average_losses, average_pred
             )
         return StepResult(float(loss), losses, pred, bool(applied))
+
+    def rewind(self) -> None:
+        """Undo the last step, which was applied (``StepResult.applied``): the weights, the
+        optimizer's state and rate, the averaged weights and the scaling statistics go back to
+        what they were before it, exactly (copies taken by the step). Needs ``rewindable``.
+        The trainer's pipeline uses it when a step it started early, assuming the step before
+        would apply, turns out to have followed a rolled-back step or a drift reaction."""
+        if not self.rewindable:
+            raise RuntimeError("this step keeps no copies to rewind to (rewindable=False)")
+        with tf.device(self.device):
+            self._rewind()
 
     @property
     def learning_rate(self) -> float | None:

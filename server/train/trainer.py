@@ -32,12 +32,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..base.metrics import ErrorMetrics, Metrics
+from ..config.machine import usable_cores
 from ..config.model import ModelSettings
 from ..ingest.metrics import SampleQueueMetrics
 from ..ingest.sample_queue import QueueClosed, SampleQueue
@@ -55,7 +56,7 @@ from .prequential import PrequentialScores
 from .scaling import LevelShift
 from .selection import CandidateSet
 from .train_step import TrainStep
-from .update_policy import Learned, UpdatePolicy
+from .update_policy import Learned, Started, UpdatePolicy
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
@@ -116,6 +117,8 @@ class Trainer:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self.model = build_compiled(settings, placement)
+        self.pipelined = pipelining(settings, placement, self.hooks.serving_here)
+        self.rewinds = 0  # steps the pipeline started early and had to run again
         self.step = TrainStep(
             self.model,
             make_loss(settings),
@@ -123,6 +126,7 @@ class Trainer:
             settings.resolved_target_shape(),
             placement,
             weight_average=settings.train.weight_average,
+            rewindable=self.pipelined,
         )
         self.policy = UpdatePolicy(
             settings, self.step, self.hooks.drift_detected, seed=settings.seed
@@ -147,6 +151,9 @@ class Trainer:
     def start(self) -> None:
         if self._writer is not None:
             self._writer.start()
+        if self.pipelined:
+            log.info("%s: training steps pipelined (train.pipeline = %r)", self.name,
+                     self.settings.train.pipeline)  # fmt: skip
         self._thread = threading.Thread(target=self._run, name=f"trainer-{self.name}", daemon=True)
         self._thread.start()
 
@@ -173,6 +180,9 @@ class Trainer:
         yield_s = train.yield_to_serving_ms / 1000.0
         if yield_s > 0:
             _lower_thread_priority()
+        if self.pipelined:
+            self._run_pipelined(max_wait_s, yield_s)
+            return
         while True:
             try:
                 batch = self.queue.next_batch(train.max_batch_size, max_wait_s, timeout=_POLL_S)
@@ -186,6 +196,154 @@ class Trainer:
             self._maybe_checkpoint()
         self._snapshot(force=True)
         self._maybe_checkpoint(final=True)
+
+    def _run_pipelined(self, max_wait_s: float, yield_s: float) -> None:
+        """``_run`` with the next plain batch's step started before the previous batch is
+        finished (``train.pipeline``).
+
+        This thread's TensorFlow executor is asynchronous, so a dispatched step runs on
+        TensorFlow's threads while this one does the previous batch's bookkeeping (its
+        scores, drift test, replay, metrics) and the next batch's scaling. Measured: the
+        bookkeeping between two steps also costs the step 200-300 us to wake TensorFlow's
+        idle threads, which a step already queued avoids (BENCHMARKS.md, trainer). The next
+        step is started assuming the previous one applies and brings no drift reaction;
+        where it does not, the next step is rewound (``TrainStep.rewind``) with the policy
+        (``UpdatePolicy.state_point``) and started again once the previous batch is finished,
+        so the model, its versions and its scores are those of one batch after the other.
+        Snapshots and checkpoints are taken between batches with nothing running.
+        """
+        from tensorflow.python.eager import context
+
+        ctx = context.context()
+        # This thread's executor only (the context keeps it alive; an executor object set
+        # with ``ctx.executor`` and dropped leaves the thread synchronous).
+        ctx.execution_mode = context.ASYNC
+        pending: _Pending | None = None
+        try:
+            while True:
+                try:
+                    batch = self.queue.next_batch(
+                        self.settings.train.max_batch_size,
+                        max_wait_s,
+                        timeout=0.0 if pending is not None else _POLL_S,
+                    )
+                except QueueClosed:
+                    break
+                if batch is not None:
+                    if yield_s > 0:
+                        self._give_way(yield_s)
+                    try:
+                        pending = self._overlap(pending, batch)
+                    except Exception:  # _overlap catches its steps' own errors: a last net
+                        self._failed(batch)
+                        pending = None
+                elif pending is not None:  # nothing more arrived: finish what runs
+                    self._complete(pending)
+                    pending = None
+                if pending is not None and (self._snapshot_due() or self._checkpoint_due()):
+                    self._complete(pending)
+                    pending = None
+                if pending is None:
+                    self._snapshot()
+                    self._maybe_checkpoint()
+            self._complete(pending)
+            self._snapshot(force=True)
+            self._maybe_checkpoint(final=True)
+        finally:
+            try:
+                ctx.executor.wait()
+            except Exception:  # an error of a step already counted: nothing more to do
+                ctx.executor.clear_error()
+            ctx.execution_mode = context.SYNC
+
+    def _overlap(self, pending: _Pending | None, batch: Batch) -> _Pending | None:
+        """Start ``batch`` and finish ``pending``: the start first where both are plain
+        batches (the overlap), else one after the other. Returns what is left running."""
+        started_at = time.perf_counter()
+        extras_allowed = not self.hooks.predictions_waiting()
+        policy = self.policy
+        if (
+            pending is None
+            or pending.started.dispatched is None
+            or not policy.plain(batch, extras_allowed)
+        ):
+            self._complete(pending)
+            return self._start(batch, extras_allowed, started_at)
+        point = policy.state_point()
+        policy.assume_applied(pending.started)
+        try:
+            following = policy.start(batch, extras_allowed)
+        except Exception:
+            policy.restore_point(point)
+            pending.started.assumed = False
+            self._failed(batch)
+            self._complete(pending)
+            return None
+        rewound = False
+
+        def rewind() -> None:
+            """The previous step did not apply or brought a drift reaction: undo ``following``
+            (its step and what starting it changed), to be started again."""
+            nonlocal rewound
+            rewound = True
+            self.rewinds += 1
+            self.metrics.group(TrainingMetrics).train_rewinds.labels(model=self.name).inc()
+            if self.step.collect(following.dispatched).applied:  # type: ignore[arg-type]
+                self.step.rewind()
+            policy.restore_point(point)
+
+        self._complete(pending, rewind)
+        if rewound:
+            return self._start(batch, extras_allowed, started_at)
+        return _Pending(following, batch, started_at)
+
+    def _start(self, batch: Batch, extras_allowed: bool, started_at: float) -> _Pending | None:
+        """Start ``batch``; a batch with extra steps is finished here too."""
+        try:
+            started = self.policy.start(batch, extras_allowed)
+        except Exception:
+            self._failed(batch)
+            return None
+        pending = _Pending(started, batch, started_at)
+        if started.dispatched is not None:
+            return pending
+        self._complete(pending)
+        return None
+
+    def _complete(
+        self, pending: _Pending | None, surprise: Callable[[], None] | None = None
+    ) -> None:
+        """Finish ``pending`` (waits for its step) and account for it."""
+        if pending is None:
+            return
+        try:
+            learned = self.policy.finish(pending.started, surprise)
+            self._account(pending.batch, learned, time.perf_counter() - pending.started_at)
+        except Exception:
+            self._failed(pending.batch)
+
+    def _failed(self, batch: Batch) -> None:
+        """Count and log a batch whose learning raised (as ``_train_safely`` does), and clear
+        an asynchronous executor's error state, which would fail every later step."""
+        self.metrics.group(ErrorMetrics).internal_errors.labels(component="trainer").inc()
+        log.exception("training step failed for %s (batch of %d)", self.name, len(batch))
+        from tensorflow.python.eager import context
+
+        context.context().executor.clear_error()
+
+    def _snapshot_due(self) -> bool:
+        interval = max(self.settings.weights.serve_interval_s, _COPY_SHARE * self._copy_s)
+        return (
+            self.version != self._snapshot_version
+            and time.monotonic() - self._last_snapshot_at >= interval
+        )
+
+    def _checkpoint_due(self) -> bool:
+        return (
+            self._writer is not None
+            and self.version != self._checkpoint_version
+            and time.monotonic() - self._last_checkpoint_at >= self.settings.checkpoint.interval_s
+        )
 
     def _give_way(self, limit_s: float) -> None:
         """Wait (at most ``limit_s``) while prediction requests are queued: on a small machine
@@ -220,8 +378,11 @@ class Trainer:
             learned = self.policy.learn(batch, extras_allowed=not busy)
         else:  # every candidate learns; what the served one predicted is what counts
             learned = self.candidates.learn(batch, extras_allowed=not busy)
+        self._account(batch, learned, time.perf_counter() - started)
+
+    def _account(self, batch: Batch, learned: Learned, elapsed: float) -> None:
+        """What learning ``batch`` did, counted: versions, samples, scores, metrics, logs."""
         result = learned.first
-        elapsed = time.perf_counter() - started
         if batch.position is not None:
             self.trained_position = batch.position
         if learned.shift is not None:
@@ -544,6 +705,27 @@ class Trainer:
         self._fallback_positions.append(checkpoint.position)
         with self._durable_lock:
             self._durable_version = max(self._durable_version, checkpoint.version)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A batch the pipelined trainer has started and not finished."""
+
+    started: Started
+    batch: Batch  # as it came from the queue
+    started_at: float  # perf_counter when it was taken
+
+
+def pipelining(settings: ModelSettings, placement: Placement, serving_here: bool) -> bool:
+    """Whether the trainer pipelines its steps (``train.pipeline``, see ``_run_pipelined``):
+    never with several devices or model selection. "auto": where this process may use 2 or
+    more CPUs (on one, the bookkeeping and the step only take turns: measured 25-30 % slower)
+    and serves no predictions (a one-process learner's event loop would get the GIL less
+    often: the pipelined trainer does its Python work while TensorFlow computes)."""
+    mode = settings.train.pipeline
+    if mode == "off" or settings.selection.enabled or placement.replicas > 1:
+        return False
+    return mode == "on" or (usable_cores() >= 2 and not serving_here)
 
 
 def _lower_thread_priority() -> None:

@@ -34,6 +34,7 @@ Per batch, after the compiled step scored it (test-then-train):
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -50,7 +51,7 @@ from .drift import DriftDetector
 from .prequential import WindowedMean
 from .replay import ReplayBuffer, mix
 from .scaling import LevelShift, LevelShiftWatch, RunningStandardizer
-from .train_step import StepResult, TrainStep
+from .train_step import Dispatched, StepResult, TrainStep
 
 log = logging.getLogger(__name__)
 AVERAGE_WINDOW = 500  # samples: the windowed losses that choose trained or averaged weights
@@ -69,8 +70,46 @@ class Learned:
     shift: LevelShift | None = None  # a new target level this batch re-centred the scaling on
 
 
+@dataclass(slots=True)
+class Started:
+    """A batch ``UpdatePolicy.start`` has begun to learn; ``finish`` completes it. A plain
+    batch (one step on its own samples) may still be running (``dispatched``); a batch with
+    extra steps or replay has run them (``first``)."""
+
+    batch: Batch  # as learned (outlying targets clipped)
+    outliers: int
+    shift: LevelShift | None
+    dispatched: Dispatched | None = None  # the plain batch's step, not collected yet
+    first: StepResult | None = None  # the first step's result, once known
+    steps: int = 0
+    replayed: int = 0
+    clear_replay: bool = False  # a level shift empties the replay buffer at finish
+    assumed: bool = False  # ``assume_applied`` already moved the rate on for this step
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyState:
+    """What ``start`` changes in an ``UpdatePolicy`` (scalers, level watch, rate boost), as
+    ``state_point`` saved it: ``restore_point`` puts it back."""
+
+    scaler: RunningStandardizer | None
+    target_scaler: RunningStandardizer | None
+    saved_scaler: RunningStandardizer | None
+    saved_target_scaler: RunningStandardizer | None
+    shift_watch: LevelShiftWatch
+    boost: LrBoost
+    rate: float | None
+
+
 class UpdatePolicy:
-    """Scaling, replay, steps per batch and drift handling for one model's trainer thread."""
+    """Scaling, replay, steps per batch and drift handling for one model's trainer thread.
+
+    ``learn`` is ``finish(start(batch))``. The trainer's pipeline (``train.pipeline``) calls the
+    two apart: it starts the next plain batch while the step before it still runs, assuming
+    that step applies and brings no drift reaction (``assume_applied``); where it did not, it
+    rewinds the next step and this policy (``state_point``, ``restore_point``) and starts that
+    batch again, so the result is the same as learning one batch after the other.
+    """
 
     def __init__(
         self,
@@ -130,35 +169,115 @@ class UpdatePolicy:
         With ``extras_when="caught_up"`` the extra steps and the replay need ``extras_allowed``
         (the trainer passes False while prediction requests wait) and a batch without backlog.
         """
-        first: StepResult | None = None
-        steps = replayed = 0
-        shift = self._follow_level_shift(batch)
+        return self.finish(self.start(batch, extras_allowed))
+
+    def plain(self, batch: Batch, extras_allowed: bool = True) -> bool:
+        """Whether ``batch`` gets one step on its own samples (no extra steps, no replay)."""
+        return not (self.extras_always or (extras_allowed and batch.backlog == 0))
+
+    def start(self, batch: Batch, extras_allowed: bool = True) -> Started:
+        """Begin learning ``batch``: scaling, clipping and the step(s). A plain batch's step is
+        dispatched and may still run when this returns (``TrainStep.dispatch``); a batch with
+        extras runs them all here (each depends on the one before)."""
+        plain = self.plain(batch, extras_allowed)
+        # A plain batch reads no replay before its finish, so a level shift's emptying of the
+        # buffer waits for it: the previous batch, finished meanwhile, joins it first.
+        shift = self._follow_level_shift(batch, clear_replay=not plain)
         batch, outliers = self._clip_target_outliers(batch)
         statistics = self._next_statistics(batch)
         target_statistics = self._next_target_statistics(batch)
-        extras = self.extras_always or (extras_allowed and batch.backlog == 0)
-        for _ in range(self.steps_per_batch if extras else 1):
-            x, y, w, k = self._with_replay(batch) if extras else (batch.x, batch.y, batch.w, 0)
+        started = Started(batch, outliers, shift, clear_replay=plain and shift is not None)
+        if plain:
+            started.dispatched = self.step.dispatch(
+                batch.x, batch.y, batch.w, statistics, target_statistics
+            )
+            return started
+        for _ in range(self.steps_per_batch):
+            x, y, w, k = self._with_replay(batch)
             result = self.step(x, y, w, statistics, target_statistics)
             statistics = target_statistics = None  # set by the first applied step
-            if first is None:
-                first = _first_rows(result, len(batch))
+            if started.first is None:
+                started.first = _first_rows(result, len(batch))
             if not result.applied:
                 break
-            steps += 1
-            replayed += k
+            started.steps += 1
+            started.replayed += k
             self._after_step()
+        return started
+
+    def assume_applied(self, started: Started) -> None:
+        """Move the learning rate on as ``finish`` will if ``started``'s step applies, so a
+        batch started before that finish runs at the rate it would have."""
+        if started.dispatched is not None and not started.assumed:
+            started.assumed = True
+            self._after_step()
+
+    def finish(self, started: Started, surprise: Callable[[], None] | None = None) -> Learned:
+        """Complete ``started`` (waits for its step). ``surprise`` is called first where the
+        step did not apply or drift brings a reaction: what ``assume_applied`` took for
+        granted (the trainer then rewinds what it started on that assumption, and this
+        policy to ``state_point``)."""
+        batch = started.batch
+
+        def undo_assumption() -> None:
+            """Back to before ``assume_applied``: the caller's rewind, then the rate as this
+            step's outcome moves it."""
+            if not started.assumed:
+                return
+            started.assumed = False
+            if surprise is not None:
+                surprise()
+            if started.steps:
+                self._after_step()
+
+        if started.dispatched is not None:
+            result = self.step.collect(started.dispatched)
+            started.dispatched = None
+            started.first = result
+            if result.applied:
+                started.steps = 1
+                if not started.assumed:
+                    self._after_step()
+            else:
+                undo_assumption()
+        first = started.first
         assert first is not None
+        if started.clear_replay and self.replay is not None:
+            self.replay.clear()
         first = self._choose_weights(first)
-        drift = self._watch(first)  # before the batch joins replay: a flush keeps the batch
-        if steps:
+        drift = self._watch(first, undo_assumption)  # before the batch joins replay: a
+        # flush keeps the batch
+        if started.steps:
             self._absorb(batch)
         else:  # rolled back: so are the statistics
             if self._saved_scaler is not None:
                 self.scaler = self._saved_scaler
             if self._saved_target_scaler is not None:
                 self.target_scaler = self._saved_target_scaler
-        return Learned(first, steps, replayed, drift, batch.y, outliers, shift)
+        return Learned(
+            first, started.steps, started.replayed, drift, batch.y, started.outliers, started.shift
+        )
+
+    def state_point(self) -> PolicyState:
+        """What ``start`` changes, saved (cheap: the scalers' arrays are never written into)."""
+        return PolicyState(
+            None if self.scaler is None else self.scaler.copy(),
+            None if self.target_scaler is None else self.target_scaler.copy(),
+            self._saved_scaler,
+            self._saved_target_scaler,
+            copy.copy(self.shift_watch),
+            copy.copy(self._boost),
+            self.step.learning_rate,
+        )
+
+    def restore_point(self, point: PolicyState) -> None:
+        """Put back what ``state_point`` saved."""
+        self.scaler, self.target_scaler = point.scaler, point.target_scaler
+        self._saved_scaler = point.saved_scaler
+        self._saved_target_scaler = point.saved_target_scaler
+        self.shift_watch, self._boost = point.shift_watch, point.boost
+        if point.rate is not None:
+            self.step.learning_rate = point.rate
 
     def _choose_weights(self, first: StepResult) -> StepResult:
         """With weight averaging: the scores of the weights served before this batch (the
@@ -189,9 +308,10 @@ class UpdatePolicy:
             return batch.x, batch.y, batch.w, 0
         return mix(batch.x, batch.y, batch.w, self.replay, self.replay_share)
 
-    def _follow_level_shift(self, batch: Batch) -> LevelShift | None:
+    def _follow_level_shift(self, batch: Batch, clear_replay: bool = True) -> LevelShift | None:
         """Re-centre the target statistics when the batch completes a run of targets beyond
-        the outlier bound on one side (a new level), and empty the replay buffer."""
+        the outlier bound on one side (a new level), and empty the replay buffer (with
+        ``clear_replay``; else the caller does, later)."""
         if self.target_scaler is None or self.target_layer is None:
             return None
         bounds = self.target_scaler.bounds(self.target_outlier_std)
@@ -202,7 +322,7 @@ class UpdatePolicy:
         if shift is None:
             return None
         self.target_scaler = self.target_scaler.recentred(shift)
-        if self.replay is not None:
+        if self.replay is not None and clear_replay:
             self.replay.clear()
         return shift
 
@@ -244,11 +364,13 @@ class UpdatePolicy:
         if self.replay is not None:
             self.replay.add(batch.x, batch.y, batch.w)
 
-    def _watch(self, first: StepResult) -> bool:
+    def _watch(self, first: StepResult, surprise: Callable[[], None] | None = None) -> bool:
         if self.drift is None or not first.applied:
             return False
         if not self.drift.update(first.prequential_losses):
             return False
+        if surprise is not None and self.reaction != "none":
+            surprise()  # the reaction changes what a step started since assumed
         log.warning(
             "drift detected (detection %d); reaction: %s", self.drift.detections, self.reaction
         )

@@ -123,11 +123,17 @@ def test_speed_rows_measure_before_and_after_side_by_side(
     quick_run: tuple[dict, str, Path],
 ) -> None:
     """Issue #29: the trainer's single-sample rows carry the code before #29, measured in the
-    same run (or a note says the clone lacks that commit); the interference rows record how
-    busy the cores were, the load client's share among them."""
+    same run (or a note says the clone lacks that commit), and the step alone beside the raw
+    step, in this process and in the training process (the ceiling the trainer's ratio is read
+    against); the interference rows record how busy the cores were, the load client's share
+    among them."""
     doc, _, _ = quick_run
     trainer = doc["benchmarks"]["trainer"]
     single = [row for row in trainer["rows"] if row["case"]["samples per chunk"] == 1]
+    for row in single:
+        assert row["ratios"]["step alone ÷ raw step"]["median"] > 0, row["case"]
+        assert row["ratios"]["its step alone ÷ its raw step"]["median"] > 0, row["case"]
+        assert row["ratios"]["livefit ÷ no pipeline"]["median"] > 0, row["case"]
     if any("before-#29 side was skipped" in note for note in trainer["notes"]):
         assert all("before #29 ÷ its raw step" not in row["ratios"] for row in single)
     else:

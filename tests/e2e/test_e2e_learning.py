@@ -14,6 +14,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import paho.mqtt.client as paho
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.local_servers import LivefitProcess
@@ -24,8 +25,11 @@ TOPIC = "livefit/demo/samples"
 DEAD = "livefit/demo/rejected"
 
 
-def config(broker: Mosquitto, storage: Path, client_id: str) -> str:
-    demo = model(lines="learning_rate = 0.05\nseed = 1", train="max_batch_size = 128")
+def config(broker: Mosquitto, storage: Path, client_id: str, pipeline: str = "auto") -> str:
+    demo = model(
+        lines="learning_rate = 0.05\nseed = 1",
+        train=f'max_batch_size = 128\npipeline = "{pipeline}"',
+    )
     return learner_config(broker, storage, client_id, demo)
 
 
@@ -78,9 +82,16 @@ BAD = [
 ]
 
 
-def test_learns_every_good_sample_and_rejects_bad_ones(broker: Mosquitto, tmp_path: Path) -> None:
+@pytest.mark.parametrize("pipeline", ["auto", "on"])
+def test_learns_every_good_sample_and_rejects_bad_ones(
+    broker: Mosquitto, tmp_path: Path, pipeline: str
+) -> None:
+    """Also with the training process's steps pipelined (``train.pipeline = "on"``; "auto"
+    leaves it off on 2 cores, where the training process gets one)."""
     rng = np.random.default_rng(7)
-    server = LivefitProcess(config(broker, tmp_path / "data", "e2e-learning"), tmp_path).start()
+    server = LivefitProcess(
+        config(broker, tmp_path / "data", "e2e-learning", pipeline), tmp_path
+    ).start()
     publisher = Publisher(broker)
     try:
         # Phase 1: 500 single-sample JSON messages; the untrained model scores them badly.
@@ -126,3 +137,5 @@ def test_learns_every_good_sample_and_rejects_bad_ones(broker: Mosquitto, tmp_pa
     finally:
         publisher.close()
         assert server.stop() == 0
+    if pipeline == "on":
+        assert "training steps pipelined" in server.log.read_text()

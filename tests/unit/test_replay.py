@@ -89,6 +89,21 @@ def test_window_keeps_exactly_the_most_recent_samples() -> None:
         np.testing.assert_array_equal(kept, np.arange(max(0, start - 64), start))
 
 
+def test_window_puts_stream_sample_i_in_slot_i_modulo_capacity() -> None:
+    """The ring's layout is fixed (slices or not), so a seeded run draws the same replayed
+    samples from it as before: sample i of the stream lies in slot i % capacity."""
+    rng = np.random.default_rng(4)
+    buffer = ReplayBuffer(50, "window", seed=3)
+    start = 0
+    for n in [49, 2, 120, 50, *rng.integers(1, 80, 60).tolist()]:
+        buffer.add(*_batch(start, n))
+        start += n
+        slots = buffer._x[:, 0, 0].astype(np.int64) if start >= 50 else None
+        if slots is not None:
+            ids = np.arange(start - 50, start)
+            np.testing.assert_array_equal(slots[ids % 50], ids)
+
+
 def test_sample_is_without_replacement() -> None:
     buffer = ReplayBuffer(500, "reservoir", seed=4)
     _feed(buffer, [300, 700])

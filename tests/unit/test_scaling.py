@@ -305,6 +305,67 @@ def test_a_run_beyond_the_bound_on_one_side_is_a_level_shift_with_robust_statist
     assert _watch_after(np.full(SHIFT_WINDOW, np.nan), (-5.0, 5.0)) is None
 
 
+def _reference_shift(
+    kept: list[tuple[np.ndarray, np.ndarray]], y: np.ndarray, low: np.ndarray, high: np.ndarray
+) -> LevelShift | None:
+    """The level-shift rule one target at a time: the last SHIFT_WINDOW targets (``kept``, as
+    (values, sides) rows) judged after each batch; a run of SHIFT_RUN on one side is a shift,
+    whose statistics are the median and interquartile range of that side's values."""
+    for row in y.reshape(len(y), -1).astype(np.float64):
+        side = np.where(np.isfinite(row) & (row > high), 1, 0)
+        side = np.where(np.isfinite(row) & (row < low), -1, side)
+        kept.append((row, side))
+        del kept[:-SHIFT_WINDOW]
+    if not kept:
+        return None
+    values, sides = np.array([v for v, _ in kept]), np.array([s for _, s in kept])
+    above, below = (sides == 1).sum(axis=0), (sides == -1).sum(axis=0)
+    features = np.flatnonzero((above >= SHIFT_RUN) | (below >= SHIFT_RUN))
+    if features.size == 0:
+        return None
+    side = np.where(above[features] >= SHIFT_RUN, 1, -1)
+    picked = [values[sides[:, f] == s, f] for f, s in zip(features, side, strict=True)]
+    quartiles = [np.percentile(v, [25, 50, 75]) for v in picked]
+    kept.clear()
+    return LevelShift(
+        features,
+        side,
+        np.array([q[1] for q in quartiles]),
+        np.array([((q[2] - q[0]) / 1.3489795) ** 2 for q in quartiles]),
+        min(len(v) for v in picked),
+    )
+
+
+def test_the_watch_agrees_with_the_rule_one_target_at_a_time() -> None:
+    """Whatever the mix (quiet stretches, lone outliers, runs on either side, inf and NaN,
+    batches of 1 to 300 rows, two features), the watch finds the shifts the rule finds, with
+    the same statistics; also while it keeps nothing between batches with no target beyond
+    the bound."""
+    rng = np.random.default_rng(11)
+    low, high = np.array([-5.0, -5.0]), np.array([5.0, 5.0])
+    watch, kept, shifts = LevelShiftWatch(), [], 0
+    for _ in range(600):
+        n = int(rng.choice([1, 3, 25, 300]))
+        y = rng.normal(0.0, 1.0, size=(n, 2))
+        mode = rng.integers(0, 6)
+        if mode == 1:  # lone outliers
+            y[rng.integers(0, n, size=max(1, n // 10)), rng.integers(0, 2)] = 1e6
+        elif mode == 2:  # a new level on one feature, above or below
+            y[:, rng.integers(0, 2)] += rng.choice([-40.0, 40.0])
+        elif mode == 3:  # non-finite targets
+            y[rng.integers(0, n)] = rng.choice([np.inf, -np.inf, np.nan])
+        expected = _reference_shift(kept, y, low, high)
+        found = watch.observe(y, (low, high))
+        assert (found is None) == (expected is None)
+        if found is not None and expected is not None:
+            shifts += 1
+            assert found.features.tolist() == expected.features.tolist()
+            assert found.side.tolist() == expected.side.tolist() and found.count == expected.count
+            np.testing.assert_allclose(found.mean, expected.mean)
+            np.testing.assert_allclose(found.variance, expected.variance)
+    assert shifts > 20  # the mix did exercise shifts
+
+
 def test_a_shift_re_centres_only_its_features_and_restarts_the_count() -> None:
     rng = np.random.default_rng(5)
     s = RunningStandardizer()

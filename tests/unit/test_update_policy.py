@@ -48,13 +48,13 @@ def batch(x: np.ndarray, y: np.ndarray | None = None, backlog: int = 0) -> Batch
 def step_sizes(t: Trainer) -> list[int]:
     """From now on, the number of rows of every training step ``t`` takes, in order."""
     seen: list[int] = []
-    original = t.step.__class__.__call__
+    original = t.step.__class__.dispatch  # every step starts there (a plain one only there)
 
     def spy(self: Any, x: np.ndarray, *rest: Any) -> Any:
         seen.append(len(x))
         return original(self, x, *rest)
 
-    t.step.__class__ = type("Spy", (t.step.__class__,), {"__call__": spy})
+    t.step.__class__ = type("Spy", (t.step.__class__,), {"dispatch": spy})
     return seen
 
 

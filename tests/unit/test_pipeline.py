@@ -1,0 +1,163 @@
+"""The pipelined trainer (``train.pipeline``) learns exactly what one batch after the other does.
+
+The pipeline starts the next plain batch's step before the previous batch is finished,
+assuming that step applies and brings no drift reaction; where it did not, it rewinds the early
+step and the update policy and starts the batch again. Each test runs the same stream through a
+real ``Trainer`` (its own thread, a queued backlog: plain batches) twice, pipeline off and on,
+and compares the weights, the averaged weights, the optimizer's state, versions, scores and
+statistics, array for array; the streams are built to make the pipeline rewind (non-finite
+batches rolled back, drifts with a reaction, a new target level), and the tests check that it
+did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.train.trainer import Trainer
+from livefit.server.wire.samples import SampleChunk
+from livefit.server.wire.snapshot import SnapshotSlot
+
+CHUNK = 16  # rows a message carries; batches of 32 take two
+
+
+def _run(pipeline: str, settings: dict[str, Any], x: np.ndarray, y: np.ndarray) -> Trainer:
+    model = ModelSettings.model_validate(
+        {
+            "input_shape": [x.shape[1]],
+            "output_shape": [y.shape[1]],
+            "seed": 3,
+            **settings,
+            "train": {"max_batch_size": 32, "pipeline": pipeline, **settings.get("train", {})},
+        }
+    )
+    queue = SampleQueue(len(x) + 1)
+    trainer = Trainer("m", model, queue, SnapshotSlot(), Metrics(), "/CPU:0")
+    trainer.warm_up()
+    for start in range(0, len(x), CHUNK):
+        rows = slice(start, start + CHUNK)
+        queue.put(SampleChunk(x[rows], y[rows], np.ones(len(x[rows]), np.float32), None, None))
+    trainer.start()
+    trainer.stop(timeout=120)
+    return trainer
+
+
+def _state(trainer: Trainer) -> dict[str, Any]:
+    policy = trainer.policy
+    scaler = policy.scaler.state() if policy.scaler is not None else {}
+    target = policy.target_scaler.state() if policy.target_scaler is not None else {}
+    return {
+        "weights": trainer.model.get_weights(),
+        "optimizer": trainer.step.optimizer_state(),
+        "average": list(trainer.step.average_state().values()),
+        "scaler": list(scaler.values()),
+        "target scaler": list(target.values()),
+        "version": trainer.version,
+        "samples": trainer.samples_seen,
+        "scores": {k: (m.value, m.cumulative) for k, m in trainer.scores.scores.items()},
+        "drifts": None if policy.drift is None else policy.drift.detections,
+        "rate": policy.learning_rate,
+        "served average": trainer.step.serve_average,
+        "replay": [] if policy.replay is None else [
+            np.array([len(policy.replay), policy.replay.seen]),
+            *(a[: len(policy.replay)] for a in (policy.replay._x, policy.replay._y)),
+        ],
+    }  # fmt: skip
+
+
+def _assert_same(plain: dict[str, Any], piped: dict[str, Any]) -> None:
+    for key, value in plain.items():
+        if isinstance(value, list):
+            assert len(value) == len(piped[key]), key
+            for a, b in zip(value, piped[key], strict=True):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=key)
+        else:
+            assert value == piped[key] or (value != value and piped[key] != piped[key]), key
+
+
+def _regression_stream(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A linear target that switches concept twice (drift), moves to a new level (a level
+    shift), has lone outlying targets (clipped) and a few rows of NaN inputs (their batches'
+    steps are rolled back)."""
+    n = 6_000
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    w = np.where(np.arange(n)[:, None] < 2_000, [1.0, -2.0, 0.5, 0.0], [-3.0, 1.0, 0.0, 2.0])
+    y = (x * w).sum(axis=1, keepdims=True) + rng.normal(0, 0.1, (n, 1))
+    y[4_000:] += 40.0  # a new level
+    y[rng.integers(500, n, 6)] = 1e6  # lone outliers
+    x[rng.integers(300, n, 5)] = np.nan  # rolled-back batches
+    return x, y.astype(np.float32)
+
+
+def _classification_stream(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    n = 6_000
+    x = rng.normal(size=(n, 5)).astype(np.float32)
+    boundary = np.where(np.arange(n) < 3_000, x[:, 0] + x[:, 1], x[:, 2] - x[:, 0])
+    y = (boundary > 0).astype(np.float32)[:, None]
+    x[rng.integers(300, n, 4)] = np.nan
+    return x, y
+
+
+CASES = {
+    "regression, defaults": ({"loss": "mse"}, _regression_stream),
+    "regression, recover": ({"loss": "mse", "drift": {"reaction": "recover"}}, _regression_stream),
+    # no reaction: the new level's batch is started early with a full replay buffer
+    "regression, no reaction": ({"loss": "mse", "drift": {"reaction": "none"}}, _regression_stream),
+    "classifier, defaults": ({"loss": "binary_crossentropy"}, _classification_stream),
+    "classifier, boost_lr": (
+        {"loss": "binary_crossentropy", "drift": {"reaction": "boost_lr"}},
+        _classification_stream,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_pipeline_learns_what_one_batch_after_the_other_does(case: str) -> None:
+    settings, stream = CASES[case]
+    x, y = stream(np.random.default_rng(7))
+    plain = _run("off", settings, x, y)
+    piped = _run("on", settings, x, y)
+    assert not plain.pipelined and piped.pipelined
+    assert piped.rewinds > 0  # the stream made it rewind (rolled-back steps, drift reactions)
+    _assert_same(_state(plain), _state(piped))
+
+
+def test_a_batch_that_fails_is_counted_and_the_pipeline_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch whose learning raises (here its start, once; then a finish) is counted in
+    ``livefit_internal_errors_total`` and logged; the trainer thread keeps training the rest."""
+    x, y = _classification_stream(np.random.default_rng(2))
+    x = np.nan_to_num(x)
+    calls = {"start": 0, "finish": 0}
+    from livefit.server.train.update_policy import UpdatePolicy
+
+    start, finish = UpdatePolicy.start, UpdatePolicy.finish
+
+    def failing_start(self: UpdatePolicy, *args: Any, **kwargs: Any) -> Any:
+        calls["start"] += 1
+        if calls["start"] == 20:
+            raise RuntimeError("start failed")
+        return start(self, *args, **kwargs)
+
+    def failing_finish(self: UpdatePolicy, *args: Any, **kwargs: Any) -> Any:
+        calls["finish"] += 1
+        if calls["finish"] == 40:
+            raise RuntimeError("finish failed")
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(UpdatePolicy, "start", failing_start)
+    monkeypatch.setattr(UpdatePolicy, "finish", failing_finish)
+    trainer = _run("on", {"loss": "binary_crossentropy"}, x, y)
+    errors = trainer.metrics.registry.get_sample_value(
+        "livefit_internal_errors_total", {"component": "trainer"}
+    )
+    assert errors == 2
+    assert trainer.samples_seen == len(x) - 2 * 32  # every other batch trained
+    assert not trainer.running
