@@ -295,16 +295,13 @@ def _row(
     row.figures["per-message samples/s"] = Spread.of(per_message, "samples/s")
     row.ratios["livefit ÷ raw step"] = paired_ratios(livefit, raw)
     row.ratios["livefit ÷ per-message"] = paired_ratios(livefit, per_message)
-    if no_averaging:
-        row.figures["no averaging samples/s"] = Spread.of(no_averaging, "samples/s")
-        row.ratios["no averaging ÷ raw step"] = paired_ratios(no_averaging, raw)
+    for side, rates in (("no averaging", no_averaging), ("no pipeline", no_pipeline),
+                        ("step alone", alone)):  # fmt: skip
+        if rates:  # each beside the raw step, paired by round
+            row.figures[f"{side} samples/s"] = Spread.of(rates, "samples/s")
+            row.ratios[f"{side} ÷ raw step"] = paired_ratios(rates, raw)
     if no_pipeline:
-        row.figures["no pipeline samples/s"] = Spread.of(no_pipeline, "samples/s")
-        row.ratios["no pipeline ÷ raw step"] = paired_ratios(no_pipeline, raw)
         row.ratios["livefit ÷ no pipeline"] = paired_ratios(livefit, no_pipeline)
-    if alone:
-        row.figures["step alone samples/s"] = Spread.of(alone, "samples/s")
-        row.ratios["step alone ÷ raw step"] = paired_ratios(alone, raw)
     if process:
         row.figures["training process samples/s"] = Spread.of([p[0] for p in process], "samples/s")
         row.figures["its raw step samples/s"] = Spread.of([p[1] for p in process], "samples/s")
