@@ -378,7 +378,7 @@ MEANINGS: dict[str, str] = {
         " scaling, metrics) overlaps TensorFlow's work; where the step before was rolled back "
         "or brought a drift reaction, the early step is rewound and run again, so the result is"
         " that of one batch after the other (`livefit_train_rewinds_total`; "
-        "[design](design.md#the-pipelined-trainer)). Measured: 1.35-1.71x the trainer's "
+        "[design](design.md#the-pipelined-trainer)). Measured: 1.14-1.83x the trainer's "
         "samples/s on 2 cores, 25-30 % slower on one (BENCHMARKS.md, trainer). `auto`: on in a "
         "process that may use 2 or more CPUs and serves no predictions (a split learner's "
         "training process with 2 or more training cores); `on`: also in a one-process learner; "

@@ -27,3 +27,12 @@ def build_wrong_shape(input_shape: tuple[int, ...], output_shape: tuple[int, ...
 def build_not_a_model(input_shape: tuple[int, ...], output_shape: tuple[int, ...]) -> object:
     """Returns something that is not a Keras model."""
     return object()
+
+
+def build_batch_norm(input_shape: tuple[int, ...], output_shape: tuple[int, ...]) -> keras.Model:
+    """A tanh layer followed by batch normalisation: moving statistics that the training
+    forward pass itself moves (what a rolled-back or rewound step must put back)."""
+    inputs = keras.Input(shape=input_shape, name="inputs")
+    x = keras.layers.Dense(16, activation="tanh", name="bn_hidden")(inputs)
+    x = keras.layers.BatchNormalization(momentum=0.9, name="bn")(x)
+    return keras.Model(inputs, keras.layers.Dense(math.prod(output_shape), name="bn_out")(x))

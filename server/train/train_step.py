@@ -157,13 +157,18 @@ class TrainStep:
                 else []
             )
             averaged = tf.Variable(0.0, trainable=False, name="averaged_steps")
-            # With ``rewindable``: what an applied step changes beyond ``state`` (the averaged
-            # weights and their count, the scaling layers' statistics), copied before it too,
-            # so that ``rewind`` can undo the last applied step whole (see ``rewind``).
+            # The model's other variables (scaling statistics, batch normalisation's moving
+            # statistics, dropout's seed state), which the forward pass itself may move: copied
+            # at the start of every step, put back when the step is not applied (so a rolled-
+            # back batch leaves none of them moved, NaN statistics included) and by ``rewind``.
+            trained = {id(v) for v in model.trainable_variables}
+            others = [v for v in model.variables if id(v) not in trained]
+            others_backup = [
+                tf.Variable(v, trainable=False, name=f"others_{i}") for i, v in enumerate(others)
+            ]
+            # With ``rewindable``: the averaged weights and their count, copied before an
+            # update too, so that ``rewind`` can undo the last applied step whole.
             beyond = [*averages, averaged] if rewindable else []
-            for layer in (scaler, target) if rewindable else ():
-                if layer is not None:
-                    beyond += [layer.mean, layer.std]
             beyond_backup = [
                 tf.Variable(v, trainable=False, name=f"rewind_{i}") for i, v in enumerate(beyond)
             ]
@@ -256,13 +261,24 @@ class TrainStep:
             )
             if stats:  # after the forward pass: this batch used the old statistics
                 tf.cond(applied, lambda: set_statistics(*stats), lambda: tf.constant(False))
+            tf.cond(applied, lambda: tf.constant(True), restore_others)
             return applied
+
+        def save_others() -> None:
+            for saved, variable in zip(others_backup, others, strict=True):
+                saved.assign(variable)
+
+        def restore_others() -> tf.Tensor:
+            for saved, variable in zip(others_backup, others, strict=True):
+                variable.assign(saved)
+            return tf.constant(False)
 
         if placement.strategy is None:
 
             @tf.function(input_signature=signature)
             def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *inputs: tf.Tensor):
                 rate, stats = split_rate(inputs)
+                save_others()
                 rows = tf.cast(tf.shape(x)[0], tf.float32)
                 loss, reported, losses, pred, out, grads, extras = forward(x, y, w, rows, *stats)
                 applied = update(loss, reported, pred, grads, stats, rate)
@@ -281,6 +297,7 @@ class TrainStep:
             @tf.function(input_signature=signature)
             def step(x, y, w, rows, *inputs):
                 rate, stats = split_rate(inputs)
+                save_others()
                 # The replicas' forward and backward passes, then the update once, across
                 # replicas: rollback and statistics as on one device, every copy alike.
                 results = strategy.run(on_replica, args=(x, y, w, rows, *stats))
@@ -356,6 +373,7 @@ class TrainStep:
                 variable.assign(saved)
             for saved, variable in zip(beyond_backup, beyond, strict=True):
                 variable.assign(saved)
+            restore_others()
             return tf.constant(True)
 
         self._step = step
@@ -435,8 +453,9 @@ class TrainStep:
 
     def rewind(self) -> None:
         """Undo the last step, which was applied (``StepResult.applied``): the weights, the
-        optimizer's state and rate, the averaged weights and the scaling statistics go back to
-        what they were before it, exactly (copies taken by the step). Needs ``rewindable``.
+        optimizer's state and rate, the averaged weights and the model's other variables
+        (scaling and batch normalisation statistics, dropout's seed state) go back to what they
+        were before it, exactly (copies taken by the step). Needs ``rewindable``.
         The trainer's pipeline uses it when a step it started early, assuming the step before
         would apply, turns out to have followed a rolled-back step or a drift reaction."""
         if not self.rewindable:

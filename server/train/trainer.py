@@ -219,13 +219,19 @@ class Trainer:
         # with ``ctx.executor`` and dropped leaves the thread synchronous).
         ctx.execution_mode = context.ASYNC
         pending: _Pending | None = None
+        size = self.settings.train.max_batch_size
         try:
             while True:
+                if pending is not None and max_wait_s > 0 and len(self.queue) < size:
+                    # The next batch would linger (train.max_wait_ms) to fill up: finish
+                    # this one first, as one batch after the other would.
+                    self._complete(pending)
+                    pending = None
+                    self._snapshot()
+                    self._maybe_checkpoint()
                 try:
                     batch = self.queue.next_batch(
-                        self.settings.train.max_batch_size,
-                        max_wait_s,
-                        timeout=0.0 if pending is not None else _POLL_S,
+                        size, max_wait_s, timeout=0.0 if pending is not None else _POLL_S
                     )
                 except QueueClosed:
                     break
@@ -274,25 +280,34 @@ class Trainer:
         try:
             following = policy.start(batch, extras_allowed)
         except Exception:
+            # Maybe the previous step's own error, which an asynchronous executor reports at
+            # the next call: finish that batch first (its error is counted there), then start
+            # this one again, which now fails only for its own reasons.
             policy.restore_point(point)
             pending.started.assumed = False
-            self._failed(batch)
+            _clear_async_error()
             self._complete(pending)
-            return None
+            return self._start(batch, extras_allowed, started_at)
         rewound = False
 
         def rewind() -> None:
-            """The previous step did not apply or brought a drift reaction: undo ``following``
-            (its step and what starting it changed), to be started again."""
+            """The previous step did not apply or brought a drift reaction (or failed): undo
+            ``following`` (its step and what starting it changed), to be started again."""
             nonlocal rewound
             rewound = True
             self.rewinds += 1
             self.metrics.group(TrainingMetrics).train_rewinds.labels(model=self.name).inc()
-            if self.step.collect(following.dispatched).applied:  # type: ignore[arg-type]
+            try:
+                applied = self.step.collect(following.dispatched).applied  # type: ignore[arg-type]
+            except Exception:  # not run: the executor failed on the step before it
+                _clear_async_error()
+                applied = False
+            if applied:
                 self.step.rewind()
             policy.restore_point(point)
 
-        self._complete(pending, rewind)
+        if not self._complete(pending, rewind) and not rewound:
+            rewind()  # the previous batch failed: ``following`` assumed it had applied
         if rewound:
             return self._start(batch, extras_allowed, started_at)
         return _Pending(following, batch, started_at)
@@ -312,24 +327,25 @@ class Trainer:
 
     def _complete(
         self, pending: _Pending | None, surprise: Callable[[], None] | None = None
-    ) -> None:
-        """Finish ``pending`` (waits for its step) and account for it."""
+    ) -> bool:
+        """Finish ``pending`` (waits for its step) and account for it; False where that
+        raised (counted and logged)."""
         if pending is None:
-            return
+            return True
         try:
             learned = self.policy.finish(pending.started, surprise)
             self._account(pending.batch, learned, time.perf_counter() - pending.started_at)
         except Exception:
             self._failed(pending.batch)
+            return False
+        return True
 
     def _failed(self, batch: Batch) -> None:
         """Count and log a batch whose learning raised (as ``_train_safely`` does), and clear
         an asynchronous executor's error state, which would fail every later step."""
         self.metrics.group(ErrorMetrics).internal_errors.labels(component="trainer").inc()
         log.exception("training step failed for %s (batch of %d)", self.name, len(batch))
-        from tensorflow.python.eager import context
-
-        context.context().executor.clear_error()
+        _clear_async_error()
 
     def _snapshot_due(self) -> bool:
         interval = max(self.settings.weights.serve_interval_s, _COPY_SHARE * self._copy_s)
@@ -705,6 +721,14 @@ class Trainer:
         self._fallback_positions.append(checkpoint.position)
         with self._durable_lock:
             self._durable_version = max(self._durable_version, checkpoint.version)
+
+
+def _clear_async_error() -> None:
+    """Clear this thread's TensorFlow executor's error state (an asynchronous executor fails
+    every later call until then)."""
+    from tensorflow.python.eager import context
+
+    context.context().executor.clear_error()
 
 
 @dataclass(slots=True)

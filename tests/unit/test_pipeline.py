@@ -12,6 +12,7 @@ did.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ import pytest
 from livefit.server.base.metrics import Metrics
 from livefit.server.config.model import ModelSettings
 from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.train.train_step import TrainStep
 from livefit.server.train.trainer import Trainer
 from livefit.server.wire.samples import SampleChunk
 from livefit.server.wire.snapshot import SnapshotSlot
@@ -53,7 +55,8 @@ def _state(trainer: Trainer) -> dict[str, Any]:
     scaler = policy.scaler.state() if policy.scaler is not None else {}
     target = policy.target_scaler.state() if policy.target_scaler is not None else {}
     return {
-        "weights": trainer.model.get_weights(),
+        # every variable: weights, scaling and batch normalisation statistics, seed states
+        "variables": [np.asarray(v) for v in trainer.model.variables],
         "optimizer": trainer.step.optimizer_state(),
         "average": list(trainer.step.average_state().values()),
         "scaler": list(scaler.values()),
@@ -114,6 +117,15 @@ CASES = {
         {"loss": "binary_crossentropy", "drift": {"reaction": "boost_lr"}},
         _classification_stream,
     ),
+    # the forward pass moves dropout's seed state and batch normalisation's statistics
+    "regression, dropout": (
+        {"loss": "mse", "builder_options": {"dropout": 0.2}},
+        _regression_stream,
+    ),
+    "regression, batch normalisation": (
+        {"loss": "mse", "builder": "tests.custom_builder:build_batch_norm"},
+        _regression_stream,
+    ),
 }
 
 
@@ -126,31 +138,33 @@ def test_the_pipeline_learns_what_one_batch_after_the_other_does(case: str) -> N
     assert not plain.pipelined and piped.pipelined
     assert piped.rewinds > 0  # the stream made it rewind (rolled-back steps, drift reactions)
     _assert_same(_state(plain), _state(piped))
+    # a rolled-back batch leaves nothing moved, batch normalisation's statistics included
+    for trainer in (plain, piped):
+        assert all(np.isfinite(np.asarray(v)).all() for v in trainer.model.variables)
 
 
 def test_a_batch_that_fails_is_counted_and_the_pipeline_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A batch whose learning raises (here its start, once; then a finish) is counted in
-    ``livefit_internal_errors_total`` and logged; the trainer thread keeps training the rest."""
+    """A batch whose learning raises (one batch's start, another one's finish, however often
+    they are tried) is counted in ``livefit_internal_errors_total`` and logged; the trainer
+    thread keeps training the rest."""
     x, y = _classification_stream(np.random.default_rng(2))
     x = np.nan_to_num(x)
-    calls = {"start": 0, "finish": 0}
+    bad_start, bad_finish = x[20 * 32, 0], x[40 * 32, 0]  # the first rows of two batches
     from livefit.server.train.update_policy import UpdatePolicy
 
     start, finish = UpdatePolicy.start, UpdatePolicy.finish
 
-    def failing_start(self: UpdatePolicy, *args: Any, **kwargs: Any) -> Any:
-        calls["start"] += 1
-        if calls["start"] == 20:
+    def failing_start(self: UpdatePolicy, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if batch.x[0, 0] == bad_start:
             raise RuntimeError("start failed")
-        return start(self, *args, **kwargs)
+        return start(self, batch, *args, **kwargs)
 
-    def failing_finish(self: UpdatePolicy, *args: Any, **kwargs: Any) -> Any:
-        calls["finish"] += 1
-        if calls["finish"] == 40:
+    def failing_finish(self: UpdatePolicy, started: Any, *args: Any, **kwargs: Any) -> Any:
+        if started.batch.x[0, 0] == bad_finish:
             raise RuntimeError("finish failed")
-        return finish(self, *args, **kwargs)
+        return finish(self, started, *args, **kwargs)
 
     monkeypatch.setattr(UpdatePolicy, "start", failing_start)
     monkeypatch.setattr(UpdatePolicy, "finish", failing_finish)
@@ -161,3 +175,66 @@ def test_a_batch_that_fails_is_counted_and_the_pipeline_goes_on(
     assert errors == 2
     assert trainer.samples_seen == len(x) - 2 * 32  # every other batch trained
     assert not trainer.running
+
+
+def test_a_step_that_fails_inside_tensorflow_costs_only_its_own_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An asynchronous executor reports a step's error at a later call: the pipeline must
+    still count it against that batch, lose no other batch, and end where one batch after the
+    other ends (the failing batch's step here meets inputs of the wrong width, an error
+    TensorFlow raises in its kernel, as a device error would)."""
+    x, y = _classification_stream(np.random.default_rng(2))
+    x, y = np.nan_to_num(x)[:1600], y[:1600]  # no rolled-back batch, no drift
+    dispatch = TrainStep.dispatch
+
+    def run(pipeline: str) -> Trainer:
+        calls = {"n": 0}
+
+        def failing(self: TrainStep, x: np.ndarray, *rest: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 20:
+                x = np.zeros((len(x), x.shape[1] + 3), np.float32)
+            return dispatch(self, x, *rest)
+
+        monkeypatch.setattr(TrainStep, "dispatch", failing)
+        return _run(pipeline, {"loss": "binary_crossentropy"}, x, y)
+
+    plain, piped = run("off"), run("on")
+    for trainer in (plain, piped):
+        errors = trainer.metrics.registry.get_sample_value(
+            "livefit_internal_errors_total", {"component": "trainer"}
+        )
+        assert errors == 1 and trainer.samples_seen == len(x) - 32
+    _assert_same(_state(plain), _state(piped))
+
+
+def test_a_batch_is_finished_before_the_next_one_lingers() -> None:
+    """With ``train.max_wait_ms`` the next batch may wait to fill up; the batch before it is
+    finished first (its version, scores and snapshot), not after the wait."""
+    x, y = _classification_stream(np.random.default_rng(3))
+    x, y = np.nan_to_num(x)[:74], y[:74]  # two full batches of 32, then 10 rows that linger
+    model = ModelSettings.model_validate(
+        {
+            "input_shape": [x.shape[1]],
+            "output_shape": [1],
+            "loss": "binary_crossentropy",
+            "train": {"max_batch_size": 32, "pipeline": "on", "max_wait_ms": 30_000},
+            "weights": {"serve_interval_s": 60},  # no snapshot due to finish it meanwhile
+        }
+    )
+    queue = SampleQueue(1_000)
+    trainer = Trainer("m", model, queue, SnapshotSlot(), Metrics(), "/CPU:0")
+    trainer.warm_up()
+    for start in range(0, len(x), CHUNK):
+        rows = slice(start, start + CHUNK)
+        queue.put(SampleChunk(x[rows], y[rows], np.ones(len(x[rows]), np.float32), None, None))
+    trainer.start()
+    try:
+        deadline = time.monotonic() + 15.0  # the linger is 30 s: reaching 64 means no wait
+        while trainer.samples_seen < 64 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert trainer.samples_seen == 64
+    finally:
+        trainer.stop(timeout=60)
+    assert trainer.samples_seen == 74
