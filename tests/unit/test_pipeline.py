@@ -29,15 +29,10 @@ from livefit.server.wire.snapshot import SnapshotSlot
 CHUNK = 16  # rows a message carries; batches of 32 take two
 
 
-def _run(pipeline: str, settings: dict[str, Any], x: np.ndarray, y: np.ndarray) -> Trainer:
+def _trainer(settings: dict[str, Any], x: np.ndarray, y: np.ndarray) -> Trainer:
+    """A warmed-up trainer of ``settings`` with ``x``, ``y`` queued in messages of CHUNK."""
     model = ModelSettings.model_validate(
-        {
-            "input_shape": [x.shape[1]],
-            "output_shape": [y.shape[1]],
-            "seed": 3,
-            **settings,
-            "train": {"max_batch_size": 32, "pipeline": pipeline, **settings.get("train", {})},
-        }
+        {"input_shape": [x.shape[1]], "output_shape": [y.shape[1]], "seed": 3, **settings}
     )
     queue = SampleQueue(len(x) + 1)
     trainer = Trainer("m", model, queue, SnapshotSlot(), Metrics(), "/CPU:0")
@@ -45,6 +40,13 @@ def _run(pipeline: str, settings: dict[str, Any], x: np.ndarray, y: np.ndarray) 
     for start in range(0, len(x), CHUNK):
         rows = slice(start, start + CHUNK)
         queue.put(SampleChunk(x[rows], y[rows], np.ones(len(x[rows]), np.float32), None, None))
+    return trainer
+
+
+def _run(pipeline: str, settings: dict[str, Any], x: np.ndarray, y: np.ndarray) -> Trainer:
+    """Every sample of ``x``, ``y`` trained, from a backlog, pipelined or not."""
+    train = {"max_batch_size": 32, "pipeline": pipeline, **settings.get("train", {})}
+    trainer = _trainer({**settings, "train": train}, x, y)
     trainer.start()
     trainer.stop(timeout=120)
     return trainer
@@ -214,21 +216,12 @@ def test_a_batch_is_finished_before_the_next_one_lingers() -> None:
     finished first (its version, scores and snapshot), not after the wait."""
     x, y = _classification_stream(np.random.default_rng(3))
     x, y = np.nan_to_num(x)[:74], y[:74]  # two full batches of 32, then 10 rows that linger
-    model = ModelSettings.model_validate(
-        {
-            "input_shape": [x.shape[1]],
-            "output_shape": [1],
-            "loss": "binary_crossentropy",
-            "train": {"max_batch_size": 32, "pipeline": "on", "max_wait_ms": 30_000},
-            "weights": {"serve_interval_s": 60},  # no snapshot due to finish it meanwhile
-        }
-    )
-    queue = SampleQueue(1_000)
-    trainer = Trainer("m", model, queue, SnapshotSlot(), Metrics(), "/CPU:0")
-    trainer.warm_up()
-    for start in range(0, len(x), CHUNK):
-        rows = slice(start, start + CHUNK)
-        queue.put(SampleChunk(x[rows], y[rows], np.ones(len(x[rows]), np.float32), None, None))
+    settings = {
+        "loss": "binary_crossentropy",
+        "train": {"max_batch_size": 32, "pipeline": "on", "max_wait_ms": 30_000},
+        "weights": {"serve_interval_s": 60},  # no snapshot due to finish it meanwhile
+    }
+    trainer = _trainer(settings, x, y)
     trainer.start()
     try:
         deadline = time.monotonic() + 15.0  # the linger is 30 s: reaching 64 means no wait
