@@ -245,8 +245,8 @@ class UpdatePolicy:
         if started.clear_replay and self.replay is not None:
             self.replay.clear()
         first = self._choose_weights(first)
-        drift = self._watch(first, undo_assumption)  # before the batch joins replay: a
-        # flush keeps the batch
+        # before the batch joins replay: a flush keeps the batch
+        drift = self._watch(first, undo_assumption)
         if started.steps:
             self._absorb(batch)
         else:  # rolled back: so are the statistics
