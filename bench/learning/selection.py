@@ -5,17 +5,23 @@ the cost in samples/s measured side by side (off and on alternate, in interleave
     .venv/bin/python -m bench.learning.selection [--seeds 1,2] [--streams waveform,led]
         [--limit N] [--out results.json]
 
-The candidates beside the configured model (livefit's defaults): the same network at a third
-and at three times the learning rate (``CANDIDATES``): online selection may only vary what
-keeps the architecture (``[models.<name>.selection]``).
+The candidates beside the configured model (livefit's defaults): ``--candidates rates`` (the
+default), the same network at a third and at three times the learning rate (``CANDIDATES``):
+online selection may only vary what keeps the architecture (``[models.<name>.selection]``).
+``--candidates linear``: one linear model (``builder = "linear"``) beside the network, which
+the server refuses (a replica builds one network from the config and could not serve the
+linear model's weights). Here, in process, the bench gives the candidate its builder
+(``_linear_candidates``) to measure what building that support would gain.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +35,32 @@ CANDIDATES = (
     {"name": "lr_triple", "learning_rate": DEFAULT_LR * 3},
 )
 SELECTION = {"enabled": True, "candidates": list(CANDIDATES)}
+LINEAR_CANDIDATE = "linear"
+CANDIDATE_SETS = {
+    "rates": SELECTION,
+    "linear": {"enabled": True, "candidates": [{"name": LINEAR_CANDIDATE}]},
+}
+
+
+@contextlib.contextmanager
+def _linear_candidates() -> Iterator[None]:
+    """Within: candidate ``LINEAR_CANDIDATE`` is built as ``builder = "linear"`` (what
+    ``[models.<name>.selection]`` refuses in a server; the trainer alone takes it)."""
+    from livefit.server.config.model import ModelSettings
+
+    original = ModelSettings.candidate_settings
+
+    def candidate_settings(self: ModelSettings, name: str) -> ModelSettings:
+        own = original(self, name)
+        if name != LINEAR_CANDIDATE:
+            return own
+        return own.model_copy(update={"builder": "linear", "builder_options": {}})
+
+    ModelSettings.candidate_settings = candidate_settings  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ModelSettings.candidate_settings = original  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)
@@ -42,15 +74,26 @@ class Selecting:
         return {**self.knobs.model_config(table), "selection": self.selection}
 
 
-def compare(streams: list[str], seeds: list[int], limit: int | None) -> dict[str, Any]:
-    """Each stream and seed, off then on (on then off every other round)."""
+def compare(
+    streams: list[str], seeds: list[int], limit: int | None, candidates: str = "rates"
+) -> dict[str, Any]:
+    """Each stream and seed, off then on (on then off every other round), with the candidate
+    set ``candidates`` names (``CANDIDATE_SETS``)."""
+    selection = CANDIDATE_SETS[candidates]
+    with _linear_candidates() if candidates == "linear" else contextlib.nullcontext():
+        return _compare(streams, seeds, limit, selection)
+
+
+def _compare(
+    streams: list[str], seeds: list[int], limit: int | None, selection: dict[str, Any]
+) -> dict[str, Any]:
     rows = []
     for name in streams:
         stream = load_stream(STREAMS[name], limit)
         metric = METRIC[stream.task]
         for i, seed in enumerate(seeds):
             knobs = Knobs(seed=seed)
-            sides = [("off", knobs), ("on", Selecting(knobs))]
+            sides = [("off", knobs), ("on", Selecting(knobs, selection))]
             scores = {side: learn_inprocess(stream, k) for side, k in sides[:: 1 - 2 * (i % 2)]}
             off, on = scores["off"], scores["on"]
             row = {
@@ -93,9 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default=",".join(STREAMS))
     parser.add_argument("--seeds", default="1,2")
     parser.add_argument("--limit", type=int, default=None, help="samples per stream")
+    parser.add_argument("--candidates", choices=sorted(CANDIDATE_SETS), default="rates")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    result = compare(args.streams.split(","), [int(s) for s in args.seeds.split(",")], args.limit)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    result = compare(args.streams.split(","), seeds, args.limit, args.candidates)
+    result["candidates"] = args.candidates
     for row in result["summary"]:
         print(
             f"{row['stream']:<12} {row['metric']:<8} off {row['off']:.4f} on {row['on']:.4f} "

@@ -7,8 +7,8 @@ Each variant is livefit's defaults (the configuration a user writes: shapes and 
 few settings (``VARIANTS``); every one runs on the same samples and model seeds through the
 trainer's own code path (``inprocess.learn_inprocess``). Rows go out as JSON lines (append to
 ``--out``), one per stream, seed and variant; ``--summary rows.jsonl`` prints, per stream,
-each variant's mean and worst change against ``base`` (accuracy points, or % lower MAE: higher
-is better) and its samples/s relative to ``base``.
+each variant's mean and worst change against ``base`` (``--reference`` names another:
+accuracy points, or % lower MAE: higher is better) and its samples/s relative to it.
 """
 
 from __future__ import annotations
@@ -29,13 +29,17 @@ from bench.learning.streams import METRIC, STREAMS, load_stream
 # "base" is the defaults before weight averaging (issue #30): what the others are measured
 # against. The rows that served the average always ("ema*" in bench/results/averaging.jsonl)
 # came from a first version of the step without the choice by windowed loss; "decay*" from an
-# lr / sqrt(1 + steps / T) schedule not kept (neither is reproducible with this code).
+# lr / sqrt(1 + steps / T) schedule not kept (neither is reproducible with this code). "wd05"
+# and "wd2": the default optimizer with Keras' decoupled weight decay 0.05 and 0.2, not kept
+# (bench/results/weight_decay.jsonl, measured against "ch95", the defaults).
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "base": {"train": {"weight_average": 0.0}},
     "ch90": {"train": {"weight_average": 0.9}},
     "ch95": {"train": {"weight_average": 0.95}},  # the default
     "ch99": {"train": {"weight_average": 0.99}},
     "ch95w200": {"train": {"weight_average": 0.95}, "module": {"AVERAGE_WINDOW": 200}},
+    "wd05": {"module": {"WEIGHT_DECAY": 0.05}},
+    "wd2": {"module": {"WEIGHT_DECAY": 0.2}},
     "ch95s29": {"train": {"weight_average": 0.95}, "module": {"AVERAGE_START": 29.0}},
 }
 
@@ -53,6 +57,7 @@ class Variant:
 
         module = self.extra.get("module", {})
         train_step.AVERAGE_START = module.get("AVERAGE_START", 9.0)
+        _set_weight_decay(module.get("WEIGHT_DECAY"))
         update_policy.AVERAGE_WINDOW = module.get("AVERAGE_WINDOW", 500)
         for section, values in self.extra.items():
             if section == "module":
@@ -62,6 +67,26 @@ class Variant:
             else:
                 config.update(values)
         return config
+
+
+def _set_weight_decay(decay: float | None) -> None:
+    """Experiment only: the trainer's optimizer built with Keras' decoupled ``weight_decay``
+    (None: livefit's own ``make_optimizer`` again)."""
+    import keras
+
+    from livefit.server.train import modeling
+
+    original = getattr(modeling, "_livefit_make_optimizer", modeling.make_optimizer)
+    modeling._livefit_make_optimizer = original  # type: ignore[attr-defined]
+    if decay is None:
+        modeling.make_optimizer = original
+        return
+
+    def make_optimizer(settings):
+        config = {"learning_rate": settings.learning_rate, "weight_decay": decay}
+        return keras.optimizers.get({"class_name": settings.optimizer, "config": config})
+
+    modeling.make_optimizer = make_optimizer
 
 
 def run(variants: list[str], streams: list[str], seeds: list[int], limit: int | None, out):
@@ -83,11 +108,11 @@ def run(variants: list[str], streams: list[str], seeds: list[int], limit: int | 
                     out.flush()
 
 
-def summary(rows: list[dict[str, Any]]) -> list[str]:
-    """Per stream and variant: mean and worst change against ``base`` over the seeds."""
-    base = {(r["stream"], r["seed"]): r for r in rows if r["variant"] == "base"}
+def summary(rows: list[dict[str, Any]], reference: str = "base") -> list[str]:
+    """Per stream and variant: mean and worst change against ``reference`` over the seeds."""
+    base = {(r["stream"], r["seed"]): r for r in rows if r["variant"] == reference}
     lines = []
-    variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "base"]
+    variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != reference]
     totals: dict[str, list[float]] = {v: [] for v in variants}
     for name in dict.fromkeys(r["stream"] for r in rows):
         cells = []
@@ -124,11 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="samples per stream")
     parser.add_argument("--out", default=None, help="append rows (JSON lines) here")
     parser.add_argument("--summary", default=None, help="summarize these rows instead")
+    parser.add_argument("--reference", default="base", help="the variant --summary compares to")
     args = parser.parse_args(argv)
     if args.summary:
         with open(args.summary) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-        print("\n".join(summary(rows)))
+        print("\n".join(summary(rows, args.reference)))
         return 0
     out = open(args.out, "a") if args.out else None  # noqa: SIM115
     try:

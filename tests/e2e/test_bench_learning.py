@@ -188,3 +188,63 @@ def test_selection_comparison_runs_off_and_on_side_by_side() -> None:
         assert row["off_samples_per_s"] > 0 and row["on_samples_per_s"] > 0
         assert isinstance(row["switches"], int)
     assert [s["gain_unit"] for s in result["summary"]] == ["% MAE", "points"]
+
+
+def test_linear_candidate_comparison_builds_the_candidate_linear_and_only_within() -> None:
+    """``--candidates linear``: the candidate is built by the ``linear`` builder inside the
+    comparison (the server refuses another builder), and settings are untouched after it."""
+    from bench.learning import selection
+    from livefit.server.config.model import ModelSettings
+
+    table = {
+        "input_shape": [3],
+        "output_shape": [1],
+        "selection": selection.CANDIDATE_SETS["linear"],
+    }
+    settings = ModelSettings.model_validate(table)
+    with selection._linear_candidates():
+        inside = settings.candidate_settings(selection.LINEAR_CANDIDATE)
+        assert settings.candidate_settings("configured").builder == "mlp"
+    assert (inside.builder, inside.builder_options) == ("linear", {})
+    assert settings.candidate_settings(selection.LINEAR_CANDIDATE).builder == "mlp"
+
+    result = selection.compare(["led"], [1], limit=100, candidates="linear")
+    assert [r["served"] in {"configured", "linear"} for r in result["rows"]] == [True]
+
+
+def test_variant_summary_compares_with_the_reference_named() -> None:
+    """``bench.learning.variants --summary --reference``: changes are against that variant."""
+    from bench.learning import variants
+
+    rows = [
+        {"stream": "s", "seed": 1, "variant": "ch95", "metric": "accuracy", "value": 0.80,
+         "samples_per_s": 100.0},
+        {"stream": "s", "seed": 1, "variant": "wd05", "metric": "accuracy", "value": 0.81,
+         "samples_per_s": 50.0},
+        {"stream": "r", "seed": 1, "variant": "ch95", "metric": "mae", "value": 2.0,
+         "samples_per_s": 100.0},
+        {"stream": "r", "seed": 1, "variant": "wd05", "metric": "mae", "value": 1.0,
+         "samples_per_s": 100.0},
+    ]  # fmt: skip
+    lines = variants.summary(rows, reference="ch95")
+    assert lines[0] == "s                wd05 +1.00 (+1.00) x0.50 n1"
+    assert lines[1] == "r                wd05 +50.00 (+50.00) x1.00 n1"
+    assert lines[2].split() == ["all", "wd05", "+25.500"]
+
+
+def test_weight_decay_variants_build_the_optimizer_with_their_decay_and_others_without() -> None:
+    """``wd05``: Keras' ``weight_decay`` 0.05 on the default optimizer; the next variant
+    without the constant builds it without decay again."""
+    from bench.learning import variants
+    from bench.learning.knobs import Knobs
+    from livefit.server.config.model import ModelSettings
+    from livefit.server.train import modeling
+
+    table = {"input_shape": [3], "output_shape": [1]}
+    decays = []
+    for name in ("wd05", "ch95"):
+        config = variants.Variant(Knobs(seed=1), variants.VARIANTS[name]).model_config(table)
+        optimizer = modeling.make_optimizer(ModelSettings.model_validate(config))
+        decays.append((type(optimizer).__name__, optimizer.weight_decay))
+    assert decays == [("Nadam", 0.05), ("Nadam", None)]
+    assert modeling.make_optimizer.__module__ == modeling.__name__  # livefit's own again
