@@ -17,7 +17,8 @@ from bench.learning.streams import CHUNK, REGRESSION, Stream
 
 
 def learn_inprocess(stream: Stream, knobs: Knobs | Any, chunk: int = CHUNK) -> Score:
-    """Feed ``stream`` to a real ``Trainer`` in chunks of ``chunk``, each one minibatch.
+    """Feed ``stream`` to a real ``Trainer`` in chunks of ``chunk``, each one minibatch (a
+    fresh model's first chunks: the batches its fast start takes, ``Trainer.next_batch``).
 
     The same code path as the server from the sample queue on (update policy, train step,
     prequential scores), on this thread: no MQTT, no write-ahead log, no timing effects.
@@ -37,9 +38,10 @@ def learn_inprocess(stream: Stream, knobs: Knobs | Any, chunk: int = CHUNK) -> S
         for start in range(0, len(stream), chunk):
             x, y = stream.x[start : start + chunk], stream.y[start : start + chunk]
             queue.put(SampleChunk(x, y, np.ones(len(x), dtype=np.float32)))
-            batch = queue.next_batch(chunk)
-            assert batch is not None
-            trainer.train_batch(batch)
+            while len(queue):  # one batch, or a fresh model's first ones (its fast start)
+                batch = trainer.next_batch()
+                assert batch is not None
+                trainer.train_batch(batch)
     seconds = time.perf_counter() - started
     scores = trainer.scores.scores
     detections = trainer.policy.drift.detections if trainer.policy.drift is not None else 0

@@ -33,6 +33,7 @@ class Knobs:
     boost_factor: float | None = None
     boost_steps: int | None = None
     start_lr_factor: float | None = None
+    fast_start_samples: int | None = None
     start_steps: int | None = None
     weight_average: float | None = None
     seed: int = MODEL_SEED
@@ -62,6 +63,7 @@ class Knobs:
                 "replay_mode",
                 "replay_share",
                 "start_lr_factor",
+                "fast_start_samples",
                 "start_steps",
                 "weight_average",
             )
@@ -109,6 +111,7 @@ class Knobs:
             "boost_factor": s.drift.boost_factor,
             "boost_steps": s.drift.boost_steps,
             "start_lr_factor": s.train.start_lr_factor,
+            "fast_start_samples": s.train.fast_start_samples,
             "start_steps": s.train.start_steps,
             "weight_average": s.train.weight_average,
         }
@@ -149,6 +152,8 @@ def describe(r: dict[str, Any]) -> str:
         parts.append(f"target scaling {r['target_scaling']}")
     if r.get("start_lr_factor", 1) > 1:
         parts.append(f"start lr x{r['start_lr_factor']:g} over {r['start_steps']} steps")
+    if r.get("fast_start_samples"):
+        parts.append(f"fast start {r['fast_start_samples']}")
     if r.get("weight_average"):
         parts.append(f"averaged weights {r['weight_average']:g}")
     if r["drift_reaction"] != "none":  # the threshold only matters when drift changes learning
@@ -182,6 +187,7 @@ V01 = Knobs(  # livefit 0.1's defaults, explicitly: the "before" of the issue
     scaling="standardize",
     drift_reaction="none",
     weight_average=0.0,
+    fast_start_samples=0,
 )
 # The defaults before the recent-window replay (the previous recommendation), for comparison.
 PREVIOUS = replace(V01, optimizer="nadam", learning_rate=0.01)
@@ -199,7 +205,7 @@ RECOMMENDED = replace(
 # only logged and counted.
 BEFORE_RECOVERY = Knobs(
     start_lr_factor=1.0, drift_reaction="none", weight_average=0.0, steps_per_batch=2,
-    replay_capacity=500,
+    replay_capacity=500, fast_start_samples=0,
 )  # fmt: skip  # 2 steps and 500 replayed for every loss before regression's own defaults
 # Regression as before online target scaling: the network learns the raw targets.
 NO_TARGET_SCALING = Knobs(target_scaling="none")

@@ -38,6 +38,12 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "ch95": {"train": {"weight_average": 0.95}},  # the default
     "ch99": {"train": {"weight_average": 0.99}},
     "ch95w200": {"train": {"weight_average": 0.95}, "module": {"AVERAGE_WINDOW": 200}},
+    "defaults": {},
+    # The fast start (train.fast_start_samples, issue #30): off, and its smallest batch 1 or 10
+    # instead of 5 (bench/results/fast_start.jsonl).
+    "nofast": {"train": {"fast_start_samples": 0}},
+    "fastmin1": {"module": {"FAST_START_MIN_BATCH": 1}},
+    "fastmin10": {"module": {"FAST_START_MIN_BATCH": 10}},
     "wd05": {"module": {"WEIGHT_DECAY": 0.05}},
     "wd2": {"module": {"WEIGHT_DECAY": 0.2}},
     "ch95s29": {"train": {"weight_average": 0.95}, "module": {"AVERAGE_START": 29.0}},
@@ -53,12 +59,13 @@ class Variant:
 
     def model_config(self, table: dict[str, Any]) -> dict[str, Any]:
         config = self.knobs.model_config(table)
-        from livefit.server.train import train_step, update_policy
+        from livefit.server.train import train_step, trainer, update_policy
 
         module = self.extra.get("module", {})
         train_step.AVERAGE_START = module.get("AVERAGE_START", 9.0)
         _set_weight_decay(module.get("WEIGHT_DECAY"))
         update_policy.AVERAGE_WINDOW = module.get("AVERAGE_WINDOW", 500)
+        trainer.FAST_START_MIN_BATCH = module.get("FAST_START_MIN_BATCH", 5)
         for section, values in self.extra.items():
             if section == "module":
                 continue

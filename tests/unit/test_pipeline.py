@@ -170,7 +170,9 @@ def test_a_batch_that_fails_is_counted_and_the_pipeline_goes_on(
 
     monkeypatch.setattr(UpdatePolicy, "start", failing_start)
     monkeypatch.setattr(UpdatePolicy, "finish", failing_finish)
-    trainer = _run("on", {"loss": "binary_crossentropy"}, x, y)
+    # batches of 32 from the first sample (no fast start), so the bad rows start batches
+    settings = {"loss": "binary_crossentropy", "train": {"fast_start_samples": 0}}
+    trainer = _run("on", settings, x, y)
     errors = trainer.metrics.registry.get_sample_value(
         "livefit_internal_errors_total", {"component": "trainer"}
     )
@@ -218,7 +220,13 @@ def test_a_batch_is_finished_before_the_next_one_lingers() -> None:
     x, y = np.nan_to_num(x)[:74], y[:74]  # two full batches of 32, then 10 rows that linger
     settings = {
         "loss": "binary_crossentropy",
-        "train": {"max_batch_size": 32, "pipeline": "on", "max_wait_ms": 30_000},
+        # full batches from the first sample: no fast start
+        "train": {
+            "max_batch_size": 32,
+            "pipeline": "on",
+            "max_wait_ms": 30_000,
+            "fast_start_samples": 0,
+        },
         "weights": {"serve_interval_s": 60},  # no snapshot due to finish it meanwhile
     }
     trainer = _trainer(settings, x, y)

@@ -1,0 +1,109 @@
+"""A fresh model's fast start (``train.fast_start_samples``): its first batches are no larger
+than what it has learned so far (at least ``FAST_START_MIN_BATCH``), each scored before it is
+learned, through the trainer's own ``next_batch`` (what its thread takes, pipelined or not)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model import ModelSettings
+from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.train.trainer import FAST_START_MIN_BATCH, Trainer
+from livefit.server.wire.samples import SampleChunk
+from livefit.server.wire.snapshot import SnapshotSlot
+
+RNG = np.random.default_rng(11)
+
+
+def _trainer(**train: Any) -> Trainer:
+    settings = ModelSettings.model_validate(
+        {"input_shape": [3], "output_shape": [1], "seed": 1, "train": train}
+    )
+    trainer = Trainer("m", settings, SampleQueue(10_000), SnapshotSlot(), Metrics(), "/CPU:0")
+    trainer.warm_up()
+    return trainer
+
+
+def _put(trainer: Trainer, rows: int) -> None:
+    x = RNG.normal(size=(rows, 3)).astype(np.float32)
+    y = (x.sum(axis=1, keepdims=True) + 40.0).astype(np.float32)
+    trainer.queue.put(SampleChunk(x, y, np.ones(rows, np.float32), None, None))
+
+
+def _drain(trainer: Trainer) -> list[tuple[int, int]]:
+    """(size, backlog) of every batch the trainer takes until the queue is empty, each learned."""
+    taken = []
+    while len(trainer.queue):
+        batch = trainer.next_batch()
+        assert batch is not None
+        taken.append((len(batch), batch.backlog))
+        trainer.train_batch(batch)
+    return taken
+
+
+def test_a_fresh_model_learns_its_first_message_in_batches_that_grow() -> None:
+    trainer = _trainer()
+    assert trainer.settings.train.fast_start_samples == 100 and FAST_START_MIN_BATCH == 5
+    _put(trainer, 25)
+    assert _drain(trainer) == [(5, 0), (5, 0), (10, 0), (5, 0)]  # each one caught up
+    assert trainer.samples_seen == 25
+    _put(trainer, 25)
+    assert _drain(trainer) == [(25, 0)]  # 25 learned: as large as what it learned
+    _put(trainer, 300)
+    assert [size for size, _ in _drain(trainer)] == [50, 250]  # 100 learned: no limit left
+    assert trainer.samples_seen == 350
+
+
+def test_each_fast_start_batch_is_scored_before_it_is_learned() -> None:
+    """The first message's later batches are predicted by the weights that learned the ones
+    before: targets near 40 are no longer all predicted by the untrained weights (about 0)."""
+    cumulative_mae = []
+    for fast_start in (100, 0):
+        trainer = _trainer(fast_start_samples=fast_start)
+        _put(trainer, 25)
+        _drain(trainer)
+        cumulative_mae.append(trainer.scores.scores["mae"].cumulative)
+    with_start, without = cumulative_mae
+    assert without > 35  # 25 predictions of about 0 for targets about 40
+    assert with_start < 0.5 * without  # only the first 5 were the untrained weights'
+
+
+def test_with_fast_start_off_the_first_message_is_one_batch() -> None:
+    trainer = _trainer(fast_start_samples=0)
+    _put(trainer, 25)
+    assert _drain(trainer) == [(25, 0)]
+
+
+def test_a_backlog_at_the_start_is_still_taken_as_a_backlog() -> None:
+    """A batch cut short by the fast start reports what a full batch would have left: with
+    600 queued and batches of 256, every batch until the queue holds one full batch is from a
+    backlog (no extra steps or replay: ``train.extras_when``)."""
+    trainer = _trainer(max_batch_size=256)
+    _put(trainer, 600)
+    taken = _drain(trainer)
+    assert [size for size, _ in taken] == [5, 5, 10, 20, 40, 80, 256, 184]
+    assert [backlog for _, backlog in taken] == [344, 339, 334, 324, 304, 264, 184, 0]
+
+
+def test_a_model_that_has_learned_enough_takes_full_batches() -> None:
+    """A model restored from a checkpoint carries its samples learned: no fast start again."""
+    trainer = _trainer()
+    trainer.samples_seen = 100
+    _put(trainer, 60)
+    assert _drain(trainer) == [(60, 0)]
+
+
+def test_the_trainers_thread_takes_the_same_batches() -> None:
+    """Through ``start`` and ``stop`` (the server's loop), pipelined and not: the versions are
+    the fast start's four batches' steps (four a batch for regression, each caught up)."""
+    versions = {}
+    for pipeline in ("off", "on"):
+        trainer = _trainer(pipeline=pipeline, max_batch_size=32)
+        _put(trainer, 25)
+        trainer.start()
+        trainer.stop(timeout=60)
+        versions[pipeline] = (trainer.version, trainer.samples_seen)
+    assert versions == {"off": (16, 25), "on": (16, 25)}
