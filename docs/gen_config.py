@@ -395,10 +395,11 @@ MEANINGS: dict[str, str] = {
         "larger than what it has learned so far and no smaller than 5 (a first message of 25: "
         "5, 5, 10 and 5 samples), each scored before it is learned, so its first message is "
         "not all predicted by the untrained weights; a batch cut short counts as caught up "
-        "where a full-size one would have (`extras_when`). A model restored from a checkpoint "
-        "is not fresh. `0`: off. Measured over 15 streams: 53 % and 6 % lower MAE on "
-        "TrumpApproval and ChickWeights, within 0.6 points or % elsewhere (BENCHMARKS.md, "
-        "learning quality)"
+        "where a full-size one would have (`extras_when`). The count of samples learned is "
+        "the model's own and checkpoints keep it: a model restored before the limit goes on "
+        "with it, one restored past it does not start again. `0`: off. Measured over 15 "
+        "streams: 53 % and 6 % lower MAE on TrumpApproval and ChickWeights, within 0.6 "
+        "points or % elsewhere on the mean over seeds (BENCHMARKS.md, learning quality)"
     ),
     "models.<name>.train.weight_average": (
         "weight averaging: the trainer also keeps an exponential moving average of the trained "

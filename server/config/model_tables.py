@@ -69,11 +69,12 @@ class TrainSettings(Section):
     # and 300 steps and 5x over 200 (those gained more on some streams and lost up to 2 to
     # 13 % MAE on the regression ones).
     start_lr_factor: float = Field(2.0, ge=1, le=100, allow_inf_nan=False)
-    # A fresh model (not one restored from a checkpoint) takes batches no larger than the
-    # samples it has learned so far (at least 5: 5, 5, 10, 20, ...) until it has learned this
-    # many (0: no such start). Each batch is scored before it is learned, so the first message
-    # is no longer all predicted by the untrained weights. 100: measured over 15 streams
-    # (BENCHMARKS.md, learning quality, "Fast starts"), with messages of 25.
+    # A model takes batches no larger than the samples it has learned so far (at least 5: 5,
+    # 5, 10, 20, ...) until it has learned this many (0: no such start). The count is the
+    # model's own and checkpoints keep it: a restored model goes on where it stopped. Each
+    # batch is scored before it is learned, so the first message is no longer all predicted
+    # by the untrained weights. 100: measured over 15 streams (BENCHMARKS.md, learning
+    # quality, "A fast start by batch size"), with messages of 25.
     fast_start_samples: int = Field(100, ge=0, le=1_000_000)
     start_steps: int = Field(300, ge=1, le=1_000_000)
     # Weight averaging: the trainer also keeps an exponential moving average of the trained

@@ -226,9 +226,9 @@ class Trainer:
         pending: _Pending | None = None
         try:
             while True:
+                full = self.settings.train.max_batch_size
                 if pending is not None and (
-                    (max_wait_s > 0 and len(self.queue) < self.settings.train.max_batch_size)
-                    or self.samples_seen < self.settings.train.fast_start_samples
+                    (max_wait_s > 0 and len(self.queue) < full) or self.batch_limit() < full
                 ):
                     # The next batch would linger (train.max_wait_ms) to fill up, or its size
                     # depends on what this one learns (the fast start, ``batch_limit``):

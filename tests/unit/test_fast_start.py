@@ -89,7 +89,7 @@ def test_a_backlog_at_the_start_is_still_taken_as_a_backlog() -> None:
 
 
 def test_a_model_that_has_learned_enough_takes_full_batches() -> None:
-    """A model restored from a checkpoint carries its samples learned: no fast start again."""
+    """The count of samples learned decides (a restored model's is its checkpoint's)."""
     trainer = _trainer()
     trainer.samples_seen = 100
     _put(trainer, 60)
@@ -107,3 +107,28 @@ def test_the_trainers_thread_takes_the_same_batches() -> None:
         trainer.stop(timeout=60)
         versions[pipeline] = (trainer.version, trainer.samples_seen)
     assert versions == {"off": (16, 25), "on": (16, 25)}
+
+
+def test_a_backlog_at_the_start_through_the_trainers_thread() -> None:
+    """The server's loops take the same batches as ``next_batch`` one after the other,
+    pipelined too: a batch of the fast start waits for the step before it (its size is what
+    that step makes the count), then full batches overlap as before."""
+    sizes = {}
+    for pipeline in ("off", "on"):
+        trainer = _trainer(pipeline=pipeline, max_batch_size=256)
+        taken: list[int] = []
+        take = trainer.next_batch
+
+        def recording(*args: Any, _take: Any = take, _taken: list[int] = taken, **kw: Any) -> Any:
+            batch = _take(*args, **kw)
+            if batch is not None:
+                _taken.append(len(batch))
+            return batch
+
+        trainer.next_batch = recording  # type: ignore[method-assign]
+        _put(trainer, 600)
+        trainer.start()
+        trainer.stop(timeout=60)
+        assert trainer.samples_seen == 600
+        sizes[pipeline] = taken
+    assert sizes["off"] == sizes["on"] == [5, 5, 10, 20, 40, 80, 256, 184]
