@@ -65,7 +65,9 @@ class Variant:
         train_step.AVERAGE_START = module.get("AVERAGE_START", 9.0)
         _set_weight_decay(module.get("WEIGHT_DECAY"))
         update_policy.AVERAGE_WINDOW = module.get("AVERAGE_WINDOW", 500)
-        trainer.FAST_START_MIN_BATCH = module.get("FAST_START_MIN_BATCH", 5)
+        own = getattr(trainer, "_livefit_fast_start_min", trainer.FAST_START_MIN_BATCH)
+        trainer._livefit_fast_start_min = own  # type: ignore[attr-defined]
+        trainer.FAST_START_MIN_BATCH = module.get("FAST_START_MIN_BATCH", own)
         for section, values in self.extra.items():
             if section == "module":
                 continue
