@@ -139,3 +139,30 @@ def test_learns_every_good_sample_and_rejects_bad_ones(
         assert server.stop() == 0
     if pipeline == "on":
         assert "training steps pipelined" in server.log.read_text()
+
+
+def test_a_fresh_learner_learns_its_first_message_in_growing_batches(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """README: a fresh model learns its first samples in small batches, each scored before it
+    is learned (``train.fast_start_samples``). Through a real ``livefit serve``: one message of
+    25 samples with targets near 40 becomes four batches of four steps (5, 5, 10, 5), and the
+    prequential MAE is not that of 25 untrained predictions."""
+    rng = np.random.default_rng(3)
+    demo = model(lines="seed = 1", train="max_batch_size = 128")
+    text = learner_config(broker, tmp_path / "data", "e2e-fast-start", demo)
+    x, y = stream(rng, 25)
+    y = y + 40.0
+    publisher = Publisher(broker)
+    server = LivefitProcess(text, tmp_path).start()
+    try:
+        publisher.send([encode(x, y, "msgpack", 0)])
+        assert server.wait_for_metric("livefit_train_samples_total", 25, model="demo") == 25
+        assert server.metric("livefit_model_version", model="demo") == 16
+        mae = server.metric(
+            "livefit_prequential_score", model="demo", metric="mae", window="cumulative"
+        )
+        assert mae < 0.5 * float(np.abs(y).mean()), mae  # untrained: about 40
+    finally:
+        publisher.close()
+        assert server.stop() == 0
