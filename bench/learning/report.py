@@ -171,7 +171,8 @@ def _regression_words(r: dict[str, Any]) -> str:
         + f" against {fig(r['peers'][LINREG]['mae'])} for river's linear regression, "
         f"{fig(r['peers'][LINREG_TSS]['mae'])} with its target standardized and "
         f"{fig(r['peers'][HT]['mae'])} for the Hoeffding tree; its first message alone "
-        f"(25 samples predicted before any label, at about 0) adds {fig(first)} to it, and "
+        f"(25 samples, each predicted by the weights before its batch: at about 0 without "
+        f"the fast start) adds {fig(first)} to it, and "
         f"after it livefit's MAE is {fig(mine)} against {fig(after[LINREG])}, "
         f"{fig(after[LINREG_TSS])} and {fig(after[HT])}. "
     )

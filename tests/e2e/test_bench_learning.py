@@ -248,3 +248,62 @@ def test_weight_decay_variants_build_the_optimizer_with_their_decay_and_others_w
         decays.append((type(optimizer).__name__, optimizer.weight_decay))
     assert decays == [("Nadam", 0.05), ("Nadam", None)]
     assert modeling.make_optimizer.__module__ == modeling.__name__  # livefit's own again
+
+
+def test_protocol_batches_are_the_trainers_and_one_sample_batches_are_rivers_own_score() -> None:
+    """``bench.learning.protocol``: the minibatches are those the trainer takes at the
+    defaults (its fast start, then whole messages), checked against a real ``Trainer`` fed
+    messages of 25; a peer scored in one-sample batches gets the benchmark's own per-sample
+    figure, and in messages of 25 it predicts the first 25 with an untrained model."""
+    import numpy as np
+
+    from bench.learning import protocol
+    from bench.learning.peers import LINREG_TSS, PEERS, peer_score
+    from bench.learning.streams import STREAMS, load_stream
+    from livefit.server.base.metrics import Metrics
+    from livefit.server.config.model import ModelSettings
+    from livefit.server.ingest.sample_queue import SampleQueue
+    from livefit.server.train.trainer import Trainer
+    from livefit.server.wire.samples import SampleChunk
+    from livefit.server.wire.snapshot import SnapshotSlot
+
+    schedule = protocol.livefit_schedule(130)
+    assert schedule == [(0, 5), (5, 10), (10, 20), (20, 25), (25, 50), (50, 75), (75, 100),
+                        (100, 125), (125, 130)]  # fmt: skip
+    assert list(protocol.batch_schedule(60, 25, 0, 5, 256)) == [(0, 25), (25, 50), (50, 60)]
+    assert list(protocol.batch_schedule(30, 30, 100, 1, 8)) == [
+        (0, 1),
+        (1, 2),
+        (2, 4),
+        (4, 8),
+        (8, 16),
+        (16, 24),
+        (24, 30),
+    ]
+
+    settings = ModelSettings.model_validate({"input_shape": [2], "output_shape": [1], "seed": 1})
+    trainer = Trainer("p", settings, SampleQueue(1000), SnapshotSlot(), Metrics(), "/CPU:0")
+    rng = np.random.default_rng(0)
+    taken = []
+    for start in range(0, 130, 25):  # messages of 25, each learned before the next arrives
+        rows = min(25, 130 - start)
+        x = rng.normal(size=(rows, 2)).astype(np.float32)
+        y = rng.normal(size=(rows, 1)).astype(np.float32)
+        trainer.queue.put(SampleChunk(x, y, np.ones(rows, np.float32), None, None))
+        while len(trainer.queue):
+            batch = trainer.next_batch()
+            assert batch is not None
+            taken.append(len(batch))
+            trainer.train_batch(batch)
+    assert taken == [b - a for a, b in schedule]
+
+    stream = load_stream(STREAMS["trump"], 100)
+    make = PEERS[stream.task][LINREG_TSS][1]
+    one = protocol.score_in_batches(make, stream, [(i, i + 1) for i in range(100)])
+    assert one == pytest.approx(peer_score(make, stream).mae)
+    row = protocol.protocol_row(stream, "trump")
+    assert set(row["best"]) == set(protocol.PROTOCOLS)
+    assert row["peers"][LINREG_TSS]["per_sample"] == pytest.approx(one)
+    # Messages of 25: the first 25 predicted at about 0 against targets near 40.
+    assert row["peers"][LINREG_TSS]["chunks"] > 10 * one
+    assert row["best"]["per_sample"]["peer"] in row["peers"]
