@@ -111,6 +111,7 @@ class Knobs:
             "boost_factor": s.drift.boost_factor,
             "boost_steps": s.drift.boost_steps,
             "start_lr_factor": s.train.start_lr_factor,
+            # None: livefit's default, which depends on the loss (100 for regression, else 0)
             "fast_start_samples": s.train.fast_start_samples,
             "start_steps": s.train.start_steps,
             "weight_average": s.train.weight_average,
@@ -152,7 +153,11 @@ def describe(r: dict[str, Any]) -> str:
         parts.append(f"target scaling {r['target_scaling']}")
     if r.get("start_lr_factor", 1) > 1:
         parts.append(f"start lr x{r['start_lr_factor']:g} over {r['start_steps']} steps")
-    if r.get("fast_start_samples"):
+    if r.get("fast_start_samples", 0) is None:  # livefit's default: by the loss's kind
+        from livefit.server.config.model import REGRESSION_FAST_START_SAMPLES
+
+        parts.append(f"fast start {REGRESSION_FAST_START_SAMPLES} for regression")
+    elif r.get("fast_start_samples"):
         parts.append(f"fast start {r['fast_start_samples']}")
     if r.get("weight_average"):
         parts.append(f"averaged weights {r['weight_average']:g}")

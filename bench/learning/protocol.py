@@ -2,7 +2,7 @@
 gap is the scoring protocol rather than the learner.
 
     .venv/bin/python -m bench.learning.protocol [--streams trump,waveform] [--limit N]
-        [--livefit bench/results/fast_start.jsonl] [--out bench/results/protocol.json]
+        [--livefit bench/results/fast_start_after_first.jsonl] [--out bench/results/protocol.json]
 
 The learning benchmark scores river sample by sample (``evaluate.progressive_val_score``):
 each sample is predicted by a model that has learned every sample before it. livefit's server
@@ -14,11 +14,13 @@ peer three ways on the same rows:
 - ``per_sample``: river's own protocol (the learning benchmark's figures);
 - ``livefit_batches``: each peer predicts a whole minibatch, then learns its samples one by
   one, with the minibatches livefit's trainer takes from messages of 25 at the defaults
-  (``batch_schedule``: the fast start's 5, 5, 10, 5, then whole messages);
+  (``batch_schedule``: for a regression loss the fast start's 5, 5, 10, 5, then whole
+  messages; for the others whole messages from the first);
 - ``chunks``: the same with whole messages from the first (livefit without a fast start).
 
 Beside them, livefit's in-process figure at the defaults (the mean over model seeds of the
-``defaults`` rows in ``--livefit``, ``bench.learning.variants``' output), so the table reads
+``defaults`` rows in ``--livefit``, ``bench.learning.variants``' output: by default the rows
+measured with today's defaults, a regression model's fast start only), so the table reads
 "livefit against river's best, in river's protocol and in livefit's".
 """
 
@@ -64,17 +66,20 @@ def batch_schedule(
             start = stop
 
 
-def livefit_schedule(total: int, message: int = CHUNK) -> list[tuple[int, int]]:
-    """:func:`batch_schedule` at livefit's defaults, read from the server's own settings."""
-    from livefit.server.config.model_tables import TrainSettings
+def livefit_schedule(total: int, task: str, message: int = CHUNK) -> list[tuple[int, int]]:
+    """:func:`batch_schedule` at livefit's defaults for ``task``'s loss, read from the server's
+    own settings (the fast start is on for regression losses only)."""
+    from livefit.server.config.model import ModelSettings
     from livefit.server.train.trainer import FAST_START_MIN_BATCH
 
-    train = TrainSettings()
+    loss = "mse" if task == REGRESSION else "binary_crossentropy"
+    settings = ModelSettings.model_validate({"input_shape": [1], "output_shape": [1], "loss": loss})
     return list(
         batch_schedule(
-            total, message, train.fast_start_samples, FAST_START_MIN_BATCH, train.max_batch_size
+            total, message, settings.resolved_fast_start_samples(), FAST_START_MIN_BATCH,
+            settings.train.max_batch_size,
         )
-    )
+    )  # fmt: skip
 
 
 def score_in_batches(
@@ -111,7 +116,7 @@ def protocol_row(stream: Stream, name: str) -> dict[str, Any]:
     """Every peer of ``stream``'s task under each protocol, and the best of issue #30's."""
     schedules = {
         "per_sample": [(i, i + 1) for i in range(len(stream))],
-        "livefit_batches": livefit_schedule(len(stream)),
+        "livefit_batches": livefit_schedule(len(stream), stream.task),
         "chunks": [(i, min(i + CHUNK, len(stream))) for i in range(0, len(stream), CHUNK)],
     }
     peers: dict[str, dict[str, float]] = {}
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", default=",".join(STREAMS))
     parser.add_argument("--limit", type=int, default=None, help="samples per stream")
-    parser.add_argument("--livefit", default="bench/results/fast_start.jsonl")
+    parser.add_argument("--livefit", default="bench/results/fast_start_after_first.jsonl")
     parser.add_argument("--out", default=None, help="write the rows here (JSON)")
     parser.add_argument("--table", default=None, help="print the table of these rows instead")
     args = parser.parse_args(argv)

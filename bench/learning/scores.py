@@ -39,6 +39,15 @@ class Score:
             return math.nan
         return float(self.per_sample[CHUNK:].mean())
 
+    @property
+    def after_first_message(self) -> float:
+        """The stream's figure (accuracy, or MAE for a regressor) over the samples after the
+        first message: what a served model's clients got once every message is one batch
+        scored by the version before it. NaN without per-sample figures."""
+        if self.per_sample is None or len(self.per_sample) <= CHUNK:
+            return math.nan
+        return float(self.per_sample[CHUNK:].mean())
+
     def to_json(self) -> dict[str, Any]:
         figures: dict[str, Any]
         if math.isnan(self.mae):

@@ -8,7 +8,9 @@ few settings (``VARIANTS``); every one runs on the same samples and model seeds 
 trainer's own code path (``inprocess.learn_inprocess``). Rows go out as JSON lines (append to
 ``--out``), one per stream, seed and variant; ``--summary rows.jsonl`` prints, per stream,
 each variant's mean and worst change against ``base`` (``--reference`` names another:
-accuracy points, or % lower MAE: higher is better) and its samples/s relative to it.
+accuracy points, or % lower MAE: higher is better) and its samples/s relative to it;
+``--figure after_first``: of the figure after each stream's first message (what a served
+model's clients got once every message is one batch).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def run(variants: list[str], streams: list[str], seeds: list[int], limit: int | 
                     "stream": name, "seed": seed, "variant": variant, "metric": metric,
                     "value": score.value(metric), "samples_per_s": score.samples / score.seconds,
                     "mae_after_first": score.mae_after_first_message,
+                    "after_first": score.after_first_message,
                 }  # fmt: skip
                 line = json.dumps(row)
                 print(line, flush=True)
@@ -117,8 +120,12 @@ def run(variants: list[str], streams: list[str], seeds: list[int], limit: int | 
                     out.flush()
 
 
-def summary(rows: list[dict[str, Any]], reference: str = "base") -> list[str]:
-    """Per stream and variant: mean and worst change against ``reference`` over the seeds."""
+def summary(
+    rows: list[dict[str, Any]], reference: str = "base", figure: str = "value"
+) -> list[str]:
+    """Per stream and variant: mean and worst change against ``reference`` over the seeds, of
+    ``figure`` (``value``: the whole stream; ``after_first``: after the first message)."""
+    rows = [{**r, "value": r[figure]} for r in rows if figure in r]
     base = {(r["stream"], r["seed"]): r for r in rows if r["variant"] == reference}
     lines = []
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != reference]
@@ -159,11 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="append rows (JSON lines) here")
     parser.add_argument("--summary", default=None, help="summarize these rows instead")
     parser.add_argument("--reference", default="base", help="the variant --summary compares to")
+    parser.add_argument(
+        "--figure", default="value", choices=("value", "after_first"),
+        help="--summary of the whole stream's figure or of the one after the first message",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.summary:
         with open(args.summary) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-        print("\n".join(summary(rows, args.reference)))
+        print("\n".join(summary(rows, args.reference, args.figure)))
         return 0
     out = open(args.out, "a") if args.out else None  # noqa: SIM115
     try:

@@ -44,6 +44,10 @@ REGRESSION_STEPS_PER_BATCH, STEPS_PER_BATCH = 4, 2
 # Samples kept for replay when train.replay_capacity is unset, for regression losses and for
 # the others: see TrainSettings.replay_capacity.
 REGRESSION_REPLAY_CAPACITY, REPLAY_CAPACITY = 2000, 500
+# Samples a fresh model learns in its fast start's growing batches when
+# train.fast_start_samples is unset, for regression losses and for the others: see
+# TrainSettings.fast_start_samples.
+REGRESSION_FAST_START_SAMPLES, FAST_START_SAMPLES = 100, 0
 # An unset train.replay_capacity also keeps the buffer within this many bytes (float32 inputs,
 # targets and sample weights): a model with large inputs replays from fewer samples than its
 # loss's default (a 224x224x3 image is 602 kB a sample: 445 samples, not 2,000 or 500). A set
@@ -220,6 +224,13 @@ class ModelSettings(Section):
             return self.train.steps_per_batch
         regression = loss_kind(self.loss) == "regression"
         return REGRESSION_STEPS_PER_BATCH if regression else STEPS_PER_BATCH
+
+    def resolved_fast_start_samples(self) -> int:
+        """``train.fast_start_samples``, else 100 for regression losses, else 0 (off)."""
+        if self.train.fast_start_samples is not None:
+            return self.train.fast_start_samples
+        regression = loss_kind(self.loss) == "regression"
+        return REGRESSION_FAST_START_SAMPLES if regression else FAST_START_SAMPLES
 
     def resolved_replay_capacity(self) -> int:
         """``train.replay_capacity``, else 2,000 for regression losses and 500 for the others,

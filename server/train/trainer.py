@@ -106,6 +106,7 @@ class Trainer:
         self.version = 0
         self.lineage = new_lineage_id()  # replaced by the checkpoint dir's own in _restore
         self.samples_seen = 0
+        self.fast_start_samples = settings.resolved_fast_start_samples()
         self.trained_position = 0  # WAL position of the last message fully trained
         self.scores = PrequentialScores(
             settings.prequential_window,
@@ -394,12 +395,13 @@ class Trainer:
 
     def batch_limit(self) -> int:
         """The most samples the next batch may hold: ``train.max_batch_size``, and while the
-        model has learned fewer than ``train.fast_start_samples`` (a fresh model), no more
+        model has learned fewer than ``fast_start_samples`` (``train.fast_start_samples``, by
+        default 100 for regression losses and 0 for the others: a fresh model), no more
         than it has learned, nor fewer than ``FAST_START_MIN_BATCH``: a fresh model's first
         batches grow 5, 5, 10, 20, ..., so that it learns its first samples in several steps,
         each batch scored before it is learned, instead of in one."""
         train = self.settings.train
-        if self.samples_seen >= train.fast_start_samples:
+        if self.samples_seen >= self.fast_start_samples:
             return train.max_batch_size
         return min(train.max_batch_size, max(FAST_START_MIN_BATCH, self.samples_seen))
 

@@ -230,6 +230,11 @@ def test_variant_summary_compares_with_the_reference_named() -> None:
     assert lines[0] == "s                wd05 +1.00 (+1.00) x0.50 n1"
     assert lines[1] == "r                wd05 +50.00 (+50.00) x1.00 n1"
     assert lines[2].split() == ["all", "wd05", "+25.500"]
+    for row, after_first in zip(rows, (0.90, 0.88, 2.0, 3.0), strict=True):
+        row["after_first"] = after_first
+    lines = variants.summary(rows, reference="ch95", figure="after_first")
+    assert lines[0] == "s                wd05 -2.00 (-2.00) x0.50 n1"
+    assert lines[1] == "r                wd05 -50.00 (-50.00) x1.00 n1"
 
 
 def test_weight_decay_variants_build_the_optimizer_with_their_decay_and_others_without() -> None:
@@ -252,9 +257,10 @@ def test_weight_decay_variants_build_the_optimizer_with_their_decay_and_others_w
 
 def test_protocol_batches_are_the_trainers_and_one_sample_batches_are_rivers_own_score() -> None:
     """``bench.learning.protocol``: the minibatches are those the trainer takes at the
-    defaults (its fast start, then whole messages), checked against a real ``Trainer`` fed
-    messages of 25; a peer scored in one-sample batches gets the benchmark's own per-sample
-    figure, and in messages of 25 it predicts the first 25 with an untrained model."""
+    defaults (a regression model's fast start, then whole messages), checked against a real
+    ``Trainer`` fed messages of 25; a peer scored in one-sample batches gets the benchmark's
+    own per-sample figure, and in messages of 25 it predicts the first 25 with an untrained
+    model."""
     import numpy as np
 
     from bench.learning import protocol
@@ -267,7 +273,9 @@ def test_protocol_batches_are_the_trainers_and_one_sample_batches_are_rivers_own
     from livefit.server.wire.samples import SampleChunk
     from livefit.server.wire.snapshot import SnapshotSlot
 
-    schedule = protocol.livefit_schedule(130)
+    schedule = protocol.livefit_schedule(130, "regression")
+    chunks = [(0, 25), (25, 50), (50, 75), (75, 100), (100, 125), (125, 130)]
+    assert protocol.livefit_schedule(130, "binary") == chunks  # no fast start for classifiers
     assert schedule == [(0, 5), (5, 10), (10, 20), (20, 25), (25, 50), (50, 75), (75, 100),
                         (100, 125), (125, 130)]  # fmt: skip
     assert list(protocol.batch_schedule(60, 25, 0, 5, 256)) == [(0, 25), (25, 50), (50, 60)]

@@ -46,7 +46,7 @@ def _drain(trainer: Trainer) -> list[tuple[int, int]]:
 
 def test_a_fresh_model_learns_its_first_message_in_batches_that_grow() -> None:
     trainer = _trainer()
-    assert trainer.settings.train.fast_start_samples == 100 and FAST_START_MIN_BATCH == 5
+    assert trainer.fast_start_samples == 100 and FAST_START_MIN_BATCH == 5  # mse's default
     _put(trainer, 25)
     assert _drain(trainer) == [(5, 0), (5, 0), (10, 0), (5, 0)]  # each one caught up
     assert trainer.samples_seen == 25
@@ -132,3 +132,28 @@ def test_a_backlog_at_the_start_through_the_trainers_thread() -> None:
         assert trainer.samples_seen == 600
         sizes[pipeline] = taken
     assert sizes["off"] == sizes["on"] == [5, 5, 10, 20, 40, 80, 256, 184]
+
+
+def test_the_fast_start_is_on_by_default_for_regression_losses_only() -> None:
+    """Unset, ``train.fast_start_samples`` is 100 for regression losses and 0 for the others
+    (measured: it lowered the MAE after the first message on the five regression streams
+    and the accuracy on seven of ten classification streams); a set value is kept."""
+
+    def resolved(loss: str, **train: Any) -> int:
+        table = {"input_shape": [3], "output_shape": [2], "loss": loss, "train": train}
+        return ModelSettings.model_validate(table).resolved_fast_start_samples()
+
+    assert [resolved(loss) for loss in ("mse", "mae", "huber", "log_cosh")] == [100] * 4
+    for loss in ("binary_crossentropy", "sparse_categorical_crossentropy"):
+        assert resolved(loss) == 0
+        assert resolved(loss, fast_start_samples=100) == 100
+    assert resolved("mse", fast_start_samples=0) == 0
+
+    settings = ModelSettings.model_validate(
+        {"input_shape": [3], "output_shape": [1], "loss": "binary_crossentropy", "seed": 1}
+    )
+    trainer = Trainer("c", settings, SampleQueue(1000), SnapshotSlot(), Metrics(), "/CPU:0")
+    x = RNG.normal(size=(25, 3)).astype(np.float32)
+    y = (x[:, :1] > 0).astype(np.float32)
+    trainer.queue.put(SampleChunk(x, y, np.ones(25, np.float32), None, None))
+    assert _drain(trainer) == [(25, 0)]  # a classifier's first message is one batch
