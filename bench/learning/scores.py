@@ -34,10 +34,9 @@ class Score:
     @property
     def mae_after_first_message(self) -> float:
         """MAE over the samples after the first message (a minibatch learner predicts the whole
-        first message before it has seen a label); NaN without per-sample errors."""
-        if self.per_sample is None or math.isnan(self.mae) or len(self.per_sample) <= CHUNK:
-            return math.nan
-        return float(self.per_sample[CHUNK:].mean())
+        first message before it has seen a label); NaN for a classifier or without per-sample
+        errors."""
+        return math.nan if math.isnan(self.mae) else self.after_first_message
 
     @property
     def after_first_message(self) -> float:

@@ -125,7 +125,9 @@ def summary(
 ) -> list[str]:
     """Per stream and variant: mean and worst change against ``reference`` over the seeds, of
     ``figure`` (``value``: the whole stream; ``after_first``: after the first message)."""
-    rows = [{**r, "value": r[figure]} for r in rows if figure in r]
+    if any(figure not in r for r in rows):
+        raise ValueError(f"rows without {figure!r}: measured before it was recorded")
+    rows = [{**r, "value": r[figure]} for r in rows]
     base = {(r["stream"], r["seed"]): r for r in rows if r["variant"] == reference}
     lines = []
     variants = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != reference]

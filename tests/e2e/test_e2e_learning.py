@@ -171,8 +171,9 @@ def test_a_fresh_learner_learns_its_first_message_in_growing_batches(
 def test_a_restarted_learner_keeps_its_fast_start_count(broker: Mosquitto, tmp_path: Path) -> None:
     """docs/configuration.md: a model restored from its checkpoint goes on with the number of
     samples it had learned. After 25 samples, a clean stop and a restart on the same storage, a
-    second message of 25 is one batch of four steps (the limit is the 25 learned), where a count
-    lost on restart would fast-start it again as 5, 5, 10, 5 (16 steps). The counter
+    second message of 50 is two batches of 25 (the limit is what it learned: 25, then 50), eight
+    steps; a count lost on restart would fast-start it again (5, 5, 10, 20, 10: 20 steps), and
+    a restored model that skipped the fast start would take one batch (4 steps). The counter
     ``livefit_train_samples_total`` is the process's own, so it starts again at 0."""
     rng = np.random.default_rng(4)
     demo = model(lines="seed = 1", train="max_batch_size = 128")
@@ -186,10 +187,10 @@ def test_a_restarted_learner_keeps_its_fast_start_count(broker: Mosquitto, tmp_p
         first = server.metric("livefit_model_version", model="demo")
         assert server.stop() == 0
         server = LivefitProcess(text, tmp_path).start()
-        x, y = stream(rng, 25)
+        x, y = stream(rng, 50)
         publisher.send([encode(x, y, "msgpack", 1)])
-        assert server.wait_for_metric("livefit_train_samples_total", 25, model="demo") == 25
-        assert server.metric("livefit_model_version", model="demo") == first + 4
+        assert server.wait_for_metric("livefit_train_samples_total", 50, model="demo") == 50
+        assert server.metric("livefit_model_version", model="demo") == first + 8
     finally:
         publisher.close()
         assert server.stop() == 0

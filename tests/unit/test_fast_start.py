@@ -137,7 +137,7 @@ def test_a_backlog_at_the_start_through_the_trainers_thread() -> None:
 def test_the_fast_start_is_on_by_default_for_regression_losses_only() -> None:
     """Unset, ``train.fast_start_samples`` is 100 for regression losses and 0 for the others
     (measured: it lowered the MAE after the first message on the five regression streams
-    and the accuracy on seven of ten classification streams); a set value is kept."""
+    and the accuracy on eight of ten classification streams); a set value is kept."""
 
     def resolved(loss: str, **train: Any) -> int:
         table = {"input_shape": [3], "output_shape": [2], "loss": loss, "train": train}
