@@ -49,6 +49,11 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "wd05": {"module": {"WEIGHT_DECAY": 0.05}},
     "wd2": {"module": {"WEIGHT_DECAY": 0.2}},
     "ch95s29": {"train": {"weight_average": 0.95}, "module": {"AVERAGE_START": 29.0}},
+    # The two probes that helped Waveform most (bench/prose/learning.md, "What the fast start
+    # buys"), over every stream (bench/results/waveform_probes.jsonl): one hidden layer of 32
+    # units, and half the learning rate.
+    "h32": {"": {"builder_options": {"hidden_units": [32]}}},
+    "lr005": {"": {"learning_rate": 0.005}},
 }
 
 
