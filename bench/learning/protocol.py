@@ -103,7 +103,7 @@ def score_in_batches(
     return float(scores.mean())
 
 
-def _contender(peer: str) -> str | None:
+def contender_kind(peer: str) -> str | None:
     """Which of issue #30's three kinds a peer is (its linear models count as one)."""
     if peer in CONTENDERS:
         return peer
@@ -127,7 +127,7 @@ def protocol_row(stream: Stream, name: str) -> dict[str, Any]:
     best: dict[str, dict[str, Any]] = {}
     for protocol in PROTOCOLS:
         ranked = sorted(
-            ((v[protocol], peer) for peer, v in peers.items() if _contender(peer)),
+            ((v[protocol], peer) for peer, v in peers.items() if contender_kind(peer)),
             reverse=higher,
         )
         best[protocol] = {"peer": ranked[0][1], "value": ranked[0][0]}

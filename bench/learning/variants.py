@@ -57,6 +57,11 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+# The trainer's own values of the constants a variant patches, read before the first patch, so
+# that the next variant without the constant gets them back.
+_TRAINER_CONSTANTS: dict[str, Any] = {}
+
+
 @dataclass(frozen=True)
 class Variant:
     """``knobs`` with extra settings merged into the table (what ``learn_inprocess`` needs)."""
@@ -72,8 +77,8 @@ class Variant:
         train_step.AVERAGE_START = module.get("AVERAGE_START", 9.0)
         _set_weight_decay(module.get("WEIGHT_DECAY"))
         update_policy.AVERAGE_WINDOW = module.get("AVERAGE_WINDOW", 500)
-        own = getattr(trainer, "_livefit_fast_start_min", trainer.FAST_START_MIN_BATCH)
-        trainer._livefit_fast_start_min = own  # type: ignore[attr-defined]
+        _TRAINER_CONSTANTS.setdefault("FAST_START_MIN_BATCH", trainer.FAST_START_MIN_BATCH)
+        own = _TRAINER_CONSTANTS["FAST_START_MIN_BATCH"]
         trainer.FAST_START_MIN_BATCH = module.get("FAST_START_MIN_BATCH", own)
         for section, values in self.extra.items():
             if section == "module":

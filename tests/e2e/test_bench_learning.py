@@ -309,7 +309,24 @@ def test_protocol_batches_are_the_trainers_and_one_sample_batches_are_rivers_own
     assert row["peers"][LINREG_TSS]["per_sample"] == pytest.approx(one)
     # Messages of 25: the first 25 predicted at about 0 against targets near 40.
     assert row["peers"][LINREG_TSS]["chunks"] > 10 * one
-    contenders = [peer for peer in row["peers"] if protocol._contender(peer)]  # linear, HAT, ARF
+    contenders = [
+        peer for peer in row["peers"] if protocol.contender_kind(peer)
+    ]  # linear, HAT, ARF
     assert len(contenders) == 4  # two linear regressions
     best = min(contenders, key=lambda peer: row["peers"][peer]["per_sample"])
     assert row["best"]["per_sample"] == {"peer": best, "value": row["peers"][best]["per_sample"]}
+
+
+def test_the_fast_start_variants_restore_the_trainers_smallest_batch() -> None:
+    """``fastmin1``: the trainer's ``FAST_START_MIN_BATCH`` is 1 inside that variant; the next
+    variant without it gets the trainer's own value back (5), whatever ran before."""
+    from bench.learning import variants
+    from bench.learning.knobs import Knobs
+    from livefit.server.train import trainer
+
+    table = {"input_shape": [3], "output_shape": [1]}
+    seen = []
+    for name in ("fastmin1", "defaults", "fastmin10", "fastmin1", "defaults"):
+        variants.Variant(Knobs(seed=1), variants.VARIANTS[name]).model_config(table)
+        seen.append(trainer.FAST_START_MIN_BATCH)
+    assert seen == [1, 5, 10, 1, 5]
