@@ -141,28 +141,36 @@ def test_learns_every_good_sample_and_rejects_bad_ones(
         assert "training steps pipelined" in server.log.read_text()
 
 
+@pytest.mark.parametrize(
+    ("loss", "versions"),
+    [("mse", 16), ("binary_crossentropy", 2)],
+    ids=["regression", "classifier"],
+)
 def test_a_fresh_learner_learns_its_first_message_in_growing_batches(
-    broker: Mosquitto, tmp_path: Path
+    broker: Mosquitto, tmp_path: Path, loss: str, versions: int
 ) -> None:
-    """README: a fresh model learns its first samples in small batches, each scored before it
-    is learned (``train.fast_start_samples``). Through a real ``livefit serve``: one message of
-    25 samples with targets near 40 becomes four batches of four steps (5, 5, 10, 5), and the
-    prequential MAE is not that of 25 untrained predictions."""
+    """README: a fresh regression model learns its first samples in small batches, each
+    scored before it is learned (``train.fast_start_samples``); classifiers start without it.
+    Through a real ``livefit serve``: one message of 25 samples with targets near 40 becomes
+    four batches of four steps (5, 5, 10, 5), and the prequential MAE is not that of 25
+    untrained predictions; with a classifier's loss the same message is one batch of its two
+    steps."""
     rng = np.random.default_rng(3)
-    demo = model(lines="seed = 1", train="max_batch_size = 128")
+    demo = model(lines=f'seed = 1\nloss = "{loss}"', train="max_batch_size = 128")
     text = learner_config(broker, tmp_path / "data", "e2e-fast-start", demo)
     x, y = stream(rng, 25)
-    y = y + 40.0
+    y = y + 40.0 if loss == "mse" else (y > 0.5).astype(np.float64)
     publisher = Publisher(broker)
     server = LivefitProcess(text, tmp_path).start()
     try:
         publisher.send([encode(x, y, "msgpack", 0)])
         assert server.wait_for_metric("livefit_train_samples_total", 25, model="demo") == 25
-        assert server.metric("livefit_model_version", model="demo") == 16
-        mae = server.metric(
-            "livefit_prequential_score", model="demo", metric="mae", window="cumulative"
-        )
-        assert mae < 0.5 * float(np.abs(y).mean()), mae  # untrained: about 40
+        assert server.metric("livefit_model_version", model="demo") == versions
+        if loss == "mse":
+            mae = server.metric(
+                "livefit_prequential_score", model="demo", metric="mae", window="cumulative"
+            )
+            assert mae < 0.5 * float(np.abs(y).mean()), mae  # untrained: about 40
     finally:
         publisher.close()
         assert server.stop() == 0
