@@ -54,6 +54,13 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     # units, and half the learning rate.
     "h32": {"": {"builder_options": {"hidden_units": [32]}}},
     "lr005": {"": {"learning_rate": 0.005}},
+    # Half the learning rate, won back after a detected drift: drift.reaction "recover" (the
+    # replay emptied, the rate boosted 3x and decaying back over 200 steps).
+    "lr005rec": {"": {"learning_rate": 0.005}, "drift": {"reaction": "recover"}},
+    # A classifier's replay window at 1,000 and 2,000 samples (the default is 500; 2,000 for
+    # regression), emptied on a detected drift as by default.
+    "rep1000": {"train": {"replay_capacity": 1000}},
+    "rep2000": {"train": {"replay_capacity": 2000}},
 }
 
 
