@@ -229,7 +229,8 @@ MEANINGS: dict[str, str] = {
         "with an event loop, at the cost of the serving processes never using the training "
         "cores when training is idle. Set before any thread starts. Measured side by side in "
         'BENCHMARKS.md "interference": on 2 cores it served more requests under load, but with '
-        'the worst p99 (6.95x idle against 2.86x for "all")'
+        'the worst p99 on one host (6.95x idle against 2.86x for "all", 2026-11-26) and a '
+        "level one on another (3.04x against 3.02x, 2026-11-27)"
     ),
     "logging.level": (
         "`DEBUG`, `INFO`, `WARNING`, `ERROR`. At `INFO` the learner logs the first weights it "

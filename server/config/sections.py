@@ -238,8 +238,9 @@ class ProcessSettings(Section):
     # "others": the cores `training_cores` leaves (every core when training is not pinned), so
     # a busy training process never shares a core with an event loop. Measured side by side in
     # BENCHMARKS.md "interference": on 2 cores "others" served more requests under load but
-    # with the worst p99 (6.95x idle against 2.86x), the load client then sharing the serving
-    # core; so "all" by default.
+    # with the worst p99 on one host (6.95x idle against 2.86x, 2026-11-26), the load client
+    # then sharing the serving core, and level on another (3.04x against 3.02x, 2026-11-27);
+    # never better, so "all" by default.
     serving_cores: Literal["all", "others"] = Field("all")
 
     @field_validator("training_cores")
