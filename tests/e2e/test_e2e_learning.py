@@ -146,7 +146,7 @@ def test_learns_every_good_sample_and_rejects_bad_ones(
     [("mse", 16), ("binary_crossentropy", 2)],
     ids=["regression", "classifier"],
 )
-def test_a_fresh_learner_learns_its_first_message_in_growing_batches(
+def test_a_fresh_learners_first_message_is_batched_as_its_loss_asks(
     broker: Mosquitto, tmp_path: Path, loss: str, versions: int
 ) -> None:
     """README: a fresh regression model learns its first samples in small batches, each
