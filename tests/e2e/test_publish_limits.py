@@ -302,9 +302,13 @@ def test_a_manifest_over_the_packet_limit_is_failed_not_published(
         for kind in ("inline", "manifest"):
             assert metric(learner, "livefit_weights_published_total", model="demo", kind=kind) == 0
         assert metric(learner, "livefit_published_version", model="demo") == 0
+        # each failure is counted after its refusal, in the same thread, and the snapshots keep
+        # publishing: read the failures first, then the refusals, or a failure counted between
+        # the two reads looks like one without a refusal (CI on 2026-11-27: 2 refused, 3 failed)
+        failures = failed()
         refused = metric(learner, "livefit_broker_publish_refused_total", topic=topic,
                          reason="over_max_packet_size")  # fmt: skip
-        assert refused >= failed()
+        assert refused >= failures
         assert httpx.get(f"{learner.url}/v2/health/ready", timeout=5).status_code == 200
     finally:
         assert learner.stop() == 0
