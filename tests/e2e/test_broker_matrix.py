@@ -175,7 +175,8 @@ def test_late_replica_serves_the_retained_signed_snapshot(scenario: Scenario) ->
     scenario.replica = LivefitProcess(scenario.text, scenario.workdir, command="replica")
     scenario.replica.start()  # ready: it serves weights, which only the retained message had
     replica = scenario.replica
-    assert serving_version(replica) == published
+    # ready once it holds the weights; the gauge follows their swap a moment later
+    assert wait_for(lambda: serving_version(replica), published, timeout=10) == published
     assert replica.metric("livefit_weights_received_total", model="demo", outcome="accepted") >= 1
     learner_key = parse_signing_key(default_key_path(scenario.workdir / "data").read_bytes())
     assert f"verified with Ed25519 key {learner_key.key_id}" in replica.log.read_text()

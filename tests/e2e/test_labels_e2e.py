@@ -126,6 +126,19 @@ def settle(read, value: float, timeout: float = 10.0) -> float:
     return current
 
 
+def steady(read, quiet_s: float = 1.0, timeout: float = 10.0) -> float:
+    """``read()`` once it has not changed for ``quiet_s`` (records in flight have landed:
+    they take milliseconds), or the last value read after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    value, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.1)
+        current = read()
+        if current != value:
+            value, since = current, time.monotonic()
+    return value
+
+
 def publish(broker: Mosquitto, topic: str, payloads: list[bytes]) -> None:
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     client.connect("127.0.0.1", broker.port)
@@ -167,7 +180,8 @@ def test_learner_and_replica_predictions_join_in_both_orders(fleet_of_each_layou
     broker, learner, replica, _ = fleet_of_each_layout
     joined = outcome(learner, "joins", "joined")
     trained = metric(learner, "livefit_train_samples_total", model="joins")
-    pending = metric(learner, "livefit_pending_predictions", model="joins")
+    # an earlier test's predictions with ids may still be on their way to the learner
+    pending = steady(lambda: metric(learner, "livefit_pending_predictions", model="joins"))
     with PredictClient(learner.url) as on_learner, PredictClient(replica.url, protocol="v2") as r:
         assert on_learner.predict("joins", [ROW] * 3, ids=["l1", "l2", "l3"]).ids == [
             "l1", "l2", "l3",
@@ -319,10 +333,17 @@ def test_predictions_with_ids_never_wait_for_a_frozen_broker(
             own_broker.process.send_signal(signal.SIGSTOP)
             for i in range(300):  # the broker stays frozen until all 300 are answered
                 assert client.predict("joins", [ROW], ids=[f"f{i}"]) is not None
-        sent = metric(learner, "livefit_prediction_records_total", model="joins", outcome="sent")
-        dropped = metric(
-            learner, "livefit_prediction_records_total", model="joins", outcome="dropped"
-        )
+        # The recorder's thread counts a row as sent or dropped a moment after its answer.
+        # Both counts only grow and a row joins one of them, so a sum of 301 means both are final.
+        deadline = time.monotonic() + 10.0
+        while True:
+            sent, dropped = (
+                metric(learner, "livefit_prediction_records_total", model="joins", outcome=o)
+                for o in ("sent", "dropped")
+            )
+            if sent + dropped >= 301 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert sent + dropped == 301, (sent, dropped)
         own_broker.process.send_signal(signal.SIGCONT)
         pending = wait_for(

@@ -230,8 +230,9 @@ def test_foreign_retained_weights_are_reported_and_replaced(
         log = learner.log.read_text()
         assert stranger.key_id in log and "a" * 32 in log and own.key_id in log
         assert metric(learner, "livefit_weights_published_total", model="demo", kind="restore") == 1
-        replica.start()
-        assert int(replica.metric("livefit_serving_version", model="demo")) == own.version
+        replica.start()  # ready once it holds the weights; the gauge follows their swap
+        served = lambda: int(replica.metric("livefit_serving_version", model="demo"))  # noqa: E731
+        assert wait_until(served, own.version) == own.version
     finally:
         replica.stop()
         assert learner.stop() == 0

@@ -190,6 +190,15 @@ def serving_version(replica: LivefitProcess) -> int:
     return int(replica.metric("livefit_serving_version", model="demo"))
 
 
+def wait_serving(replica: LivefitProcess, version: int, timeout: float = 10) -> int:
+    """The serving version once it is ``version`` (or after ``timeout``): an accepted message
+    is counted when its weights are handed over, the gauge set after the swap that follows."""
+    deadline = time.monotonic() + timeout
+    while serving_version(replica) != version and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return serving_version(replica)
+
+
 def test_unsigned_or_forged_manifests_never_reach_any_server(setup: Setup) -> None:
     origin, attacker = setup.origin.reset(), setup.attacker.reset()
     data = payload(setup.weights, version=10**9, lineage=LINEAGE)
@@ -212,7 +221,7 @@ def test_signed_manifest_is_pulled_from_the_origin_only_with_the_token(setup: Se
     origin.payloads[f"/v1/models/demo/weights?version={version}"] = data
     evil = f"{setup.attacker.url}/steal"
     expect(setup, "accepted", manifest(setup.key, setup, version, data, url=evil))
-    assert serving_version(setup.replica) == version
+    assert wait_serving(setup.replica, version) == version
     assert attacker.requests == []
     assert [r.path for r in origin.requests] == [f"/v1/models/demo/weights?version={version}"]
     assert origin.requests[0].authorization == f"Bearer {TOKEN}"
@@ -245,4 +254,4 @@ def test_inline_weights_need_no_pull(setup: Setup) -> None:
     version = serving_version(setup.replica) + 1
     expect(setup, "accepted", envelope(setup.key, setup.weights, topic=TOPIC, version=version,
                                        lineage=LINEAGE))  # fmt: skip
-    assert origin.requests == [] and serving_version(setup.replica) == version
+    assert origin.requests == [] and wait_serving(setup.replica, version) == version

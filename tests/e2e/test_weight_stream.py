@@ -230,7 +230,8 @@ def test_late_replica_is_ready_with_retained_weights(cluster: dict[str, LivefitP
     started = time.monotonic()
     late.start()
     try:
-        assert serving_version(late) == learner.metric("livefit_published_version", model="demo")
+        published = int(learner.metric("livefit_published_version", model="demo"))
+        assert wait_serving(late, published) == published  # the gauge follows the swap
         assert predict(late)[1] == predict(learner)[1]
         assert time.monotonic() - started < 60
     finally:
