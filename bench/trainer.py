@@ -24,6 +24,12 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   weights), without the trainer's bookkeeping around it. No trainer that runs one batch after
   the other can be faster; the pipelined one can, as it never waits for a step with nothing
   queued behind it.
+* **pipelined step alone**: the same step, dispatched the way the pipelined trainer dispatches
+  it (TensorFlow's asynchronous executor, the next batch's step started before the previous
+  one's scores are read), with nothing else between the calls: what the pipelined trainer would
+  reach if its bookkeeping cost nothing. Beside it, the **trainer thread's CPU per batch**: the
+  CPU time of the livefit side's trainer thread (1-sample chunks) over its batches, bookkeeping
+  and dispatch included: the Python work the step has to hide.
 * **before #29**: the same ``Trainer`` measurement (1-sample chunks) and raw step on the code as
   it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's
   history into the work directory), in a process of its own each round: its ratio to its own
@@ -89,6 +95,10 @@ SIDES = {
     "weights) without the trainer's bookkeeping; the ceiling of a trainer that runs one batch "
     "after the other (the pipelined one is not one). Measured in the benchmark's process and in "
     "the training process",
+    "pipelined step alone": "the trainer's compiled step dispatched as the pipelined trainer "
+    "dispatches it (asynchronous executor, the next step started before the previous one's "
+    "scores are read), nothing else between the calls: the pipelined trainer's ceiling if its "
+    "bookkeeping cost nothing",
     "before #29": f"the livefit and raw-step measurements on the code before issue #29 (commit "
     f"{BEFORE_29}), in a process of their own each round, chunks of {BEFORE_CHUNK}",
 }
@@ -123,6 +133,8 @@ def run(ctx: Context) -> BenchResult:
     # (livefit, raw, step alone)
     process: dict[int, list[tuple[float, float, float | None]]] = {bs: [] for bs in sizes}
     alone: dict[int, list[float]] = {bs: [] for bs in sizes}
+    piped_alone: dict[int, list[float]] = {bs: [] for bs in sizes}
+    thread_cpu: dict[int, list[float]] = {bs: [] for bs in sizes}  # us per batch, chunks of 1
     cpus = _training_process_cpus()
     result.settings["training process CPUs"] = (
         "every CPU (nothing to leave out): TensorFlow's defaults" if cpus is None
@@ -154,9 +166,12 @@ def run(ctx: Context) -> BenchResult:
             one_by_one, _ = trainer_rate(spec, x_all[:n], y_all[:n], bs, 1, train=NO_PIPELINE)
             no_pipeline[bs].append(one_by_one)
             alone[bs].append(step_rate(spec, x_all, y_all, bs, seconds))
+            piped_alone[bs].append(step_rate(spec, x_all, y_all, bs, seconds, pipelined=True))
             for chunk in _rotate(list(CHUNKS), r):
                 rate, checks = trainer_rate(spec, x_all[:n], y_all[:n], bs, chunk)
                 livefit_rates[(bs, chunk)].append(rate)
+                if chunk == 1:
+                    thread_cpu[bs].append(checks["thread_cpu_s"] / (n / bs) * 1e6)
                 result.check(
                     f"livefit trained every sample (batch {bs}, chunk {chunk})",
                     checks["samples_seen"] == n,
@@ -184,6 +199,8 @@ def run(ctx: Context) -> BenchResult:
                     own,
                     alone[bs] if chunk == 1 else [],
                     no_pipeline[bs] if chunk == 1 else [],
+                    piped_alone[bs] if chunk == 1 else [],
+                    thread_cpu[bs] if chunk == 1 else [],
                 )
             )
     return result
@@ -288,6 +305,8 @@ def _row(
     process: list[tuple[float, float, float | None]] | None = None,
     alone: list[float] | None = None,
     no_pipeline: list[float] | None = None,
+    piped_alone: list[float] | None = None,
+    thread_cpu: list[float] | None = None,
 ) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
@@ -296,10 +315,15 @@ def _row(
     row.ratios["livefit ÷ raw step"] = paired_ratios(livefit, raw)
     row.ratios["livefit ÷ per-message"] = paired_ratios(livefit, per_message)
     for side, rates in (("no averaging", no_averaging), ("no pipeline", no_pipeline),
-                        ("step alone", alone)):  # fmt: skip
+                        ("step alone", alone), ("pipelined step alone", piped_alone)):  # fmt: skip
         if rates:  # each beside the raw step, paired by round
             row.figures[f"{side} samples/s"] = Spread.of(rates, "samples/s")
             row.ratios[f"{side} ÷ raw step"] = paired_ratios(rates, raw)
+    if thread_cpu:
+        row.figures["trainer thread CPU per batch"] = Spread.of(thread_cpu, "us")
+        row.ratios["trainer thread CPU ÷ raw step time"] = paired_ratios(
+            thread_cpu, [bs / r * 1e6 for r in raw]
+        )
     if no_pipeline:
         row.ratios["livefit ÷ no pipeline"] = paired_ratios(livefit, no_pipeline)
     if process:
@@ -450,20 +474,35 @@ def trainer_rate(
         end = min(n, start + chunk)
         w = np.ones(end - start, dtype=np.float32)
         queue.put(SampleChunk(x[start:end], y[start:end], w, published_at=now, received_at=now))
+    thread_cpu = [0.0]
+    run_loop = trainer._run
+
+    def timed_run() -> None:  # the trainer thread's own CPU time (the thread ends with stop)
+        started_cpu = time.thread_time()
+        try:
+            run_loop()
+        finally:
+            thread_cpu[0] = time.thread_time() - started_cpu
+
+    trainer._run = timed_run  # start() makes its thread from the instance's _run
     started = time.perf_counter()
     trainer.start()
     trainer.stop(timeout=600)
     elapsed = time.perf_counter() - started
-    return n / elapsed, {"samples_seen": trainer.samples_seen}
+    return n / elapsed, {"samples_seen": trainer.samples_seen, "thread_cpu_s": thread_cpu[0]}
 
 
-def step_rate(spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, seconds: float) -> float:
+def step_rate(
+    spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, seconds: float, pipelined: bool = False
+) -> float:
     """Samples/s of the trainer's compiled step alone (``TrainStep``, default settings), called
     back to back on batches of ``bs`` with nothing between the calls, each waiting for its
     scores: what the step itself costs (scores before the update, rollback copy and checks,
     averaged weights) before the trainer's bookkeeping (scaling statistics, drift, replay,
     prequential windows, metrics). The ceiling of a trainer that runs one batch after the
-    other."""
+    other. With ``pipelined``: dispatched as the pipelined trainer dispatches it (its thread's
+    executor asynchronous, the next step started before the previous one's scores are read),
+    nothing else between: that trainer's ceiling if its bookkeeping cost nothing."""
     trainer, _ = _trainer(spec, bs, 2)
     step, policy = trainer.step, trainer.policy
     ones = np.ones(bs, dtype=np.float32)
@@ -475,12 +514,43 @@ def step_rate(spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, seconds: f
     ]
     for xb, yb in batches[:3]:
         step(xb, yb, ones, *stats)
+    if pipelined:
+        return _pipelined_rate(step, batches[:64], ones, stats, bs, seconds)
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         for xb, yb in batches[:64]:
             step(xb, yb, ones, *stats)
             done += bs
     return done / (time.perf_counter() - started)
+
+
+def _pipelined_rate(
+    step: Any, batches: list[tuple[np.ndarray, np.ndarray]], ones: np.ndarray,
+    stats: list[Any], bs: int, seconds: float,
+) -> float:  # fmt: skip
+    """``step_rate``'s pipelined side: one step always queued behind the one whose scores
+    are read, in an asynchronous executor (as ``Trainer._run_pipelined`` sets it up)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.execution_mode = context.ASYNC
+    try:
+        done, started = 0, time.perf_counter()
+        pending = None
+        while time.perf_counter() - started < seconds:
+            for xb, yb in batches:
+                following = step.dispatch(xb, yb, ones, *stats)
+                if pending is not None:
+                    step.collect(pending)
+                    done += bs
+                pending = following
+        if pending is not None:
+            step.collect(pending)
+            done += bs
+        return done / (time.perf_counter() - started)
+    finally:
+        ctx.executor.wait()
+        ctx.execution_mode = context.SYNC
 
 
 BENCHMARK = Benchmark(

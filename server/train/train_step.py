@@ -137,7 +137,9 @@ class TrainStep:
         rate_variable = rate if isinstance(rate, keras.Variable) else None
         self._rate_variable = rate_variable
         self._rate: float | None = None
-        self._rate_input = np.float32(0.0)
+        # a 0-d array, not a numpy scalar: flat_caller converts arrays directly (7 us) and
+        # anything else through tf.convert_to_tensor (20 us, measured)
+        self._rate_input = np.array(0.0, dtype=np.float32)
         if rate_variable is not None:
             self.learning_rate = float(np.asarray(rate_variable))
         # Everything a step changes, and a device-side copy to roll a bad step back to.
@@ -376,13 +378,34 @@ class TrainStep:
             restore_others()
             return tf.constant(True)
 
+        @tf.function(input_signature=[])
+        def keep() -> tf.Tensor:
+            """Copy everything ``rewind`` restores into its copies: a rewind right after is
+            then the identity (``warm_up`` runs the pair once)."""
+            for saved, variable in zip(backup, state, strict=True):
+                saved.assign(variable)
+            for saved, variable in zip(beyond_backup, beyond, strict=True):
+                saved.assign(variable)
+            save_others()
+            return tf.constant(True)
+
+        @tf.function(input_signature=[])
+        def restart_average() -> tf.Tensor:
+            for mean, variable in zip(averages, model.trainable_variables, strict=True):
+                mean.assign(variable)
+            averaged.assign(0.0)
+            return tf.constant(True)
+
         self._step = step
         self._call = step
         self._rewind = rewind
+        self._keep = keep
+        self._restart_average = restart_average
         self._flat: Callable[[list[object]], list[tf.Tensor]] | None = None
 
     def warm_up(self) -> None:
-        """Trace the step now (without running it), so the first real batch is not slow.
+        """Trace the step now (without running it), so the first real batch is not slow; run
+        the rewind and the average's restart once, changing nothing (see below).
 
         Later calls go straight to the traced graph: ``tf.function.__call__`` binds and
         canonicalises the inputs against the signature and looks the trace up on every call,
@@ -390,8 +413,18 @@ class TrainStep:
         """
         with tf.device(self.device):
             self._call = self._step.get_concrete_function()
-            if self.rewindable:  # traced now too: a rewind is rare, and should not be slow
-                self._rewind.get_concrete_function()
+            if self.rewindable:
+                # Run now, not only traced: a graph's first run builds its kernels, and that
+                # cost a rewind 30 ms (a tenth of a 200,000-sample benchmark run at batch
+                # 1,024, which the first false drift's rewind paid). A rewind right after
+                # ``keep`` restores what was just copied, so the pair changes nothing.
+                self._keep()
+                self._rewind()
+            if self._averages:  # likewise the drift reaction's restart of the average (14 ms
+                # of eager assigns at the first drift, measured), then the average put back
+                kept = self.average_state()
+                self._restart_average()
+                self.restore_average(kept)
         self._flat = flat_caller(self._call)
 
     @property
@@ -430,7 +463,7 @@ class TrainStep:
         replicas = self.placement.replicas
         args: list[object] = [x, y, w]
         if replicas > 1:
-            args = [*pad_rows(x, y, w, replicas), np.float32(rows)]
+            args = [*pad_rows(x, y, w, replicas), np.array(rows, dtype=np.float32)]
         if self._rate_variable is not None:
             args.append(self._rate_input)
         for layer, given in ((self._scaler, statistics), (self._target, target_statistics)):
@@ -474,7 +507,9 @@ class TrainStep:
     def learning_rate(self, value: float) -> None:
         self._rate = float(value)
         # float32 like the variable; a rate beyond float32 becomes its largest value, not inf
-        self._rate_input = np.float32(min(float(value), float(np.finfo(np.float32).max)))
+        self._rate_input = np.array(
+            min(float(value), float(np.finfo(np.float32).max)), dtype=np.float32
+        )
 
     @property
     def averaging(self) -> bool:
@@ -496,9 +531,8 @@ class TrainStep:
         weights would otherwise linger in what is served)."""
         if not self._averages:
             return
-        for mean, variable in zip(self._averages, self.model.trainable_variables, strict=True):
-            mean.assign(variable)
-        self._averaged.assign(0.0)
+        with tf.device(self.device):  # one graph (run once by warm_up), not an eager op each
+            self._restart_average()
 
     def average_state(self) -> dict[str, np.ndarray]:
         """The averaged weights and their step count, for a checkpoint's extra arrays."""

@@ -239,3 +239,42 @@ def test_a_batch_is_finished_before_the_next_one_lingers() -> None:
     finally:
         trainer.stop(timeout=60)
     assert trainer.samples_seen == 74
+
+
+def test_warming_up_a_rewindable_step_changes_nothing() -> None:
+    """``TrainStep.warm_up`` runs the rewind once (its first run builds kernels: 30 ms, paid
+    by the first drift's rewind before), after copying what it restores, and the average's
+    restart, then puts the average back: nothing moves, even where the rewind's copies held
+    older values (here, the state before the last step)."""
+    x, y = _regression_stream(np.random.default_rng(5))
+    x, y = np.nan_to_num(x)[:96], y[:96]
+    settings = {"loss": "mse", "builder_options": {"dropout": 0.2},
+                "train": {"max_batch_size": 32, "pipeline": "on"}}  # fmt: skip
+    trainer = _trainer(settings, x, y)
+    step = trainer.step
+    assert step.rewindable and step.averaging
+    for start in (0, 32, 64):
+        rows = slice(start, start + 32)
+        assert step(x[rows], y[rows], np.ones(32, np.float32)).applied
+
+    def state() -> dict[str, Any]:  # what the rewind restores (the policy is not involved)
+        return {
+            "variables": [np.asarray(v) for v in trainer.model.variables],
+            "optimizer": step.optimizer_state(),
+            "average": list(step.average_state().values()),
+        }
+
+    before = state()
+    step.warm_up()
+    _assert_same(before, state())
+    # and the rewind itself still undoes a step
+    result = step(x[:32], y[:32], np.ones(32, np.float32))
+    assert result.applied
+    step.rewind()
+    _assert_same(before, state())
+    # the restart (a drift reaction) still restarts the average from the trained weights
+    step.reset_average()
+    trained = [np.asarray(v) for v in trainer.model.trainable_variables]
+    for average, weights in zip(step.average_state().values(), trained, strict=False):
+        np.testing.assert_array_equal(average, weights)
+    assert step.average_state()["average_steps"] == 0
