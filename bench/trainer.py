@@ -7,14 +7,21 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   ``start()`` until ``stop()`` returned, i.e. every queued sample trained (prequential scoring,
   metrics and weight snapshots included). In this process (2 or more CPUs, no serving) the
   default ``train.pipeline = "auto"`` pipelines its steps; **no pipeline** is the same with
-  ``"off"``, one batch after the other.
+  ``"off"``, one batch after the other. This process sizes TensorFlow's pools as livefit sizes
+  those of a process that trains and serves nothing (a split learner's training process): one
+  inter-op thread (``TRAINING_INTER_OP_THREADS``), the intra-op pool TensorFlow's default; so
+  do the raw step and every other side measured here.
+* **default pools**: the livefit (1-sample chunks) and raw-step measurements in a process of
+  their own with TensorFlow's default pools (one inter-op thread per core), as every side ran
+  before the training process took one inter-op thread.
 * **raw step**: a ``tf.function`` of forward pass, gradient and ``optimizer.apply`` written here,
   fed pre-built tensors of exactly the batch size: what TensorFlow itself allows.
 * **per-message**: the classic Keras-over-MQTT loop, ``model.train_on_batch`` on each sample.
 * **training process**: the livefit measurement (1-sample chunks) in a process of its own set
   up as ``livefit serve``'s training process is by default on this machine (a split learner):
   pinned to the CPUs ``processes.training_cores = "auto"`` leaves it beside the default serving
-  processes, TensorFlow's intra-op pool sized to them; its own raw step measured in the same
+  processes, TensorFlow's intra-op pool sized to them and one inter-op thread; its own raw step
+  measured in the same
   process. What users get, where the livefit side above runs with TensorFlow's defaults on
   every core.
 * **step alone**: the trainer's compiled step (``TrainStep``) called back to back on batches
@@ -87,14 +94,17 @@ SIDES = {
     "weight averaging off: no averaged weights kept or scored), chunks of 1",
     "training process": "the livefit side (chunks of 1) in its own process pinned and sized as "
     "`livefit serve`'s training process is by default here (`processes.training_cores = "
-    '"auto"` beside the default serving processes; intra-op threads = its cores), beside '
-    "a raw step in that process",
+    '"auto"` beside the default serving processes; intra-op threads = its cores, one inter-op '
+    "thread), beside a raw step in that process",
     "step alone": "the trainer's compiled step (`TrainStep`, default settings) called back to "
     "back on batches of the batch size, nothing between calls, each waiting for its scores: the "
     "step's own promises (scores read before the update, rollback copy and checks, averaged "
     "weights) without the trainer's bookkeeping; the ceiling of a trainer that runs one batch "
     "after the other (the pipelined one is not one). Measured in the benchmark's process and in "
     "the training process",
+    "default pools": "the livefit (chunks of 1) and raw-step measurements in a process of their "
+    "own with TensorFlow's default thread pools (one inter-op thread per core), as every side "
+    "ran before livefit's training process took one inter-op thread",
     "pipelined step alone": "the trainer's compiled step dispatched as the pipelined trainer "
     "dispatches it (asynchronous executor, the next step started before the previous one's "
     "scores are read), nothing else between the calls: the pipelined trainer's ceiling if its "
@@ -107,6 +117,9 @@ SIDES = {
 def run(ctx: Context) -> BenchResult:
     import tensorflow as tf
 
+    from livefit.server.runtime.training_process import TRAINING_INTER_OP_THREADS
+
+    pools = _pools_like_training_process(tf)
     spec = MLP
     sizes = ctx.sizes["batch_sizes"]
     rounds = ctx.sizes["rounds"]
@@ -135,6 +148,8 @@ def run(ctx: Context) -> BenchResult:
     alone: dict[int, list[float]] = {bs: [] for bs in sizes}
     piped_alone: dict[int, list[float]] = {bs: [] for bs in sizes}
     thread_cpu: dict[int, list[float]] = {bs: [] for bs in sizes}  # us per batch, chunks of 1
+    result.settings["tf_threads"] = pools
+    defaults: dict[int, list[tuple[float, float, float | None]]] = {bs: [] for bs in sizes}
     cpus = _training_process_cpus()
     result.settings["training process CPUs"] = (
         "every CPU (nothing to leave out): TensorFlow's defaults" if cpus is None
@@ -150,7 +165,15 @@ def run(ctx: Context) -> BenchResult:
                     f"  batch {bs:>4} before #29: livefit {pair[0]:>9,.0f}/s  "
                     f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
                 )
-        for bs, pair in _process_rates(REPO, sizes, seconds, cpus).items():
+        for bs, pair in _process_rates(REPO, sizes, seconds, None).items():
+            defaults[bs].append(pair)
+            ctx.step(
+                f"  batch {bs:>4} TensorFlow's default pools: livefit {pair[0]:>9,.0f}/s  "
+                f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
+            )
+        for bs, pair in _process_rates(
+            REPO, sizes, seconds, cpus, inter=TRAINING_INTER_OP_THREADS
+        ).items():
             process[bs].append(pair)
             ctx.step(
                 f"  batch {bs:>4} training process: livefit {pair[0]:>9,.0f}/s  "
@@ -201,9 +224,31 @@ def run(ctx: Context) -> BenchResult:
                     no_pipeline[bs] if chunk == 1 else [],
                     piped_alone[bs] if chunk == 1 else [],
                     thread_cpu[bs] if chunk == 1 else [],
+                    defaults[bs] if chunk == 1 else [],
                 )
             )
     return result
+
+
+def _pools_like_training_process(tf: Any) -> str:
+    """Size this process's TensorFlow pools as livefit sizes those of a process that trains
+    and serves nothing (a split learner's training process: one inter-op thread), before its
+    first op; what was set, in words. The process stays so: later in-process benchmarks of the
+    same run (the learning benchmark's in-process learners) inherit it."""
+    from livefit.server.runtime.training_process import TRAINING_INTER_OP_THREADS
+
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(TRAINING_INTER_OP_THREADS)
+    except RuntimeError:  # TensorFlow already ran in this process
+        return (
+            "TensorFlow's defaults: its pools already ran in this process, so the training "
+            "process's one inter-op thread could not be set"
+        )
+    return (
+        f"as livefit's training process sizes them: {TRAINING_INTER_OP_THREADS} inter-op "
+        "thread (it serves nothing), intra-op TensorFlow's default (every core); the side "
+        '"default pools" runs TensorFlow\'s defaults in a process of its own'
+    )
 
 
 def _before_tree(where: Path) -> Path | None:
@@ -238,12 +283,14 @@ def _training_process_cpus() -> list[int] | None:
 _PROCESS_SCRIPT = """
 import json, os, sys
 sys.path.insert(0, ".")
-cpus, sizes, seconds, chunk = json.loads(sys.argv[1])
+cpus, sizes, seconds, chunk, inter = json.loads(sys.argv[1])
 if cpus is not None:  # before TensorFlow starts a thread: every one inherits the mask
     os.sched_setaffinity(0, cpus)
 import tensorflow as tf
 if cpus is not None:
     tf.config.threading.set_intra_op_parallelism_threads(len(cpus))
+if inter:
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
 from bench.models import MLP
 from bench.trainer import _count_for, _raw_step, trainer_rate, training_data
 try:
@@ -262,16 +309,19 @@ print(json.dumps(out))
 
 
 def _process_rates(
-    tree: Path, sizes: list[int], seconds: float, cpus: list[int] | None, chunk: int = 1
-) -> dict[int, tuple[float, float, float | None]]:
+    tree: Path, sizes: list[int], seconds: float, cpus: list[int] | None, chunk: int = 1,
+    inter: int = 0,
+) -> dict[int, tuple[float, float, float | None]]:  # fmt: skip
     """{batch size: (trainer samples/s, raw step samples/s, step alone samples/s or None where
     the code has no ``step_rate``)} of the code in ``tree``, measured
     in a fresh process the way this benchmark measures in its own: pinned to ``cpus`` with
     its intra-op pool sized to them (the training process), or with TensorFlow's defaults on
-    every CPU (None: the before-#29 side, whose tree has the same helpers)."""
+    every CPU (None: the before-#29 side, whose tree has the same helpers); ``inter``: its
+    inter-op pool (0: TensorFlow's default)."""
     env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(tree)}
     done = subprocess.run(
-        [sys.executable, "-c", _PROCESS_SCRIPT, json.dumps([cpus, sizes, seconds, chunk])],
+        [sys.executable, "-c", _PROCESS_SCRIPT,
+         json.dumps([cpus, sizes, seconds, chunk, inter])],
         cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=True,
     )  # fmt: skip
     line = done.stdout.strip().splitlines()[-1]
@@ -307,6 +357,7 @@ def _row(
     no_pipeline: list[float] | None = None,
     piped_alone: list[float] | None = None,
     thread_cpu: list[float] | None = None,
+    defaults: list[tuple[float, float, float | None]] | None = None,
 ) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
@@ -319,6 +370,14 @@ def _row(
         if rates:  # each beside the raw step, paired by round
             row.figures[f"{side} samples/s"] = Spread.of(rates, "samples/s")
             row.ratios[f"{side} ÷ raw step"] = paired_ratios(rates, raw)
+    if defaults:
+        default_livefit, default_raw = [d[0] for d in defaults], [d[1] for d in defaults]
+        row.figures["default pools: livefit samples/s"] = Spread.of(default_livefit, "samples/s")
+        row.figures["default pools: raw step samples/s"] = Spread.of(default_raw, "samples/s")
+        row.ratios["default pools: livefit ÷ its raw step"] = paired_ratios(
+            default_livefit, default_raw
+        )
+        row.ratios["raw step ÷ default pools' raw step"] = paired_ratios(raw, default_raw)
     if thread_cpu:
         row.figures["trainer thread CPU per batch"] = Spread.of(thread_cpu, "us")
         row.ratios["trainer thread CPU ÷ raw step time"] = paired_ratios(

@@ -185,7 +185,11 @@ MEANINGS: dict[str, str] = {
         "threads one TensorFlow op may use, for the whole process (`0`: TensorFlow's default, "
         "one per core)"
     ),
-    "tensorflow.inter_op_threads": "ops TensorFlow runs at once (`0`: its default)",
+    "tensorflow.inter_op_threads": (
+        "ops TensorFlow runs at once (`0`: its default, one per core; a split learner's "
+        "training process, which serves nothing, then takes 1: its pipelined trainer measured "
+        "1.25-1.45x faster on 2 cores, BENCHMARKS.md \"trainer\")"
+    ),
     "tensorflow.devices": (
         "the devices each trainer trains on, mirrored (`tf.distribute.MirroredStrategy`: each "
         'batch split across them, gradients summed): `"auto"` is every visible GPU where there '

@@ -163,13 +163,25 @@ def cpus_for_training(settings: Settings, slot: TrainingSlot) -> list[int] | Non
     return training_cpus(settings.processes.training_cores, slot.workers)
 
 
+# The training process's inter-op pool unless ``tensorflow.inter_op_threads`` is set. It serves
+# no predictions, so nothing else waits on the pool. Measured on 2 cores (BENCHMARKS.md
+# "trainer"): the pipelined trainer trained 1.25-1.45x the samples/s with one inter-op thread
+# instead of TensorFlow's default (one per core), whose idle threads compete with the trainer's
+# own thread for the cores; the raw step and the trainer one batch after the other were as
+# fast or faster. Intel's guidance for TensorFlow on CPUs likewise sets it to the sockets.
+TRAINING_INTER_OP_THREADS = 1
+
+
 def size_training_pools(settings: Settings, slot: TrainingSlot) -> None:
-    """Size TensorFlow's intra-op pool to the training process's CPUs, unless
-    ``tensorflow.intra_op_threads`` is set: more threads than cores only take turns on them.
-    Call before ``configure_tensorflow``."""
+    """Size TensorFlow's pools for the training process: the intra-op pool to its CPUs, unless
+    ``tensorflow.intra_op_threads`` is set (more threads than cores only take turns on them);
+    the inter-op pool to ``TRAINING_INTER_OP_THREADS``, unless ``tensorflow.inter_op_threads``
+    is set. Call before ``configure_tensorflow``."""
     cpus = cpus_for_training(settings, slot)
     if cpus is not None and not settings.tensorflow.intra_op_threads:
         settings.tensorflow.intra_op_threads = len(cpus)
+    if not settings.tensorflow.inter_op_threads:
+        settings.tensorflow.inter_op_threads = TRAINING_INTER_OP_THREADS
 
 
 def pin_to_cpus(cpus: list[int] | None) -> None:
