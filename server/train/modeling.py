@@ -141,6 +141,13 @@ def configure_tensorflow(settings: TensorFlowSettings) -> None:
             tf.config.threading.set_inter_op_parallelism_threads(settings.inter_op_threads)
     except RuntimeError as exc:
         log.warning("TensorFlow thread pools already set up; [tensorflow] ignored: %s", exc)
+        return
+    if settings.intra_op_threads or settings.inter_op_threads:
+        log.info(
+            "TensorFlow thread pools: intra-op %d, inter-op %d (0: TensorFlow's default)",
+            tf.config.threading.get_intra_op_parallelism_threads(),
+            tf.config.threading.get_inter_op_parallelism_threads(),
+        )
 
 
 def split_cpu(count: int) -> None:
