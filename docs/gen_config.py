@@ -188,7 +188,7 @@ MEANINGS: dict[str, str] = {
     "tensorflow.inter_op_threads": (
         "ops TensorFlow runs at once (`0`: its default, one per core; a split learner's "
         "training process, which serves nothing, then takes 1: its pipelined trainer measured "
-        "1.25-1.45x faster on 2 cores, BENCHMARKS.md \"trainer\")"
+        '1.25-1.45x faster on 2 cores, BENCHMARKS.md "trainer")'
     ),
     "tensorflow.devices": (
         "the devices each trainer trains on, mirrored (`tf.distribute.MirroredStrategy`: each "

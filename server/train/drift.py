@@ -165,7 +165,7 @@ class PageHinkley:
         new = _PHState(n=s.n + n, mean=float(mean[-1]), m2=float(m2[-1]))
         # no alarm before min_instances values since the start: count >= min_instances
         first = max(0, self.min_instances - s.n - 1)
-        hits: list[int] = []
+        hits: list[int | None] = []
         if self.mode in ("up", "both"):
             sum_up = self._fading_sum(s.sum_up, dev - self.delta)
             min_up = np.minimum(sum_up, s.min_up)
