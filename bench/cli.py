@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +33,12 @@ from bench.machine import machine_facts, now_iso
 from bench.registry import BENCHMARKS
 
 SCHEMA = 1
+# Benchmarks that size TensorFlow's pools for their own process (the trainer: as livefit sizes
+# a training process's) run in a child process of their own, so that the in-process
+# benchmarks after them (runtimes' serving models, the learning benchmark's learners) keep
+# TensorFlow's default pools, as livefit's serving does.
+ISOLATED = frozenset({"trainer"})
+_CHILD_ENV = "LIVEFIT_BENCH_CHILD"  # set to the benchmark's name in its child process
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,6 +146,8 @@ def _run_one(
     facts: dict[str, Any],
     shared: SharedFleet | None,
 ) -> dict[str, Any]:
+    if name in ISOLATED and os.environ.get(_CHILD_ENV) != name:
+        return _run_in_child(name, mode, client, workdir, console)
     benchmark = BENCHMARKS[name]
     console.rule(f"{name}: {benchmark.summary}")
     ctx = Context(
@@ -168,9 +177,43 @@ def _run_one(
             **meta,
             "seconds": time.monotonic() - started,
         }
+    if "tensorflow" in sys.modules:  # the pools as the benchmark left them (it may size them)
+        tf = sys.modules["tensorflow"]
+        meta["machine"]["tf_intra_op_threads"] = (
+            tf.config.threading.get_intra_op_parallelism_threads()
+        )
+        meta["machine"]["tf_inter_op_threads"] = (
+            tf.config.threading.get_inter_op_parallelism_threads()
+        )
     entry = {**result.to_json(), **meta, "seconds": time.monotonic() - started}
     console.log(f"{name} done in {entry['seconds']:.0f} s")
     return entry
+
+
+def _run_in_child(
+    name: str, mode: str, client: str, workdir: Path, console: Console
+) -> dict[str, Any]:
+    """``name`` run by ``python -m bench --only name`` in a child process (``ISOLATED``); its
+    entry, or one with the error where the child wrote none."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / "child.json"
+    argv = [sys.executable, "-m", "bench", "--only", name, "--json", str(out),
+            "--markdown", str(workdir / "child.md"), "--workdir", str(workdir / "child"),
+            "--load-client", client]  # fmt: skip
+    if mode != "full":
+        argv.append(f"--{mode}")
+    console.log(f"{name}: in a process of its own (it sizes TensorFlow's pools)")
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=REPO, env={**os.environ, _CHILD_ENV: name}, check=False)
+    try:
+        return cast(dict[str, Any], json.loads(out.read_text())["benchmarks"][name])
+    except (OSError, ValueError, KeyError) as exc:
+        return {
+            "name": name,
+            "title": name,
+            "error": f"its process (exit status {done.returncode}) wrote no result: {exc}",
+            "seconds": time.monotonic() - started,
+        }
 
 
 def _new_doc() -> dict[str, Any]:

@@ -21,9 +21,8 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   up as ``livefit serve``'s training process is by default on this machine (a split learner):
   pinned to the CPUs ``processes.training_cores = "auto"`` leaves it beside the default serving
   processes, TensorFlow's intra-op pool sized to them and one inter-op thread; its own raw step
-  measured in the same
-  process. What users get, where the livefit side above runs with TensorFlow's defaults on
-  every core.
+  measured in the same process. What users of ``livefit serve`` get here, where the livefit
+  side above trains on every core.
 * **step alone**: the trainer's compiled step (``TrainStep``) called back to back on batches
   of the batch size with nothing between the calls, each call waiting for its scores, in this
   process and in the training process: what the step's own promises cost (each sample scored
@@ -43,8 +42,8 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   raw step stands beside livefit's. Skipped, with a note, where the history is not there (a
   shallow clone).
 
-Every figure is samples/s; each round runs every side once (order rotated), ratios pair the
-sides of one round.
+Every figure is samples/s but the trainer thread's CPU (us a batch); each round runs every side
+once (order rotated), ratios pair the sides of one round.
 """
 
 from __future__ import annotations
@@ -105,6 +104,9 @@ SIDES = {
     "default pools": "the livefit (chunks of 1) and raw-step measurements in a process of their "
     "own with TensorFlow's default thread pools (one inter-op thread per core), as every side "
     "ran before livefit's training process took one inter-op thread",
+    "trainer thread CPU per batch": "CPU time of the livefit side's trainer thread (chunks of "
+    "1) over its batches, in us: bookkeeping and dispatch, the Python the step must hide; "
+    "beside it as a share of the raw step's time for a batch",
     "pipelined step alone": "the trainer's compiled step dispatched as the pipelined trainer "
     "dispatches it (asynchronous executor, the next step started before the previous one's "
     "scores are read), nothing else between the calls: the pipelined trainer's ceiling if its "
@@ -233,8 +235,8 @@ def run(ctx: Context) -> BenchResult:
 def _pools_like_training_process(tf: Any) -> str:
     """Size this process's TensorFlow pools as livefit sizes those of a process that trains
     and serves nothing (a split learner's training process: one inter-op thread), before its
-    first op; what was set, in words. The process stays so: later in-process benchmarks of the
-    same run (the learning benchmark's in-process learners) inherit it."""
+    first op; what was set, in words. The process stays so, which is why ``python -m bench``
+    runs this benchmark in a process of its own (``bench.cli.ISOLATED``)."""
     from livefit.server.runtime.training_process import TRAINING_INTER_OP_THREADS
 
     try:
@@ -608,7 +610,10 @@ def _pipelined_rate(
             done += bs
         return done / (time.perf_counter() - started)
     finally:
-        ctx.executor.wait()
+        try:
+            ctx.executor.wait()
+        except Exception:  # a step's error, raised above already: the thread goes on synchronous
+            ctx.executor.clear_error()
         ctx.execution_mode = context.SYNC
 
 

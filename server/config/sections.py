@@ -186,8 +186,9 @@ class TensorFlowSettings(Section):
     event loop when one process both trains and serves on a small machine."""
 
     intra_op_threads: int = Field(0, ge=0, le=1024)
-    # 0: TensorFlow's default, except in a split learner's training process, which takes 1
-    # (``training_process.TRAINING_INTER_OP_THREADS``: measured faster there)
+    # 0: TensorFlow's default, except in a split learner's training process that trains one
+    # model on the CPU, which takes 1 (``training_process.TRAINING_INTER_OP_THREADS``: measured
+    # faster there)
     inter_op_threads: int = Field(0, ge=0, le=1024)
     # The devices each trainer trains on, mirrored (tf.distribute.MirroredStrategy: every
     # batch split across them, gradients summed): "auto" is every visible GPU where there are

@@ -163,25 +163,43 @@ def cpus_for_training(settings: Settings, slot: TrainingSlot) -> list[int] | Non
     return training_cpus(settings.processes.training_cores, slot.workers)
 
 
-# The training process's inter-op pool unless ``tensorflow.inter_op_threads`` is set. It serves
-# no predictions, so nothing else waits on the pool. Measured on 2 cores (BENCHMARKS.md
-# "trainer"): the pipelined trainer trained 1.25-1.45x the samples/s with one inter-op thread
-# instead of TensorFlow's default (one per core), whose idle threads compete with the trainer's
-# own thread for the cores; the raw step and the trainer one batch after the other were as
-# fast or faster. Intel's guidance for TensorFlow on CPUs likewise sets it to the sockets.
+# The inter-op pool of a training process that trains one model on the CPU, unless
+# ``tensorflow.inter_op_threads`` is set. It serves no predictions and runs one trainer, so
+# nothing else waits on the pool. Measured on 2 cores (BENCHMARKS.md "trainer", the side
+# "default pools"): the pipelined trainer trained 1.22x / 1.11x the samples/s at batch 256 /
+# 1,024 with one inter-op thread instead of TensorFlow's default (one per core), whose idle
+# threads compete with the trainer's own thread for the cores (1.34x / 1.27x in the run before;
+# 1.1-1.5x in scratch pairs); its raw step ran 0.98x / 1.07x as fast. Intel's guidance for
+# TensorFlow on CPUs likewise sets it to the sockets. Not taken with several models (their
+# steps would share the one thread) or a GPU (not measured); TensorFlow has open reports of
+# hangs with one inter-op thread in TF1-style graphs (tensorflow#38969), none seen here.
 TRAINING_INTER_OP_THREADS = 1
 
 
 def size_training_pools(settings: Settings, slot: TrainingSlot) -> None:
     """Size TensorFlow's pools for the training process: the intra-op pool to its CPUs, unless
     ``tensorflow.intra_op_threads`` is set (more threads than cores only take turns on them);
-    the inter-op pool to ``TRAINING_INTER_OP_THREADS``, unless ``tensorflow.inter_op_threads``
-    is set. Call before ``configure_tensorflow``."""
+    the inter-op pool to ``TRAINING_INTER_OP_THREADS`` where it trains one model on the CPU,
+    unless ``tensorflow.inter_op_threads`` is set. Call before ``configure_tensorflow``."""
     cpus = cpus_for_training(settings, slot)
     if cpus is not None and not settings.tensorflow.intra_op_threads:
         settings.tensorflow.intra_op_threads = len(cpus)
-    if not settings.tensorflow.inter_op_threads:
+    if not settings.tensorflow.inter_op_threads and trains_one_model_on_the_cpu(settings):
         settings.tensorflow.inter_op_threads = TRAINING_INTER_OP_THREADS
+
+
+def trains_one_model_on_the_cpu(settings: Settings) -> bool:
+    """One model, on no GPU: none named in ``tensorflow.devices`` or the model's ``device``, and
+    none visible for ``"auto"`` (listing the devices leaves TensorFlow's pools unset)."""
+    if len(settings.models) != 1:
+        return False
+    devices = settings.tensorflow.devices
+    if devices != "auto" and any("GPU" in name.upper() for name in devices):
+        return False
+    (model,) = settings.models.values()
+    from livefit.server.train.modeling import resolve_device
+
+    return "GPU" not in resolve_device(model.device).upper()
 
 
 def pin_to_cpus(cpus: list[int] | None) -> None:

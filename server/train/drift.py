@@ -94,7 +94,7 @@ class PageHinkley:
         self.delta = delta
         self.threshold = threshold
         self.alpha = alpha
-        self.min_instances = max(1, min_instances)
+        self.min_instances = max(1, int(min_instances))
         self.mode: Direction = mode
         self.standardize = standardize
         self.clip = clip

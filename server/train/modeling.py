@@ -144,7 +144,7 @@ def configure_tensorflow(settings: TensorFlowSettings) -> None:
         return
     if settings.intra_op_threads or settings.inter_op_threads:
         log.info(
-            "TensorFlow thread pools: intra-op %d, inter-op %d (0: TensorFlow's default)",
+            "TensorFlow thread pools: intra-op %d, inter-op %d as set (0: TensorFlow's default)",
             tf.config.threading.get_intra_op_parallelism_threads(),
             tf.config.threading.get_inter_op_parallelism_threads(),
         )

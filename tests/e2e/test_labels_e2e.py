@@ -182,12 +182,14 @@ def test_learner_and_replica_predictions_join_in_both_orders(fleet_of_each_layou
     trained = metric(learner, "livefit_train_samples_total", model="joins")
     # an earlier test's predictions with ids may still be on their way to the learner
     pending = steady(lambda: metric(learner, "livefit_pending_predictions", model="joins"))
+    labels = steady(lambda: metric(learner, "livefit_pending_labels", model="joins"))
     with PredictClient(learner.url) as on_learner, PredictClient(replica.url, protocol="v2") as r:
         assert on_learner.predict("joins", [ROW] * 3, ids=["l1", "l2", "l3"]).ids == [
             "l1", "l2", "l3",
         ]  # fmt: skip
         assert r.predict("joins", [ROW] * 2, ids=["r1", 42]).ids == ["r1", 42]
-        wait_for(lambda: metric(learner, "livefit_pending_predictions", model="joins"), 5)
+        # all five recorded before their labels are sent (the order this test is about)
+        wait_for(lambda: metric(learner, "livefit_pending_predictions", model="joins"), pending + 5)
         # labels after their predictions: over MQTT (one, and a batch) and over HTTP (replica)
         publish(broker, "livefit/joins/labels", [b'{"id": "l1", "y": [1.0]}'])
         publish(
@@ -198,7 +200,7 @@ def test_learner_and_replica_predictions_join_in_both_orders(fleet_of_each_layou
         r.label("joins", "r1", [4.0])
         # a label before its prediction: waits, then joins when the prediction comes
         on_learner.labels("joins", ["early"], [[5.0]])
-        wait_for(lambda: metric(learner, "livefit_pending_labels", model="joins"), 1)
+        wait_for(lambda: metric(learner, "livefit_pending_labels", model="joins"), labels + 1)
         on_learner.predict("joins", [ROW], ids=["early"])
         # and a label for an id already joined
         on_learner.label("joins", "l1", [9.0])

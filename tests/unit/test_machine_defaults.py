@@ -213,9 +213,10 @@ def test_the_reader_takes_the_metrics_address_and_refuses_an_error_page(
 
 
 def test_the_training_process_takes_one_inter_op_thread_unless_told(tmp_path: Path) -> None:
-    """A split learner's training process serves nothing: its inter-op pool is one thread (the
-    pipelined trainer measured 1.25-1.45x faster so), its intra-op pool its cores; a configured
-    size stays."""
+    """A split learner's training process that trains one model on the CPU serves nothing: its
+    inter-op pool is one thread (the pipelined trainer measured faster so), its intra-op pool
+    its cores; a configured size stays; with two models (whose steps would share the thread)
+    or a GPU named, TensorFlow's default stays."""
     from livefit.server.config.settings import Settings
     from livefit.server.runtime.learner_group import TrainingSlot
     from livefit.server.runtime.training_process import (
@@ -236,3 +237,9 @@ def test_the_training_process_takes_one_inter_op_thread_unless_told(tmp_path: Pa
     )
     size_training_pools(told, slot)
     assert (told.tensorflow.inter_op_threads, told.tensorflow.intra_op_threads) == (3, 5)
+    two = Settings.model_validate({"models": {**models, "n": models["m"]}})
+    size_training_pools(two, slot)
+    assert two.tensorflow.inter_op_threads == 0
+    gpu = Settings.model_validate({"models": {"m": {**models["m"], "device": "/GPU:0"}}})
+    size_training_pools(gpu, slot)
+    assert gpu.tensorflow.inter_op_threads == 0
