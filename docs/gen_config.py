@@ -188,7 +188,7 @@ MEANINGS: dict[str, str] = {
     "tensorflow.inter_op_threads": (
         "ops TensorFlow runs at once (`0`: its default, one per core; a split learner's "
         "training process that trains one model on the CPU then takes 1: it serves nothing, and "
-        "its pipelined trainer measured 1.22x / 1.11x faster at batch 256 / 1,024 on 2 cores, "
+        "its pipelined trainer measured 1.11-1.40x faster at batch 256 and 1,024 on 2 cores, "
         'BENCHMARKS.md "trainer")'
     ),
     "tensorflow.devices": (
