@@ -67,6 +67,8 @@ def test_the_step_on_two_devices_learns_what_it_learns_on_one() -> None:
         assert r["two_to_one"] == r["one_to_two"] == 0.0, name
         assert r["two_to_one_optimizer"] == r["one_to_two_optimizer"] == 0.0, name
         assert r["names_one"] == r["names_two"], name
+        if "average" in r:  # weight averaging: the averaged weights alike; a rewind exact
+            assert r["average"] < 1e-5 and r["rewound"] is True, name
 
 
 def learner_text(broker: Mosquitto, storage: Path, client_id: str, devices: int) -> str:

@@ -34,6 +34,10 @@ MODELS = {
     "mlp-mse": {"builder": "mlp", "loss": "mse"},  # target scaling (auto for regression)
     "mlp-bce": {"builder": "mlp", "loss": "binary_crossentropy"},
     "linear-mse": {"builder": "linear", "loss": "mse"},
+    # weight averaging (the averaged weights scored beside the trained ones: the step's stacked
+    # outputs) and a rewindable step (warm_up runs its copy and rewind, and the average's
+    # restart, on the mirrored variables)
+    "mlp-mse-averaged": {"builder": "mlp", "loss": "mse", "train": {"weight_average": 0.95}},
 }
 DROPOUT = {"builder": "mlp", "loss": "mse", "builder_options": {"dropout": 0.2}}
 
@@ -47,7 +51,11 @@ def trainer_parts(
     settings: ModelSettings, device: str | Placement
 ) -> tuple[TrainStep, UpdatePolicy]:
     model = build_compiled(settings, device)
-    step = TrainStep(model, make_loss(settings), [4], settings.resolved_target_shape(), device)
+    average = "weight_average" in settings.train.model_fields_set
+    step = TrainStep(
+        model, make_loss(settings), [4], settings.resolved_target_shape(), device,
+        weight_average=settings.train.weight_average if average else 0.0, rewindable=average,
+    )  # fmt: skip
     step.warm_up()
     return step, UpdatePolicy(settings, step, seed=settings.seed)
 
@@ -80,6 +88,16 @@ def compare(name: str, options: dict, two: Placement) -> dict:
         one_step.model.get_weights(), two_step.model.get_weights()
     )
     report["optimizer"] = largest_difference(one_step.optimizer_state(), two_step.optimizer_state())
+    if two_step.averaging:  # the averaged weights alike, and a step rewound whole
+        report["average"] = largest_difference(
+            list(one_step.average_state().values()), list(two_step.average_state().values())
+        )
+        kept = [*two_step.model.get_weights(), *two_step.average_state().values()]
+        x = rng.normal(size=(5, 4)).astype(np.float32)
+        assert two_step(x, x[:, :1], np.ones(5, np.float32)).applied
+        two_step.rewind()
+        after = [*two_step.model.get_weights(), *two_step.average_state().values()]
+        report["rewound"] = largest_difference(kept, after) == 0.0
     # Every device's copy of every variable alike.
     report["copies_equal"] = all(
         all(np.array_equal(c.numpy(), v.value.values[0].numpy()) for c in v.value.values)
