@@ -181,6 +181,8 @@ class TrainStep:
                 tf.Variable(v, trainable=False, name=f"rewind_{i}") for i, v in enumerate(beyond)
             ]
         self._backup = backup
+        # (copy, variable): what a rewind puts back (the averages only where rewindable)
+        copies = [*zip(backup, state, strict=True), *zip(beyond_backup, beyond, strict=True)]
         self._averages = averages
         self._averaged = averaged
         self.rewindable = rewindable
@@ -361,10 +363,7 @@ class TrainStep:
         def apply(grads: list[tf.Tensor], rate: tf.Tensor | None) -> tf.Tensor:
             """Apply the update at ``rate``; if any new value is not finite, restore the state
             before it (the previous rate included)."""
-            for saved, variable in zip(backup, state, strict=True):
-                saved.assign(variable)
-            for saved, variable in zip(beyond_backup, beyond, strict=True):
-                saved.assign(variable)
+            take_copies()
             if rate is not None and rate_variable is not None:
                 rate_variable.assign(rate)
             optimizer.apply(grads, model.trainable_variables)
@@ -394,21 +393,22 @@ class TrainStep:
 
         @tf.function(input_signature=[])
         def rewind() -> tf.Tensor:
-            for saved, variable in zip(backup, state, strict=True):
-                variable.assign(saved)
-            for saved, variable in zip(beyond_backup, beyond, strict=True):
+            for saved, variable in copies:
                 variable.assign(saved)
             restore_others()
             return tf.constant(True)
+
+        def take_copies() -> None:
+            """What ``rewind`` puts back, copied: the state (weights, optimizer variables) and,
+            where rewindable, the averaged weights and their count."""
+            for saved, variable in copies:
+                saved.assign(variable)
 
         @tf.function(input_signature=[])
         def keep() -> tf.Tensor:
             """Copy everything ``rewind`` restores into its copies: a rewind right after is
             then the identity (``warm_up`` runs the pair once)."""
-            for saved, variable in zip(backup, state, strict=True):
-                saved.assign(variable)
-            for saved, variable in zip(beyond_backup, beyond, strict=True):
-                saved.assign(variable)
+            take_copies()
             save_others()
             return tf.constant(True)
 
