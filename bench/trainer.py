@@ -535,22 +535,11 @@ def trainer_rate(
         end = min(n, start + chunk)
         w = np.ones(end - start, dtype=np.float32)
         queue.put(SampleChunk(x[start:end], y[start:end], w, published_at=now, received_at=now))
-    thread_cpu = [0.0]
-    run_loop = trainer._run
-
-    def timed_run() -> None:  # the trainer thread's own CPU time (the thread ends with stop)
-        started_cpu = time.thread_time()
-        try:
-            run_loop()
-        finally:
-            thread_cpu[0] = time.thread_time() - started_cpu
-
-    trainer._run = timed_run  # start() makes its thread from the instance's _run
     started = time.perf_counter()
     trainer.start()
     trainer.stop(timeout=600)
     elapsed = time.perf_counter() - started
-    return n / elapsed, {"samples_seen": trainer.samples_seen, "thread_cpu_s": thread_cpu[0]}
+    return n / elapsed, {"samples_seen": trainer.samples_seen, "thread_cpu_s": trainer.thread_cpu_s}
 
 
 def step_rate(

@@ -197,7 +197,7 @@ def trains_one_model_on_the_cpu(settings: Settings) -> bool:
     if devices != "auto" and any("GPU" in name.upper() for name in devices):
         return False
     (model,) = settings.models.values()
-    from livefit.server.train.modeling import resolve_device
+    from ..train.modeling import resolve_device  # TensorFlow: imported only when asked
 
     return "GPU" not in resolve_device(model.device).upper()
 

@@ -124,6 +124,7 @@ class Trainer:
         self._stopping = threading.Event()
         self.model = build_compiled(settings, placement)
         self.pipelined = pipelining(settings, placement, self.hooks.serving_here)
+        self.thread_cpu_s = 0.0  # CPU time of the trainer's thread, set when it ends
         self.rewinds = 0  # steps the pipeline started early and had to run again
         self.step = TrainStep(
             self.model,
@@ -181,6 +182,14 @@ class Trainer:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        started = time.thread_time()
+        try:
+            self._train_until_closed()
+        finally:
+            # the CPU time this thread used, once it ends (the trainer benchmark reads it)
+            self.thread_cpu_s = time.thread_time() - started
+
+    def _train_until_closed(self) -> None:
         train = self.settings.train
         max_wait_s = train.max_wait_ms / 1000.0
         yield_s = train.yield_to_serving_ms / 1000.0
@@ -204,8 +213,8 @@ class Trainer:
         self._maybe_checkpoint(final=True)
 
     def _run_pipelined(self, max_wait_s: float, yield_s: float) -> None:
-        """``_run`` with the next plain batch's step started before the previous batch is
-        finished (``train.pipeline``).
+        """``_train_until_closed`` with the next plain batch's step started before the previous
+        batch is finished (``train.pipeline``).
 
         This thread's TensorFlow executor is asynchronous, so a dispatched step runs on
         TensorFlow's threads while this one does the previous batch's bookkeeping (its
