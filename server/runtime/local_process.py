@@ -133,6 +133,7 @@ class LocalProcess:
             _signal_group(process.pid, signal.SIGKILL)
             code = process.wait(10)
         _signal_group(process.pid, signal.SIGKILL)  # leftovers in its group (none, normally)
+        _wait_group_gone(process.pid)
         return code
 
     def __enter__(self) -> Self:
@@ -140,6 +141,35 @@ class LocalProcess:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 10.0) -> None:
+    """Wait (at most ``timeout_s``) until no live process of the group ``pgid`` is left (a
+    zombie waiting to be reaped holds nothing): a SIGKILLed split learner's serving processes
+    hold its listening socket until they are gone, and a restart on the same port right after
+    found it still in use (CI, 2026-11-27). Where /proc cannot be read, no wait."""
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` runs (not a zombie), by /proc."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":  # after "(comm)": state, ppid, pgrp
+            return True
+    return False
 
 
 def _signal_group(pid: int, sig: int) -> None:
