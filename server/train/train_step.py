@@ -26,6 +26,15 @@ of the two are served (``serve_average``: snapshots carry ``served_weights``) an
 served ones' scores, so the prequential score is that of the model clients get. The trained
 weights keep learning as before; a rolled-back step leaves the average as it was.
 
+The averaged weights score only the rows whose scores are read (``scored_rows``: a batch's own
+samples, not the replayed ones after them, and none on a batch's later steps), and, where they
+are not the weights served (``serve_average`` False when the step is started), at most
+``COMPARISON_ROWS`` evenly spaced rows of those (``StepResult.average_rows``): their scores
+then only feed the windowed comparison that chooses the served weights, which a sample of a
+large batch informs as well as the whole of it. The served weights' scores always cover every
+row (the trained weights' come free with the training forward pass). Measured: the averaged
+weights' forward pass was a fifth of the trainer's time at batch 1,024 (BENCHMARKS.md, trainer).
+
 The learning rate is an input of the step too (``TrainStep.learning_rate``, which the update
 policy sets for its start and drift boosts), assigned to the optimizer's variable in the graph
 before the update (after the rollback copy, so a rolled-back step leaves the previous rate
@@ -33,9 +42,9 @@ too): an eager assignment costs 130-350 us (Keras' setter, measured), half a
 step's time at batch 256, and a fresh model's start boost changes the rate every step. So the
 optimizer's variable holds the rate of the last step run, ``learning_rate`` that of the next.
 
-The rate and the statistics enter as one float32 vector, and the step's outputs are three
-(the loss with whether it applied; the per-sample losses and the predictions, each stacked over
-the weights scored): every input converted and every output read back costs the trainer's
+The rate, the averaged weights' rows and the statistics enter as one float32 vector, and the
+step's outputs are three (the loss with whether it applied; the per-sample losses and the
+predictions, each concatenated over the weights scored): every input converted and every output read back costs the trainer's
 thread a few microseconds, and the thread's CPU per step is what the pipelined trainer has to
 hide behind TensorFlow's. Measured: dispatch and read-back of a step 289-358 -> 217-252 us at
 batch 256, 313-375 -> 275-295 us at 1,024 (thread CPU time, this and the 0-d rate together).
@@ -57,6 +66,8 @@ from ..base.flat_call import flat_caller
 from .placement import Placement, as_placement, pad_rows, replica_slice
 
 AVERAGE_START = 9.0  # the average's decay is t / (AVERAGE_START + t) while that is smaller
+# Rows of a batch the averaged weights score where they are not the served ones (see above)
+COMPARISON_ROWS = 256
 _TRAINING_SENSITIVE = (
     keras.layers.Dropout,
     keras.layers.BatchNormalization,
@@ -77,9 +88,11 @@ class StepResult:
     prequential_losses: np.ndarray  # (n,) per-sample loss before the update
     predictions: np.ndarray  # (n, *output_shape) before the update
     applied: bool = True  # False: a loss, prediction, gradient or new weight was not finite
-    # With weight averaging: the same scores from the averaged weights (else None)
+    # With weight averaging: the same scores from the averaged weights (else None), of the
+    # rows ``average_rows`` (indices into the arrays above; None: every row)
     average_losses: np.ndarray | None = None
     average_predictions: np.ndarray | None = None
+    average_rows: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +103,13 @@ class Dispatched:
     rows: int
     outputs: tuple[tf.Tensor, ...]
     inputs: tuple[np.ndarray, ...]
+    scored: int = 0  # rows the trained weights' scores cover (with the padding for replicas)
+    average_rows: np.ndarray | None = None  # the rows the averaged weights scored (None: all)
+
+    @property
+    def average_sampled(self) -> bool:
+        """Whether the averaged weights scored a sample of the rows (not the served ones)."""
+        return self.average_rows is not None
 
 
 def behaves_same_in_training(model: keras.Model) -> bool:
@@ -204,6 +224,10 @@ class TrainStep:
             for _ in ("mean", "std")
         ]  # fmt: skip
         control_sizes = [1] if rate_variable is not None else []
+        # With averaging on one device: the rows the averaged weights score, 0 to ``scored``
+        # in steps of ``stride`` (see the module's docstring), two values.
+        self._samples_average = bool(averages) and replicas == 1
+        control_sizes += [2] if self._samples_average else []
         control_sizes += [int(np.prod(shape, dtype=np.int64)) for shape in stats_shapes]
         self._takes_controls = bool(control_sizes)
         if control_sizes:
@@ -219,9 +243,18 @@ class TrainStep:
             total = tf.add_n(model.losses)
             return total if replicas == 1 else total / replicas
 
-        def forward(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, rows: tf.Tensor, *stats: tf.Tensor):
+        def forward(
+            x: tf.Tensor,
+            y: tf.Tensor,
+            w: tf.Tensor,
+            rows: tf.Tensor,
+            *stats: tf.Tensor,
+            sampled: tf.Tensor | None = None,
+        ):
             """The loss over ``rows`` samples (of which these are some), its gradients, the
-            per-sample scores and the predictions (training forward pass and scored)."""
+            per-sample scores and the predictions (training forward pass and scored); with
+            averaging, the averaged weights' scores of the rows ``sampled`` (scored rows,
+            stride) picks (default: every row)."""
             scored = model(x, training=False) if separate_eval else None
             with tf.GradientTape() as tape:
                 if view is not None and target is not None:
@@ -247,13 +280,19 @@ class TrainStep:
             out = scored if scored is not None else pred
             extras: tuple[tf.Tensor, ...] = ()
             if averages:  # the averaged weights' scores too (pre-update, like the others)
+                xa, ya = x, y
+                if sampled is not None:
+                    index = tf.range(
+                        0, tf.cast(sampled[0], tf.int32), tf.cast(sampled[1], tf.int32)
+                    )
+                    xa, ya = tf.gather(x, index), tf.gather(y, index)
                 averaged_out, _ = model.stateless_call(
                     [a.value() for a in averages],
                     [v.value for v in model.non_trainable_variables],
-                    x,
+                    xa,
                     training=False,
                 )
-                extras = (per_sample(y, averaged_out), averaged_out)
+                extras = (per_sample(ya, averaged_out), averaged_out)
             return loss, reported, losses, pred, out, grads, extras
 
         def update(loss, reported, pred, grads, stats, rate, mirrored=None) -> tf.Tensor:
@@ -288,10 +327,12 @@ class TrainStep:
 
             @tf.function(input_signature=signature)
             def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *inputs: tf.Tensor):
-                rate, stats = unpack(inputs)
+                rate, sampled, stats = unpack(inputs)
                 save_others()
                 rows = tf.cast(tf.shape(x)[0], tf.float32)
-                loss, reported, losses, pred, out, grads, extras = forward(x, y, w, rows, *stats)
+                loss, reported, losses, pred, out, grads, extras = forward(
+                    x, y, w, rows, *stats, sampled=sampled
+                )
                 applied = update(loss, reported, pred, grads, stats, rate)
                 return packed(reported, applied, losses, out, extras)
 
@@ -307,7 +348,7 @@ class TrainStep:
 
             @tf.function(input_signature=signature)
             def step(x, y, w, rows, *inputs):
-                rate, stats = unpack(inputs)
+                rate, _, stats = unpack(inputs)
                 save_others()
                 # The replicas' forward and backward passes, then the update once, across
                 # replicas: rollback and statistics as on one device, every copy alike.
@@ -330,27 +371,29 @@ class TrainStep:
                 )  # fmt: skip
 
         def unpack(inputs: tuple[tf.Tensor, ...]):
-            """The learning rate (None where the step takes none) and the statistics, each in
-            its layer's shape, from the controls vector (see ``control_sizes``)."""
+            """The learning rate (None where the step takes none), the averaged weights' rows
+            (None: every row) and the statistics, each in its layer's shape, from the controls
+            vector (see ``control_sizes``)."""
             if not control_sizes:
-                return None, ()
+                return None, None, ()
             parts = tf.split(inputs[0], control_sizes)
             rate = parts.pop(0)[0] if rate_variable is not None else None
+            sampled = parts.pop(0) if self._samples_average else None
             stats = tuple(
                 tf.reshape(part, shape) for part, shape in zip(parts, stats_shapes, strict=True)
             )
-            return rate, stats
+            return rate, sampled, stats
 
         def packed(reported, applied, losses, out, extras):
             """Three outputs instead of up to six (each one the trainer's thread reads back
             costs it a tensor and a copy): the loss and whether the step applied, as a
-            float32 pair; the per-sample losses stacked over the weights scored (the trained
-            ones, then the averaged ones where averaging); their predictions likewise."""
+            float32 pair; the per-sample losses of the trained weights followed by the averaged
+            ones' where averaging (which may score fewer rows); their predictions likewise."""
             scalars = tf.stack([tf.cast(reported, tf.float32), tf.cast(applied, tf.float32)])
             if not extras:
-                return scalars, losses[tf.newaxis], out[tf.newaxis]
+                return scalars, losses, out
             average_losses, average_out = extras
-            return scalars, tf.stack([losses, average_losses]), tf.stack([out, average_out])
+            return scalars, tf.concat([losses, average_losses], 0), tf.concat([out, average_out], 0)
 
         def set_statistics(*stats: tf.Tensor) -> tf.Tensor:
             layers = [layer for layer in (scaler, target) if layer is not None]
@@ -464,12 +507,15 @@ class TrainStep:
         w: np.ndarray,
         statistics: tuple[np.ndarray, np.ndarray] | None = None,
         target_statistics: tuple[np.ndarray, np.ndarray] | None = None,
+        scored_rows: int | None = None,
     ) -> StepResult:
         """One step; with a Standardize layer, ``statistics`` (mean, std) are set if it applies,
         with a target_scaling layer ``target_statistics`` likewise (default: keep the current
         ones). On several devices the batch is padded with zero-weight rows to a multiple of
-        their count; the result holds the real rows only."""
-        return self.collect(self.dispatch(x, y, w, statistics, target_statistics))
+        their count; the result holds the real rows only. ``scored_rows``: how many leading
+        rows' scores the caller reads (default all), which is all the averaged weights score
+        (see the module's docstring)."""
+        return self.collect(self.dispatch(x, y, w, statistics, target_statistics, scored_rows))
 
     def dispatch(
         self,
@@ -478,6 +524,7 @@ class TrainStep:
         w: np.ndarray,
         statistics: tuple[np.ndarray, np.ndarray] | None = None,
         target_statistics: tuple[np.ndarray, np.ndarray] | None = None,
+        scored_rows: int | None = None,
     ) -> Dispatched:
         """Start the step (arguments as ``__call__``'s); ``collect`` its result. In a thread
         whose TensorFlow executor is asynchronous (the pipelined trainer's,
@@ -487,10 +534,17 @@ class TrainStep:
         rows = len(x)
         replicas = self.placement.replicas
         args: list[object] = [x, y, w]
+        padded_rows = rows  # the rows the step scores, with the padding for the replicas
         if replicas > 1:
-            args = [*pad_rows(x, y, w, replicas), np.array(rows, dtype=np.float32)]
+            padded = pad_rows(x, y, w, replicas)
+            padded_rows = len(padded[0])
+            args = [*padded, np.array(rows, dtype=np.float32)]
+        average_rows = None
         if self._takes_controls:
             controls = [self._rate_input.reshape(1)] if self._rate_variable is not None else []
+            if self._samples_average:
+                scored, stride, average_rows = self._average_sample(rows, scored_rows)
+                controls.append(np.array([scored, stride], dtype=np.float32))
             for layer, given in ((self._scaler, statistics), (self._target, target_statistics)):
                 if layer is not None:  # default: the statistics the layer holds now
                     pair = given if given is not None else (layer.mean, layer.std)
@@ -498,18 +552,38 @@ class TrainStep:
             args.append(np.concatenate(controls))
         with tf.device(self.device):
             outputs = self._flat(args) if self._flat is not None else self._call(*args)
-        return Dispatched(rows, tuple(outputs), (x, y, w))
+        return Dispatched(rows, tuple(outputs), (x, y, w), padded_rows, average_rows)
+
+    def _average_sample(
+        self, rows: int, scored_rows: int | None
+    ) -> tuple[int, int, np.ndarray | None]:
+        """The rows the averaged weights score in a step of ``rows``: (scored, stride, their
+        indices, None where that is every row). All ``scored_rows`` where they are served,
+        else at most ``COMPARISON_ROWS`` of them, evenly spaced."""
+        scored = rows if scored_rows is None else max(0, min(int(scored_rows), rows))
+        limit = scored if self.serve_average else min(scored, COMPARISON_ROWS)
+        stride = -(-scored // limit) if limit else 1
+        if stride == 1 and scored == rows:
+            return scored, stride, None
+        return scored, stride, np.arange(0, scored, stride)
 
     def collect(self, dispatched: Dispatched) -> StepResult:
         """The result of a dispatched step (waits for it to finish)."""
         rows = dispatched.rows
         scalars, losses, pred = (output.numpy() for output in dispatched.outputs)
         loss, applied = float(scalars[0]), bool(scalars[1])
-        if len(losses) == 2:  # weight averaging: the averaged weights' scores too
-            return StepResult(
-                loss, losses[0, :rows], pred[0, :rows], applied, losses[1, :rows], pred[1, :rows]
-            )
-        return StepResult(loss, losses[0, :rows], pred[0, :rows], applied)
+        if not self._averages:
+            return StepResult(loss, losses[:rows], pred[:rows], applied)
+        # the averaged weights' scores follow the trained ones' (``dispatched.scored`` rows)
+        scored = dispatched.scored
+        trained, trained_pred = losses[:rows], pred[:rows]
+        if dispatched.average_rows is None:
+            average, average_pred = losses[scored : scored + rows], pred[scored : scored + rows]
+        else:
+            average, average_pred = losses[scored:], pred[scored:]
+        return StepResult(
+            loss, trained, trained_pred, applied, average, average_pred, dispatched.average_rows
+        )
 
     def rewind(self) -> None:
         """Undo the last step, which was applied (``StepResult.applied``): the weights, the

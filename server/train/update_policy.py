@@ -160,6 +160,9 @@ class UpdatePolicy:
         # _choose_weights); the step serves whichever did better.
         self._trained_loss = WindowedMean(AVERAGE_WINDOW)
         self._average_loss = WindowedMean(AVERAGE_WINDOW)
+        # Whether the last plain batch started scored the averaged weights on a sample only
+        # (TrainStep.COMPARISON_ROWS): while it runs, they must stay the weights not served.
+        self._started_average_sampled = False
         self._saved_scaler: RunningStandardizer | None = None
         self._saved_target_scaler: RunningStandardizer | None = None
 
@@ -191,10 +194,13 @@ class UpdatePolicy:
             started.dispatched = self.step.dispatch(
                 batch.x, batch.y, batch.w, statistics, target_statistics
             )
+            self._started_average_sampled = started.dispatched.average_sampled
             return started
         for _ in range(self.steps_per_batch):
             x, y, w, k = self._with_replay(batch)
-            result = self.step(x, y, w, statistics, target_statistics)
+            # Only the first step's scores of the batch's own samples are read (prequential)
+            scored = len(batch) if started.first is None else 0
+            result = self.step(x, y, w, statistics, target_statistics, scored)
             statistics = target_statistics = None  # set by the first applied step
             if started.first is None:
                 started.first = _first_rows(result, len(batch))
@@ -244,7 +250,13 @@ class UpdatePolicy:
         assert first is not None
         if started.clear_replay and self.replay is not None:
             self.replay.clear()
+        served_average = self.step.serve_average
         first = self._choose_weights(first)
+        if self.step.serve_average and not served_average and self._started_average_sampled:
+            # A step started since (on the assumption) scored the averaged weights on a sample
+            # only, as weights not served; from now on they are served, and their scores must
+            # cover every sample of that batch: it is rewound and started again.
+            undo_assumption()
         # before the batch joins replay: a flush keeps the batch
         drift = self._watch(first, undo_assumption)
         if started.steps:
@@ -282,18 +294,23 @@ class UpdatePolicy:
     def _choose_weights(self, first: StepResult) -> StepResult:
         """With weight averaging: the scores of the weights served before this batch (the
         averaged ones where their windowed prequential loss was the lower), then, with this
-        batch's losses of both added, which weights to serve from now on."""
+        batch's losses of both added (of the rows both scored: the averaged weights, when not
+        served, score a sample of a large batch), which weights to serve from now on."""
         if first.average_losses is None or first.average_predictions is None:
             return first
         served = first
+        rows = first.average_rows
         if self.step.serve_average:
+            if rows is not None:  # TrainStep scores every row of the served weights
+                raise RuntimeError("the served averaged weights scored a sample of the batch")
             served = replace(
                 first,
                 prequential_losses=first.average_losses,
                 predictions=first.average_predictions,
             )
         if first.applied:
-            self._trained_loss.add(first.prequential_losses)
+            trained = first.prequential_losses
+            self._trained_loss.add(trained if rows is None else trained[rows])
             self._average_loss.add(first.average_losses)
             self.step.serve_average = self._average_did_better()
         return served
@@ -511,11 +528,18 @@ def _restored_scaler(extra: dict[str, np.ndarray], prefix: str) -> RunningStanda
 
 
 def _first_rows(result: StepResult, n: int) -> StepResult:
-    """The scores of the new samples only: replayed ones are not test-then-train."""
+    """The scores of the new samples only: replayed ones are not test-then-train (the step
+    scored the averaged weights on these rows only: ``scored_rows``)."""
     if len(result.prequential_losses) == n:
         return result
+    rows = result.average_rows
+    average_losses, average_predictions = result.average_losses, result.average_predictions
+    if rows is None:  # the averaged weights scored every row, the replayed ones too
+        if average_losses is not None and average_predictions is not None:
+            average_losses, average_predictions = average_losses[:n], average_predictions[:n]
+    elif len(rows) == n:  # indices below n: exactly 0..n-1
+        rows = None
     return StepResult(
         result.loss, result.prequential_losses[:n], result.predictions[:n], result.applied,
-        None if result.average_losses is None else result.average_losses[:n],
-        None if result.average_predictions is None else result.average_predictions[:n],
+        average_losses, average_predictions, rows,
     )  # fmt: skip

@@ -34,8 +34,8 @@ MODELS = {
     "mlp-mse": {"builder": "mlp", "loss": "mse"},  # target scaling (auto for regression)
     "mlp-bce": {"builder": "mlp", "loss": "binary_crossentropy"},
     "linear-mse": {"builder": "linear", "loss": "mse"},
-    # weight averaging (the averaged weights scored beside the trained ones: the step's stacked
-    # outputs) and a rewindable step (warm_up runs its copy and rewind, and the average's
+    # weight averaging (the averaged weights scored beside the trained ones: the step's
+    # concatenated outputs) and a rewindable step (warm_up runs its copy and rewind, and the average's
     # restart, on the mirrored variables)
     "mlp-mse-averaged": {"builder": "mlp", "loss": "mse", "train": {"weight_average": 0.95}},
 }

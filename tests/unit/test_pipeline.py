@@ -145,6 +145,49 @@ def test_the_pipeline_learns_what_one_batch_after_the_other_does(case: str) -> N
         assert all(np.isfinite(np.asarray(v)).all() for v in trainer.model.variables)
 
 
+def test_a_pipelined_switch_to_the_averaged_weights_rescores_the_next_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the trained weights are served, the averaged ones score a sample of each batch
+    (``COMPARISON_ROWS``, here 8 of 32). When a finished batch makes the averaged weights the
+    served ones, the batch started meanwhile scored them on a sample only: it is rewound and
+    started again, so its scores cover every sample, and the pipeline still learns exactly
+    what one batch after the other does."""
+    from livefit.server.train import train_step
+
+    monkeypatch.setattr(train_step, "COMPARISON_ROWS", 8)
+    sampled = {"off": 0, "on": 0}
+    switches = {"off": 0, "on": 0}
+    dispatch = TrainStep.dispatch
+    from livefit.server.train.update_policy import UpdatePolicy
+
+    choose = UpdatePolicy._choose_weights
+
+    def run(pipeline: str) -> Trainer:
+        def counting_dispatch(self: TrainStep, *args: Any, **kwargs: Any) -> Any:
+            dispatched = dispatch(self, *args, **kwargs)
+            sampled[pipeline] += dispatched.average_sampled
+            return dispatched
+
+        def counting_choice(self: UpdatePolicy, first: Any) -> Any:
+            before = self.step.serve_average
+            served = choose(self, first)
+            switches[pipeline] += self.step.serve_average and not before
+            return served
+
+        monkeypatch.setattr(TrainStep, "dispatch", counting_dispatch)
+        monkeypatch.setattr(UpdatePolicy, "_choose_weights", counting_choice)
+        x, y = _classification_stream(np.random.default_rng(11))
+        x, y = np.nan_to_num(x)[:2_400], y[:2_400]  # one concept: no drift, no rollback
+        return _run(pipeline, {"loss": "binary_crossentropy"}, x, y)
+
+    plain, piped = run("off"), run("on")
+    assert sampled["off"] > 0 and switches["off"] > 0
+    assert piped.rewinds > 0  # the switches' rewinds: nothing else rewinds on this stream
+    _assert_same(_state(plain), _state(piped))
+    assert switches["on"] == switches["off"]
+
+
 def test_a_batch_that_fails_is_counted_and_the_pipeline_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -233,3 +233,66 @@ def test_a_checkpoint_with_an_unreadable_choice_restores_and_serves_the_trained_
 def test_a_window_from_anything_but_numbers_is_refused(bad: np.ndarray) -> None:
     with pytest.raises(ValueError, match="pairs"):
         WindowedMean.from_batches(10, bad)
+
+
+def test_the_averaged_weights_score_every_row_where_served_and_a_sample_where_not() -> None:
+    """Where the averaged weights are not served, their scores only choose which weights are:
+    a batch larger than ``COMPARISON_ROWS`` is scored on that many rows, evenly spaced, with
+    exactly the scores a full pass gives those rows. Served, they score every row; and only
+    the rows the caller reads (``scored_rows``: a batch's own samples before the replayed ones)."""
+    from livefit.server.train.train_step import COMPARISON_ROWS
+
+    t = trainer(train={"weight_average": 0.9})
+    rng = np.random.default_rng(4)
+    for _ in range(5):  # the average now differs from the trained weights
+        t.train_batch(batch(rng.normal(size=(16, 3)), backlog=1))
+    step = t.step
+
+    def averaged_predictions(x: np.ndarray) -> np.ndarray:
+        step.serve_average = True
+        other = trainer(train={"weight_average": 0.9})
+        other.model.set_weights(step.served_weights())
+        return np.asarray(other.model(x))
+
+    n = 4 * COMPARISON_ROWS + 3
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    y, w = x.sum(axis=1, keepdims=True), np.ones(n, np.float32)
+    want = averaged_predictions(x)
+    step.serve_average = False
+    sampled = step(x, y, w)
+    rows = np.arange(0, n, 5)  # stride ceil(n / COMPARISON_ROWS) = 5: at most that many rows
+    assert sampled.average_rows is not None and len(rows) <= COMPARISON_ROWS
+    np.testing.assert_array_equal(sampled.average_rows, rows)
+    assert sampled.average_predictions is not None and sampled.average_losses is not None
+    np.testing.assert_allclose(sampled.average_predictions, want[rows], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        sampled.average_losses, ((want[rows] - y[rows]) ** 2)[:, 0], rtol=1e-4, atol=1e-6
+    )
+    assert len(sampled.prequential_losses) == n  # the trained weights' scores: every row
+
+    want = averaged_predictions(x)  # served: every row
+    served = step(x, y, w)
+    assert served.average_rows is None and served.average_predictions is not None
+    np.testing.assert_allclose(served.average_predictions, want, rtol=1e-5, atol=1e-6)
+    # only the rows read: the first 10 (served), then none (a batch's later steps)
+    first = step(x, y, w, scored_rows=10)
+    np.testing.assert_array_equal(first.average_rows, np.arange(10))  # type: ignore[arg-type]
+    assert first.average_losses is not None and len(first.average_losses) == 10
+    later = step(x, y, w, scored_rows=0)
+    assert later.average_losses is not None and len(later.average_losses) == 0
+
+
+def test_the_choice_compares_the_rows_both_weights_scored() -> None:
+    t = trainer(train={"weight_average": 0.9})
+    # The averaged weights scored rows 0 and 2 only: there the trained weights did worse (1.0
+    # against 0.8), though their mean over all four rows (0.5) is the lower.
+    sampled = StepResult(
+        0.0, np.array([1.0, 0.0, 1.0, 0.0]), np.zeros((4, 1)), True, np.full(2, 0.8),
+        np.ones((2, 1)), np.array([0, 2]),
+    )  # fmt: skip
+    served = t.policy._choose_weights(sampled)
+    np.testing.assert_array_equal(served.prequential_losses, [1.0, 0.0, 1.0, 0.0])
+    assert t.step.serve_average
+    # served averaged weights scored on a sample would misreport what clients got
+    with pytest.raises(RuntimeError, match="sample"):
+        t.policy._choose_weights(sampled)
