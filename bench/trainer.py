@@ -36,6 +36,11 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   reach if its bookkeeping cost nothing. Beside it, the **trainer thread's CPU per batch**: the
   CPU time of the livefit side's trainer thread (1-sample chunks) over its batches, bookkeeping
   and dispatch included: the Python work the step has to hide.
+* **one intra-op thread**: the livefit (1-sample chunks) and raw-step measurements in a process
+  of their own sized as this one but with one intra-op thread, so that the trainer's thread has
+  a core of its own beside TensorFlow's; its livefit figure beside this process's raw step (the
+  one the target is against) and its own. Not livefit's default: on a wide model it halves the
+  step (bench/prose/trainer.md).
 * **before #29**: the same ``Trainer`` measurement (1-sample chunks) and raw step on the code as
   it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's
   history into the work directory), in a process of its own each round: its ratio to its own
@@ -111,6 +116,9 @@ SIDES = {
     "dispatches it (asynchronous executor, the next step started before the previous one's "
     "scores are read), nothing else between the calls: the pipelined trainer's ceiling if its "
     "bookkeeping cost nothing",
+    "one intra-op thread": "the livefit (chunks of 1) and raw-step measurements in a process of "
+    "their own sized as this one but with one intra-op thread (a core left to the trainer's "
+    "thread); its livefit beside this process's raw step and beside its own",
     "before #29": f"the livefit and raw-step measurements on the code before issue #29 (commit "
     f"{BEFORE_29}), in a process of their own each round, chunks of {BEFORE_CHUNK}",
 }
@@ -152,6 +160,7 @@ def run(ctx: Context) -> BenchResult:
     thread_cpu: dict[int, list[float]] = {bs: [] for bs in sizes}  # us per batch, chunks of 1
     result.settings["tf_threads"] = pools
     defaults: dict[int, list[tuple[float, float, float | None]]] = {bs: [] for bs in sizes}
+    one_intra: dict[int, list[tuple[float, float, float | None]]] = {bs: [] for bs in sizes}
     cpus = _training_process_cpus()
     result.settings["training process CPUs"] = (
         "every CPU (nothing to leave out): TensorFlow's defaults" if cpus is None
@@ -171,6 +180,14 @@ def run(ctx: Context) -> BenchResult:
             defaults[bs].append(pair)
             ctx.step(
                 f"  batch {bs:>4} TensorFlow's default pools: livefit {pair[0]:>9,.0f}/s  "
+                f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
+            )
+        for bs, pair in _process_rates(
+            REPO, sizes, seconds, None, inter=TRAINING_INTER_OP_THREADS, intra=1
+        ).items():
+            one_intra[bs].append(pair)
+            ctx.step(
+                f"  batch {bs:>4} one intra-op thread: livefit {pair[0]:>9,.0f}/s  "
                 f"raw {pair[1]:>9,.0f}/s  ({pair[0] / pair[1]:.3f}x)"
             )
         for bs, pair in _process_rates(
@@ -227,6 +244,7 @@ def run(ctx: Context) -> BenchResult:
                     piped_alone[bs] if chunk == 1 else [],
                     thread_cpu[bs] if chunk == 1 else [],
                     defaults[bs] if chunk == 1 else [],
+                    one_intra[bs] if chunk == 1 else [],
                 )
             )
     return result
@@ -285,12 +303,12 @@ def _training_process_cpus() -> list[int] | None:
 _PROCESS_SCRIPT = """
 import json, os, sys
 sys.path.insert(0, ".")
-cpus, sizes, seconds, chunk, inter = json.loads(sys.argv[1])
+cpus, sizes, seconds, chunk, inter, intra = json.loads(sys.argv[1])
 if cpus is not None:  # before TensorFlow starts a thread: every one inherits the mask
     os.sched_setaffinity(0, cpus)
 import tensorflow as tf
-if cpus is not None:
-    tf.config.threading.set_intra_op_parallelism_threads(len(cpus))
+if intra or cpus is not None:
+    tf.config.threading.set_intra_op_parallelism_threads(intra or len(cpus))
 if inter:
     tf.config.threading.set_inter_op_parallelism_threads(inter)
 from bench.models import MLP
@@ -312,18 +330,19 @@ print(json.dumps(out))
 
 def _process_rates(
     tree: Path, sizes: list[int], seconds: float, cpus: list[int] | None, chunk: int = 1,
-    inter: int = 0,
+    inter: int = 0, intra: int = 0,
 ) -> dict[int, tuple[float, float, float | None]]:  # fmt: skip
     """{batch size: (trainer samples/s, raw step samples/s, step alone samples/s or None where
     the code has no ``step_rate``)} of the code in ``tree``, measured
     in a fresh process the way this benchmark measures in its own: pinned to ``cpus`` with
     its intra-op pool sized to them (the training process), or with TensorFlow's defaults on
-    every CPU (None: the before-#29 side, whose tree has the same helpers); ``inter``: its
-    inter-op pool (0: TensorFlow's default)."""
+    every CPU (None: the before-#29 side, whose tree has the same helpers); ``inter``, ``intra``:
+    its inter-op and intra-op pools (0: TensorFlow's default; the intra-op pool sized to
+    ``cpus`` where given)."""
     env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(tree)}
     done = subprocess.run(
         [sys.executable, "-c", _PROCESS_SCRIPT,
-         json.dumps([cpus, sizes, seconds, chunk, inter])],
+         json.dumps([cpus, sizes, seconds, chunk, inter, intra])],
         cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=True,
     )  # fmt: skip
     line = done.stdout.strip().splitlines()[-1]
@@ -360,6 +379,7 @@ def _row(
     piped_alone: list[float] | None = None,
     thread_cpu: list[float] | None = None,
     defaults: list[tuple[float, float, float | None]] | None = None,
+    one_intra: list[tuple[float, float, float | None]] | None = None,
 ) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
@@ -380,6 +400,16 @@ def _row(
             default_livefit, default_raw
         )
         row.ratios["raw step ÷ default pools' raw step"] = paired_ratios(raw, default_raw)
+    if one_intra:
+        intra_livefit, intra_raw = [d[0] for d in one_intra], [d[1] for d in one_intra]
+        row.figures["one intra-op thread: livefit samples/s"] = Spread.of(
+            intra_livefit, "samples/s"
+        )
+        row.figures["one intra-op thread: raw step samples/s"] = Spread.of(intra_raw, "samples/s")
+        row.ratios["one intra-op thread: livefit ÷ raw step"] = paired_ratios(intra_livefit, raw)
+        row.ratios["one intra-op thread: livefit ÷ its raw step"] = paired_ratios(
+            intra_livefit, intra_raw
+        )
     if thread_cpu:
         row.figures["trainer thread CPU per batch"] = Spread.of(thread_cpu, "us")
         row.ratios["trainer thread CPU ÷ raw step time"] = paired_ratios(

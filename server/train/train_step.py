@@ -44,10 +44,11 @@ optimizer's variable holds the rate of the last step run, ``learning_rate`` that
 
 The rate, the averaged weights' rows and the statistics enter as one float32 vector, and the
 step's outputs are three (the loss with whether it applied; the per-sample losses and the
-predictions, each concatenated over the weights scored): every input converted and every output read back costs the trainer's
-thread a few microseconds, and the thread's CPU per step is what the pipelined trainer has to
-hide behind TensorFlow's. Measured: dispatch and read-back of a step 289-358 -> 217-252 us at
-batch 256, 313-375 -> 275-295 us at 1,024 (thread CPU time, this and the 0-d rate together).
+predictions, each concatenated over the weights scored): every input converted and every
+output read back costs the trainer's thread a few microseconds, and the thread's CPU per step
+is what the pipelined trainer has to hide behind TensorFlow's. Measured: dispatch and
+read-back of a step 289-358 -> 217-252 us at batch 256, 313-375 -> 275-295 us at 1,024
+(thread CPU time, this and the 0-d rate together).
 """
 
 from __future__ import annotations
