@@ -31,7 +31,8 @@ samples, not the replayed ones after them, and none on a batch's later steps), a
 are not the weights served (``serve_average`` False when the step is started), at most
 ``COMPARISON_ROWS`` evenly spaced rows of those (``StepResult.average_rows``): their scores
 then only feed the windowed comparison that chooses the served weights, which a sample of a
-large batch informs as well as the whole of it. The served weights' scores always cover every
+large batch informs as well as the whole of it, and which takes those rows whichever weights
+are served (``comparison_stride``). The served weights' scores always cover every
 row (the trained weights' come free with the training forward pass). Measured: the averaged
 weights' forward pass was a fifth of the trainer's time at batch 1,024 (BENCHMARKS.md, trainer).
 
@@ -79,6 +80,15 @@ _TRAINING_SENSITIVE = (
     keras.layers.SpatialDropout2D,
     keras.layers.SpatialDropout3D,
 )
+
+
+def comparison_stride(rows: int) -> int:
+    """The stride of the rows of a batch of ``rows`` on which the trained and the averaged
+    weights are compared: every row up to ``COMPARISON_ROWS``, else at most that many, evenly
+    spaced (``range(0, rows, stride)``). The same rows whichever weights are served, so that
+    the comparison does not depend on it (the pipelined trainer starts a batch before the
+    choice of the batch before it is known)."""
+    return -(-rows // COMPARISON_ROWS) if rows > COMPARISON_ROWS else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,19 +291,28 @@ class TrainStep:
             out = scored if scored is not None else pred
             extras: tuple[tf.Tensor, ...] = ()
             if averages:  # the averaged weights' scores too (pre-update, like the others)
-                xa, ya = x, y
-                if sampled is not None:
-                    index = tf.range(
-                        0, tf.cast(sampled[0], tf.int32), tf.cast(sampled[1], tf.int32)
+
+                def averaged_scores(xa: tf.Tensor, ya: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+                    averaged_out, _ = model.stateless_call(
+                        [a.value() for a in averages],
+                        [v.value for v in model.non_trainable_variables],
+                        xa,
+                        training=False,
                     )
-                    xa, ya = tf.gather(x, index), tf.gather(y, index)
-                averaged_out, _ = model.stateless_call(
-                    [a.value() for a in averages],
-                    [v.value for v in model.non_trainable_variables],
-                    xa,
-                    training=False,
-                )
-                extras = (per_sample(ya, averaged_out), averaged_out)
+                    return per_sample(ya, averaged_out), averaged_out
+
+                if sampled is None:
+                    extras = averaged_scores(x, y)
+                else:
+                    rows_scored = tf.cast(sampled[0], tf.int32)
+                    index = tf.range(0, rows_scored, tf.cast(sampled[1], tf.int32))
+                    # No rows (a batch's later steps): no forward pass on an empty batch,
+                    # which some kernels (cuDNN's recurrent ones) have refused.
+                    extras = tf.cond(
+                        rows_scored > 0,
+                        lambda: averaged_scores(tf.gather(x, index), tf.gather(y, index)),
+                        lambda: (tf.zeros_like(losses[:0]), tf.zeros_like(out[:0])),
+                    )
             return loss, reported, losses, pred, out, grads, extras
 
         def update(loss, reported, pred, grads, stats, rate, mirrored=None) -> tf.Tensor:
@@ -562,8 +581,7 @@ class TrainStep:
         indices, None where that is every row). All ``scored_rows`` where they are served,
         else at most ``COMPARISON_ROWS`` of them, evenly spaced."""
         scored = rows if scored_rows is None else max(0, min(int(scored_rows), rows))
-        limit = scored if self.serve_average else min(scored, COMPARISON_ROWS)
-        stride = -(-scored // limit) if limit else 1
+        stride = 1 if self.serve_average else comparison_stride(scored)
         if stride == 1 and scored == rows:
             return scored, stride, None
         return scored, stride, np.arange(0, scored, stride)

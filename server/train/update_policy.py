@@ -51,7 +51,7 @@ from .drift import DriftDetector
 from .prequential import WindowedMean
 from .replay import ReplayBuffer, mix
 from .scaling import LevelShift, LevelShiftWatch, RunningStandardizer
-from .train_step import Dispatched, StepResult, TrainStep
+from .train_step import Dispatched, StepResult, TrainStep, comparison_stride
 
 log = logging.getLogger(__name__)
 AVERAGE_WINDOW = 500  # samples: the windowed losses that choose trained or averaged weights
@@ -160,9 +160,10 @@ class UpdatePolicy:
         # _choose_weights); the step serves whichever did better.
         self._trained_loss = WindowedMean(AVERAGE_WINDOW)
         self._average_loss = WindowedMean(AVERAGE_WINDOW)
-        # Whether the last plain batch started scored the averaged weights on a sample only
-        # (TrainStep.COMPARISON_ROWS): while it runs, they must stay the weights not served.
-        self._started_average_sampled = False
+        # Whether the last plain batch started is larger than TrainStep's COMPARISON_ROWS: how
+        # it scored the averaged weights (every row, or a sample) then depends on which weights
+        # were served when it started.
+        self._started_beyond_comparison = False
         self._saved_scaler: RunningStandardizer | None = None
         self._saved_target_scaler: RunningStandardizer | None = None
 
@@ -194,7 +195,7 @@ class UpdatePolicy:
             started.dispatched = self.step.dispatch(
                 batch.x, batch.y, batch.w, statistics, target_statistics
             )
-            self._started_average_sampled = started.dispatched.average_sampled
+            self._started_beyond_comparison = comparison_stride(len(batch)) > 1
             return started
         for _ in range(self.steps_per_batch):
             x, y, w, k = self._with_replay(batch)
@@ -252,10 +253,12 @@ class UpdatePolicy:
             self.replay.clear()
         served_average = self.step.serve_average
         first = self._choose_weights(first)
-        if self.step.serve_average and not served_average and self._started_average_sampled:
-            # A step started since (on the assumption) scored the averaged weights on a sample
-            # only, as weights not served; from now on they are served, and their scores must
-            # cover every sample of that batch: it is rewound and started again.
+        if self.step.serve_average != served_average and self._started_beyond_comparison:
+            # A step started since (on the assumption) scored the averaged weights as the
+            # weights served before this batch: on a sample where they were not (now they are,
+            # and their scores must cover every sample), on every row where they were (now they
+            # are not: one batch after the other would score the sample alone, whose floats a
+            # pass over every row rounds differently). It is rewound and started again.
             undo_assumption()
         # before the batch joins replay: a flush keeps the batch
         drift = self._watch(first, undo_assumption)
@@ -309,9 +312,12 @@ class UpdatePolicy:
                 predictions=first.average_predictions,
             )
         if first.applied:
-            trained = first.prequential_losses
-            self._trained_loss.add(trained if rows is None else trained[rows])
-            self._average_loss.add(first.average_losses)
+            # The same rows whichever weights were served (``comparison_stride``): those the
+            # averaged weights score when they are not.
+            compared = slice(None, None, comparison_stride(len(first.prequential_losses)))
+            averaged = first.average_losses if rows is not None else first.average_losses[compared]
+            self._trained_loss.add(first.prequential_losses[compared])
+            self._average_loss.add(averaged)
             self.step.serve_average = self._average_did_better()
         return served
 

@@ -69,6 +69,8 @@ def _state(trainer: Trainer) -> dict[str, Any]:
         "drifts": None if policy.drift is None else policy.drift.detections,
         "rate": policy.learning_rate,
         "served average": trainer.step.serve_average,
+        # the windowed losses that choose the served weights (sum, count per batch)
+        "choice": [policy._trained_loss.batches(), policy._average_loss.batches()],
         "replay": [] if policy.replay is None else [
             np.array([len(policy.replay), policy.replay.seen]),
             *(a[: len(policy.replay)] for a in (policy.replay._x, policy.replay._y)),
@@ -151,13 +153,16 @@ def test_a_pipelined_switch_to_the_averaged_weights_rescores_the_next_batch(
     """While the trained weights are served, the averaged ones score a sample of each batch
     (``COMPARISON_ROWS``, here 8 of 32). When a finished batch makes the averaged weights the
     served ones, the batch started meanwhile scored them on a sample only: it is rewound and
-    started again, so its scores cover every sample, and the pipeline still learns exactly
-    what one batch after the other does."""
+    started again, so its scores cover every sample. When it makes the trained weights the
+    served ones, the batch started meanwhile scored the averaged weights on every row; the
+    comparison still takes the same 8 rows. Either way the pipeline learns exactly what one
+    batch after the other does, the windowed losses that choose included."""
     from livefit.server.train import train_step
 
     monkeypatch.setattr(train_step, "COMPARISON_ROWS", 8)
     sampled = {"off": 0, "on": 0}
-    switches = {"off": 0, "on": 0}
+    switches = {"off": 0, "on": 0}  # to the averaged weights
+    back = {"off": 0, "on": 0}  # to the trained weights
     dispatch = TrainStep.dispatch
     from livefit.server.train.update_policy import UpdatePolicy
 
@@ -173,6 +178,7 @@ def test_a_pipelined_switch_to_the_averaged_weights_rescores_the_next_batch(
             before = self.step.serve_average
             served = choose(self, first)
             switches[pipeline] += self.step.serve_average and not before
+            back[pipeline] += before and not self.step.serve_average
             return served
 
         monkeypatch.setattr(TrainStep, "dispatch", counting_dispatch)
@@ -182,10 +188,10 @@ def test_a_pipelined_switch_to_the_averaged_weights_rescores_the_next_batch(
         return _run(pipeline, {"loss": "binary_crossentropy"}, x, y)
 
     plain, piped = run("off"), run("on")
-    assert sampled["off"] > 0 and switches["off"] > 0
+    assert sampled["off"] > 0 and switches["off"] > 0 and back["off"] > 0
     assert piped.rewinds > 0  # the switches' rewinds: nothing else rewinds on this stream
     _assert_same(_state(plain), _state(piped))
-    assert switches["on"] == switches["off"]
+    assert switches["on"] == switches["off"] and back["on"] == back["off"]
 
 
 def test_a_batch_that_fails_is_counted_and_the_pipeline_goes_on(

@@ -282,17 +282,36 @@ def test_the_averaged_weights_score_every_row_where_served_and_a_sample_where_no
     assert later.average_losses is not None and len(later.average_losses) == 0
 
 
-def test_the_choice_compares_the_rows_both_weights_scored() -> None:
-    t = trainer(train={"weight_average": 0.9})
-    # The averaged weights scored rows 0 and 2 only: there the trained weights did worse (1.0
-    # against 0.8), though their mean over all four rows (0.5) is the lower.
+def test_the_choice_compares_the_same_rows_whichever_weights_are_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The windowed comparison takes the rows the averaged weights score when they are not
+    served (here 2 of 4: rows 0 and 2), also when they are served and scored every row: what
+    the windows hold does not depend on which weights were served."""
+    from livefit.server.train import train_step
+
+    monkeypatch.setattr(train_step, "COMPARISON_ROWS", 2)
+    trained = np.array([1.0, 0.0, 1.0, 0.0])
+    # There the trained weights did worse (1.0 against 0.8), though their mean over all four
+    # rows (0.5) is the lower.
     sampled = StepResult(
-        0.0, np.array([1.0, 0.0, 1.0, 0.0]), np.zeros((4, 1)), True, np.full(2, 0.8),
-        np.ones((2, 1)), np.array([0, 2]),
-    )  # fmt: skip
-    served = t.policy._choose_weights(sampled)
-    np.testing.assert_array_equal(served.prequential_losses, [1.0, 0.0, 1.0, 0.0])
-    assert t.step.serve_average
+        0.0, trained, np.zeros((4, 1)), True, np.full(2, 0.8), np.ones((2, 1)), np.array([0, 2])
+    )
+    full = StepResult(0.0, trained, np.zeros((4, 1)), True, np.array([0.8, 9.0, 0.8, 9.0]),
+                      np.ones((4, 1)))  # fmt: skip
+    windows = []
+    for serve_average, result in ((False, sampled), (True, full)):
+        t = trainer(train={"weight_average": 0.9})
+        t.step.serve_average = serve_average
+        served = t.policy._choose_weights(result)
+        assert t.step.serve_average  # the averaged weights did better on rows 0 and 2
+        want = result.average_losses if serve_average else trained
+        np.testing.assert_array_equal(served.prequential_losses, want)
+        windows.append([t.policy._trained_loss.batches(), t.policy._average_loss.batches()])
+    for a, b in zip(*windows, strict=True):
+        np.testing.assert_array_equal(a, b)
     # served averaged weights scored on a sample would misreport what clients got
+    t = trainer(train={"weight_average": 0.9})
+    t.step.serve_average = True
     with pytest.raises(RuntimeError, match="sample"):
         t.policy._choose_weights(sampled)
