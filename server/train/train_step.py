@@ -117,11 +117,6 @@ class Dispatched:
     scored: int = 0  # rows the trained weights' scores cover (with the padding for replicas)
     average_rows: np.ndarray | None = None  # the rows the averaged weights scored (None: all)
 
-    @property
-    def average_sampled(self) -> bool:
-        """Whether the averaged weights scored a sample of the rows (not the served ones)."""
-        return self.average_rows is not None
-
 
 def behaves_same_in_training(model: keras.Model) -> bool:
     """True when ``model(x, training=True)`` equals ``model(x, training=False)``.
@@ -175,7 +170,8 @@ class TrainStep:
         rate_variable = rate if isinstance(rate, keras.Variable) else None
         self._rate_variable = rate_variable
         self._rate: float | None = None
-        # float32 like the optimizer's variable; the first value of the controls vector
+        # float32 like the optimizer's variable, the first value of the controls vector; a 0-d
+        # array, not a numpy scalar, so that reshaping it costs no conversion
         self._rate_input = np.array(0.0, dtype=np.float32)
         if rate_variable is not None:
             self.learning_rate = float(np.asarray(rate_variable))

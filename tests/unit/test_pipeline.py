@@ -171,7 +171,7 @@ def test_a_pipelined_switch_to_the_averaged_weights_rescores_the_next_batch(
     def run(pipeline: str) -> Trainer:
         def counting_dispatch(self: TrainStep, *args: Any, **kwargs: Any) -> Any:
             dispatched = dispatch(self, *args, **kwargs)
-            sampled[pipeline] += dispatched.average_sampled
+            sampled[pipeline] += dispatched.average_rows is not None
             return dispatched
 
         def counting_choice(self: UpdatePolicy, first: Any) -> Any:
