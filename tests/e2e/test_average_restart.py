@@ -214,3 +214,54 @@ def test_a_checkpoint_with_an_unreadable_choice_restarts_serving_the_trained_wei
         assert server.stop() == 0
     assert version > saved.version
     assert "choice between averaged and trained weights is unreadable" in server.tail(400)
+
+
+def test_batches_beyond_the_comparison_rows_through_a_kill(
+    own_broker: Mosquitto, tmp_path: Path
+) -> None:
+    """Batches larger than ``COMPARISON_ROWS`` (``max_batch_size = 1024``, messages of 1,000
+    published faster than the learner trains): the trained and averaged weights are compared
+    on 256 rows of such a batch, through a real ``livefit serve``. Its checkpoint holds that
+    comparison (no batch of it over 256 rows, some at 256); SIGKILLed and restarted, the
+    learner serves the weights the comparison chose, and trains every sample published since
+    once."""
+    storage = tmp_path / "data"
+    demo = model(
+        lines="learning_rate = 0.05\nseed = 3", train="max_batch_size = 1024",
+        checkpoint="interval_s = 1.0",
+    )  # fmt: skip
+    text = learner_config(own_broker, storage, f"average-large-{own_broker.port}", demo)
+    server = LivefitProcess(text, tmp_path).start()
+    try:
+        publish(own_broker, 6 * TRAINED, "large-1", seed=5)
+        assert wait_trained(server, 6 * TRAINED) == 6 * TRAINED
+        saved = checkpoint_holding(storage, 6 * TRAINED)
+        largest = metric(server, "livefit_train_batch_size_sum", model="demo") / metric(
+            server, "livefit_train_batch_size_count", model="demo"
+        )
+        _, before = served_weights(server)
+    finally:
+        assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+    trained_window = np.asarray(saved.extra["average_choice_trained"]).reshape(-1, 2)
+    averaged_window = np.asarray(saved.extra["average_choice_averaged"]).reshape(-1, 2)
+    counts = trained_window[:, 1]
+    print(f"mean batch {largest:.0f}; the comparison's batches hold {counts.tolist()} rows")
+    assert largest > 256  # batches beyond the comparison rows were trained
+    assert counts.max() == 256 and np.array_equal(counts, averaged_window[:, 1])
+    chose_average = (
+        averaged_window[:, 0].sum() / averaged_window[:, 1].sum()
+        < trained_window[:, 0].sum() / trained_window[:, 1].sum()
+    )
+    local = LocalModel(server.config)
+    chosen = local.averaged(saved) if chose_average else list(saved.weights)
+    for got, want in zip(before, chosen, strict=True):  # what the learner served then
+        np.testing.assert_array_equal(got, want)
+
+    server = LivefitProcess(text.replace("interval_s = 1.0", "interval_s = 3600"), tmp_path)
+    server.start()
+    try:
+        assert_serves(server, chosen)  # the comparison restored with the checkpoint
+        publish(own_broker, TRAINED, "large-2", seed=6)
+        assert wait_trained(server, 7 * TRAINED) == 7 * TRAINED
+    finally:
+        assert server.stop() == 0
