@@ -55,6 +55,9 @@ from .train_step import Dispatched, StepResult, TrainStep, comparison_stride
 
 log = logging.getLogger(__name__)
 AVERAGE_WINDOW = 500  # samples: the windowed losses that choose trained or averaged weights
+# Of the batches taken from a backlog, one in this many compares the trained and the averaged
+# weights (``UpdatePolicy.compares``); every caught-up batch does.
+BACKLOG_COMPARISON_EVERY = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,9 @@ class Started:
     replayed: int = 0
     clear_replay: bool = False  # a level shift empties the replay buffer at finish
     assumed: bool = False  # ``assume_applied`` already moved the rate on for this step
+    # With weight averaging: whether this batch's scores feed the comparison that chooses the
+    # served weights (a caught-up batch: ``UpdatePolicy.compares``)
+    compare: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,7 @@ class PolicyState:
     shift_watch: LevelShiftWatch
     boost: LrBoost
     rate: float | None
+    uncompared: int
 
 
 class UpdatePolicy:
@@ -160,10 +167,11 @@ class UpdatePolicy:
         # _choose_weights); the step serves whichever did better.
         self._trained_loss = WindowedMean(AVERAGE_WINDOW)
         self._average_loss = WindowedMean(AVERAGE_WINDOW)
-        # Whether the last plain batch started is larger than TrainStep's COMPARISON_ROWS: how
-        # it scored the averaged weights (every row, or a sample) then depends on which weights
-        # were served when it started.
-        self._started_beyond_comparison = False
+        # Whether the last plain batch started scored the averaged weights on rows that depend
+        # on which weights were served when it started, so that a switch of the served weights
+        # before it finishes needs it started again (see ``start``).
+        self._started_served_dependent = False
+        self._uncompared = 0  # batches started since the last one compared (``compares``)
         self._saved_scaler: RunningStandardizer | None = None
         self._saved_target_scaler: RunningStandardizer | None = None
 
@@ -174,6 +182,19 @@ class UpdatePolicy:
         (the trainer passes False while prediction requests wait) and a batch without backlog.
         """
         return self.finish(self.start(batch, extras_allowed))
+
+    def compares(self, batch: Batch) -> bool:
+        """Whether ``batch``'s scores feed the comparison between the trained and the averaged
+        weights (with ``train.weight_average``): every caught-up batch's (``Batch.backlog``
+        0), and one in ``BACKLOG_COMPARISON_EVERY`` of the batches taken from a backlog. Like
+        the extra steps and the replay, most of the comparison is work a trainer behind its
+        stream skips: the other batches of a backlog are scored with the averaged weights only
+        where they are the served ones (their scores are then the prequential ones), and
+        cost no second forward pass where they are not. The choice goes on following the
+        stream, from fewer batches. Measured at batch 1,024: the averaged weights' pass on 256
+        sampled rows was 12-20 % of the step, and a switch of the served weights restarts the
+        batch the pipelined trainer started meanwhile (BENCHMARKS.md, trainer)."""
+        return batch.backlog == 0 or self._uncompared + 1 >= BACKLOG_COMPARISON_EVERY
 
     def plain(self, batch: Batch, extras_allowed: bool = True) -> bool:
         """Whether ``batch`` gets one step on its own samples (no extra steps, no replay)."""
@@ -190,17 +211,30 @@ class UpdatePolicy:
         batch, outliers = self._clip_target_outliers(batch)
         statistics = self._next_statistics(batch)
         target_statistics = self._next_target_statistics(batch)
-        started = Started(batch, outliers, shift, clear_replay=plain and shift is not None)
+        compare = self.compares(batch)
+        self._uncompared = 0 if compare else self._uncompared + 1
+        started = Started(
+            batch, outliers, shift, clear_replay=plain and shift is not None, compare=compare
+        )
+        # The rows whose scores by the averaged weights are read: the batch's own samples where
+        # they are served or compared, else none
+        averaged_rows = len(batch) if compare or self.step.serve_average else 0
         if plain:
             started.dispatched = self.step.dispatch(
-                batch.x, batch.y, batch.w, statistics, target_statistics
+                batch.x, batch.y, batch.w, statistics, target_statistics, averaged_rows
             )
-            self._started_beyond_comparison = comparison_stride(len(batch)) > 1
+            # A switch of the served weights before this batch finishes changes what it should
+            # have scored: the averaged weights on every row where they become served (none or
+            # a sample scored), and, compared, the sample of a large batch (every row scored
+            # while they were served: one batch after the other rounds that sample apart).
+            self._started_served_dependent = (
+                comparison_stride(len(batch)) > 1 if compare else not self.step.serve_average
+            )
             return started
         for _ in range(self.steps_per_batch):
             x, y, w, k = self._with_replay(batch)
             # Only the first step's scores of the batch's own samples are read (prequential)
-            scored = len(batch) if started.first is None else 0
+            scored = averaged_rows if started.first is None else 0
             result = self.step(x, y, w, statistics, target_statistics, scored)
             statistics = target_statistics = None  # set by the first applied step
             if started.first is None:
@@ -252,13 +286,11 @@ class UpdatePolicy:
         if started.clear_replay and self.replay is not None:
             self.replay.clear()
         served_average = self.step.serve_average
-        first = self._choose_weights(first)
-        if self.step.serve_average != served_average and self._started_beyond_comparison:
+        first = self._choose_weights(first, started.compare)
+        if self.step.serve_average != served_average and self._started_served_dependent:
             # A step started since (on the assumption) scored the averaged weights as the
-            # weights served before this batch: on a sample where they were not (now they are,
-            # and their scores must cover every sample), on every row where they were (now they
-            # are not: one batch after the other would score the sample alone, whose floats a
-            # pass over every row rounds differently). It is rewound and started again.
+            # weights served before this batch had them (``start``): it is rewound and started
+            # again.
             undo_assumption()
         # before the batch joins replay: a flush keeps the batch
         drift = self._watch(first, undo_assumption)
@@ -283,6 +315,7 @@ class UpdatePolicy:
             copy.copy(self.shift_watch),
             copy.copy(self._boost),
             self.step.learning_rate,
+            self._uncompared,
         )
 
     def restore_point(self, point: PolicyState) -> None:
@@ -293,12 +326,14 @@ class UpdatePolicy:
         self.shift_watch, self._boost = point.shift_watch, point.boost
         if point.rate is not None:
             self.step.learning_rate = point.rate
+        self._uncompared = point.uncompared
 
-    def _choose_weights(self, first: StepResult) -> StepResult:
+    def _choose_weights(self, first: StepResult, compare: bool = True) -> StepResult:
         """With weight averaging: the scores of the weights served before this batch (the
-        averaged ones where their windowed prequential loss was the lower), then, with this
-        batch's losses of both added (of the rows both scored: the averaged weights, when not
-        served, score a sample of a large batch), which weights to serve from now on."""
+        averaged ones where their windowed prequential loss was the lower), then, where the
+        batch is ``compare``d, with this batch's losses of both added (of the rows both scored:
+        the averaged weights, when not served, score a sample of a large batch), which weights
+        to serve from now on."""
         if first.average_losses is None or first.average_predictions is None:
             return first
         served = first
@@ -311,7 +346,7 @@ class UpdatePolicy:
                 prequential_losses=first.average_losses,
                 predictions=first.average_predictions,
             )
-        if first.applied:
+        if first.applied and compare:
             # The same rows whichever weights were served (``comparison_stride``): those the
             # averaged weights score when they are not.
             compared = slice(None, None, comparison_stride(len(first.prequential_losses)))

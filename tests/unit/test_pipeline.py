@@ -13,6 +13,7 @@ did.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 from livefit.server.base.metrics import Metrics
 from livefit.server.config.model import ModelSettings
 from livefit.server.ingest.sample_queue import SampleQueue
+from livefit.server.train.hooks import TrainerHooks
 from livefit.server.train.train_step import TrainStep
 from livefit.server.train.trainer import Trainer
 from livefit.server.wire.samples import SampleChunk
@@ -29,13 +31,22 @@ from livefit.server.wire.snapshot import SnapshotSlot
 CHUNK = 16  # rows a message carries; batches of 32 take two
 
 
-def _trainer(settings: dict[str, Any], x: np.ndarray, y: np.ndarray) -> Trainer:
+class _PredictionsWaiting(TrainerHooks):
+    """Prediction requests always wait: every batch is plain (one step, no replay)."""
+
+    def predictions_waiting(self) -> bool:
+        return True
+
+
+def _trainer(
+    settings: dict[str, Any], x: np.ndarray, y: np.ndarray, hooks: TrainerHooks | None = None
+) -> Trainer:
     """A warmed-up trainer of ``settings`` with ``x``, ``y`` queued in messages of CHUNK."""
     model = ModelSettings.model_validate(
         {"input_shape": [x.shape[1]], "output_shape": [y.shape[1]], "seed": 3, **settings}
     )
     queue = SampleQueue(len(x) + 1)
-    trainer = Trainer("m", model, queue, SnapshotSlot(), Metrics(), "/CPU:0")
+    trainer = Trainer("m", model, queue, SnapshotSlot(), Metrics(), "/CPU:0", hooks=hooks)
     trainer.warm_up()
     for start in range(0, len(x), CHUNK):
         rows = slice(start, start + CHUNK)
@@ -43,10 +54,16 @@ def _trainer(settings: dict[str, Any], x: np.ndarray, y: np.ndarray) -> Trainer:
     return trainer
 
 
-def _run(pipeline: str, settings: dict[str, Any], x: np.ndarray, y: np.ndarray) -> Trainer:
+def _run(
+    pipeline: str,
+    settings: dict[str, Any],
+    x: np.ndarray,
+    y: np.ndarray,
+    hooks: TrainerHooks | None = None,
+) -> Trainer:
     """Every sample of ``x``, ``y`` trained, from a backlog, pipelined or not."""
     train = {"max_batch_size": 32, "pipeline": pipeline, **settings.get("train", {})}
-    trainer = _trainer({**settings, "train": train}, x, y)
+    trainer = _trainer({**settings, "train": train}, x, y, hooks)
     trainer.start()
     trainer.stop(timeout=120)
     return trainer
@@ -147,51 +164,121 @@ def test_the_pipeline_learns_what_one_batch_after_the_other_does(case: str) -> N
         assert all(np.isfinite(np.asarray(v)).all() for v in trainer.model.variables)
 
 
-def test_a_pipelined_switch_to_the_averaged_weights_rescores_the_next_batch(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """While the trained weights are served, the averaged ones score a sample of each batch
-    (``COMPARISON_ROWS``, here 8 of 32). When a finished batch makes the averaged weights the
-    served ones, the batch started meanwhile scored them on a sample only: it is rewound and
-    started again, so its scores cover every sample. When it makes the trained weights the
-    served ones, the batch started meanwhile scored the averaged weights on every row; the
-    comparison still takes the same 8 rows. Either way the pipeline learns exactly what one
-    batch after the other does, the windowed losses that choose included."""
-    from livefit.server.train import train_step
-
-    monkeypatch.setattr(train_step, "COMPARISON_ROWS", 8)
-    sampled = {"off": 0, "on": 0}
-    switches = {"off": 0, "on": 0}  # to the averaged weights
-    back = {"off": 0, "on": 0}  # to the trained weights
-    dispatch = TrainStep.dispatch
+def _count_choices(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Counters, ``counts[name][pipeline]`` for the run named in ``counts["run"]``: the steps
+    that scored a sample of the rows with the averaged weights ("sampled") or none of them
+    ("unscored"), and the switches of the served weights to the averaged ones ("to averaged")
+    and back ("to trained")."""
+    names = ("sampled", "unscored", "to averaged", "to trained")
+    counts: dict[str, Any] = {name: {"off": 0, "on": 0} for name in names}
+    counts["run"] = "off"
     from livefit.server.train.update_policy import UpdatePolicy
 
-    choose = UpdatePolicy._choose_weights
+    dispatch, choose = TrainStep.dispatch, UpdatePolicy._choose_weights
+
+    def counting_dispatch(self: TrainStep, *args: Any, **kwargs: Any) -> Any:
+        dispatched = dispatch(self, *args, **kwargs)
+        rows, pipeline = dispatched.average_rows, counts["run"]
+        counts["sampled"][pipeline] += rows is not None and len(rows) > 0
+        counts["unscored"][pipeline] += rows is not None and len(rows) == 0
+        return dispatched
+
+    def counting_choice(self: UpdatePolicy, first: Any, *args: Any) -> Any:
+        before = self.step.serve_average
+        served = choose(self, first, *args)
+        pipeline = counts["run"]
+        counts["to averaged"][pipeline] += self.step.serve_average and not before
+        counts["to trained"][pipeline] += before and not self.step.serve_average
+        return served
+
+    monkeypatch.setattr(TrainStep, "dispatch", counting_dispatch)
+    monkeypatch.setattr(UpdatePolicy, "_choose_weights", counting_choice)
+    return counts
+
+
+def test_a_pipelined_switch_of_the_served_weights_rescores_the_next_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Caught-up batches compare the trained and the averaged weights. While the trained
+    weights are served, the averaged ones score a sample of each batch (``COMPARISON_ROWS``,
+    here 8 of 32). When a finished batch makes the averaged weights the served ones, the batch
+    started meanwhile scored them on a sample only: it is rewound and started again, so its
+    scores cover every sample. When it makes the trained weights the served ones, the batch
+    started meanwhile scored the averaged weights on every row, which one batch after the other
+    would round apart on the sample: it is rewound too. Either way the pipeline learns exactly
+    what one batch after the other does, the windowed losses that choose included.
+
+    Every batch here counts as caught up (no backlog) and is plain (prediction requests wait),
+    so that every batch compares and the pipeline overlaps them all."""
+    from livefit.server.train import train_step
+    from livefit.server.wire.samples import Batch
+
+    monkeypatch.setattr(train_step, "COMPARISON_ROWS", 8)
+    next_batch = Trainer.next_batch
+
+    def caught_up(self: Trainer, *args: Any, **kwargs: Any) -> Batch | None:
+        batch = next_batch(self, *args, **kwargs)
+        return None if batch is None else replace(batch, backlog=0)
+
+    monkeypatch.setattr(Trainer, "next_batch", caught_up)
+    counts = _count_choices(monkeypatch)
+    settings = {"loss": "binary_crossentropy", "train": {"yield_to_serving_ms": 0}}
 
     def run(pipeline: str) -> Trainer:
-        def counting_dispatch(self: TrainStep, *args: Any, **kwargs: Any) -> Any:
-            dispatched = dispatch(self, *args, **kwargs)
-            sampled[pipeline] += dispatched.average_rows is not None
-            return dispatched
-
-        def counting_choice(self: UpdatePolicy, first: Any) -> Any:
-            before = self.step.serve_average
-            served = choose(self, first)
-            switches[pipeline] += self.step.serve_average and not before
-            back[pipeline] += before and not self.step.serve_average
-            return served
-
-        monkeypatch.setattr(TrainStep, "dispatch", counting_dispatch)
-        monkeypatch.setattr(UpdatePolicy, "_choose_weights", counting_choice)
+        counts["run"] = pipeline
         x, y = _classification_stream(np.random.default_rng(11))
         x, y = np.nan_to_num(x)[:2_400], y[:2_400]  # one concept: no drift, no rollback
+        return _run(pipeline, settings, x, y, _PredictionsWaiting())
+
+    plain, piped = run("off"), run("on")
+    assert counts["sampled"]["off"] > 0 and counts["unscored"]["off"] == 0
+    assert counts["to averaged"]["off"] > 0 and counts["to trained"]["off"] > 0
+    assert piped.rewinds > 0  # the switches' rewinds: nothing else rewinds on this stream
+    _assert_same(_state(plain), _state(piped))
+    for name in ("to averaged", "to trained"):
+        assert counts[name]["on"] == counts[name]["off"], name
+
+
+def test_a_backlog_compares_one_batch_in_eight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of the batches taken from a backlog one in ``BACKLOG_COMPARISON_EVERY`` compares the
+    trained and the averaged weights (``UpdatePolicy.compares``); while the trained weights
+    are served the averaged ones score no row of the others, and the windowed losses that
+    choose hold the compared batches only. The last batch, which empties the queue, is caught
+    up and compares too. One batch after the other learns exactly the same, switches and
+    their rewinds included."""
+    from livefit.server.train.update_policy import BACKLOG_COMPARISON_EVERY, UpdatePolicy
+
+    counts = _count_choices(monkeypatch)
+    compared: dict[str, int] = {"off": 0, "on": 0}
+
+    start = UpdatePolicy.start
+
+    def counting_start(self: UpdatePolicy, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        started = start(self, batch, *args, **kwargs)
+        compared[counts["run"]] += started.compare
+        return started
+
+    monkeypatch.setattr(UpdatePolicy, "start", counting_start)
+
+    def run(pipeline: str) -> Trainer:
+        counts["run"] = pipeline
+        x, y = _classification_stream(np.random.default_rng(11))
+        x, y = np.nan_to_num(x)[:2_400], y[:2_400]
         return _run(pipeline, {"loss": "binary_crossentropy"}, x, y)
 
     plain, piped = run("off"), run("on")
-    assert sampled["off"] > 0 and switches["off"] > 0 and back["off"] > 0
-    assert piped.rewinds > 0  # the switches' rewinds: nothing else rewinds on this stream
+    batches = 2_400 // 32  # the last one caught up
+    every = BACKLOG_COMPARISON_EVERY
+    # the plain run starts each batch once; the pipelined one starts a rewound batch again
+    assert compared["off"] == (batches - 1) // every + 1
+    windows = [count for _, count in plain.policy._trained_loss.batches()]
+    assert windows == [32] * min(len(windows), compared["off"])  # the window's compared batches
+    # a backlog's batch that does not compare scores no averaged row while the trained weights
+    # are served (nor does a batch's later step, as ever)
+    assert counts["unscored"]["off"] > 0
+    for name in ("to averaged", "to trained"):
+        assert counts[name]["on"] == counts[name]["off"], name
     _assert_same(_state(plain), _state(piped))
-    assert switches["on"] == switches["off"] and back["on"] == back["off"]
 
 
 def test_a_batch_that_fails_is_counted_and_the_pipeline_goes_on(
@@ -240,13 +327,11 @@ def test_a_step_that_fails_inside_tensorflow_costs_only_its_own_batch(
     x, y = _classification_stream(np.random.default_rng(2))
     x, y = np.nan_to_num(x)[:1600], y[:1600]  # no rolled-back batch, no drift
     dispatch = TrainStep.dispatch
+    bad = x[19 * 32, 0]  # the first row of the 20th batch: its every dispatch fails
 
     def run(pipeline: str) -> Trainer:
-        calls = {"n": 0}
-
         def failing(self: TrainStep, x: np.ndarray, *rest: Any) -> Any:
-            calls["n"] += 1
-            if calls["n"] == 20:
+            if x[0, 0] == bad:
                 x = np.zeros((len(x), x.shape[1] + 3), np.float32)
             return dispatch(self, x, *rest)
 

@@ -315,3 +315,49 @@ def test_the_choice_compares_the_same_rows_whichever_weights_are_served(
     t.step.serve_average = True
     with pytest.raises(RuntimeError, match="sample"):
         t.policy._choose_weights(sampled)
+
+
+@pytest.mark.parametrize("serve_average", [False, True])
+def test_a_batch_from_a_backlog_keeps_the_choice(serve_average: bool) -> None:
+    """Most batches taken from a backlog skip the comparison, as they skip the extra steps and
+    the replay: the windowed losses that choose stay as they were and the served weights with
+    them, whichever did better on them. The averaged weights score every row where they are
+    served (their scores are the prequential ones), none where they are not. The next
+    caught-up batch compares again, and so does every ``BACKLOG_COMPARISON_EVERY``-th batch
+    of a backlog."""
+    from livefit.server.train.update_policy import BACKLOG_COMPARISON_EVERY
+
+    t = trainer(train={"weight_average": 0.9})
+    policy, step = t.policy, t.step
+    rng = np.random.default_rng(6)
+    for _ in range(3):  # caught up: both windows hold these batches
+        t.train_batch(batch(rng.normal(size=(16, 3))))
+    step.serve_average = serve_average
+    windows = [policy._trained_loss.batches(), policy._average_loss.batches()]
+    # whichever weights did better on the backlog's batches, nothing switches
+    policy._average_did_better = lambda: not serve_average  # type: ignore[method-assign]
+    for _ in range(BACKLOG_COMPARISON_EVERY - 1):
+        x = rng.normal(size=(16, 3))
+        learned = policy.learn(batch(x, backlog=5))
+        assert step.serve_average == serve_average
+        first = learned.first
+        if serve_average:  # every row, reported as the prequential scores
+            assert first.average_rows is None and first.average_losses is not None
+            np.testing.assert_array_equal(first.prequential_losses, first.average_losses)
+        else:
+            assert first.average_losses is not None and len(first.average_losses) == 0
+            assert len(first.prequential_losses) == 16
+    for before, after in zip(
+        windows, [policy._trained_loss.batches(), policy._average_loss.batches()], strict=True
+    ):
+        np.testing.assert_array_equal(before, after)
+    policy.learn(batch(rng.normal(size=(16, 3))))  # caught up: compared, and switched
+    assert len(policy._trained_loss.batches()) == len(windows[0]) + 1
+    assert step.serve_average != serve_average
+    # from a backlog, one batch in BACKLOG_COMPARISON_EVERY compares (and switches back)
+    policy._average_did_better = lambda: serve_average  # type: ignore[method-assign]
+    for i in range(BACKLOG_COMPARISON_EVERY):
+        policy.learn(batch(rng.normal(size=(16, 3)), backlog=5))
+        assert step.serve_average == (serve_average if i == BACKLOG_COMPARISON_EVERY - 1
+                                      else not serve_average)  # fmt: skip
+    assert len(policy._trained_loss.batches()) == len(windows[0]) + 2
