@@ -244,8 +244,11 @@ def test_a_backlog_compares_one_batch_in_eight(monkeypatch: pytest.MonkeyPatch) 
     trained and the averaged weights (``UpdatePolicy.compares``); while the trained weights
     are served the averaged ones score no row of the others, and the windowed losses that
     choose hold the compared batches only. The last batch, which empties the queue, is caught
-    up and compares too. One batch after the other learns exactly the same, switches and
-    their rewinds included."""
+    up and compares too. Each comparison here switches the served weights (the verdict
+    alternates): a switch to the averaged weights rewinds the batch the pipeline started
+    meanwhile (it scored none of their rows), a switch back does not (it scored every row,
+    which one batch after the other skips and nothing reads). One batch after the other
+    learns exactly the same."""
     from livefit.server.train.update_policy import BACKLOG_COMPARISON_EVERY, UpdatePolicy
 
     counts = _count_choices(monkeypatch)
@@ -259,9 +262,17 @@ def test_a_backlog_compares_one_batch_in_eight(monkeypatch: pytest.MonkeyPatch) 
         return started
 
     monkeypatch.setattr(UpdatePolicy, "start", counting_start)
+    verdicts = {"n": 0}
+
+    def alternating(self: UpdatePolicy) -> bool:
+        verdicts["n"] += 1
+        return verdicts["n"] % 2 == 1  # the averaged weights did better, then worse, ...
+
+    monkeypatch.setattr(UpdatePolicy, "_average_did_better", alternating)
 
     def run(pipeline: str) -> Trainer:
         counts["run"] = pipeline
+        verdicts["n"] = 0
         x, y = _classification_stream(np.random.default_rng(11))
         x, y = np.nan_to_num(x)[:2_400], y[:2_400]
         return _run(pipeline, {"loss": "binary_crossentropy"}, x, y)
@@ -271,13 +282,17 @@ def test_a_backlog_compares_one_batch_in_eight(monkeypatch: pytest.MonkeyPatch) 
     every = BACKLOG_COMPARISON_EVERY
     # the plain run starts each batch once; the pipelined one starts a rewound batch again
     assert compared["off"] == (batches - 1) // every + 1
+    # the compared batches' 32 rows each, all in the window (320 of its 500 samples)
     windows = [count for _, count in plain.policy._trained_loss.batches()]
-    assert windows == [32] * min(len(windows), compared["off"])  # the window's compared batches
+    assert windows == [32] * compared["off"]
     # a backlog's batch that does not compare scores no averaged row while the trained weights
     # are served (nor does a batch's later step, as ever)
     assert counts["unscored"]["off"] > 0
     for name in ("to averaged", "to trained"):
-        assert counts[name]["on"] == counts[name]["off"], name
+        assert counts[name]["on"] == counts[name]["off"] > 0, name
+    # every switch to the averaged weights came from a backlog's batch (the last, caught-up
+    # batch switches back) and rewound the batch started meanwhile; no switch back did
+    assert piped.rewinds == counts["to averaged"]["on"]
     _assert_same(_state(plain), _state(piped))
 
 
