@@ -54,6 +54,7 @@ read-back of a step 289-358 -> 217-252 us at batch 256, 313-375 -> 275-295 us at
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -148,6 +149,8 @@ class TrainStep:
     ) -> None:
         self.model = model
         self.weight_average = weight_average
+        self._input_shape = tuple(input_shape)
+        self._target_shape = tuple(target_shape)
         # Whether snapshots carry the averaged weights (the update policy decides, see
         # UpdatePolicy._choose_weights); False without averaging.
         self.serve_average = False
@@ -497,6 +500,7 @@ class TrainStep:
         """
         with tf.device(self.device):
             self._call = self._step.get_concrete_function()
+            self._run_unapplied()
             if self.rewindable:
                 # Run now, not only traced: a graph's first run builds its kernels, and that
                 # cost a rewind 30 ms (a tenth of a 200,000-sample benchmark run at batch
@@ -510,6 +514,30 @@ class TrainStep:
                 self._restart_average()
                 self.restore_average(kept)
         self._flat = flat_caller(self._call)
+
+    def _run_unapplied(self) -> None:
+        """Run the step once, on one row of zeros at a NaN learning rate, so that its kernels
+        are built before the first real batch: a graph's first run builds them, which cost the
+        first batch of a fresh process 0.29 s in process (TrumpApproval's network, 4 steps)
+        and, in a learner serving 200 predictions/s meanwhile, kept version 0 served for the
+        first 1.5 s (BENCHMARKS.md, "Delayed labels"). The NaN rate makes every updated value
+        non-finite, so the step rolls itself back as it does any non-finite update: the
+        weights, the optimizer's state and rate, the model's other variables and the average
+        are as before (``tests/unit/test_train_step.py``). Only where the rate is an input of
+        the step (not a schedule) and on one device; elsewhere the first batch builds them."""
+        if self._rate_variable is None or self.placement.replicas > 1 or self._rate is None:
+            return
+        rate = self._rate
+        x = np.zeros((1, *self._input_shape), dtype=np.float32)
+        y = np.zeros((1, *self._target_shape), dtype=np.float32)
+        weights, optimizer_state = self.model.get_weights(), self.optimizer_state()
+        try:
+            self.learning_rate = math.nan
+            result = self.collect(self.dispatch(x, y, np.ones(1, dtype=np.float32)))
+        finally:
+            self.learning_rate = rate
+        if result.applied:  # not with Keras' optimizers, which all scale by the rate
+            self.restore(weights, optimizer_state)
 
     @property
     def traces(self) -> int:
