@@ -518,12 +518,11 @@ class TrainStep:
     def _run_unapplied(self) -> None:
         """Run the step once, on one row of zeros at a NaN learning rate, so that its kernels
         are built before the first real batch: a graph's first run builds them, which cost the
-        first batch of a fresh process 0.29 s in process (TrumpApproval's network, 4 steps)
-        and, in a learner serving 200 predictions/s meanwhile, kept version 0 served for the
-        first 1.5 s (BENCHMARKS.md, "Delayed labels"). The NaN rate makes every updated value
+        first batch of a fresh model 0.29 s (TrumpApproval's network, 4 steps; 7 ms after
+        this run; docs/design.md, "Training step"). The NaN rate makes every updated value
         non-finite, so the step rolls itself back as it does any non-finite update: the
         weights, the optimizer's state and rate, the model's other variables and the average
-        are as before (``tests/unit/test_train_step.py``). Only where the rate is an input of
+        are as before (``tests/unit/test_train_step_paths.py``). Only where the rate is an input of
         the step (not a schedule) and on one device; elsewhere the first batch builds them."""
         if self._rate_variable is None or self.placement.replicas > 1 or self._rate is None:
             return
