@@ -8,10 +8,13 @@ the cost in samples/s measured side by side (off and on alternate, in interleave
 The candidates beside the configured model (livefit's defaults): ``--candidates rates`` (the
 default), the same network at a third and at three times the learning rate (``CANDIDATES``):
 online selection may only vary what keeps the architecture (``[models.<name>.selection]``).
-``--candidates linear``: one linear model (``builder = "linear"``) beside the network, which
-the server refuses (a replica builds one network from the config and could not serve the
-linear model's weights). Here, in process, the bench gives the candidate its builder
-(``_linear_candidates``) to measure what building that support would gain.
+``--candidates sgd``: the same network with plain SGD at 0.1. ``--candidates linear``: one
+linear model (``builder = "linear"``) beside the network, which the server refuses (a replica
+builds one network from the config and could not serve the linear model's weights). Here, in
+process, the bench gives the candidate its builder (``_linear_candidates``) to measure what
+building that support would gain. ``--switching slow``: a window of 500 samples, a margin of
+0.05 and 500 samples between switches (the settings' defaults before 2026-11-27) instead of
+200, 0.02 and 100.
 """
 
 from __future__ import annotations
@@ -39,6 +42,17 @@ LINEAR_CANDIDATE = "linear"
 CANDIDATE_SETS = {
     "rates": SELECTION,
     "linear": {"enabled": True, "candidates": [{"name": LINEAR_CANDIDATE}]},
+    # The same network with plain SGD at 0.1, which scores as river's softmax regression on
+    # Waveform alone and falls apart on the drifting streams (variants "sgd01", 2026-11-27)
+    "sgd": {"enabled": True, "candidates": [{"name": "sgd", "optimizer": "sgd",
+                                             "learning_rate": 0.1}]},
+}  # fmt: skip
+# How fast the served candidate follows the windowed losses: the settings' defaults (a window
+# of 200 samples, a margin of 0.02, 100 samples between switches), or the defaults before
+# 2026-11-27 (``--switching slow``)
+SWITCHING = {
+    "default": {},
+    "slow": {"window": 500, "margin": 0.05, "min_samples_between_switches": 500},
 }
 
 
@@ -75,11 +89,16 @@ class Selecting:
 
 
 def compare(
-    streams: list[str], seeds: list[int], limit: int | None, candidates: str = "rates"
+    streams: list[str],
+    seeds: list[int],
+    limit: int | None,
+    candidates: str = "rates",
+    switching: str = "default",
 ) -> dict[str, Any]:
     """Each stream and seed, off then on (on then off every other round), with the candidate
-    set ``candidates`` names (``CANDIDATE_SETS``)."""
-    selection = CANDIDATE_SETS[candidates]
+    set ``candidates`` names (``CANDIDATE_SETS``) and the switch settings ``switching``
+    names (``SWITCHING``)."""
+    selection = {**CANDIDATE_SETS[candidates], **SWITCHING[switching]}
     with _linear_candidates() if candidates == "linear" else contextlib.nullcontext():
         return _compare(streams, seeds, limit, selection)
 
@@ -137,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1,2")
     parser.add_argument("--limit", type=int, default=None, help="samples per stream")
     parser.add_argument("--candidates", choices=sorted(CANDIDATE_SETS), default="rates")
+    parser.add_argument("--switching", choices=sorted(SWITCHING), default="default")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    result = compare(args.streams.split(","), seeds, args.limit, args.candidates)
+    result = compare(args.streams.split(","), seeds, args.limit, args.candidates, args.switching)
     result["candidates"] = args.candidates
+    result["switching"] = args.switching
     for row in result["summary"]:
         print(
             f"{row['stream']:<12} {row['metric']:<8} off {row['off']:.4f} on {row['on']:.4f} "
