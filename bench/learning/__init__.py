@@ -17,6 +17,7 @@ from bench.learning.server import Case, feed, learning_fleet, model_tables, serv
 from bench.learning.streams import (
     BINARY,
     BINARY_STREAMS,
+    MULTICLASS,
     QUICK_SAMPLES,
     QUICK_STREAMS,
     REGRESSION,
@@ -38,6 +39,7 @@ __all__ = [
     "LINREG_TSS",
     "LR",
     "MODEL_SEED",
+    "MULTICLASS",
     "PEERS",
     "QUICK_MODEL_SEEDS",
     "QUICK_SAMPLES",

@@ -1,7 +1,7 @@
 """Candidate default changes against the defaults, in process, on every learning stream.
 
     .venv/bin/python -m bench.learning.variants --variants base,ema99 [--seeds 1,2,3,7]
-        [--streams waveform,led] [--limit N] [--out rows.jsonl]
+        [--streams waveform,led] [--limit N] [--chunk 25] [--out rows.jsonl]
 
 Each variant is livefit's defaults (the configuration a user writes: shapes and loss) plus a
 few settings (``VARIANTS``); every one runs on the same samples and model seeds through the
@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.learning.inprocess import learn_inprocess
 from bench.learning.knobs import Knobs
-from bench.learning.streams import METRIC, STREAMS, load_stream
+from bench.learning.streams import CHUNK, METRIC, STREAMS, load_stream
 
 # Settings merged into the model's table, by section ("" for the top level; "module": the
 # weight-averaging constants of livefit.server.train, set before each trainer is built).
@@ -33,7 +33,8 @@ from bench.learning.streams import METRIC, STREAMS, load_stream
 # came from a first version of the step without the choice by windowed loss; "decay*" from an
 # lr / sqrt(1 + steps / T) schedule not kept (neither is reproducible with this code). "wd05"
 # and "wd2": the default optimizer with Keras' decoupled weight decay 0.05 and 0.2, not kept
-# (bench/results/weight_decay.jsonl, measured against "ch95", the defaults).
+# (bench/results/weight_decay.jsonl, measured against "ch95", the defaults). "EPSILON": the
+# optimizer's epsilon (Keras' default 1e-7).
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "base": {"train": {"weight_average": 0.0}},
     "ch90": {"train": {"weight_average": 0.9}},
@@ -61,6 +62,24 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     # regression), emptied on a detected drift as by default.
     "rep1000": {"train": {"replay_capacity": 1000}},
     "rep2000": {"train": {"replay_capacity": 2000}},
+    # Waveform's ceiling (2026-11-27, bench/results/waveform_ceiling.jsonl): settings tuned to
+    # Waveform alone, and what they do on Agrawal (abrupt). Plain SGD instead of Nadam (at 0.1,
+    # and at 0.05 with 4 steps), Nadam at a fifth and a tenth of the rate, Nadam with a larger
+    # epsilon (SGD-like where gradients are small), the linear builder with SGD.
+    "sgd01": {"": {"optimizer": "sgd", "learning_rate": 0.1}},
+    "sgd005s4": {"": {"optimizer": "sgd", "learning_rate": 0.05}, "train": {"steps_per_batch": 4}},
+    "lr002": {"": {"learning_rate": 0.002}},
+    "lr001rep2000fast": {
+        "": {"learning_rate": 0.001},
+        "train": {"replay_capacity": 2000, "fast_start_samples": 100},
+    },
+    "eps1e2": {"module": {"EPSILON": 1e-2}},
+    "eps1e1": {"module": {"EPSILON": 1e-1}},
+    "linsgd01": {"": {"builder": "linear", "optimizer": "sgd", "learning_rate": 0.1}},
+    # The learning rate scaled by rows / 25 for a batch of fewer than 25 rows (not in livefit:
+    # ``_set_small_batch_rate``), measured with --chunk 1, every sample its own batch, as
+    # delayed labels arrive (bench/prose/delayed_labels.md)
+    "rate25": {"module": {"SMALL_BATCH_ROWS": 25}},
 }
 
 
@@ -82,7 +101,8 @@ class Variant:
 
         module = self.extra.get("module", {})
         train_step.AVERAGE_START = module.get("AVERAGE_START", 9.0)
-        _set_weight_decay(module.get("WEIGHT_DECAY"))
+        _set_optimizer_options(module.get("WEIGHT_DECAY"), module.get("EPSILON"))
+        _set_small_batch_rate(module.get("SMALL_BATCH_ROWS"))
         update_policy.AVERAGE_WINDOW = module.get("AVERAGE_WINDOW", 500)
         _TRAINER_CONSTANTS.setdefault("FAST_START_MIN_BATCH", trainer.FAST_START_MIN_BATCH)
         own = _TRAINER_CONSTANTS["FAST_START_MIN_BATCH"]
@@ -97,35 +117,78 @@ class Variant:
         return config
 
 
-def _set_weight_decay(decay: float | None) -> None:
+def _set_optimizer_options(decay: float | None, epsilon: float | None) -> None:
     """Experiment only: the trainer's optimizer built with Keras' decoupled ``weight_decay``
-    (None: livefit's own ``make_optimizer`` again)."""
+    and/or another ``epsilon`` (both None: livefit's own ``make_optimizer`` again)."""
     import keras
 
     from livefit.server.train import modeling
 
     original = getattr(modeling, "_livefit_make_optimizer", modeling.make_optimizer)
     modeling._livefit_make_optimizer = original  # type: ignore[attr-defined]
-    if decay is None:
+    if decay is None and epsilon is None:
         modeling.make_optimizer = original
         return
+    options = {"weight_decay": decay, "epsilon": epsilon}
 
     def make_optimizer(settings):
-        config = {"learning_rate": settings.learning_rate, "weight_decay": decay}
+        config = {"learning_rate": settings.learning_rate}
+        config.update({k: v for k, v in options.items() if v is not None})
         return keras.optimizers.get({"class_name": settings.optimizer, "config": config})
 
     modeling.make_optimizer = make_optimizer
 
 
-def run(variants: list[str], streams: list[str], seeds: list[int], limit: int | None, out):
+def _set_small_batch_rate(rows: int | None) -> None:
+    """Experiment only: each batch of fewer than ``rows`` rows learns at its learning rate
+    times len(batch) / ``rows`` (None: livefit's own ``UpdatePolicy`` again). Nadam's step
+    moves the weights about as far on one sample as on a full batch; this makes a one-sample
+    batch move them a ``rows``-th as far."""
+    from livefit.server.train import update_policy
+
+    policy = update_policy.UpdatePolicy
+    original = getattr(policy, "_livefit_originals", (policy.start, policy._after_step))
+    policy._livefit_originals = original  # type: ignore[attr-defined]
+    if rows is None:
+        policy.start, policy._after_step = original  # type: ignore[method-assign]
+        return
+    start, _ = original
+
+    def scaled_start(self, batch, extras_allowed=True):
+        self._small_batch_factor = min(1.0, len(batch) / rows)
+        self._set_lr(self._base_lr * self._boost.factor() * self._small_batch_factor)
+        started = start(self, batch, extras_allowed)
+        self._small_batch_factor = 1.0
+        self._set_lr(self._base_lr * self._boost.factor())
+        return started
+
+    def scaled_after_step(self):
+        if self._boost.left > 0:
+            self._boost.left -= 1
+            factor = getattr(self, "_small_batch_factor", 1.0)
+            self._set_lr(self._base_lr * self._boost.factor() * factor)
+
+    policy.start, policy._after_step = scaled_start, scaled_after_step  # type: ignore[method-assign]
+
+
+def run(
+    variants: list[str],
+    streams: list[str],
+    seeds: list[int],
+    limit: int | None,
+    out,
+    chunk: int = CHUNK,
+):
     for name in streams:
         stream = load_stream(STREAMS[name], limit)
         metric = METRIC[stream.task]
         for seed in seeds:
             for variant in variants:
-                score = learn_inprocess(stream, Variant(Knobs(seed=seed), VARIANTS[variant]))
+                knobs = Variant(Knobs(seed=seed), VARIANTS[variant])
+                score = learn_inprocess(stream, knobs, chunk=chunk)
                 row = {
                     "stream": name, "seed": seed, "variant": variant, "metric": metric,
+                    "chunk": chunk,
                     "value": score.value(metric), "samples_per_s": score.samples / score.seconds,
                     "mae_after_first": score.mae_after_first_message,
                     "after_first": score.after_first_message,
@@ -182,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default=",".join(STREAMS))
     parser.add_argument("--seeds", default="1,2,3,7")
     parser.add_argument("--limit", type=int, default=None, help="samples per stream")
+    parser.add_argument("--chunk", type=int, default=CHUNK, help="samples per batch")
     parser.add_argument("--out", default=None, help="append rows (JSON lines) here")
     parser.add_argument("--summary", default=None, help="summarize these rows instead")
     parser.add_argument("--reference", default="base", help="the variant --summary compares to")
@@ -198,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     out = open(args.out, "a") if args.out else None  # noqa: SIM115
     try:
         run(args.variants.split(","), args.streams.split(","),
-            [int(s) for s in args.seeds.split(",")], args.limit, out)  # fmt: skip
+            [int(s) for s in args.seeds.split(",")], args.limit, out, args.chunk)  # fmt: skip
     finally:
         if out is not None:
             out.close()

@@ -330,3 +330,42 @@ def test_the_fast_start_variants_restore_the_trainers_smallest_batch() -> None:
         variants.Variant(Knobs(seed=1), variants.VARIANTS[name]).model_config(table)
         seen.append(trainer.FAST_START_MIN_BATCH)
     assert seen == [1, 5, 10, 1, 5]
+
+
+def test_epsilon_and_small_batch_rate_variants_patch_and_restore() -> None:
+    """``eps1e2``: the default optimizer with epsilon 0.01; ``rate25``: the update policy's
+    ``start`` patched (the rate scaled for batches under 25 rows); the next variant without
+    either gets livefit's own optimizer and policy back."""
+    from bench.learning import variants
+    from bench.learning.knobs import Knobs
+    from livefit.server.config.model import ModelSettings
+    from livefit.server.train import modeling, update_policy
+
+    table = {"input_shape": [3], "output_shape": [1]}
+    own_start = update_policy.UpdatePolicy.start
+    seen = []
+    for name in ("eps1e2", "rate25", "defaults"):
+        config = variants.Variant(Knobs(seed=1), variants.VARIANTS[name]).model_config(table)
+        optimizer = modeling.make_optimizer(ModelSettings.model_validate(config))
+        seen.append((round(float(optimizer.epsilon), 9),
+                     update_policy.UpdatePolicy.start is own_start))  # fmt: skip
+    assert seen == [(0.01, True), (1e-7, False), (1e-7, True)]
+    assert modeling.make_optimizer.__module__ == modeling.__name__
+
+
+def test_selection_switching_settings_merge_into_the_candidate_set() -> None:
+    """``--switching slow``: the settings' switching defaults before 2026-11-27 over the
+    candidate set; ``default``: the settings' own (none given)."""
+    from bench.learning import selection
+    from livefit.server.config.model_tables import SelectionSettings
+
+    slow = {**selection.CANDIDATE_SETS["sgd"], **selection.SWITCHING["slow"]}
+    settings = SelectionSettings.model_validate(slow)
+    assert (settings.window, settings.margin, settings.min_samples_between_switches) == (
+        500,
+        0.05,
+        500,
+    )
+    assert [c.optimizer for c in settings.candidates] == ["sgd"]
+    own = SelectionSettings.model_validate(selection.CANDIDATE_SETS["rates"])
+    assert (own.window, own.margin, own.min_samples_between_switches) == (200, 0.02, 100)
