@@ -18,6 +18,7 @@ moving centroids, piecewise-linear and one-hot regression).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -221,11 +222,12 @@ def _column(peer: str, reference: str) -> str:
 
 def best_peer(r: dict[str, Any]) -> tuple[str, float]:
     """River's best of its linear models, HAT and ARF under ``r``'s delay (issue #30's
-    target): the highest accuracy, or the lowest MAE."""
+    target names these three kinds; the plain Hoeffding tree, beside them in the table, is
+    not one): the highest accuracy, or the lowest MAE, of the finite scores."""
     peers = {
         name: value
         for name, value in r["peers"].items()
-        if not name.endswith(", no delay") and name != HT
+        if not name.endswith(", no delay") and name != HT and math.isfinite(value)
     }
     pick = min if r["task"] == REGRESSION else max
     name = pick(peers, key=peers.__getitem__)

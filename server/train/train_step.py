@@ -54,6 +54,7 @@ read-back of a step 289-358 -> 217-252 us at batch 256, 313-375 -> 275-295 us at
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ from livefit.models.target_scaling import standardized_view, target_scaling_laye
 
 from ..base.flat_call import flat_caller
 from .placement import Placement, as_placement, pad_rows, replica_slice
+
+log = logging.getLogger(__name__)
 
 AVERAGE_START = 9.0  # the average's decay is t / (AVERAGE_START + t) while that is smaller
 # Rows of a batch the averaged weights score where they are not the served ones (see above)
@@ -530,13 +533,17 @@ class TrainStep:
         x = np.zeros((1, *self._input_shape), dtype=np.float32)
         y = np.zeros((1, *self._target_shape), dtype=np.float32)
         weights, optimizer_state = self.model.get_weights(), self.optimizer_state()
+        average = self.average_state()  # a restored checkpoint's, where warm-up follows one
         try:
             self.learning_rate = math.nan
             result = self.collect(self.dispatch(x, y, np.ones(1, dtype=np.float32)))
         finally:
             self.learning_rate = rate
-        if result.applied:  # not with Keras' optimizers, which all scale by the rate
-            self.restore(weights, optimizer_state)
+        if result.applied:  # not with Keras' optimizers, which all scale by the rate: put back
+            log.warning("the warm-up step at a NaN learning rate applied (an optimizer that "
+                        "ignores its rate?); the weights before it are restored")  # fmt: skip
+            self.restore(weights, optimizer_state)  # restarts the average: the saved one back
+            self.restore_average(average)
 
     @property
     def traces(self) -> int:

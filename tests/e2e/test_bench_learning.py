@@ -354,18 +354,18 @@ def test_epsilon_and_small_batch_rate_variants_patch_and_restore() -> None:
 
 
 def test_selection_switching_settings_merge_into_the_candidate_set() -> None:
-    """``--switching slow``: the settings' switching defaults before 2026-11-27 over the
-    candidate set; ``default``: the settings' own (none given)."""
+    """``--switching fast``: a shorter window, margin and spacing over the candidate set;
+    ``default``: the settings' own (none given)."""
     from bench.learning import selection
     from livefit.server.config.model_tables import SelectionSettings
 
-    slow = {**selection.CANDIDATE_SETS["sgd"], **selection.SWITCHING["slow"]}
-    settings = SelectionSettings.model_validate(slow)
+    fast = {**selection.CANDIDATE_SETS["sgd"], **selection.SWITCHING["fast"]}
+    settings = SelectionSettings.model_validate(fast)
     assert (settings.window, settings.margin, settings.min_samples_between_switches) == (
-        500,
-        0.05,
-        500,
+        200,
+        0.02,
+        100,
     )
     assert [c.optimizer for c in settings.candidates] == ["sgd"]
     own = SelectionSettings.model_validate(selection.CANDIDATE_SETS["rates"])
-    assert (own.window, own.margin, own.min_samples_between_switches) == (200, 0.02, 100)
+    assert (own.window, own.margin, own.min_samples_between_switches) == (500, 0.05, 500)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 
 from livefit.server.config.model import ModelSettings
 from livefit.server.train.modeling import build_compiled, make_loss
@@ -44,14 +45,15 @@ def test_flat_and_public_calls_agree() -> None:
     assert fast.traces == 1
 
 
-def test_warming_up_runs_the_step_and_changes_nothing() -> None:
+@pytest.mark.parametrize("optimizer", ["nadam", "adam", "sgd", "rmsprop", "adagrad", "adafactor"])
+def test_warming_up_runs_the_step_and_changes_nothing(optimizer: str) -> None:
     """``warm_up`` runs the step once at a NaN learning rate (so that its kernels exist before
     the first real batch), which the step rolls back: a step that has trained keeps its
     weights, optimizer state and rate, scaling statistics and average exactly, and the next
     step computes what it would have without the warm-up."""
     settings = ModelSettings.model_validate(
         {"builder": "mlp", "input_shape": [3], "output_shape": [1], "seed": 5,
-         "train": {"weight_average": 0.9}}
+         "optimizer": optimizer, "train": {"weight_average": 0.9}}
     )  # fmt: skip
     pair = []
     for _ in range(2):
@@ -81,7 +83,12 @@ def test_warming_up_runs_the_step_and_changes_nothing() -> None:
         ]
 
     before = state(warmed)
+    collected = []
+    collect = warmed.collect
+    warmed.collect = lambda dispatched: collected.append(collect(dispatched)) or collected[-1]
     warmed.warm_up()
+    del warmed.collect
+    assert [r.applied for r in collected] == [False]  # the step ran once, rolled back
     assert warmed.learning_rate == 0.02
     for u, v in zip(before, state(warmed), strict=True):
         np.testing.assert_array_equal(u, v)
