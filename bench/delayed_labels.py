@@ -45,6 +45,7 @@ from bench.learning import (
     learning_fleet,
     load_stream,
 )
+from bench.learning.peers import contender_kind
 from bench.learning.server import wait_counted
 
 if TYPE_CHECKING:
@@ -227,7 +228,7 @@ def best_peer(r: dict[str, Any]) -> tuple[str, float]:
     peers = {
         name: value
         for name, value in r["peers"].items()
-        if not name.endswith(", no delay") and name != HT and math.isfinite(value)
+        if not name.endswith(", no delay") and contender_kind(name) and math.isfinite(value)
     }
     pick = min if r["task"] == REGRESSION else max
     name = pick(peers, key=peers.__getitem__)

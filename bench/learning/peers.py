@@ -22,6 +22,16 @@ ARF = "adaptive random forest"
 PEER_SEED = 42  # the randomised peers (ARF) are seeded, so their figures repeat
 EPS = 1e-7  # probabilities are clipped to [EPS, 1 - EPS] for log loss, as livefit does
 REFERENCE = {BINARY: LR, MULTICLASS: SOFTMAX, REGRESSION: LINREG}  # the per-sample linear model
+CONTENDERS = ("linear", HAT, ARF)  # issue #30's three kinds of peer
+
+
+def contender_kind(peer: str) -> str | None:
+    """Which of issue #30's three kinds a peer is (its linear models count as one)."""
+    if peer in CONTENDERS:
+        return peer
+    if "regression" in peer:
+        return "linear"
+    return None
 
 
 def logistic_regression() -> Any:

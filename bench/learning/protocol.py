@@ -37,11 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from bench.learning.peers import PEERS
+from bench.learning.peers import PEERS, contender_kind
 from bench.learning.streams import CHUNK, METRIC, REGRESSION, STREAMS, Stream, load_stream
 
 PROTOCOLS = ("per_sample", "livefit_batches", "chunks")
-CONTENDERS = ("linear", "Hoeffding adaptive tree", "adaptive random forest")  # issue #30's
 
 
 def batch_schedule(
@@ -101,15 +100,6 @@ def score_in_batches(
         for x, y in part:
             model.learn_one(x, y)
     return float(scores.mean())
-
-
-def contender_kind(peer: str) -> str | None:
-    """Which of issue #30's three kinds a peer is (its linear models count as one)."""
-    if peer in CONTENDERS:
-        return peer
-    if "regression" in peer:
-        return "linear"
-    return None
 
 
 def protocol_row(stream: Stream, name: str) -> dict[str, Any]:

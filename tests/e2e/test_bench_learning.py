@@ -264,7 +264,7 @@ def test_protocol_batches_are_the_trainers_and_one_sample_batches_are_rivers_own
     import numpy as np
 
     from bench.learning import protocol
-    from bench.learning.peers import LINREG_TSS, PEERS, peer_score
+    from bench.learning.peers import LINREG_TSS, PEERS, contender_kind, peer_score
     from bench.learning.streams import STREAMS, load_stream
     from livefit.server.base.metrics import Metrics
     from livefit.server.config.model import ModelSettings
@@ -309,9 +309,7 @@ def test_protocol_batches_are_the_trainers_and_one_sample_batches_are_rivers_own
     assert row["peers"][LINREG_TSS]["per_sample"] == pytest.approx(one)
     # Messages of 25: the first 25 predicted at about 0 against targets near 40.
     assert row["peers"][LINREG_TSS]["chunks"] > 10 * one
-    contenders = [
-        peer for peer in row["peers"] if protocol.contender_kind(peer)
-    ]  # linear, HAT, ARF
+    contenders = [peer for peer in row["peers"] if contender_kind(peer)]  # linear, HAT, ARF
     assert len(contenders) == 4  # two linear regressions
     best = min(contenders, key=lambda peer: row["peers"][peer]["per_sample"])
     assert row["best"]["per_sample"] == {"peer": best, "value": row["peers"][best]["per_sample"]}
