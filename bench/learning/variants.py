@@ -97,10 +97,10 @@ class Variant:
 
     def model_config(self, table: dict[str, Any]) -> dict[str, Any]:
         config = self.knobs.model_config(table)
-        from livefit.server.train import train_step, trainer, update_policy
+        from livefit.server.train import step_graph, trainer, update_policy
 
         module = self.extra.get("module", {})
-        train_step.AVERAGE_START = module.get("AVERAGE_START", 9.0)
+        step_graph.AVERAGE_START = module.get("AVERAGE_START", 9.0)
         _set_optimizer_options(module.get("WEIGHT_DECAY"), module.get("EPSILON"))
         _set_small_batch_rate(module.get("SMALL_BATCH_ROWS"))
         update_policy.AVERAGE_WINDOW = module.get("AVERAGE_WINDOW", 500)

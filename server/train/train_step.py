@@ -63,27 +63,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from livefit.models.standardize import standardize_layer
-from livefit.models.target_scaling import standardized_view, target_scaling_layer
-
 from ..base.flat_call import flat_caller
-from .placement import Placement, as_placement, pad_rows, replica_slice
+from .placement import Placement, as_placement, pad_rows
+from .step_graph import StepGraph, StepVariables
 
 log = logging.getLogger(__name__)
 
-AVERAGE_START = 9.0  # the average's decay is t / (AVERAGE_START + t) while that is smaller
 # Rows of a batch the averaged weights score where they are not the served ones (see above)
 COMPARISON_ROWS = 256
-_TRAINING_SENSITIVE = (
-    keras.layers.Dropout,
-    keras.layers.BatchNormalization,
-    keras.layers.GaussianNoise,
-    keras.layers.GaussianDropout,
-    keras.layers.AlphaDropout,
-    keras.layers.SpatialDropout1D,
-    keras.layers.SpatialDropout2D,
-    keras.layers.SpatialDropout3D,
-)
 
 
 def comparison_stride(rows: int) -> int:
@@ -122,20 +109,6 @@ class Dispatched:
     average_rows: np.ndarray | None = None  # the rows the averaged weights scored (None: all)
 
 
-def behaves_same_in_training(model: keras.Model) -> bool:
-    """True when ``model(x, training=True)`` equals ``model(x, training=False)``.
-
-    Then the training forward pass doubles as the prequential prediction and the step costs
-    one forward pass, not two.
-    """
-    for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, _TRAINING_SENSITIVE):
-            return False
-        if getattr(layer, "dropout", 0) or getattr(layer, "recurrent_dropout", 0):
-            return False
-    return True
-
-
 class TrainStep:
     """Callable ``step(x, y, w) -> StepResult`` for one compiled Keras model, on one device or
     mirrored on several (``Placement``; the model built and compiled in its scope)."""
@@ -160,19 +133,9 @@ class TrainStep:
         placement = as_placement(device)
         self.placement = placement
         self.device = placement.primary
-        # With a Standardize layer, new statistics travel into the step and are assigned in the
-        # graph after the update (two eager assigns per step cost more than the step itself).
-        scaler = standardize_layer(model)
-        self._scaler = scaler
-        # Likewise the target statistics of a target_scaling layer; the view returns the
-        # standardized output (what the loss fits) beside the prediction in the user's units.
-        target = target_scaling_layer(model)
-        self._target = target
-        view = standardized_view(model)
-        optimizer = model.optimizer
         # The rate the next step runs at: an input of the step, assigned in the graph (see the
         # module's docstring). None where the optimizer's rate is not a variable (a schedule).
-        rate = getattr(optimizer, "_learning_rate", None)
+        rate = getattr(model.optimizer, "_learning_rate", None)
         rate_variable = rate if isinstance(rate, keras.Variable) else None
         self._rate_variable = rate_variable
         self._rate: float | None = None
@@ -181,314 +144,24 @@ class TrainStep:
         self._rate_input = np.array(0.0, dtype=np.float32)
         if rate_variable is not None:
             self.learning_rate = float(np.asarray(rate_variable))
-        # Everything a step changes, and a device-side copy to roll a bad step back to.
-        with placement.scope():
-            optimizer.build(model.trainable_variables)
-            state = [*model.trainable_variables, *optimizer.variables]
-            backup = [
-                tf.Variable(v, trainable=False, name=f"backup_{i}") for i, v in enumerate(state)
-            ]
-            # The averaged weights (train.weight_average) and how many updates they average.
-            averages = (
-                [
-                    tf.Variable(v, trainable=False, name=f"average_{i}")
-                    for i, v in enumerate(model.trainable_variables)
-                ]
-                if weight_average > 0
-                else []
-            )
-            averaged = tf.Variable(0.0, trainable=False, name="averaged_steps")
-            # The model's other variables (scaling statistics, batch normalisation's moving
-            # statistics, dropout's seed state), which the forward pass itself may move: copied
-            # at the start of every step, put back when the step is not applied (so a rolled-
-            # back batch leaves none of them moved, NaN statistics included) and by ``rewind``.
-            trained = {id(v) for v in model.trainable_variables}
-            others = [v for v in model.variables if id(v) not in trained]
-            others_backup = [
-                tf.Variable(v, trainable=False, name=f"others_{i}") for i, v in enumerate(others)
-            ]
-            # With ``rewindable``: the averaged weights and their count, copied before an
-            # update too, so that ``rewind`` can undo the last applied step whole.
-            beyond = [*averages, averaged] if rewindable else []
-            beyond_backup = [
-                tf.Variable(v, trainable=False, name=f"rewind_{i}") for i, v in enumerate(beyond)
-            ]
-        self._backup = backup
-        # (copy, variable): what a rewind puts back (the averages only where rewindable)
-        copies = [*zip(backup, state, strict=True), *zip(beyond_backup, beyond, strict=True)]
-        self._averages = averages
-        self._averaged = averaged
+        variables = StepVariables.create(model, placement, weight_average, rewindable)
+        self._variables = variables
+        self._averages = variables.averages
+        self._averaged = variables.averaged
         self.rewindable = rewindable
-        separate_eval = not behaves_same_in_training(model)
-        replicas = placement.replicas
-        signature = [
-            tf.TensorSpec([None, *input_shape], tf.float32, name="x"),
-            tf.TensorSpec([None, *target_shape], tf.float32, name="y"),
-            tf.TensorSpec([None], tf.float32, name="w"),
-        ]
-        if replicas > 1:  # the real rows of a batch padded to a multiple of the replicas
-            signature.append(tf.TensorSpec([], tf.float32, name="rows"))
-        # The learning rate and the statistics travel as one float32 vector, "controls": one
-        # input to convert and pass instead of up to five (each costs the trainer's thread
-        # 7-10 us a step). Its layout: the rate (where the step takes one), then each scaling
-        # layer's mean and std, flattened.
-        stats_shapes = [
-            tuple(layer.stats_shape) for layer in (scaler, target) if layer is not None
-            for _ in ("mean", "std")
-        ]  # fmt: skip
-        control_sizes = [1] if rate_variable is not None else []
-        # With averaging on one device: the rows the averaged weights score, 0 to ``scored``
-        # in steps of ``stride`` (see the module's docstring), two values.
-        self._samples_average = bool(averages) and replicas == 1
-        control_sizes += [2] if self._samples_average else []
-        control_sizes += [int(np.prod(shape, dtype=np.int64)) for shape in stats_shapes]
-        self._takes_controls = bool(control_sizes)
-        if control_sizes:
-            signature.append(tf.TensorSpec([sum(control_sizes)], tf.float32, name="controls"))
-
-        def per_sample(y: tf.Tensor, pred: tf.Tensor) -> tf.Tensor:
-            values = loss_fn(y, pred)
-            rank = len(values.shape)
-            return values if rank == 1 else tf.reduce_mean(values, axis=list(range(1, rank)))
-
-        def layer_losses() -> tf.Tensor:
-            # Each replica adds its share: the summed gradients then count them once.
-            total = tf.add_n(model.losses)
-            return total if replicas == 1 else total / replicas
-
-        def forward(
-            x: tf.Tensor,
-            y: tf.Tensor,
-            w: tf.Tensor,
-            rows: tf.Tensor,
-            *stats: tf.Tensor,
-            sampled: tf.Tensor | None = None,
-        ):
-            """The loss over ``rows`` samples (of which these are some), its gradients, the
-            per-sample scores and the predictions (training forward pass and scored); with
-            averaging, the averaged weights' scores of the rows ``sampled`` (scored rows,
-            stride) picks (default: every row)."""
-            scored = model(x, training=False) if separate_eval else None
-            with tf.GradientTape() as tape:
-                if view is not None and target is not None:
-                    standardized, pred = view(x, training=True)
-                    target_mean, target_std = stats[-2:]  # the statistics after this step
-                    fitted = per_sample((y - target_mean) / target_std, standardized)
-                else:
-                    pred = model(x, training=True)
-                    fitted = per_sample(y, pred)
-                loss = tf.reduce_sum(fitted * w) / rows
-                if model.losses:
-                    loss += layer_losses()
-            grads = tape.gradient(loss, model.trainable_variables)
-            if view is not None:  # reported in the user's units
-                losses = per_sample(y, pred)
-                reported = tf.reduce_sum(losses * w) / rows
-                if model.losses:
-                    reported += layer_losses()
-            else:
-                losses, reported = fitted, loss
-            if scored is not None:
-                losses = per_sample(y, scored)
-            out = scored if scored is not None else pred
-            extras: tuple[tf.Tensor, ...] = ()
-            if averages:  # the averaged weights' scores too (pre-update, like the others)
-
-                def averaged_scores(xa: tf.Tensor, ya: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-                    averaged_out, _ = model.stateless_call(
-                        [a.value() for a in averages],
-                        [v.value for v in model.non_trainable_variables],
-                        xa,
-                        training=False,
-                    )
-                    return per_sample(ya, averaged_out), averaged_out
-
-                if sampled is None:
-                    extras = averaged_scores(x, y)
-                else:
-                    rows_scored = tf.cast(sampled[0], tf.int32)
-                    index = tf.range(0, rows_scored, tf.cast(sampled[1], tf.int32))
-                    # No rows (a batch's later steps): no forward pass on an empty batch,
-                    # which some kernels (cuDNN's recurrent ones) have refused.
-                    extras = tf.cond(
-                        rows_scored > 0,
-                        lambda: averaged_scores(tf.gather(x, index), tf.gather(y, index)),
-                        lambda: (tf.zeros_like(losses[:0]), tf.zeros_like(out[:0])),
-                    )
-            return loss, reported, losses, pred, out, grads, extras
-
-        def update(loss, reported, pred, grads, stats, rate, mirrored=None) -> tf.Tensor:
-            """Apply ``grads`` (their ``mirrored`` copies, one per device, where given) at
-            learning rate ``rate`` (None: the optimizer's own) if everything is finite; True
-            when applied."""
-            # The reported loss and the predictions too: with target scaling the fitted loss
-            # can be finite while the prediction in the user's units is not.
-            finite = tf.logical_and(tf.math.is_finite(loss), tf.math.is_finite(reported))
-            finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(pred)))
-            for grad in grads:
-                finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
-            applied_grads = grads if mirrored is None else mirrored
-            applied = tf.cond(
-                finite, lambda: apply(applied_grads, rate), lambda: tf.constant(False)
-            )
-            if stats:  # after the forward pass: this batch used the old statistics
-                tf.cond(applied, lambda: set_statistics(*stats), lambda: tf.constant(False))
-            tf.cond(applied, lambda: tf.constant(True), restore_others)
-            return applied
-
-        def save_others() -> None:
-            for saved, variable in zip(others_backup, others, strict=True):
-                saved.assign(variable)
-
-        def restore_others() -> tf.Tensor:
-            for saved, variable in zip(others_backup, others, strict=True):
-                variable.assign(saved)
-            return tf.constant(False)
-
-        if placement.strategy is None:
-
-            @tf.function(input_signature=signature)
-            def step(x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *inputs: tf.Tensor):
-                rate, sampled, stats = unpack(inputs)
-                save_others()
-                rows = tf.cast(tf.shape(x)[0], tf.float32)
-                loss, reported, losses, pred, out, grads, extras = forward(
-                    x, y, w, rows, *stats, sampled=sampled
-                )
-                applied = update(loss, reported, pred, grads, stats, rate)
-                return packed(reported, applied, losses, out, extras)
-
-        else:
-            strategy = placement.strategy
-
-            def on_replica(x, y, w, rows, *stats):
-                part = [replica_slice(t, replicas) for t in (x, y, w)]
-                return forward(*part, rows, *stats)
-
-            def gathered(values) -> tf.Tensor:
-                return tf.concat(strategy.experimental_local_results(values), axis=0)
-
-            @tf.function(input_signature=signature)
-            def step(x, y, w, rows, *inputs):
-                rate, _, stats = unpack(inputs)
-                save_others()
-                # The replicas' forward and backward passes, then the update once, across
-                # replicas: rollback and statistics as on one device, every copy alike.
-                results = strategy.run(on_replica, args=(x, y, w, rows, *stats))
-                loss, reported, losses, pred, out, grads, extras = results
-                loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
-                reported = strategy.reduce(tf.distribute.ReduceOp.SUM, reported, axis=None)
-                real = tf.cast(rows, tf.int32)
-                pred = gathered(pred)[:real]
-                pairs = [
-                    (g, v.value) for g, v in zip(grads, model.trainable_variables, strict=True)
-                ]
-                # Summed onto each variable's devices (all-reduce), not through one device.
-                grads = strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, pairs)
-                checked = [strategy.experimental_local_results(g)[0] for g in grads]
-                applied = update(loss, reported, pred, checked, stats, rate, grads)
-                return packed(
-                    reported, applied, gathered(losses), gathered(out),
-                    tuple(gathered(e) for e in extras),
-                )  # fmt: skip
-
-        def unpack(inputs: tuple[tf.Tensor, ...]):
-            """The learning rate (None where the step takes none), the averaged weights' rows
-            (None: every row) and the statistics, each in its layer's shape, from the controls
-            vector (see ``control_sizes``)."""
-            if not control_sizes:
-                return None, None, ()
-            parts = tf.split(inputs[0], control_sizes)
-            rate = parts.pop(0)[0] if rate_variable is not None else None
-            sampled = parts.pop(0) if self._samples_average else None
-            stats = tuple(
-                tf.reshape(part, shape) for part, shape in zip(parts, stats_shapes, strict=True)
-            )
-            return rate, sampled, stats
-
-        def packed(reported, applied, losses, out, extras):
-            """Three outputs instead of up to six (each one the trainer's thread reads back
-            costs it a tensor and a copy): the loss and whether the step applied, as a
-            float32 pair; the per-sample losses of the trained weights followed by the averaged
-            ones' where averaging (which may score fewer rows); their predictions likewise."""
-            scalars = tf.stack([tf.cast(reported, tf.float32), tf.cast(applied, tf.float32)])
-            if not extras:
-                return scalars, losses, out
-            average_losses, average_out = extras
-            return scalars, tf.concat([losses, average_losses], 0), tf.concat([out, average_out], 0)
-
-        def set_statistics(*stats: tf.Tensor) -> tf.Tensor:
-            layers = [layer for layer in (scaler, target) if layer is not None]
-            pairs = [stats[i : i + 2] for i in range(0, len(stats), 2)]
-            for layer, (mean, std) in zip(layers, pairs, strict=True):
-                layer.mean.assign(mean)
-                layer.std.assign(std)
-            return tf.constant(True)
-
-        def apply(grads: list[tf.Tensor], rate: tf.Tensor | None) -> tf.Tensor:
-            """Apply the update at ``rate``; if any new value is not finite, restore the state
-            before it (the previous rate included)."""
-            take_copies()
-            if rate is not None and rate_variable is not None:
-                rate_variable.assign(rate)
-            optimizer.apply(grads, model.trainable_variables)
-            ok = tf.constant(True)
-            for variable in model.trainable_variables:
-                ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(variable)))
-
-            def restore() -> tf.Tensor:
-                for saved, variable in zip(backup, state, strict=True):
-                    variable.assign(saved)
-                return tf.constant(False)
-
-            if not averages:
-                return tf.cond(ok, lambda: tf.constant(True), restore)
-            return tf.cond(ok, average, restore)
-
-        def average() -> tf.Tensor:
-            """Move the averaged weights towards the new ones: an exponential moving average
-            with decay ``weight_average``, debiased at the start (decay t / (AVERAGE_START + t)
-            at the t-th update while that is smaller), so the average follows a fresh model's
-            first steps."""
-            t = averaged.assign_add(1.0)
-            decay = tf.minimum(weight_average, t / (AVERAGE_START + t))
-            for mean, variable in zip(averages, model.trainable_variables, strict=True):
-                mean.assign(decay * mean + (1.0 - decay) * variable)
-            return tf.constant(True)
-
-        @tf.function(input_signature=[])
-        def rewind() -> tf.Tensor:
-            for saved, variable in copies:
-                variable.assign(saved)
-            restore_others()
-            return tf.constant(True)
-
-        def take_copies() -> None:
-            """What ``rewind`` puts back, copied: the state (weights, optimizer variables) and,
-            where rewindable, the averaged weights and their count."""
-            for saved, variable in copies:
-                saved.assign(variable)
-
-        @tf.function(input_signature=[])
-        def keep() -> tf.Tensor:
-            """Copy everything ``rewind`` restores into its copies: a rewind right after is
-            then the identity (``warm_up`` runs the pair once)."""
-            take_copies()
-            save_others()
-            return tf.constant(True)
-
-        @tf.function(input_signature=[])
-        def restart_average() -> tf.Tensor:
-            for mean, variable in zip(averages, model.trainable_variables, strict=True):
-                mean.assign(variable)
-            averaged.assign(0.0)
-            return tf.constant(True)
-
-        self._step = step
-        self._call = step
-        self._rewind = rewind
-        self._keep = keep
-        self._restart_average = restart_average
+        graph = StepGraph(model, loss_fn, variables, placement, rate_variable, weight_average)
+        self._graph = graph
+        # With a Standardize layer, new statistics travel into the step and are assigned in the
+        # graph after the update (two eager assigns per step cost more than the step itself);
+        # likewise the target statistics of a target_scaling layer.
+        self._scaler = graph.scaler
+        self._target = graph.target
+        self._layout = graph.layout
+        self._step = graph.step_function(input_shape, target_shape)
+        self._call = self._step
+        self._rewind = graph.rewind_function()
+        self._keep = graph.keep_function()
+        self._restart_average = graph.restart_average_function()
         self._flat: Callable[[list[object]], list[tf.Tensor]] | None = None
 
     def warm_up(self) -> None:
@@ -590,9 +263,9 @@ class TrainStep:
             padded_rows = len(padded[0])
             args = [*padded, np.array(rows, dtype=np.float32)]
         average_rows = None
-        if self._takes_controls:
+        if self._layout.used:
             controls = [self._rate_input.reshape(1)] if self._rate_variable is not None else []
-            if self._samples_average:
+            if self._layout.samples_average:
                 scored, stride, average_rows = self._average_sample(rows, scored_rows)
                 controls.append(np.array([scored, stride], dtype=np.float32))
             for layer, given in ((self._scaler, statistics), (self._target, target_statistics)):
