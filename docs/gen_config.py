@@ -1,8 +1,9 @@
 """Write the settings tables of docs/configuration.md from the pydantic settings models.
 
 The key and default columns come from the models (``Settings``, ``ModelSettings``), so they
-cannot drift from the code; the meaning column is written by hand, in ``MEANINGS`` below, and
-``UNSET`` says what a setting whose default is None (unset) then does. ``tests/unit/test_readme.py``
+cannot drift from the code; the meaning column is each field's ``Field(description=...)``
+beside the setting, or for the settings not moved there yet ``MEANINGS`` below, and ``UNSET``
+says what a setting whose default is None (unset) then does. ``tests/unit/test_readme.py``
 fails when docs/configuration.md is not what this script writes, or when a setting has no
 meaning. After adding, removing or changing a setting, or editing a meaning here, run:
 
@@ -766,10 +767,12 @@ def problems() -> list[str]:
     meaning or an UNSET text for a setting that does not exist, an UNSET text for a setting
     whose default is not None."""
     fields = {key: field for _, rows in sections() for key, field in rows}
-    found = [f"{key}: no meaning in docs/gen_config.py MEANINGS" for key in fields
-             if not MEANINGS.get(key, "").strip()]  # fmt: skip
+    found = [f"{key}: no meaning (Field(description=...), or MEANINGS in docs/gen_config.py)"
+             for key, field in fields.items() if not meaning(key, field).strip()]  # fmt: skip
     found += [f"{key}: MEANINGS names a setting that does not exist" for key in MEANINGS
               if key not in fields]  # fmt: skip
+    twice = [key for key, field in fields.items() if key in MEANINGS and field.description]
+    found += [f"{key}: a meaning both in MEANINGS and in its Field's description" for key in twice]
     for key in UNSET:
         if key not in fields:
             found.append(f"{key}: UNSET names a setting that does not exist")
@@ -778,14 +781,20 @@ def problems() -> list[str]:
     return found
 
 
+def meaning(key: str, field: Any) -> str:
+    """The meaning column: the field's own ``description`` beside the setting in the settings
+    model, else ``MEANINGS``."""
+    return field.description or MEANINGS.get(key, "")
+
+
 def tables() -> str:
     """The generated part of docs/configuration.md, markers included."""
     lines = [BEGIN, ""]
     for table, rows in sections():
         lines += [f"### `[{table}]`", "", "| key | default | meaning |", "|---|---|---|"]
         for key, field in rows:
-            meaning = MEANINGS.get(key) or "**no meaning written yet**"
-            lines.append(f"| `{key}` | {default_text(key, field)} | {meaning} |")
+            text = meaning(key, field) or "**no meaning written yet**"
+            lines.append(f"| `{key}` | {default_text(key, field)} | {text} |")
         lines.append("")
     return "\n".join([*lines, END])
 

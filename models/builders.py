@@ -16,6 +16,7 @@ from typing import Any
 
 import keras
 
+from .experts import EXPERTS_LAYER, assemble
 from .names import BUILDER_OPTIONS, BUILTIN_BUILDERS
 from .outputs import (
     default_output_activation,
@@ -38,6 +39,7 @@ def build_model(
     scaling: str = "none",
     loss: str = "mse",
     target_scaling: str | None = None,
+    experts: bool = False,
 ) -> keras.Model:
     """Build the network ``builder`` names; the same ``seed`` gives the same initial weights.
 
@@ -49,7 +51,9 @@ def build_model(
     ``target_scaling`` (default: ``standardize`` for regression losses such as ``mse``, else
     ``none``) ends the network in a ``target_scaling`` layer that maps standardized outputs
     back to the targets' units. Build with the learner's builder, options, shapes, seed,
-    scaling, loss and target scaling to use its weights.
+    scaling, loss and target scaling to use its weights. ``experts`` puts a linear model beside
+    the network, both behind the input scaling, their outputs mixed before the target scaling
+    (``livefit.models.experts``; a learner's ``experts.enabled``).
     """
     in_shape = _check_shape("input_shape", input_shape)
     out_shape = _check_shape("output_shape", output_shape)
@@ -75,6 +79,16 @@ def build_model(
         _seed(seed)
         model = function(input_shape=in_shape, output_shape=out_shape, **opts)
         _check_custom_model(builder, model, in_shape, out_shape)
+    if experts:
+        return assemble(
+            model,
+            in_shape,
+            out_shape,
+            default_output_activation(loss),  # the linear model River's learners are
+            per_last_axis=builder == "lstm",
+            scaling=scaling == "standardize",
+            target_scaling=target_scaling == "standardize",
+        )
     if scaling == "standardize":
         model = with_standardization(model, in_shape, per_last_axis=builder == "lstm")
     if target_scaling == "standardize":
@@ -84,8 +98,9 @@ def build_model(
 
 def output_activation_name(model: keras.Model) -> str | None:
     """The name of the activation that produces ``model``'s output (``"sigmoid"``,
-    ``"linear"``, ...), looking through reshapes, nested models and livefit's scaling layers;
-    None when the last layer that computes something has no ``activation``."""
+    ``"linear"``, ...), looking through reshapes, nested models, livefit's scaling layers and
+    the experts' mixture (to the configured network, its first expert); None when the last
+    layer that computes something has no ``activation``."""
     layer: Any = model
     while True:
         if isinstance(layer, keras.Model):
@@ -95,7 +110,7 @@ def output_activation_name(model: keras.Model) -> str | None:
                 return None
             layer = history.operation
             continue
-        if isinstance(layer, _PASS_THROUGH) or layer.name == TARGET_SCALING_LAYER:
+        if isinstance(layer, _PASS_THROUGH) or layer.name in (TARGET_SCALING_LAYER, EXPERTS_LAYER):
             inbound = getattr(layer, "_inbound_nodes", None)
             if not inbound or not inbound[0].input_tensors:
                 return None

@@ -42,6 +42,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "ch99": {"train": {"weight_average": 0.99}},
     "ch95w200": {"train": {"weight_average": 0.95}, "module": {"AVERAGE_WINDOW": 200}},
     "defaults": {},
+    # The defaults without the experts (issue #47: the network alone, as before them)
+    "noexp": {"experts": {"enabled": False}},
     # The fast start (train.fast_start_samples, issue #30): off, and its smallest batch 1 or 10
     # instead of 5 (bench/results/fast_start.jsonl).
     "nofast": {"train": {"fast_start_samples": 0}},

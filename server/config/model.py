@@ -29,6 +29,7 @@ from .model_tables import (
     CONFIGURED_CANDIDATE,
     CheckpointSettings,
     DriftSettings,
+    ExpertsSettings,
     LabelsSettings,
     SelectionSettings,
     ServeSettings,
@@ -96,6 +97,7 @@ class ModelSettings(Section):
     labels: LabelsSettings = LabelsSettings()
     drift: DriftSettings = DriftSettings()
     selection: SelectionSettings = SelectionSettings()
+    experts: ExpertsSettings = ExpertsSettings()
 
     @field_validator("builder")
     @classmethod
@@ -241,6 +243,11 @@ class ModelSettings(Section):
         capacity = REGRESSION_REPLAY_CAPACITY if regression else REPLAY_CAPACITY
         values = math.prod(self.input_shape) + math.prod(self.resolved_target_shape()) + 1
         return max(1, min(capacity, REPLAY_DEFAULT_BYTES // (4 * values)))
+
+    def resolved_experts(self) -> bool:
+        """Whether the model is built with experts: ``experts.enabled``, for a loss whose kind
+        livefit knows (binary, categorical, sparse categorical or regression)."""
+        return self.experts.enabled and loss_kind(self.loss) != "other"
 
     def resolved_target_scaling(self) -> str:
         """``target_scaling``, else ``standardize`` for regression losses, else ``none``."""

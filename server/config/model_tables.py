@@ -1,6 +1,7 @@
 """A model's sub-tables: ``[models.<name>.train]`` (minibatches and the update policy),
 ``.drift``, ``.serve`` (request batching, admission and limits), ``.weights`` (the weight
-stream, signing and verification), ``.checkpoint`` and ``.labels`` (delayed labels).
+stream, signing and verification), ``.checkpoint``, ``.labels`` (delayed labels) and
+``.experts`` (the linear expert and the mixture).
 
 This module owns those tables; ``config.model`` puts them in ``ModelSettings`` and ``config``
 re-exports them.
@@ -340,6 +341,63 @@ class WeightsSettings(Section):
 
     def pull_token_bytes(self) -> bytes | None:
         return self.pull_token.get_secret_value().encode() if self.pull_token else None
+
+
+class ExpertsSettings(Section):
+    """Experts trained in one step beside the configured network, mixed by their recent errors
+    (docs/design.md, "Experts")."""
+
+    enabled: bool = Field(
+        True,
+        description=(
+            "train a linear model beside the configured network, in the same compiled step, on "
+            "the same samples, and serve their mixture, weighed by each one's recent prequential "
+            "error (Hedge). Built for the losses livefit knows the kind of (binary, categorical, "
+            "sparse categorical, mse, mae, huber, log-cosh); off for the others. Part of the "
+            "architecture: learner and replicas must agree"
+        ),
+    )
+    decay: float = Field(
+        0.998,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description=(
+            "per sample: an error n samples ago counts decay**n in an expert's recent error "
+            "(0.998: about the last 500 samples), so the mixture follows a drift"
+        ),
+    )
+    rate: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        allow_inf_nan=False,
+        description=(
+            "Hedge's rate: an expert's share is proportional to exp(-rate * its recent error), "
+            "counted in wrong predictions for a classifier and in standardized absolute errors "
+            "(the targets' units without target scaling) otherwise"
+        ),
+    )
+    linear_learning_rate: float = Field(
+        0.01,
+        gt=0,
+        le=10,
+        allow_inf_nan=False,
+        description=(
+            "the linear expert's plain SGD rate per sample, as River's linear models learn "
+            "(capped at 1 / the number of input features, where LMS stays stable)"
+        ),
+    )
+    linear_rows: int = Field(
+        32,
+        ge=1,
+        le=65536,
+        description=(
+            "a batch of up to this many new samples moves the linear expert as far as that many "
+            "per-sample steps would (the sum of their gradients); a larger batch (a backlog) as "
+            "far as this many"
+        ),
+    )
 
 
 class CheckpointSettings(Section):

@@ -9,9 +9,10 @@ a NumPy array, and that reads the weights it was last given. Three exist:
   warm-up; 1-row calls of the benchmark MLP and LSTM took about half and a third of the graph's
   time (bench/prose/runtimes.md).
 - ``numpy``: a plain NumPy forward pass generated from a chain of Dense-type layers (input and
-  target scaling, Dense, Dropout, Flatten, Reshape, Activation), the same float32 operations in
-  the same order; a 1-row call of the benchmark MLP costs microseconds instead of a
-  TensorFlow dispatch. Its weights are the snapshot's own arrays (no copy, no Keras variable).
+  target scaling, Dense, Dropout, Flatten, Reshape, Activation; the experts' mixture of such
+  chains), the same float32 operations in the same order; a 1-row call of the benchmark MLP
+  costs microseconds instead of a TensorFlow dispatch. Its weights are the snapshot's own
+  arrays (no copy, no Keras variable).
 
 ``auto`` takes ``numpy`` where the model is such a chain on a CPU, else ``keras``: XLA's faster
 calls did not show as a steady gain end to end (over HTTP, on 2 busy cores, its LSTM answered a
@@ -32,6 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from livefit.models.experts import mixture_layer
 from livefit.models.standardize import Standardize
 from livefit.models.target_scaling import Unstandardize
 
@@ -103,10 +105,11 @@ class _Step:
     """One operation of the NumPy forward pass: ``kind`` and the indices of its weights in
     the model's weight list (``model.get_weights()`` order, the snapshot's order)."""
 
-    kind: str  # "dense", "standardize", "unstandardize", "activation", "reshape"
+    kind: str  # "dense", "standardize", "unstandardize", "activation", "reshape", "mixture"
     weights: tuple[int, ...] = ()
     activation: str = "linear"
     shape: tuple[int, ...] = ()
+    branches: tuple[tuple[_Step, ...], ...] = ()  # "mixture": each expert's steps
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
@@ -156,9 +159,11 @@ class NumpyRuntime:
         self.params = params
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(self._run(self.steps, rows), dtype=np.float32)
+
+    def _run(self, steps: Sequence[_Step], x: np.ndarray) -> np.ndarray:
         p = self.params
-        x = rows
-        for step in self.steps:
+        for step in steps:
             kind = step.kind
             if kind == "dense":
                 x = x @ p[step.weights[0]]
@@ -175,9 +180,15 @@ class NumpyRuntime:
                 fn = _ACTIVATIONS[step.activation]
                 if fn is not None:
                     x = fn(x)
+            elif kind == "mixture":  # the experts' outputs weighed by their shares
+                share = p[step.weights[0]]
+                outputs = [self._run(branch, x) for branch in step.branches]
+                x = outputs[0] * share[0]
+                for k in range(1, len(outputs)):
+                    x = x + outputs[k] * share[k]
             else:  # reshape
                 x = x.reshape((x.shape[0], *step.shape))
-        return np.asarray(x, dtype=np.float32)
+        return x
 
 
 def _chain_steps(model: keras.Model, index: dict[int, int]) -> list[_Step]:
@@ -187,12 +198,20 @@ def _chain_steps(model: keras.Model, index: dict[int, int]) -> list[_Step]:
     once here, which ``check_agreement``'s probe with random weights catches."""
     if len(model.inputs) != 1 or len(model.outputs) != 1:
         raise UnsupportedModel(f"{model.name}: more than one input or output")
+    mixture = mixture_layer(model)
+    # The experts (livefit.models.experts.assemble): the layers feeding the mixture are its
+    # branches, each taking what the steps before it computed; the probe checks the shape.
+    experts = [] if mixture is None else [t._keras_history.operation for t in mixture.input]
     steps: list[_Step] = []
     for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
+        if isinstance(layer, keras.layers.InputLayer) or any(layer is e for e in experts):
             continue
         if getattr(layer, "compute_dtype", "float32") != "float32":
             raise UnsupportedModel(f"layer {layer.name} computes in {layer.compute_dtype}")
+        if layer is mixture:
+            branches = tuple(tuple(_layer_steps(expert, index)) for expert in experts)
+            steps.append(_Step("mixture", (index[id(mixture.share)],), branches=branches))
+            continue
         steps.extend(_layer_steps(layer, index))
     return steps
 

@@ -86,6 +86,22 @@ class TrainingMetrics(MetricGroup):
             registry=registry,
         )
 
+        self.expert_weight = Gauge(
+            "livefit_expert_weight",
+            "Each expert's share of the served mixture (experts.enabled: the configured network "
+            "and the linear expert; they sum to 1)",
+            ["model", "expert"],
+            registry=registry,
+        )
+        self.expert_error = Gauge(
+            "livefit_expert_error",
+            "Each expert's recent prequential error per sample, discounted by experts.decay: "
+            "the share of wrong predictions for a classifier, the absolute error in standard "
+            "deviations of the target (its units without target scaling) otherwise",
+            ["model", "expert"],
+            registry=registry,
+        )
+
     def init_model(self, model: str) -> None:
         self.train_steps.labels(model=model)
         self.train_samples.labels(model=model)

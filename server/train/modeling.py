@@ -9,12 +9,13 @@ import tensorflow as tf
 
 from livefit.models.builders import build_model, output_activation_name
 from livefit.models.names import BUILTIN_BUILDERS
-from livefit.models.outputs import custom_output_problem
+from livefit.models.outputs import custom_output_problem, loss_kind
 
 from ..config.model import ModelSettings
 from ..config.sections import TensorFlowSettings
 from ..config.settings import ConfigError
 from .placement import Placement, as_placement
+from .step_graph import ExpertsRule
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,20 @@ def make_loss(settings: ModelSettings):
         return keras.losses.get(settings.loss)
     except ValueError as exc:
         raise ValueError(f"unknown loss {settings.loss!r}: {exc}") from None
+
+
+def experts_rule(settings: ModelSettings) -> ExpertsRule | None:
+    """How the model's experts learn and mix (``experts`` settings), None without experts."""
+    if not settings.resolved_experts():
+        return None
+    experts = settings.experts
+    return ExpertsRule(
+        kind=loss_kind(settings.loss),
+        decay=experts.decay,
+        rate=experts.rate,
+        linear_learning_rate=experts.linear_learning_rate,
+        linear_rows=experts.linear_rows,
+    )
 
 
 def build_compiled(settings: ModelSettings, device: str | Placement) -> keras.Model:
@@ -90,6 +105,7 @@ def _network(settings: ModelSettings) -> keras.Model:
         scaling=settings.scaling,
         loss=settings.loss,
         target_scaling=settings.resolved_target_scaling(),
+        experts=settings.resolved_experts(),
     )
 
 

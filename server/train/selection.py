@@ -24,7 +24,7 @@ import numpy as np
 from ..config.model import ModelSettings
 from ..config.model_tables import CONFIGURED_CANDIDATE, SelectionSettings
 from ..wire.samples import Batch
-from .modeling import build_compiled, make_loss
+from .modeling import build_compiled, experts_rule, make_loss
 from .placement import Placement
 from .prequential import WindowedMean
 from .train_step import TrainStep
@@ -114,6 +114,7 @@ class CandidateSet:
                 own.resolved_target_shape(),
                 placement,
                 weight_average=own.train.weight_average,
+                experts=experts_rule(own),
             )
             policy = UpdatePolicy(own, step, None, seed=own.seed)
             self.candidates[entry.name] = Candidate(entry.name, policy, self.window)

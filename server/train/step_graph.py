@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from livefit.models.experts import Mixture, experts_view, linear_expert_model, mixture_layer
 from livefit.models.standardize import Standardize, standardize_layer
 from livefit.models.target_scaling import (
     Unstandardize,
@@ -27,6 +28,9 @@ from livefit.models.target_scaling import (
 from .placement import Placement, replica_slice
 
 AVERAGE_START = 9.0  # the average's decay is t / (AVERAGE_START + t) while that is smaller
+# A classifier expert's error is its wrong predictions plus this share of its loss: where both
+# are right, the better-calibrated one wins (bench/results/experts.md, "The mixture's error")
+LOSS_SHARE = 0.1
 
 _TRAINING_SENSITIVE = (
     keras.layers.Dropout,
@@ -58,36 +62,60 @@ def behaves_same_in_training(model: keras.Model) -> bool:
 class ControlLayout:
     """The step's one float32 input vector, "controls": the learning rate (where the step
     takes one), the averaged weights' rows (two values: how many rows are scored and the
-    stride, where averaging on one device), then each scaling layer's mean and std, flattened.
+    stride, where averaging on one device), the batch's new rows (with experts: how many
+    leading rows are first seen, which the linear expert learns and the mixture scores), then
+    each scaling layer's mean and std, flattened.
     One input to convert and pass instead of up to five (each costs the trainer's thread
     7-10 us a step)."""
 
     takes_rate: bool
     samples_average: bool
     stats_shapes: tuple[tuple[int, ...], ...]
+    fresh_rows: bool = False
 
     @property
     def sizes(self) -> list[int]:
         sizes = [1] if self.takes_rate else []
         sizes += [2] if self.samples_average else []
+        sizes += [1] if self.fresh_rows else []
         return sizes + [int(np.prod(shape, dtype=np.int64)) for shape in self.stats_shapes]
 
     @property
     def used(self) -> bool:
         return bool(self.sizes)
 
-    def unpack(
-        self, controls: tf.Tensor
-    ) -> tuple[tf.Tensor | None, tf.Tensor | None, tuple[tf.Tensor, ...]]:
-        """In the graph: the rate (None where the step takes none), the averaged weights' rows
-        (None: every row) and the statistics, each in its layer's shape."""
+    def unpack(self, controls: tf.Tensor) -> Controls:
+        """In the graph: the controls, each in its shape."""
         parts = tf.split(controls, self.sizes)
         rate = parts.pop(0)[0] if self.takes_rate else None
         sampled = parts.pop(0) if self.samples_average else None
+        fresh = tf.cast(parts.pop(0)[0], tf.int32) if self.fresh_rows else None
         stats = tuple(
             tf.reshape(part, shape) for part, shape in zip(parts, self.stats_shapes, strict=True)
         )
-        return rate, sampled, stats
+        return Controls(rate, sampled, fresh, stats)
+
+
+class Controls(NamedTuple):
+    """The controls of one step, in the graph."""
+
+    rate: tf.Tensor | None  # the learning rate (None where the step takes none)
+    sampled: tf.Tensor | None  # the averaged weights' rows: (scored, stride); None: every row
+    fresh: tf.Tensor | None  # with experts: the batch's new rows, leading (None: every row)
+    stats: tuple  # each scaling layer's statistics after this step (mean, std, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertsRule:
+    """How the experts learn and are mixed (``experts`` settings), and the loss's kind, which
+    says what an expert's error is: a wrong class for ``binary``, ``categorical`` and
+    ``sparse``, the absolute error for ``regression``."""
+
+    kind: str
+    decay: float
+    rate: float
+    linear_learning_rate: float
+    linear_rows: int
 
 
 @dataclass(slots=True)
@@ -107,12 +135,18 @@ class StepVariables:
 
     @classmethod
     def create(
-        cls, model: keras.Model, placement: Placement, weight_average: float, rewindable: bool
+        cls,
+        model: keras.Model,
+        placement: Placement,
+        weight_average: float,
+        rewindable: bool,
+        optimized: Sequence[tf.Variable] | None = None,
     ) -> StepVariables:
-        """The variables of ``model``'s step, created in ``placement``'s scope."""
+        """The variables of ``model``'s step, created in ``placement``'s scope; the model's
+        optimizer trains ``optimized`` (default: every trainable variable)."""
         optimizer = model.optimizer
         with placement.scope():
-            optimizer.build(model.trainable_variables)
+            optimizer.build(model.trainable_variables if optimized is None else list(optimized))
             state = [*model.trainable_variables, *optimizer.variables]
             backup = [_copy(v, f"backup_{i}") for i, v in enumerate(state)]
             averages = (
@@ -157,6 +191,116 @@ class StepVariables:
         self.restore_others()
 
 
+class ExpertsGraph:
+    """The experts' parts of a step (``livefit.models.experts``): the linear expert's fit on
+    the batch's new rows, each expert's errors on them, the linear expert's plain SGD update,
+    and the mixture's move towards the experts with the smaller recent errors."""
+
+    def __init__(self, model: keras.Model, rule: ExpertsRule, scaler: Standardize | None):
+        mixture = mixture_layer(model)
+        view = experts_view(model)
+        linear = linear_expert_model(model)
+        if mixture is None or view is None or linear is None:
+            raise ValueError(f"model {model.name} was not built with experts")
+        self.mixture: Mixture = mixture
+        self.view = view
+        self.linear = linear
+        self.rule = rule
+        self.scaler = scaler
+        self.count = len(mixture.experts)
+        linear_ids = {id(v) for v in linear.trainable_variables}
+        self.is_linear = [id(v) in linear_ids for v in model.trainable_variables]
+        features = int(np.prod(model.inputs[0].shape[1:]))
+        # LMS is stable below 2 / |x|^2, about 2 / features on standardized inputs
+        self.linear_rate = min(rule.linear_learning_rate, 1.0 / features)
+
+    def linear_objective(
+        self,
+        x: tf.Tensor,
+        target: tf.Tensor,
+        fresh_w: tf.Tensor,
+        fresh: tf.Tensor,
+        stats: Sequence[tf.Tensor],
+        per_sample: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+    ) -> tf.Tensor:
+        """What the linear expert's gradient is of: the summed loss of the new rows, as far as
+        ``linear_rows`` per-sample steps go, on the inputs standardized with the statistics
+        after this batch (a fresh model's first batch would otherwise fit raw inputs)."""
+        inputs = x
+        if self.scaler is not None:
+            mean, std = stats[0], stats[1]
+            inputs = (x - mean) / std
+        losses = per_sample(target, self.linear(inputs, training=True))
+        fresh_rows = tf.cast(tf.maximum(fresh, 1), tf.float32)
+        scale = tf.minimum(fresh_rows, float(self.rule.linear_rows)) / fresh_rows
+        return tf.reduce_sum(losses * fresh_w) * scale
+
+    def errors(
+        self,
+        outputs: Sequence[tf.Tensor],
+        target: tf.Tensor,
+        fresh_w: tf.Tensor,
+        per_sample: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+    ) -> tf.Tensor:
+        """Each expert's summed error over the new rows (weighted), and their weight: a vector
+        of ``count + 1`` values."""
+        sums = [tf.reduce_sum(self._per_row(out, target, per_sample) * fresh_w) for out in outputs]
+        return tf.stack([*sums, tf.reduce_sum(fresh_w)])
+
+    def _per_row(
+        self,
+        out: tf.Tensor,
+        target: tf.Tensor,
+        per_sample: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+    ) -> tf.Tensor:
+        """A classifier's wrong predictions plus ``LOSS_SHARE`` times its loss; a regressor's
+        absolute error (each averaged over further output axes)."""
+        kind = self.rule.kind
+        if kind == "regression":
+            return _row_mean(tf.abs(out - target))
+        if kind == "binary":
+            wrong = tf.not_equal(out > 0.5, target > 0.5)
+        elif kind == "categorical":
+            wrong = tf.not_equal(tf.argmax(out, axis=-1), tf.argmax(target, axis=-1))
+        else:  # class indices, in the shape of the predicted classes
+            predicted = tf.argmax(out, axis=-1)
+            classes = tf.reshape(tf.cast(target, tf.int64), tf.shape(predicted))
+            wrong = tf.not_equal(predicted, classes)
+        return _row_mean(tf.cast(wrong, tf.float32)) + LOSS_SHARE * per_sample(target, out)
+
+    def apply_linear(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> None:
+        """Plain SGD on the linear expert, where its gradients are finite (else it keeps its
+        weights, and the network still learns)."""
+        finite = tf.constant(True)
+        for grad in grads:
+            finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
+
+        def step() -> tf.Tensor:
+            for grad, variable in zip(grads, variables, strict=True):
+                variable.assign_sub(self.linear_rate * grad)
+            return tf.constant(True)
+
+        tf.cond(finite, step, lambda: tf.constant(False))
+
+    def move_mixture(self, errors: tf.Tensor) -> tf.Tensor:
+        """Discount the recent errors by the new rows' weight and add theirs; each expert's
+        share becomes proportional to exp(-rate * its recent error) (Hedge)."""
+        mixture = self.mixture
+        weight = errors[-1]
+        kept = tf.pow(tf.constant(self.rule.decay, tf.float32), weight)
+        recent = mixture.recent_error * kept + errors[:-1]
+        mixture.recent_error.assign(recent)
+        mixture.recent_samples.assign(mixture.recent_samples * kept + weight)
+        mixture.share.assign(tf.nn.softmax(-self.rule.rate * recent))
+        return tf.constant(True)
+
+    def report(self) -> tf.Tensor:
+        """Each expert's share, then its recent error per sample."""
+        mixture = self.mixture
+        per_sample = mixture.recent_error / tf.maximum(mixture.recent_samples, 1e-12)
+        return tf.concat([mixture.share, per_sample], 0)
+
+
 class Forward(NamedTuple):
     """One forward and backward pass over a batch (or one replica's slice of it)."""
 
@@ -167,6 +311,7 @@ class Forward(NamedTuple):
     out: tf.Tensor  # the scored predictions (the training pass's where it doubles as them)
     grads: list
     extras: tuple  # with averaging: the averaged weights' (losses, predictions); else ()
+    errors: tf.Tensor | None = None  # with experts: ``ExpertsGraph.errors``
 
 
 class StepGraph:
@@ -181,6 +326,7 @@ class StepGraph:
         placement: Placement,
         rate_variable: keras.Variable | None,
         weight_average: float,
+        experts: ExpertsRule | None = None,
     ) -> None:
         self.model = model
         self.weight_average = weight_average
@@ -196,6 +342,18 @@ class StepGraph:
         self.view = standardized_view(model)
         self.separate_eval = not behaves_same_in_training(model)
         self.replicas = placement.replicas
+        self.experts = None if experts is None else ExpertsGraph(model, experts, self.scaler)
+        # which trainable variables are the linear expert's (plain SGD), and the optimizer's
+        self.is_linear = (
+            [False] * len(model.trainable_variables)
+            if self.experts is None
+            else self.experts.is_linear
+        )
+        self.optimized = [
+            v
+            for v, linear in zip(model.trainable_variables, self.is_linear, strict=True)
+            if not linear
+        ]
         stats_shapes = tuple(
             tuple(layer.stats_shape)
             for layer in (self.scaler, self.target)
@@ -206,6 +364,7 @@ class StepGraph:
             takes_rate=rate_variable is not None,
             samples_average=bool(variables.averages) and self.replicas == 1,
             stats_shapes=stats_shapes,
+            fresh_rows=self.experts is not None,
         )
 
     # The parts of a step
@@ -230,38 +389,62 @@ class StepGraph:
         rows: tf.Tensor,
         stats: Sequence[tf.Tensor],
         sampled: tf.Tensor | None = None,
+        fresh_w: tf.Tensor | None = None,
+        fresh: tf.Tensor | None = None,
     ) -> Forward:
         """The loss over ``rows`` samples (of which these are some), its gradients, the
         per-sample scores and the predictions; with averaging, the averaged weights' scores of
-        the rows ``sampled`` picks (scored rows and stride; None: every row)."""
+        the rows ``sampled`` picks (scored rows and stride; None: every row); with experts,
+        each one's errors on the new rows (``fresh`` of them, weighed by ``fresh_w``), which
+        the linear expert also fits."""
         model = self.model
-        scored = model(x, training=False) if self.separate_eval else None
+        experts = self.experts
+        scorer = model if experts is None else experts.view
+        scored = scorer(x, training=False) if self.separate_eval else None
+        target = y
+        if self.target is not None:  # fitted to the targets standardized as after this step
+            target_mean, target_std = stats[-2:]
+            target = (y - target_mean) / target_std
         with tf.GradientTape() as tape:
-            if self.view is not None:
+            if experts is not None:
+                *outputs, pred = experts.view(x, training=True)
+                fitted = self.per_sample(target, outputs[0])
+            elif self.view is not None:
                 standardized, pred = self.view(x, training=True)
-                target_mean, target_std = stats[-2:]  # the statistics after this step
-                fitted = self.per_sample((y - target_mean) / target_std, standardized)
+                fitted = self.per_sample(target, standardized)
             else:
                 pred = model(x, training=True)
                 fitted = self.per_sample(y, pred)
             loss = tf.reduce_sum(fitted * w) / rows
             if model.losses:
                 loss += self.layer_losses()
-        grads = tape.gradient(loss, model.trainable_variables)
-        if self.view is not None:  # reported in the user's units
+            objective = loss
+            if experts is not None:
+                assert fresh_w is not None and fresh is not None
+                objective += experts.linear_objective(
+                    x, target, fresh_w, fresh, stats, self.per_sample
+                )
+        grads = tape.gradient(objective, model.trainable_variables)
+        if self.view is not None or experts is not None:  # the served output, user's units
             losses = self.per_sample(y, pred)
             reported = tf.reduce_sum(losses * w) / rows
             if model.losses:
                 reported += self.layer_losses()
         else:
             losses, reported = fitted, loss
+        errors = None
         if scored is not None:
+            if experts is not None:
+                *outputs, scored = scored
             losses = self.per_sample(y, scored)
+        if experts is not None:
+            assert fresh_w is not None
+            errors = experts.errors(outputs, target, fresh_w, self.per_sample)
         out = scored if scored is not None else pred
         extras: tuple = ()
         if self.variables.averages:
             extras = self.sampled_average_scores(x, y, sampled, losses, out)
-        return Forward(loss, reported, losses, pred, out, grads, extras)
+        return Forward(loss, reported, losses, pred, out, grads, extras, errors)
 
     def average_scores(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """The averaged weights' per-sample losses and predictions (before the update)."""
@@ -305,32 +488,42 @@ class StepGraph:
     ) -> tf.Tensor:
         """Apply the gradients (their ``mirrored`` copies, one per device, where given) at
         learning rate ``rate`` (None: the optimizer's own) if everything is finite, then the
-        new statistics; put the other variables back where it did not apply. True when
-        applied."""
+        new statistics and the experts' mixture; put the other variables back where it did
+        not apply. True when applied."""
         # The reported loss and the predictions too: with target scaling the fitted loss can
-        # be finite while the prediction in the user's units is not.
+        # be finite while the prediction in the user's units is not. The linear expert's
+        # gradients are checked on their own (``ExpertsGraph.apply_linear``).
         finite = tf.logical_and(
             tf.math.is_finite(forward.loss), tf.math.is_finite(forward.reported)
         )
         finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(forward.pred)))
-        for grad in forward.grads:
-            finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
+        for grad, linear in zip(forward.grads, self.is_linear, strict=True):
+            if not linear:
+                finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(grad)))
         grads = forward.grads if mirrored is None else mirrored
         applied = tf.cond(finite, lambda: self.apply(grads, rate), lambda: tf.constant(False))
         if stats:  # after the forward pass: this batch used the old statistics
             tf.cond(applied, lambda: self.set_statistics(stats), lambda: tf.constant(False))
+        if self.experts is not None and forward.errors is not None:
+            experts, errors = self.experts, forward.errors
+            tf.cond(applied, lambda: experts.move_mixture(errors), lambda: tf.constant(False))
         tf.cond(applied, lambda: tf.constant(True), self.variables.restore_others)
         return applied
 
     def apply(self, grads: list, rate: tf.Tensor | None) -> tf.Tensor:
-        """Apply the update at ``rate``; if any new value is not finite, restore the state
-        before it (the previous rate included)."""
+        """Apply the update at ``rate`` (the linear expert's by plain SGD); if any new value
+        is not finite, restore the state before it (the previous rate included)."""
         self.variables.take_copies()
         if rate is not None and self.rate_variable is not None:
             self.rate_variable.assign(rate)
-        self.optimizer.apply(grads, self.model.trainable_variables)
+        trainable = self.model.trainable_variables
+        pairs = list(zip(grads, trainable, self.is_linear, strict=True))
+        self.optimizer.apply([g for g, _, linear in pairs if not linear], self.optimized)
+        if self.experts is not None:
+            linear_pairs = [(g, v) for g, v, linear in pairs if linear]
+            self.experts.apply_linear([g for g, _ in linear_pairs], [v for _, v in linear_pairs])
         ok = tf.constant(True)
-        for variable in self.model.trainable_variables:
+        for variable in trainable:
             ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(variable)))
         kept = self.average if self.variables.averages else lambda: tf.constant(True)
         return tf.cond(ok, kept, self.variables.restore_state)
@@ -357,15 +550,22 @@ class StepGraph:
             layer.std.assign(std)
         return tf.constant(True)
 
-    @staticmethod
     def packed(
-        reported: tf.Tensor, applied: tf.Tensor, losses: tf.Tensor, out: tf.Tensor, extras: tuple
+        self,
+        reported: tf.Tensor,
+        applied: tf.Tensor,
+        losses: tf.Tensor,
+        out: tf.Tensor,
+        extras: tuple,
     ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Three outputs instead of up to six (each one the trainer's thread reads back costs
-        it a tensor and a copy): the loss and whether the step applied, as a float32 pair; the
-        per-sample losses of the trained weights followed by the averaged ones' where averaging
-        (which may score fewer rows); their predictions likewise."""
+        it a tensor and a copy): the loss and whether the step applied as float32 values,
+        followed with experts by each one's share and recent error (``ExpertsGraph.report``);
+        the per-sample losses of the trained weights followed by the averaged ones' where
+        averaging (which may score fewer rows); their predictions likewise."""
         scalars = tf.stack([tf.cast(reported, tf.float32), tf.cast(applied, tf.float32)])
+        if self.experts is not None:
+            scalars = tf.concat([scalars, self.experts.report()], 0)
         if not extras:
             return scalars, losses, out
         average_losses, average_out = extras
@@ -398,45 +598,67 @@ class StepGraph:
             return tf.function(self._one_device, input_signature=signature)
         return tf.function(self._mirrored, input_signature=signature)
 
-    def _controls(self, inputs: tuple[tf.Tensor, ...]):
+    def _controls(self, inputs: tuple[tf.Tensor, ...]) -> Controls:
         if not self.layout.used:
-            return None, None, ()
+            return Controls(None, None, None, ())
         return self.layout.unpack(inputs[0])
 
+    @staticmethod
+    def _fresh_weights(w: tf.Tensor, fresh: tf.Tensor | None) -> tf.Tensor:
+        """``w`` on the batch's leading ``fresh`` rows, 0 on the others (None: every row)."""
+        if fresh is None:
+            return w
+        return w * tf.cast(tf.range(tf.shape(w)[0]) < fresh, w.dtype)
+
     def _one_device(self, x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, *inputs: tf.Tensor):
-        rate, sampled, stats = self._controls(inputs)
+        controls = self._controls(inputs)
         self.variables.save_others()
         rows = tf.cast(tf.shape(x)[0], tf.float32)
-        forward = self.forward(x, y, w, rows, stats, sampled=sampled)
-        applied = self.update(forward, stats, rate)
+        fresh = None
+        if self.experts is not None:
+            fresh = controls.fresh if controls.fresh is not None else tf.shape(x)[0]
+        forward = self.forward(
+            x, y, w, rows, controls.stats, controls.sampled,
+            self._fresh_weights(w, fresh), fresh,
+        )  # fmt: skip
+        applied = self.update(forward, controls.stats, controls.rate)
         return self.packed(forward.reported, applied, forward.losses, forward.out, forward.extras)
 
     def _mirrored(self, x: tf.Tensor, y: tf.Tensor, w: tf.Tensor, rows: tf.Tensor, *inputs):
         """The replicas' forward and backward passes, then the update once, across replicas:
-        rollback and statistics as on one device, every copy alike."""
+        rollback, statistics and the experts' mixture as on one device, every copy alike."""
         strategy = self.placement.strategy
         replicas = self.replicas
-        rate, _, stats = self._controls(inputs)
+        controls = self._controls(inputs)
+        stats = controls.stats
         self.variables.save_others()
+        experts = self.experts is not None
+        fresh = controls.fresh if controls.fresh is not None else tf.cast(rows, tf.int32)
+        fresh_w = self._fresh_weights(w, fresh) if experts else w
 
-        def on_replica(x, y, w, rows, *stats):
-            part = [replica_slice(t, replicas) for t in (x, y, w)]
-            return tuple(self.forward(*part, rows, stats))
+        def on_replica(x, y, w, fresh_w, rows, *stats):
+            part = [replica_slice(t, replicas) for t in (x, y, w, fresh_w)]
+            if not experts:  # no errors: a None is no value a replica can return
+                return tuple(self.forward(*part[:3], rows, stats))[:-1]
+            return tuple(self.forward(*part[:3], rows, stats, None, part[3], fresh))
 
         def gathered(values) -> tf.Tensor:
             return tf.concat(strategy.experimental_local_results(values), axis=0)
 
-        results = strategy.run(on_replica, args=(x, y, w, rows, *stats))
-        loss, reported, losses, pred, out, grads, extras = results
+        results = strategy.run(on_replica, args=(x, y, w, fresh_w, rows, *stats))
+        loss, reported, losses, pred, out, grads, extras = results[:7]
         loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
         reported = strategy.reduce(tf.distribute.ReduceOp.SUM, reported, axis=None)
+        errors = None
+        if experts:
+            errors = strategy.reduce(tf.distribute.ReduceOp.SUM, results[7], axis=None)
         pred = gathered(pred)[: tf.cast(rows, tf.int32)]
         pairs = [(g, v.value) for g, v in zip(grads, self.model.trainable_variables, strict=True)]
         # Summed onto each variable's devices (all-reduce), not through one device.
         summed = strategy.extended.batch_reduce_to(tf.distribute.ReduceOp.SUM, pairs)
         checked = [strategy.experimental_local_results(g)[0] for g in summed]
-        forward = Forward(loss, reported, losses, pred, out, checked, ())
-        applied = self.update(forward, stats, rate, summed)
+        forward = Forward(loss, reported, losses, pred, out, checked, (), errors)
+        applied = self.update(forward, stats, controls.rate, summed)
         averaged = tuple(gathered(e) for e in extras)
         return self.packed(reported, applied, gathered(losses), gathered(out), averaged)
 
@@ -470,6 +692,12 @@ class StepGraph:
             return tf.constant(True)
 
         return tf.function(restart_average, input_signature=[])
+
+
+def _row_mean(values: tf.Tensor) -> tf.Tensor:
+    """``values`` averaged over every axis but the first."""
+    rank = len(values.shape)
+    return values if rank == 1 else tf.reduce_mean(values, axis=list(range(1, rank)))
 
 
 def _copy(variable: tf.Variable, name: str) -> tf.Variable:

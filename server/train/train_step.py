@@ -63,9 +63,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from livefit.models.experts import linear_expert_model
+
 from ..base.flat_call import flat_caller
 from .placement import Placement, as_placement, pad_rows
-from .step_graph import StepGraph, StepVariables
+from .step_graph import ExpertsRule, StepGraph, StepVariables
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,9 @@ class StepResult:
     average_losses: np.ndarray | None = None
     average_predictions: np.ndarray | None = None
     average_rows: np.ndarray | None = None
+    # With experts: each one's share of the mixture and recent error per sample, after the step
+    expert_shares: np.ndarray | None = None
+    expert_errors: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,7 @@ class TrainStep:
         device: str | Placement,
         weight_average: float = 0.0,
         rewindable: bool = False,
+        experts: ExpertsRule | None = None,
     ) -> None:
         self.model = model
         self.weight_average = weight_average
@@ -144,12 +150,21 @@ class TrainStep:
         self._rate_input = np.array(0.0, dtype=np.float32)
         if rate_variable is not None:
             self.learning_rate = float(np.asarray(rate_variable))
-        variables = StepVariables.create(model, placement, weight_average, rewindable)
+        # With experts the model's optimizer trains the network; the linear expert learns by
+        # plain SGD in the step (``ExpertsGraph``)
+        linear = linear_expert_model(model) if experts is not None else None
+        linear_ids = set() if linear is None else {id(v) for v in linear.trainable_variables}
+        optimized = [v for v in model.trainable_variables if id(v) not in linear_ids]
+        self.optimized = optimized
+        variables = StepVariables.create(model, placement, weight_average, rewindable, optimized)
         self._variables = variables
         self._averages = variables.averages
         self._averaged = variables.averaged
         self.rewindable = rewindable
-        graph = StepGraph(model, loss_fn, variables, placement, rate_variable, weight_average)
+        graph = StepGraph(
+            model, loss_fn, variables, placement, rate_variable, weight_average, experts
+        )
+        self.experts = None if graph.experts is None else graph.experts.mixture.experts
         self._graph = graph
         # With a Standardize layer, new statistics travel into the step and are assigned in the
         # graph after the update (two eager assigns per step cost more than the step itself);
@@ -231,14 +246,19 @@ class TrainStep:
         statistics: tuple[np.ndarray, np.ndarray] | None = None,
         target_statistics: tuple[np.ndarray, np.ndarray] | None = None,
         scored_rows: int | None = None,
+        fresh_rows: int | None = None,
     ) -> StepResult:
         """One step; with a Standardize layer, ``statistics`` (mean, std) are set if it applies,
         with a target_scaling layer ``target_statistics`` likewise (default: keep the current
         ones). On several devices the batch is padded with zero-weight rows to a multiple of
         their count; the result holds the real rows only. ``scored_rows``: how many leading
         rows' scores the caller reads (default all), which is all the averaged weights score
-        (see the module's docstring)."""
-        return self.collect(self.dispatch(x, y, w, statistics, target_statistics, scored_rows))
+        (see the module's docstring). ``fresh_rows``: with experts, how many leading rows are
+        new samples, seen for the first time (default all): the linear expert learns them and
+        the mixture weighs the experts by their errors on them."""
+        return self.collect(
+            self.dispatch(x, y, w, statistics, target_statistics, scored_rows, fresh_rows)
+        )
 
     def dispatch(
         self,
@@ -248,6 +268,7 @@ class TrainStep:
         statistics: tuple[np.ndarray, np.ndarray] | None = None,
         target_statistics: tuple[np.ndarray, np.ndarray] | None = None,
         scored_rows: int | None = None,
+        fresh_rows: int | None = None,
     ) -> Dispatched:
         """Start the step (arguments as ``__call__``'s); ``collect`` its result. In a thread
         whose TensorFlow executor is asynchronous (the pipelined trainer's,
@@ -268,6 +289,9 @@ class TrainStep:
             if self._layout.samples_average:
                 scored, stride, average_rows = self._average_sample(rows, scored_rows)
                 controls.append(np.array([scored, stride], dtype=np.float32))
+            if self._layout.fresh_rows:
+                fresh = rows if fresh_rows is None else max(0, min(int(fresh_rows), rows))
+                controls.append(np.array([fresh], dtype=np.float32))
             for layer, given in ((self._scaler, statistics), (self._target, target_statistics)):
                 if layer is not None:  # default: the statistics the layer holds now
                     pair = given if given is not None else (layer.mean, layer.std)
@@ -294,8 +318,15 @@ class TrainStep:
         rows = dispatched.rows
         scalars, losses, pred = (output.numpy() for output in dispatched.outputs)
         loss, applied = float(scalars[0]), bool(scalars[1])
+        shares = errors = None
+        if self.experts is not None:  # each expert's share, then its recent error
+            count = len(self.experts)
+            shares, errors = scalars[2 : 2 + count], scalars[2 + count : 2 + 2 * count]
         if not self._averages:
-            return StepResult(loss, losses[:rows], pred[:rows], applied)
+            return StepResult(
+                loss, losses[:rows], pred[:rows], applied, expert_shares=shares,
+                expert_errors=errors,
+            )  # fmt: skip
         # the averaged weights' scores follow the trained ones' (``dispatched.scored`` rows)
         scored = dispatched.scored
         trained, trained_pred = losses[:rows], pred[:rows]
@@ -304,8 +335,9 @@ class TrainStep:
         else:
             average, average_pred = losses[scored:], pred[scored:]
         return StepResult(
-            loss, trained, trained_pred, applied, average, average_pred, dispatched.average_rows
-        )
+            loss, trained, trained_pred, applied, average, average_pred, dispatched.average_rows,
+            shares, errors,
+        )  # fmt: skip
 
     def rewind(self) -> None:
         """Undo the last step, which was applied (``StepResult.applied``): the weights, the

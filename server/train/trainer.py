@@ -50,7 +50,7 @@ from ..wire.snapshot import Snapshot, SnapshotSlot
 from .checkpoint_writer import CheckpointWriter
 from .hooks import TrainerHooks
 from .metrics import CheckpointMetrics, SelectionMetrics, TrainingMetrics, TrainingStateMetrics
-from .modeling import build_compiled, make_loss
+from .modeling import build_compiled, experts_rule, make_loss
 from .placement import Placement, as_placement
 from .prequential import PrequentialScores
 from .scaling import LevelShift
@@ -134,6 +134,7 @@ class Trainer:
             placement,
             weight_average=settings.train.weight_average,
             rewindable=self.pipelined,
+            experts=experts_rule(settings),
         )
         self.policy = UpdatePolicy(
             settings, self.step, self.hooks.drift_detected, seed=settings.seed
@@ -541,6 +542,13 @@ class Trainer:
         series["version"].set(self.version)
         series["model_samples"].set(self.samples_seen)
         series["queue_depth"].set(len(self.queue))
+        first = learned.first
+        if first.expert_shares is not None and first.expert_errors is not None:
+            for expert, share, error in zip(
+                self.step.experts or (), first.expert_shares, first.expert_errors, strict=True
+            ):
+                series[f"expert_weight {expert}"].set(share)
+                series[f"expert_error {expert}"].set(error)
 
     def _labelled_series(self) -> dict[str, Any]:
         """This model's series that ``_record`` updates every batch, looked up once
@@ -564,6 +572,9 @@ class Trainer:
             series["prequential_accuracy"] = m.prequential_accuracy.labels(model=name)
         if self.policy.replay is not None:
             series["replay_fill"] = state.replay_fill.labels(model=name)
+        for expert in self.step.experts or ():
+            series[f"expert_weight {expert}"] = m.expert_weight.labels(model=name, expert=expert)
+            series[f"expert_error {expert}"] = m.expert_error.labels(model=name, expert=expert)
         for metric in self.scores.scores:
             for window in ("sliding", "cumulative"):
                 series[f"{window} {metric}"] = m.prequential_score.labels(

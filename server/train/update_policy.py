@@ -233,9 +233,12 @@ class UpdatePolicy:
             return started
         for _ in range(self.steps_per_batch):
             x, y, w, k = self._with_replay(batch)
-            # Only the first step's scores of the batch's own samples are read (prequential)
-            scored = averaged_rows if started.first is None else 0
-            result = self.step(x, y, w, statistics, target_statistics, scored)
+            # Only the first step's scores of the batch's own samples are read (prequential);
+            # the experts learn and are weighed on those samples once
+            first = started.first is None
+            scored = averaged_rows if first else 0
+            fresh = len(batch) if first else 0
+            result = self.step(x, y, w, statistics, target_statistics, scored, fresh)
             statistics = target_statistics = None  # set by the first applied step
             if started.first is None:
                 started.first = _first_rows(result, len(batch))
@@ -433,7 +436,7 @@ class UpdatePolicy:
             "drift detected (detection %d); reaction: %s", self.drift.detections, self.reaction
         )
         if self.reaction == "reset_optimizer":
-            reset_optimizer_state(self.step.model)
+            reset_optimizer_state(self.step.model, self.step.optimized)
         elif self.reaction == "boost_lr":
             self._boost = LrBoost(self.boost_factor, self.boost_steps, decays=False)
             self._set_lr(self._base_lr * self._boost.factor())
@@ -520,9 +523,10 @@ class UpdatePolicy:
         self.step.serve_average = self._average_did_better()
 
 
-def reset_optimizer_state(model: Any) -> None:
+def reset_optimizer_state(model: Any, variables: list | None = None) -> None:
     """Put ``model``'s optimizer state back to a fresh optimizer's (step count 0, moments 0,
-    Nadam's momentum product 1), keeping its learning rate.
+    Nadam's momentum product 1), keeping its learning rate. ``variables``: those the optimizer
+    trains (default: every trainable variable; with experts, the network's).
 
     The values come from a new optimizer of the same configuration built on the same
     variables: zeroing every optimizer variable would also zero the learning rate (a Keras 3
@@ -530,7 +534,7 @@ def reset_optimizer_state(model: Any) -> None:
     """
     optimizer = model.optimizer
     fresh = type(optimizer).from_config(optimizer.get_config())
-    fresh.build(model.trainable_variables)
+    fresh.build(model.trainable_variables if variables is None else variables)
     rate = optimizer.learning_rate
     for live, new in zip(optimizer.variables, fresh.variables, strict=True):
         if live is rate or live.path.endswith("/learning_rate"):
@@ -580,7 +584,11 @@ def _first_rows(result: StepResult, n: int) -> StepResult:
             average_losses, average_predictions = average_losses[:n], average_predictions[:n]
     elif len(rows) == n:  # indices below n: exactly 0..n-1
         rows = None
-    return StepResult(
-        result.loss, result.prequential_losses[:n], result.predictions[:n], result.applied,
-        average_losses, average_predictions, rows,
-    )  # fmt: skip
+    return replace(
+        result,
+        prequential_losses=result.prequential_losses[:n],
+        predictions=result.predictions[:n],
+        average_losses=average_losses,
+        average_predictions=average_predictions,
+        average_rows=rows,
+    )

@@ -132,18 +132,22 @@ def test_build_model_refuses_what_the_config_refuses() -> None:
         build_model("mlp", [3], [1], {"output_activation": "linear"}, loss="binary_crossentropy")
 
 
-def test_saturated_wrong_sigmoid_keeps_its_gradient() -> None:
+@pytest.mark.parametrize("experts", [False, True])
+def test_saturated_wrong_sigmoid_keeps_its_gradient(experts: bool) -> None:
     """Keras computes the cross-entropy of a sigmoid output from its logits: a confident wrong
     prediction gets the loss of its logit (not -log(1e-7) = 16.1 from clipping) and a step
-    that moves it. A linear output under the same loss would be clipped and not move."""
-    t = trainer(loss="binary_crossentropy")
+    that moves it. A linear output under the same loss would be clipped and not move. With
+    experts the network fits its own output, so its step moves it the same way (the served
+    mixture of probabilities has no logits: its score is that of the mixture)."""
+    t = trainer(loss="binary_crossentropy", experts={"enabled": experts})
     output = t.model.get_layer("mlp").get_layer("output")
     output.bias.assign(np.full((1,), 40.0, np.float32))  # p(1) = 1 - 4e-18 for every input
     x = np.random.default_rng(0).normal(size=(25, 3))
     before = output.bias.numpy()
     result = t.step(x.astype(np.float32), np.zeros((25, 1), np.float32), np.ones(25, np.float32))
     assert result.applied
-    assert result.prequential_losses.min() > 30  # the logit's loss, not clipped at 16.1
+    if not experts:
+        assert result.prequential_losses.min() > 30  # the logit's loss, not clipped at 16.1
     assert output.bias.numpy()[0] < before[0] - 1e-3  # the step moved it
 
 

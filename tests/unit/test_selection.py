@@ -22,10 +22,12 @@ NAN = math.nan
 
 def linear_settings(**selection) -> ModelSettings:
     """A linear regression whose configured learning rate barely moves it and a candidate
-    ``fast`` that learns: on a linear stream ``fast`` must win."""
+    ``fast`` that learns: on a linear stream ``fast`` must win (no experts: the linear expert
+    would learn the stream for both)."""
     return ModelSettings.model_validate({
         "builder": "linear", "input_shape": [3], "output_shape": [1], "seed": 1,
         "optimizer": "sgd", "learning_rate": 1e-6, "target_scaling": "none",
+        "experts": {"enabled": False},
         "train": {"replay_capacity": 0, "steps_per_batch": 1, "start_lr_factor": 1},
         "drift": {"enabled": False},
         "selection": {"enabled": True, "window": 64, "margin": 0.1,

@@ -73,7 +73,7 @@ def test_far_from_zero_targets_are_learnt_at_the_users_configuration() -> None:
     network's output has to travel to 5000 first, and the error stays in the thousands."""
     results = {}
     for scaling in ("standardize", "none"):
-        t = trainer(target_scaling=scaling)
+        t = trainer(target_scaling=scaling, experts={"enabled": False})  # the network alone
         rng = np.random.default_rng(0)
         for _ in range(120):
             t.train_batch(batch(*stream(rng, 25)))
@@ -125,7 +125,9 @@ def test_serving_copies_predict_in_the_users_units() -> None:
     np.testing.assert_allclose(served, np.asarray(t.model(x.astype(np.float32))), rtol=1e-6)
     assert np.abs(served - y).mean() < 60  # in the targets' units, around 5000
     # A WeightSubscriber's model: build_model with the learner's settings takes the weights.
-    replica = build_model("mlp", [3], [1], seed=5, scaling="standardize", loss="mse")
+    replica = build_model(
+        "mlp", [3], [1], seed=5, scaling="standardize", loss="mse", experts=True
+    )
     assert weight_names(replica) == weight_names(t.model)
     replica.set_weights(list(snapshot.weights))
     np.testing.assert_allclose(np.asarray(replica(x.astype(np.float32))), served, rtol=1e-6)

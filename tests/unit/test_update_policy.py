@@ -252,7 +252,7 @@ def test_drift_reactions(reaction: str) -> None:
     optimizer = t.model.optimizer
     if reaction == "reset_optimizer":
         fresh = type(optimizer).from_config(optimizer.get_config())
-        fresh.build(t.model.trainable_variables)
+        fresh.build(t.step.optimized)
         for live, new in zip(optimizer.variables, fresh.variables, strict=True):
             np.testing.assert_array_equal(np.asarray(live), np.asarray(new), err_msg=live.path)
         assert t.policy.learning_rate == pytest.approx(0.01)
@@ -314,7 +314,8 @@ def test_a_fresh_model_starts_with_a_decaying_learning_rate_boost() -> None:
 def test_each_step_runs_at_the_rate_the_policy_set_for_it() -> None:
     """The rate is an input of the compiled step: the optimizer's variable holds the rate of
     the step just run, and the update is made with it (plain SGD: a 4x rate moves the weights
-    4x as far on the same first batch, and the decayed rate of the next steps likewise)."""
+    4x as far on the same first batch, and the decayed rate of the next steps likewise). The
+    network's weights: the linear expert learns at its own rate (``experts``)."""
     x = np.random.default_rng(1).normal(size=(8, 3))
     moves = {}
     for factor in (1.0, 4.0):
@@ -322,12 +323,13 @@ def test_each_step_runs_at_the_rate_the_policy_set_for_it() -> None:
             optimizer="sgd", learning_rate=0.01, target_scaling="none", scaling="none",
             train={"start_lr_factor": factor, "start_steps": 2, "weight_average": 0},
         )  # fmt: skip
-        before = t.model.get_weights()
+        network = t.step.optimized
+        before = [np.array(v.numpy()) for v in network]
         expected = t.policy.learning_rate
         t.train_batch(batch(x, backlog=1))
         assert float(np.asarray(t.model.optimizer.learning_rate)) == pytest.approx(expected)
         moves[factor] = float(
-            sum(np.abs(a - b).sum() for a, b in zip(t.model.get_weights(), before, strict=True))
+            sum(np.abs(v.numpy() - b).sum() for v, b in zip(network, before, strict=True))
         )
         assert t.policy.learning_rate == pytest.approx(0.01 * (1 + (factor - 1) / 2))
         t.train_batch(batch(x, backlog=1))
