@@ -125,9 +125,7 @@ def test_serving_copies_predict_in_the_users_units() -> None:
     np.testing.assert_allclose(served, np.asarray(t.model(x.astype(np.float32))), rtol=1e-6)
     assert np.abs(served - y).mean() < 60  # in the targets' units, around 5000
     # A WeightSubscriber's model: build_model with the learner's settings takes the weights.
-    replica = build_model(
-        "mlp", [3], [1], seed=5, scaling="standardize", loss="mse", experts=True
-    )
+    replica = build_model("mlp", [3], [1], seed=5, scaling="standardize", loss="mse", experts=True)
     assert weight_names(replica) == weight_names(t.model)
     replica.set_weights(list(snapshot.weights))
     np.testing.assert_allclose(np.asarray(replica(x.astype(np.float32))), served, rtol=1e-6)
