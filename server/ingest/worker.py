@@ -111,7 +111,7 @@ class IngestWorker:
         oldest = self._oldest_waiting()
         if oldest is None:
             return False
-        now = time.time()
+        now = time.monotonic()
         limit = self.stall_after_s
         return now - oldest > limit and now - self.commit.last_acked_at > limit
 
@@ -147,11 +147,11 @@ class IngestWorker:
         held, in_hand = self.commit.held, self._in_hand
         first = next((item.message for item in held if item.message is not None), None)
         if first is not None:
-            return first.received_at
+            return first.arrived
         if in_hand is not None:
-            return in_hand.received_at
+            return in_hand.arrived
         try:
-            return self.connection.inbox.queue[0].received_at  # peek; racy reads are fine
+            return self.connection.inbox.queue[0].arrived  # peek; racy reads are fine
         except IndexError:
             return None
 
