@@ -153,12 +153,10 @@ class LabelJoiner:
     def _decode(self, message: RawMessage, at: float) -> LabelEvent:
         payload, content_type = message.payload, message.content_type
         if message.topic == self.predictions_topic:
-            decoded: LabelBatch | PredictionBatch = decode_predictions(
-                payload, self.spec, self.output_shape, content_type
-            )
-            if decoded.non_finite:
-                self._non_finite_rows(decoded.non_finite, len(decoded.ids))
-            return LabelEvent("predictions", at, decoded, payload, content_type)
+            records = decode_predictions(payload, self.spec, self.output_shape, content_type)
+            if records.non_finite:
+                self._non_finite_rows(records.non_finite, len(records.ids))
+            return LabelEvent("predictions", at, records, payload, content_type)
         try:
             decoded = decode_labels(payload, self.spec, content_type)
         except Rejection:

@@ -290,7 +290,7 @@ class PredictionRecorder:
 
 def _finite_rows(array: np.ndarray, n: int) -> np.ndarray:
     """Per row of ``array`` (n rows), whether every value in it is finite."""
-    return np.isfinite(np.asarray(array, np.float32).reshape(n, -1)).all(axis=1)
+    return np.asarray(np.isfinite(np.asarray(array, np.float32).reshape(n, -1)).all(axis=1))
 
 
 def recorder_for(
