@@ -1,9 +1,9 @@
 """Encode samples into the MQTT payload the server decodes (server/wire/codec.py).
 
 The contract: a JSON or msgpack map with ``x`` and ``y`` and optional ``w``, ``id``, ``ts``,
-``source``, ``seq``. A single sample's ``x`` has the model's input shape; a batch adds a leading
-dimension of N, with ``y`` N targets and ``w`` N weights. With msgpack and ``raw=True`` each of
-``x``, ``y`` and a batch's ``w`` is a little-endian buffer
+``source``, ``seq``, ``epoch``. A single sample's ``x`` has the model's input shape; a batch
+adds a leading dimension of N, with ``y`` N targets and ``w`` N weights. With msgpack and
+``raw=True`` each of ``x``, ``y`` and a batch's ``w`` is a little-endian buffer
 ``{"dtype": "<f4", "shape": [...], "data": <bytes>}`` instead of nested lists.
 """
 
@@ -30,6 +30,7 @@ def encode_samples(
     source: str | None = None,
     seq: int | None = None,
     id: str | None = None,
+    epoch: int | None = None,
 ) -> bytes:
     """One message holding one sample (``batched=False``) or ``len(x)`` samples.
 
@@ -47,7 +48,7 @@ def encode_samples(
     document: dict[str, Any] = {"x": encode(x_array), "y": encode(y_array)}
     if weights is not None:
         document["w"] = encode(weights) if batched else float(weights)
-    optional = {"id": id, "ts": ts, "source": source, "seq": seq}
+    optional = {"id": id, "ts": ts, "source": source, "seq": seq, "epoch": epoch}
     document.update({key: value for key, value in optional.items() if value is not None})
     if fmt == "json":
         return json.dumps(document, allow_nan=False, separators=(",", ":")).encode()

@@ -2,7 +2,9 @@
 
 It keeps at most ``window`` messages unacknowledged (paho has 65,535 message ids and no flow
 control of its own), paces to a rate in samples per second (``pacing.RatePacer``), stamps every
-message with ``ts``, ``source`` and an increasing ``seq``, and sets the MQTT 5 ContentType. It
+message with ``ts``, ``source``, an increasing ``seq`` and the run's ``epoch`` (a random number
+per publisher, so that a learner with ``dedup`` tells a new run numbering from 0 again from a
+redelivery of the last one), and sets the MQTT 5 ContentType. It
 owns its window (a ``publish_window.PublishWindow``, which its paho callbacks feed) and the paho
 client; the CLI (``publish``) and the rejection watcher (``rejections``) only borrow it. The
 errors it raises and the ``PublishStats`` of a stream are ``publish_results``'.
@@ -14,6 +16,7 @@ paho resends what was in flight there, so every message is acknowledged by some 
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -68,9 +71,11 @@ class SamplePublisher:
         ack_timeout_s: float = 60.0,
         ca_certs: str | None = None,
         fall_back_to_311: bool = False,
+        epoch: int | None = None,
     ) -> None:
         """``fall_back_to_311``: with ``protocol`` 5, speak MQTT 3.1.1 to a broker that refuses
-        5 as unsupported (``protocol`` then says which was used)."""
+        5 as unsupported (``protocol`` then says which was used). ``epoch``: this run's number
+        (default: a random one); give the same one only to continue a run's ``seq``."""
         if fmt not in CONTENT_TYPES:
             raise ValueError(f"format must be one of {sorted(CONTENT_TYPES)}, got {fmt!r}")
         if raw and fmt != "msgpack":
@@ -92,6 +97,7 @@ class SamplePublisher:
         self.ca_certs = ca_certs
         self._client: mqtt.Client | None = None
         self._seq = 0
+        self.epoch = secrets.randbits(63) if epoch is None else epoch
         self._connected = threading.Event()
         self._connack: ReasonCode | None = None
         self._properties = self._publish_properties()
@@ -166,6 +172,7 @@ class SamplePublisher:
                 source=self.source,
                 seq=seq,
                 id=id,
+                epoch=self.epoch,
             )
             self._seq += 1
             info = client.publish(self.topic, payload, qos=self.qos, properties=self._properties)

@@ -105,7 +105,8 @@ MEANINGS: dict[str, str] = {
     ),
     "http.token": (
         "bearer token: required on `GET /v1/models/<name>/weights` (replicas send it when "
-        "pulling); prefer `LIVEFIT_HTTP__TOKEN`; never logged"
+        "pulling) and on `POST /v1/models/<name>/labels` (a label trains the model); prefer "
+        "`LIVEFIT_HTTP__TOKEN`; never logged"
     ),
     "http.protect_predictions": (
         "require the token on prediction and model endpoints too (health and `/metrics` stay "

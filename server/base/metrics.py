@@ -31,6 +31,8 @@ from prometheus_client import (
 
 from livefit import __version__
 
+from .clocks import AHEAD_TOLERANCE_S
+
 SIZE_BUCKETS = tuple(float(2**i) for i in range(14))  # 1 .. 8192 rows
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 LATENCY_BUCKETS = (
@@ -144,3 +146,18 @@ class GpuMetrics(MetricGroup):
             ["device", "kind"],
             registry=registry,
         )
+
+
+class ClockMetrics(MetricGroup):
+    """Times from other processes that were ahead of this process's clock."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.clock_ahead = Counter(
+            "livefit_clock_ahead_total",
+            f"Times another process stamped more than {AHEAD_TOLERANCE_S:g} s ahead of this "
+            "process's clock (its clock is ahead, or was stepped), taken as this process's "
+            "time instead: source prediction_record (at the learner, per row) or snapshot "
+            "(at a replica)",
+            ["model", "source"], registry=registry,
+        )  # fmt: skip

@@ -95,7 +95,7 @@ class HttpSettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     public_url: str | None = None  # default http://<host>:<port>; replicas sharing it pull here
-    token: SecretStr | None = None  # bearer token for the weight download (and predictions)
+    token: SecretStr | None = None  # bearer token: HTTP labels, weight downloads (and predictions)
     protect_predictions: bool = False  # require the token on prediction and model endpoints
     body_timeout_s: float = Field(10.0, gt=0)  # a request body must arrive within this
     # Connection limits (server/http/connections.py): a request head must arrive within

@@ -90,7 +90,8 @@ def create_app(
     app.include_router(
         build_predict_router(runtime.served, runtime.metrics, predict_guard, http.body_timeout_s)
     )
-    app.include_router(build_labels_router(runtime.served, predict_guard, http.body_timeout_s))
+    # a label trains the model: it needs the token whenever one is set, like the weights
+    app.include_router(build_labels_router(runtime.served, guard.check, http.body_timeout_s))
     wait_newer = getattr(runtime, "wait_newer_weights_s", 0.0)  # a split learner's serving
     app.include_router(
         build_weights_router(

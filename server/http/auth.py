@@ -1,6 +1,6 @@
-"""Bearer-token checks for the HTTP API: the token guards weight downloads, and predictions
-too when ``http.protect_predictions`` is set. The token is compared in constant time and
-never logged or echoed."""
+"""Bearer-token checks for the HTTP API: the token guards what writes into training (labels)
+and weight downloads, and predictions too when ``http.protect_predictions`` is set. The token
+is compared in constant time and never logged or echoed."""
 
 from __future__ import annotations
 

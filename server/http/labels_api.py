@@ -7,7 +7,9 @@ published to the labels topic at QoS 1, and the answer, 202 ``{"accepted": <labe
 once the broker holds it; the learner then joins it like any label (it may still end as
 ``unknown_id`` or ``duplicate``: joining happens at the learner, later). Any serving process
 takes labels, replicas included. 503 (``Retry-After: 1``) when the broker does not take it in
-time; 413 over ``max_message_bytes``; the prediction endpoints' token guard applies.
+time; 413 over ``max_message_bytes``. A label trains the model, so with ``http.token`` set it
+needs the token (401 otherwise), whether or not ``http.protect_predictions`` guards the
+predictions.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 Every error is JSON ``{"error": "..."}`` telling the user what to fix: 400 bad input, 404
 unknown model, 405 a method other than POST, 408 a body too slow, 413 too many rows or bytes,
-429 (with Retry-After) when the model's queue is full, 503 before the model has weights, 504
-when the request's deadline passed first. Every answer carries the version of the weights that
+422 when the model's output for the request is not finite (inputs beyond what it computes in
+float32; the request alone fails and nothing is recorded for it), 429 (with Retry-After) when
+the model's queue is full, 503 before the model has weights, 504 when the request's deadline
+passed first. Every answer carries the version of the weights that
 computed it (``model_version`` and the ``X-Model-Version`` header).
 
 Numbers from headers and parameters are read by ASCII rules and range-checked (Python's

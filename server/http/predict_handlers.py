@@ -38,7 +38,7 @@ from .predict_request import (
     positive_decimal,
     read_body,
 )
-from .protocol_common import ParsedRequest, RequestError
+from .protocol_common import ParsedRequest, RequestError, checked_outputs
 
 log = logging.getLogger(__name__)
 UNKNOWN_MODEL = "unknown"  # the model label of requests naming no model this server has
@@ -126,6 +126,7 @@ class PredictHandlers:
             parsed = parse(body, model, request)
             timeout_s = deadline_s(request, parsed, model)
             outputs, version = await _run(model, parsed, timeout_s, reservation)
+            outputs = checked_outputs(parsed, outputs)  # a non-finite one: 422, never recorded
             if parsed.ids is not None and model.recorder is not None:
                 model.recorder.record(parsed.ids, parsed.rows, outputs, version)
             response = JSONResponse(fmt(parsed, model, outputs, version))

@@ -1,8 +1,8 @@
 """What both prediction protocols share: the parsed request (``ParsedRequest``), the error a
-client gets (``RequestError``, 400 or 413: ``bad_request``, ``check_rows``), and the pure
-helpers that read a JSON body into finite float32 rows (``load_object``, ``json_array``,
-``to_float32``, ``batch_size``, ``row_ids``) and turn outputs back into JSON
-(``checked_outputs``, ``json_values``: ``null`` for non-finite values).
+client gets (``RequestError``, 400 or 413: ``bad_request``, ``check_rows``; 422 for an output
+that is not finite), and the pure helpers that read a JSON body into finite float32 rows
+(``load_object``, ``json_array``, ``to_float32``, ``batch_size``, ``row_ids``) and turn
+outputs back into JSON (``checked_outputs``, ``json_values``).
 
 Pure functions, no I/O. ``tfserving``, ``oip`` and ``oip_tensors`` build on it.
 """
@@ -24,7 +24,8 @@ MAX_RANK = 32  # dimensions of a request's array at most (numpy's own limit is 6
 
 
 class RequestError(Exception):
-    """A request the server will not run: ``status`` is 400 or 413, ``message`` says what to fix."""
+    """A request the server will not run or answer: ``status`` is 400 or 413 (or 422: the
+    model's output for it is not finite), ``message`` says what to fix."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -153,23 +154,36 @@ def expected_shape(input_shape: tuple[int, ...]) -> str:
 
 
 def checked_outputs(parsed: ParsedRequest, outputs: np.ndarray) -> np.ndarray:
-    """Outputs as float32 with one row per request row; a mismatch is a server bug, not a 400."""
-    with np.errstate(over="ignore"):  # overflow gives infinity, which json_values nulls
+    """Outputs as float32 with one row per request row; a mismatch is a server bug, not a 400.
+
+    An output that is not finite (NaN or infinity: inputs this model cannot compute in float32,
+    such as values near 3.4e38) is a 422 for this request alone: its client learns why instead
+    of reading ``null``, and it is never recorded for delayed labels."""
+    with np.errstate(over="ignore"):  # a float64 output beyond float32 becomes infinity: a 422
         data = np.asarray(outputs, dtype=np.float32)
     n = len(parsed.rows)
     if data.ndim == 0 or data.shape[0] != n:
         got = "a scalar" if data.ndim == 0 else f"{data.shape[0]} rows"
         raise ValueError(f"the model returned {got} of outputs for {n} input rows")
+    finite = np.isfinite(data.reshape(n, -1)).all(axis=1)
+    if not finite.all():
+        raise RequestError(422, _not_finite(np.flatnonzero(~finite).tolist(), n))
     return data
 
 
 def json_values(data: np.ndarray) -> list[Any]:
-    """Nested lists of floats, with null for NaN and infinity (JSON has neither)."""
-    if np.isfinite(data).all():
-        return data.tolist()
-    values = data.astype(object)
-    values[~np.isfinite(data)] = None
-    return values.tolist()
+    """Nested lists of floats (``checked_outputs`` let only finite ones through)."""
+    return data.tolist()
+
+
+def _not_finite(rows: list[int], n: int) -> str:
+    shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+    which = f"row {shown}" if len(rows) == 1 else f"rows {shown}"
+    return (
+        f"the model's output for {which} of {n} is not finite (NaN or infinity): the inputs "
+        "are beyond what this model computes in float32 (values near 3.4e+38 overflow); "
+        "no prediction was answered or recorded for this request"
+    )
 
 
 def _json_type(value: Any) -> str:

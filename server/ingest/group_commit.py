@@ -75,7 +75,7 @@ class GroupCommit:
         self.wal = wal
         self.storage = storage
         self.held: list[Held] = []
-        self.last_acked_at = time.time()  # when a message was last acknowledged
+        self.last_acked_at = time.monotonic()  # when a message was last acknowledged
         self._stopping = stopping
         self._delivery_deadline: float | None = None  # set once stopping: see STOP_DELIVERY_S
 
@@ -170,7 +170,7 @@ class GroupCommit:
         if message is None:
             return
         self.connection.ack(message)
-        self.last_acked_at = time.time()
+        self.last_acked_at = time.monotonic()
 
     def _commit_sequences(self) -> None:
         tracker = self.route.sequences

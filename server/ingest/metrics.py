@@ -47,6 +47,15 @@ class IngestSequenceMetrics(MetricGroup):
             ["model"],
             registry=registry,
         )
+        self.ingest_sequence_restarts = Counter(
+            "livefit_ingest_sequence_restarts_total",
+            "Publishers seen numbering from the start again under one source: evidence epoch "
+            "(a new run's epoch: its messages count anew) or seq (no epoch: a seq back at the "
+            "source's first or far below its newest; with dedup its messages are dropped as "
+            "duplicates)",
+            ["model", "evidence"],
+            registry=registry,
+        )
         self.ingest_seq_gaps = Counter(
             "livefit_ingest_seq_gaps_total",
             "Numbered messages given up on as never received (a gap older than the out-of-order "

@@ -41,6 +41,7 @@ from ..storage.metrics import StorageMetrics, WalMetrics
 from ..storage.wal import WriteAheadLog
 from ..wire.codec import DecodedMessage, decode_message
 from ..wire.rejection import Rejection
+from .dedup import Restart
 from .group_commit import POLL_S, GroupCommit, Held
 from .metrics import IngestMetrics, IngestSequenceMetrics, SampleQueueMetrics
 from .route import Route
@@ -110,7 +111,7 @@ class IngestWorker:
         oldest = self._oldest_waiting()
         if oldest is None:
             return False
-        now = time.time()
+        now = time.monotonic()
         limit = self.stall_after_s
         return now - oldest > limit and now - self.commit.last_acked_at > limit
 
@@ -146,11 +147,11 @@ class IngestWorker:
         held, in_hand = self.commit.held, self._in_hand
         first = next((item.message for item in held if item.message is not None), None)
         if first is not None:
-            return first.received_at
+            return first.arrived
         if in_hand is not None:
-            return in_hand.received_at
+            return in_hand.arrived
         try:
-            return self.connection.inbox.queue[0].received_at  # peek; racy reads are fine
+            return self.connection.inbox.queue[0].arrived  # peek; racy reads are fine
         except IndexError:
             return None
 
@@ -256,13 +257,38 @@ class IngestWorker:
         route = self.route
         if route.sequences is None or decoded.source is None or decoded.seq is None:
             return False
-        duplicate = route.sequences.check(decoded.source, decoded.seq)
-        if duplicate and route.drop_duplicates:
+        verdict = route.sequences.judge(decoded.source, decoded.seq, decoded.epoch)
+        if verdict.restart is not None:
+            self._restarted(verdict.restart)
+        if verdict.duplicate and route.drop_duplicates:
             self.metrics.group(IngestSequenceMetrics).ingest_duplicates.labels(
                 model=route.model
             ).inc()
             return True
         return False
+
+    def _restarted(self, restart: Restart) -> None:
+        """Count a publisher's new numbering, and say it (once per 10 s per kind)."""
+        route = self.route
+        self.metrics.group(IngestSequenceMetrics).ingest_sequence_restarts.labels(
+            model=route.model, evidence=restart.evidence
+        ).inc()
+        held_back = self._log_limiter.allow(("restart", restart.evidence))
+        if held_back is None:
+            return
+        more = f" ({held_back} more like it not logged)" if held_back else ""
+        source = repr(restart.source[:100])
+        if restart.evidence == "epoch":
+            log.info("%s: source %s started a new run (epoch %d); its seq numbers count anew%s",
+                     route.model, source, restart.epoch, more)  # fmt: skip
+            return
+        dropped = "dropped as duplicates" if route.drop_duplicates else "counted as duplicates"
+        log.warning(
+            "%s: source %s sent seq %d again, its highest held being %d: its publisher "
+            "restarted its numbering? Its messages up to seq %d are %s. Give each run an "
+            "epoch (livefit publish does) or a source of its own (docs/mqtt.md)%s",
+            route.model, source, restart.seq, restart.newest, restart.newest, dropped, more,
+        )  # fmt: skip
 
     # rejecting ---------------------------------------------------------------------------------
     def _reject(self, message: RawMessage, rejection: Rejection) -> None:

@@ -18,6 +18,13 @@ joined at most once (the store remembers joined ids), so a replayed join never t
 Without a write-ahead log (``storage.wal = false``) events are applied as they come and a crash
 loses the pending state.
 
+Time: every event carries the learner's own time, from a ``SteadyClock`` (the wall clock read
+once, then advanced by the monotonic clock, never behind the newest time in the store): a
+message's time is when the ingest worker took it, a tick's the time it expires up to. A
+wall-clock step changes neither TTLs nor their order, and no process's clock but the learner's
+decides an expiry. A prediction record's serving time more than a few seconds ahead of its
+arrival is counted (``livefit_clock_ahead_total``), logged (once a minute) and clamped.
+
 Thread safety: ``apply`` and ``tick_due`` run on the ingest thread, ``notes`` on the trainer's,
 ``replay`` at start; one lock keeps the store consistent between them.
 """
@@ -35,9 +42,11 @@ from typing import Literal
 import msgpack
 import numpy as np
 
-from ..base.metrics import Metrics
+from ..base.clocks import SteadyClock
+from ..base.metrics import ClockMetrics, Metrics
 from ..config.model import ModelSettings
 from ..mqtt.connection import RawMessage
+from ..storage.health import LogLimiter
 from ..storage.wal import WalRecord
 from ..wire.codec import SampleSpec
 from ..wire.labels import LabelBatch, PredictionBatch, decode_labels, decode_predictions
@@ -58,7 +67,7 @@ class LabelEvent:
     """One event for the store: a label or prediction message (decoded), or an expiry tick."""
 
     kind: Literal["labels", "predictions", "tick"]
-    received_at: float  # for a tick: the time it expires up to
+    received_at: float  # the learner's time (``SteadyClock``); for a tick: it expires up to
     decoded: LabelBatch | PredictionBatch | None = None
     payload: bytes = b""
     content_type: str | None = None
@@ -100,6 +109,8 @@ class LabelJoiner:
             window=settings.prequential_window,
         )
         self._lock = threading.Lock()
+        self._clock = SteadyClock()
+        self._log_limiter = LogLimiter(60.0)
         self._next_tick = 0.0
         self._saved: dict[int, SampleChunk] = {}  # restored samples, by position, for replay
         for outcome in OUTCOMES:
@@ -110,19 +121,42 @@ class LabelJoiner:
         metrics.group(LabelMetrics).pending_labels.labels(model=model).set_function(
             lambda: len(self.store.early)
         )
+        metrics.group(LabelMetrics).prediction_rows_rejected.labels(
+            model=model, reason="non_finite"
+        )
+        metrics.group(ClockMetrics).clock_ahead.labels(model=model, source="prediction_record")
 
     # ingest side -------------------------------------------------------------------------------
     def owns(self, topic: str) -> bool:
         return topic in (self.labels_topic, self.predictions_topic)
 
     def decode(self, message: RawMessage) -> LabelEvent:
-        """The event a message on one of our topics holds; ``Rejection`` if it is invalid."""
+        """The event a message on one of our topics holds, at the learner's time now;
+        ``Rejection`` if it is invalid."""
+        return self._decode(message, self._now())
+
+    def tick_due(self) -> LabelEvent | None:
+        """An expiry tick when something has expired (checked every ``tick_s`` at most)."""
+        mono = time.monotonic()
+        if mono < self._next_tick:
+            return None
+        self._next_tick = mono + self.tick_s
+        with self._lock:
+            now = self._clock.now(self.store.now)
+            due = self.store.due(now)
+        return LabelEvent("tick", now) if due else None
+
+    def _now(self) -> float:
+        with self._lock:
+            return self._clock.now(self.store.now)
+
+    def _decode(self, message: RawMessage, at: float) -> LabelEvent:
         payload, content_type = message.payload, message.content_type
         if message.topic == self.predictions_topic:
-            decoded: LabelBatch | PredictionBatch = decode_predictions(
-                payload, self.spec, self.output_shape, content_type
-            )
-            return LabelEvent("predictions", message.received_at, decoded, payload, content_type)
+            records = decode_predictions(payload, self.spec, self.output_shape, content_type)
+            if records.non_finite:
+                self._non_finite_rows(records.non_finite, len(records.ids))
+            return LabelEvent("predictions", at, records, payload, content_type)
         try:
             decoded = decode_labels(payload, self.spec, content_type)
         except Rejection:
@@ -130,18 +164,19 @@ class LabelJoiner:
                 model=self.model, outcome="rejected"
             ).inc()
             raise
-        return LabelEvent("labels", message.received_at, decoded, payload, content_type)
+        return LabelEvent("labels", at, decoded, payload, content_type)
 
-    def tick_due(self) -> LabelEvent | None:
-        """An expiry tick when something has expired (checked every ``tick_s`` at most)."""
-        now = time.monotonic()
-        if now < self._next_tick:
-            return None
-        self._next_tick = now + self.tick_s
-        wall = time.time()
-        with self._lock:
-            due = self.store.due(wall)
-        return LabelEvent("tick", wall) if due else None
+    def _non_finite_rows(self, dropped: int, kept: int) -> None:
+        self.metrics.group(LabelMetrics).prediction_rows_rejected.labels(
+            model=self.model, reason="non_finite"
+        ).inc(dropped)
+        held_back = self._log_limiter.allow("non_finite")
+        if held_back is not None:
+            log.warning(
+                "%s: left out %d prediction-record rows with NaN or infinity, kept the "
+                "message's other %d%s", self.model, dropped, kept,
+                f" ({held_back} more messages like it not logged)" if held_back else "",
+            )  # fmt: skip
 
     @staticmethod
     def wal_record(event: LabelEvent) -> tuple[bytes, str]:
@@ -162,7 +197,9 @@ class LabelJoiner:
             if event.kind == "tick":
                 applied = self.store.tick(event.received_at, position or 0)
             elif isinstance(event.decoded, PredictionBatch):
-                applied = self.store.add_predictions(event.decoded, position or 0)
+                applied = self.store.add_predictions(
+                    event.decoded, event.received_at, position or 0
+                )
             else:
                 assert isinstance(event.decoded, LabelBatch)
                 applied = self.store.add_labels(event.decoded, event.received_at, position or 0)
@@ -173,6 +210,8 @@ class LabelJoiner:
         m, model = self.metrics.group(LabelMetrics), self.model
         for outcome, count in applied.outcomes.items():
             m.labels.labels(model=model, outcome=outcome).inc(count)
+        if applied.ahead:
+            self._clock_ahead(applied.ahead)
         delay = m.label_delay.labels(model=model)
         for seconds in applied.delays:
             delay.observe(seconds)
@@ -181,6 +220,19 @@ class LabelJoiner:
                 self.score.add(served, label)
             for (metric, window), value in self.score.values().items():
                 m.served_score.labels(model=model, metric=metric, window=window).set(value)
+
+    def _clock_ahead(self, ahead: list[float]) -> None:
+        self.metrics.group(ClockMetrics).clock_ahead.labels(
+            model=self.model, source="prediction_record"
+        ).inc(len(ahead))
+        held_back = self._log_limiter.allow("clock_ahead")
+        if held_back is not None:
+            log.warning(
+                "%s: %d prediction records dated up to %.0f s after they reached the learner "
+                "(a serving process's clock is ahead, or the record lies); their TTL counts "
+                "from their arrival%s", self.model, len(ahead), max(ahead),
+                f" ({held_back} more like it not logged)" if held_back else "",
+            )  # fmt: skip
 
     # restart side ------------------------------------------------------------------------------
     @staticmethod
@@ -219,7 +271,7 @@ class LabelJoiner:
             0, 0, self.labels_topic if kind == "labels" else self.predictions_topic,
             body["b"], body["c"], received_at,
         )  # fmt: skip
-        return self.decode(message)
+        return self._decode(message, received_at)
 
     def notes(self) -> dict[str, bytes]:
         """The store's state for a checkpoint (samples at or before ``trained()`` dropped)."""

@@ -31,6 +31,12 @@ class LabelMetrics(MetricGroup):
             "livefit_pending_labels", "Labels waiting for their prediction record", ["model"],
             registry=registry,
         )  # fmt: skip
+        self.prediction_rows_rejected = Counter(
+            "livefit_prediction_rows_rejected_total",
+            "Rows of prediction-record messages the learner left out while taking the rest of "
+            "their message: non_finite (NaN or infinity in the row's inputs or outputs)",
+            ["model", "reason"], registry=registry,
+        )  # fmt: skip
         self.served_score = Gauge(
             "livefit_served_score",
             "Score of the predictions served, against their labels: accuracy (classifiers) or "
@@ -47,6 +53,7 @@ class PredictionRecordMetrics(MetricGroup):
         self.prediction_records = Counter(
             "livefit_prediction_records_total",
             "Prediction records (rows with ids) sent to the learner, or dropped: the buffer "
-            "was full or the MQTT client refused them",
+            "was full or the MQTT client refused them; refused by the broker; non_finite: "
+            "not sent, an input or output was NaN or infinity",
             ["model", "outcome"], registry=registry,
         )  # fmt: skip

@@ -11,8 +11,11 @@ queue (``max_queued_messages``) and messages over the broker's maximum packet si
 broker refuses (an ACL that does not let this process publish there: MQTT 5 PUBACK >= 0x80)
 are counted as ``outcome="refused"`` and in ``livefit_broker_publish_refused_total``, and
 logged. A dropped record means its label later waits as an early label
-and expires as ``unknown_id``. Requests without ids record nothing. The MQTT client starts on
-the first record or label, so a process never asked for either opens no connection. With a
+and expires as ``unknown_id``. Requests without ids record nothing; a row whose input or
+output is not finite (which the HTTP handlers answer 422 and never record) is not sent either
+(``outcome="non_finite"``): one such row must never cost the other rows of a message. The
+MQTT client starts on the first record or label, so a process never asked for either opens no
+connection. With a
 cluster's nodes the client fails over between them (``mqtt.failover``), resending what the
 lost node had not acknowledged.
 
@@ -93,6 +96,9 @@ class PredictionRecorder:
         self._refused = metrics.group(PredictionRecordMetrics).prediction_records.labels(
             model=model, outcome="refused"
         )
+        self._non_finite = metrics.group(PredictionRecordMetrics).prediction_records.labels(
+            model=model, outcome="non_finite"
+        )
         limit = broker.max_packet_size_bytes
         self.guard = PublishGuard(metrics, f"MQTT client {client_id!r}", limit)
         self._buffer: deque[_Record] = deque()
@@ -113,7 +119,15 @@ class PredictionRecorder:
         return self.failover.current
 
     def record(self, ids: list[RowId], x: np.ndarray, p: np.ndarray, version: int) -> None:
-        """Buffer one answered request's rows (never blocks on the broker)."""
+        """Buffer one answered request's rows (never blocks on the broker). A row with a
+        non-finite input or output is never sent (the learner would refuse it): counted."""
+        finite = _finite_rows(x, len(ids)) & _finite_rows(p, len(ids))
+        if not finite.all():
+            self._non_finite.inc(int((~finite).sum()))
+            ids = [row_id for row_id, ok in zip(ids, finite, strict=True) if ok]
+            x, p = x[finite], p[finite]
+            if not ids:
+                return
         n = len(ids)
         with self._lock:
             if self._stopping or self._rows + n > self.max_rows:
@@ -272,6 +286,11 @@ class PredictionRecorder:
         properties = Properties(PacketTypes.PUBLISH)
         properties.ContentType = content_type
         return properties
+
+
+def _finite_rows(array: np.ndarray, n: int) -> np.ndarray:
+    """Per row of ``array`` (n rows), whether every value in it is finite."""
+    return np.asarray(np.isfinite(np.asarray(array, np.float32).reshape(n, -1)).all(axis=1))
 
 
 def recorder_for(

@@ -3,9 +3,11 @@
 A ``JoinStore`` holds, by id, the predictions still waiting for a label (``pending``) and the
 labels that arrived before their prediction record (``early``). It is driven only by events
 in write-ahead-log order (prediction records, labels, expiry ticks), each with its log position
-and the times the log holds, never by the clock it runs at: replaying the same events from the
-same saved state gives the same joins, expiries and samples. It has no thread and no lock; the
-ingest worker is its only caller (``joiner``).
+and the time the log holds for it (the learner's arrival time, ``joiner``'s steady clock), never
+by the clock it runs at: replaying the same events from the same saved state gives the same
+joins, expiries and samples. Its own time (``now``) is the newest event time applied: an event
+stamped earlier counts as arriving then, so times never go back in log order. It has no thread
+and no lock; the ingest worker is its only caller (``joiner``).
 
 - A label meets its prediction: one training sample (the recorded inputs, the label's ``y`` and
   ``w``), outcome ``joined``. The pair is scored as it was served (``score``).
@@ -14,11 +16,13 @@ ingest worker is its only caller (``joiner``).
   ``max(2 * max_pending, 1000)``); a later label for them is ``duplicate`` (joined) or
   ``late`` (expired), and a repeated prediction record (QoS 1 redelivery) is ignored.
 - Expiry, by count: inserting beyond ``max_pending`` expires the oldest (insertion order). By
-  time: a tick at time ``now`` expires pending predictions served at or before ``now - ttl_s``
-  and early labels received then, oldest first (insertion order; a record behind a younger one
-  waits for it, so a prediction may outlive its TTL by the spread of serving clocks). An expired
-  prediction is dropped or, with ``on_expiry = "default"``, learned with ``default_y``; an
-  expired early label is ``unknown_id``.
+  time: a tick at time ``now`` expires pending predictions whose record arrived at or before
+  ``now - ttl_s`` and early labels received then, oldest first. Arrival times are the
+  learner's own and rise in log order, so insertion order is time order and nothing waits
+  behind another: the serving time a record carries (another process's clock, which may be
+  wrong or lie) decides no expiry; it only dates the label delay, clamped to the arrival time.
+  An expired prediction is dropped or, with ``on_expiry = "default"``, learned with
+  ``default_y``; an expired early label is ``unknown_id``.
 
 Samples carry the position of the event that produced them, and the store remembers the ones
 produced after ``trained`` (``unsent``) so a checkpoint can save them with the state: replaying
@@ -27,6 +31,7 @@ the log from the checkpoint's position then re-queues them instead of losing the
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -34,6 +39,7 @@ from typing import Any, Literal
 import msgpack
 import numpy as np
 
+from ..base.clocks import ahead_s
 from ..wire.label_ids import RowId, key_of
 from ..wire.labels import LabelBatch, PredictionBatch
 from ..wire.samples import SampleChunk
@@ -62,7 +68,8 @@ class _Pending:
     x: np.ndarray
     p: np.ndarray
     version: int
-    t: float
+    t: float  # served, by the serving process's clock (at most ``arrived``)
+    arrived: float  # at the learner, by its clock: what the TTL counts from
 
 
 @dataclass(slots=True)
@@ -81,6 +88,7 @@ class Applied:
     outcomes: Counter[str] = field(default_factory=Counter)
     served: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (p, y)
     delays: list[float] = field(default_factory=list)  # label time - prediction time
+    ahead: list[float] = field(default_factory=list)  # seconds records' times were ahead
     chunk: SampleChunk | None = None
 
 
@@ -94,18 +102,24 @@ class JoinStore:
         self.early: OrderedDict[str, _Early] = OrderedDict()
         self.done: OrderedDict[str, bool] = OrderedDict()  # key -> joined (else expired)
         self.applied = 0  # log position of the last event applied
+        self.now = 0.0  # the newest event time applied (never goes back)
         self.unsent: deque[SampleChunk] = deque()  # samples made, maybe not trained yet
         self._rows: list[tuple[np.ndarray, np.ndarray, float]] = []  # the event's samples
 
     # events ------------------------------------------------------------------------------------
-    def add_predictions(self, batch: PredictionBatch, position: int) -> Applied:
+    def add_predictions(self, batch: PredictionBatch, arrived: float, position: int) -> Applied:
         result = Applied()
+        arrived = self._advance(arrived)
         for i, row_id in enumerate(batch.ids):
             key = key_of(row_id)
             if key in self.pending or key in self.done:
                 continue  # a record delivered twice
             early = self.early.pop(key, None)
-            record = _Pending(row_id, batch.x[i], batch.p[i], batch.version[i], batch.t[i])
+            ahead = ahead_s(batch.t[i], arrived)
+            if ahead:
+                result.ahead.append(ahead)
+            served = min(batch.t[i], arrived)
+            record = _Pending(row_id, batch.x[i], batch.p[i], batch.version[i], served, arrived)
             if early is not None:
                 self._join(key, record, early, result)
                 continue
@@ -116,6 +130,7 @@ class JoinStore:
 
     def add_labels(self, batch: LabelBatch, received_at: float, position: int) -> Applied:
         result = Applied()
+        received_at = self._advance(received_at)
         for i, row_id in enumerate(batch.ids):
             key = key_of(row_id)
             label = _Early(row_id, batch.y[i], float(batch.w[i]), batch.ts, received_at)
@@ -135,8 +150,8 @@ class JoinStore:
     def tick(self, now: float, position: int) -> Applied:
         """Expire what is older than ``ttl_s`` at ``now`` (a logged time)."""
         result = Applied()
-        horizon = now - self.policy.ttl_s
-        while self.pending and next(iter(self.pending.values())).t <= horizon:
+        horizon = self._advance(now) - self.policy.ttl_s
+        while self.pending and next(iter(self.pending.values())).arrived <= horizon:
             self._expire_prediction(*self.pending.popitem(last=False), result)
         while self.early and next(iter(self.early.values())).received_at <= horizon:
             self.early.popitem(last=False)
@@ -145,9 +160,9 @@ class JoinStore:
 
     def due(self, now: float) -> bool:
         """True when a tick at ``now`` would expire something."""
-        horizon = now - self.policy.ttl_s
+        horizon = max(now, self.now) - self.policy.ttl_s
         return bool(
-            (self.pending and next(iter(self.pending.values())).t <= horizon)
+            (self.pending and next(iter(self.pending.values())).arrived <= horizon)
             or (self.early and next(iter(self.early.values())).received_at <= horizon)
         )
 
@@ -157,6 +172,11 @@ class JoinStore:
             self.unsent.popleft()
 
     # internals ---------------------------------------------------------------------------------
+    def _advance(self, t: float) -> float:
+        """The store's time at an event stamped ``t``: ``t``, or ``now`` if that is later."""
+        self.now = max(self.now, t)
+        return self.now
+
     def _join(self, key: str, record: _Pending, label: _Early, result: Applied) -> None:
         self._remember(key, joined=True)
         self._rows.append((record.x, label.y, label.w))
@@ -205,7 +225,8 @@ class JoinStore:
         ]
         state: dict[str, Any] = {
             "applied": self.applied,
-            "pending": [[r.id, r.version, r.t] for r in pending],
+            "now": self.now,
+            "pending": [[r.id, r.version, r.t, r.arrived] for r in pending],
             "pending_x": blob([r.x for r in pending]),
             "pending_p": blob([r.p for r in pending]),
             "early": [[r.id, r.w, r.ts, r.received_at] for r in early],
@@ -222,8 +243,8 @@ class JoinStore:
         xs = _rows(state["pending_x"], s.input)
         ps = _rows(state["pending_p"], s.output)
         self.pending = OrderedDict(
-            (key_of(i), _Pending(i, xs[n], ps[n], v, t))
-            for n, (i, v, t) in enumerate(state["pending"])
+            (key_of(row[0]), _Pending(row[0], xs[n], ps[n], row[1], *_times(row)))
+            for n, row in enumerate(state["pending"])
         )
         ys = _rows(state["early_y"], s.target)
         self.early = OrderedDict(
@@ -232,10 +253,20 @@ class JoinStore:
         )
         self.done = OrderedDict((k, bool(v)) for k, v in state["done"])
         self.applied = int(state["applied"])
+        self.now = float(state.get("now", 0.0))
         self.unsent = deque(
             SampleChunk(_rows(x, s.input), _rows(y, s.target), _rows(w, ()), published, 0.0, pos)
             for pos, x, y, w, published in state["unsent"]
         )
+
+
+def _times(row: list[Any]) -> tuple[float, float]:
+    """(served, arrived) of a saved pending row. A state saved before arrival times were kept
+    has the serving time only: it stands for the arrival, but never later than now."""
+    if len(row) > 3:
+        return float(row[2]), float(row[3])
+    served = min(float(row[2]), time.time())
+    return served, served
 
 
 def _rows(data: bytes, shape: tuple[int, ...]) -> np.ndarray:

@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -64,6 +64,7 @@ class RawMessage:
     received_at: float
     retained: bool = False  # a retained message the broker sent for a (re)subscription
     session: int = 0  # the number of the connection it came on (acks go on that one only)
+    arrived: float = field(default_factory=time.monotonic)  # for durations: no wall-clock step
 
 
 class MqttConnection:

@@ -26,7 +26,8 @@ from prometheus_client import CollectorRegistry
 
 from livefit.models.builders import weight_names
 
-from ..base.metrics import Metrics
+from ..base.clocks import ahead_s
+from ..base.metrics import ClockMetrics, Metrics
 from ..config.broker_urls import BrokerAddress
 from ..config.model import ModelSettings
 from ..config.sections import BrokerSettings
@@ -36,6 +37,7 @@ from ..labels.recorder import recorder_for
 from ..mqtt.probe import for_broker
 from ..serve.metrics import ServingMetrics
 from ..serve.serving import ServedModel
+from ..storage.health import LogLimiter
 from ..train.modeling import enable_gpu_memory_growth, resolve_device
 from ..weights.format import architecture_fingerprint, sha256_hex
 from ..weights.metrics import FreshnessMetrics, WeightsReceivedMetrics
@@ -77,6 +79,7 @@ class ReplicaRuntime:
         self.instance = instance or f"{socket.gethostname()}-{settings.http.port}"
         self.models: dict[str, ReplicaModel] = {}
         self._version_logs: dict[str, VersionLog] = {}
+        self._clock_log = LogLimiter(60.0)  # snapshots dated ahead of this clock
 
     def start(self) -> None:
         """Start every part; raises (after stopping what did start) if a part cannot start."""
@@ -134,9 +137,11 @@ class ReplicaRuntime:
         serving = served.serving
         slot.subscribe(served.snapshot_arrived)
         age = self.metrics.group(WeightsReceivedMetrics).weights_age.labels(model=name)
+        # the learner's clock stamped created_at: never a negative age (_swapped counts those)
         age.set_function(
-            lambda: time.time() - serving.snapshot.created_at if serving.snapshot else 0.0
+            lambda: max(0.0, time.time() - serving.snapshot.created_at) if serving.snapshot else 0.0
         )
+        self.metrics.group(ClockMetrics).clock_ahead.labels(model=name, source="snapshot")
         self.metrics.model_ready.labels(model=name).set(1)
         return ReplicaModel(
             name, settings, slot, served, WeightStore(settings.weights.keep_versions)
@@ -229,6 +234,15 @@ class ReplicaRuntime:
 
     def _swapped(self, name: str, snapshot: Snapshot) -> None:
         self.metrics.group(ServingMetrics).serving_version.labels(model=name).set(snapshot.version)
+        ahead = ahead_s(snapshot.created_at, time.time())
+        if ahead:
+            self.metrics.group(ClockMetrics).clock_ahead.labels(model=name, source="snapshot").inc()
+            if self._clock_log.allow(name) is not None:
+                log.warning(
+                    "%s v%d was made %.0f s ahead of this replica's clock (the learner's clock "
+                    "is ahead, or was stepped); its age reads 0 until it is older",
+                    name, snapshot.version, ahead,
+                )  # fmt: skip
         if snapshot.newest_published_at is not None:
             freshness = max(0.0, time.time() - snapshot.newest_published_at)
             self.metrics.group(FreshnessMetrics).freshness.labels(

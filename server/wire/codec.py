@@ -1,7 +1,8 @@
 """Decode and validate one MQTT sample message against a model's declared shapes.
 
 The payload contract (README "MQTT payloads"): a JSON or msgpack map with ``x`` and ``y``, and
-optional ``w``, ``id``, ``ts``, ``source``, ``seq``. A single sample's ``x`` has the model's
+optional ``w``, ``id``, ``ts``, ``source``, ``seq``, ``epoch`` (a publisher run's number: its
+``seq`` counts within it). A single sample's ``x`` has the model's
 input shape; a batch's ``x`` has one more leading dimension. In msgpack any of ``x``, ``y``, ``w``
 may be a raw little-endian buffer ``{"dtype": "<f4", "shape": [...], "data": <bytes>}``.
 
@@ -56,6 +57,7 @@ class DecodedMessage:
     id: str | None = None
     source: str | None = None
     seq: int | None = None
+    epoch: int | None = None  # the publisher's run: its seq numbers count within it
 
 
 def decode_message(
@@ -111,6 +113,7 @@ def _decode(payload: bytes, spec: SampleSpec, content_type: str | None) -> Decod
         id=optional_str(document, "id"),
         source=optional_str(document, "source"),
         seq=optional_int(document, "seq"),
+        epoch=optional_int(document, "epoch"),
     )
 
 

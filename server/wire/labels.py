@@ -13,7 +13,9 @@ Labels (``livefit/<name>/labels``, README "Delayed labels"), JSON or msgpack:
 
 Prediction records (``livefit/<name>/predictions``), written by serving processes
 (``recorder``), msgpack: ``{"ids": [N], "x": <N inputs>, "p": <N outputs>, "version": [N ints],
-"t": [N epoch s], "source": <str>}``; ``x`` and ``p`` are raw buffers in practice.
+"t": [N epoch s], "source": <str>}``; ``x`` and ``p`` are raw buffers in practice. A row whose
+``x`` or ``p`` is not finite is left out and counted (``PredictionBatch.non_finite``), so one
+bad row never costs the others of its message; a message with no finite row is rejected.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class PredictionBatch:
     p: np.ndarray  # (n, *output_shape)
     version: list[int]
     t: list[float]  # when each was served, epoch seconds of the serving process
+    non_finite: int = 0  # rows of the message left out: NaN or infinity in their x or p
 
 
 def decode_labels(payload: bytes, spec: SampleSpec, content_type: str | None = None) -> LabelBatch:
@@ -132,7 +135,14 @@ def _decode_predictions(
     p = _rows(document["p"], "p", output_shape, n, spec.max_message_bytes)
     version = _per_row(document["version"], "version", n, integer=True)
     t = _per_row(document["t"], "t", n, integer=False)
-    return PredictionBatch(ids, x, p, [int(v) for v in version], [float(v) for v in t])
+    finite = np.isfinite(x.reshape(n, -1)).all(axis=1) & np.isfinite(p.reshape(n, -1)).all(axis=1)
+    if not finite.any():
+        raise Rejection("non_finite", "x and p must be finite (no NaN or infinity) in some row")
+    keep = np.flatnonzero(finite).tolist()
+    return PredictionBatch(
+        [ids[i] for i in keep], x[finite], p[finite], [int(version[i]) for i in keep],
+        [float(t[i]) for i in keep], non_finite=n - len(keep),
+    )  # fmt: skip
 
 
 def _rows(value: Any, name: str, shape: tuple[int, ...], n: int, limit: int) -> np.ndarray:
@@ -141,8 +151,6 @@ def _rows(value: Any, name: str, shape: tuple[int, ...], n: int, limit: int) -> 
         raise Rejection(
             "bad_shape", f"{name} has shape {list(array.shape)}; expected {[n, *shape]}"
         )
-    if not np.isfinite(array).all():
-        raise Rejection("non_finite", f"{name} must be finite (no NaN or infinity)")
     return array
 
 

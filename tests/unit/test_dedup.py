@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from livefit.server.ingest.dedup import SequenceTracker
+from livefit.server.ingest.dedup import Restart, SequenceTracker, Verdict
 
 
 def feed(tracker: SequenceTracker, seqs: list[int], source: str = "s") -> list[int]:
@@ -95,3 +95,59 @@ def test_gaps_given_up_on_leave_nothing_missing() -> None:
     tracker = SequenceTracker(max_out_of_order=2)
     feed(tracker, [1, 5, 6, 7])
     assert tracker.missing == 0  # 2, 3, 4 were given up on (counted as gaps)
+
+
+def test_a_new_epoch_numbers_anew_and_is_reported_once() -> None:
+    """Issue 45 item 9: a publisher numbering from 0 again lost every message up to its old
+    highest number. With an epoch per run, the new run is new."""
+    tracker = SequenceTracker()
+    assert [tracker.judge("s", seq, epoch=1).restart for seq in range(5)] == [None] * 5
+    tracker.commit()
+    first = tracker.judge("s", 0, epoch=2)
+    assert not first.duplicate and first.restart == Restart("epoch", "s", 0, 2, None)
+    assert [tracker.check("s", seq, epoch=2) for seq in range(1, 8)] == [False] * 7
+    tracker.commit()
+    assert tracker.judge("s", 8, epoch=2).restart is None
+    # a late redelivery of the first run is still a duplicate, and no restart
+    assert tracker.judge("s", 3, epoch=1) == Verdict(True)
+
+
+def test_a_restart_without_an_epoch_is_suspected_once_per_episode() -> None:
+    tracker = SequenceTracker(max_out_of_order=100)
+    assert feed(tracker, list(range(50))) == list(range(50))
+    redelivered = tracker.judge("s", 48)  # near the newest: a redelivery
+    assert redelivered == Verdict(True)
+    back = tracker.judge("s", 0)
+    assert back.duplicate and back.restart == Restart("seq", "s", 0, None, 49)
+    assert [tracker.judge("s", seq) for seq in range(1, 50)] == [Verdict(True)] * 49
+    tracker.commit()
+    assert feed(tracker, [50]) == [50]  # a new number ends the episode
+    assert tracker.judge("s", 0).restart is not None
+
+
+def test_far_below_the_newest_is_suspected_too() -> None:
+    tracker = SequenceTracker(max_out_of_order=10)
+    feed(tracker, [1000])  # first seen mid-stream: its first number is 1000
+    feed(tracker, list(range(1001, 1100)))
+    assert tracker.judge("s", 1095).restart is None
+    assert tracker.judge("s", 1050).restart == Restart("seq", "s", 1050, None, 1099)
+
+
+def test_epochs_round_trip_and_the_old_format_loads() -> None:
+    tracker = SequenceTracker()
+    for epoch in (None, 1, 2):
+        for seq in (1, 2, 4):
+            tracker.check("s", seq, epoch)
+        tracker.commit()
+    restored = SequenceTracker()
+    restored.loads(tracker.dumps())
+    assert restored.judge("s", 5, epoch=2).restart is None  # 2 is the newest epoch
+    assert restored.judge("s", 0, epoch=3).restart == Restart("epoch", "s", 0, 3, None)
+    # the first number is saved too: going back to it is suspected
+    assert restored.judge("s", 1, epoch=None).restart == Restart("seq", "s", 1, None, 4)
+    held = [(seq, epoch) for epoch in (None, 1, 2) for seq in (1, 2, 3, 4)]
+    assert [restored.check("s", seq, epoch) for seq, epoch in held] == [True, True, False, True] * 3
+    old = SequenceTracker()
+    old.loads('{"s": [2, [4]]}')  # {source: [low, above]}, before epochs
+    assert [old.check("s", seq) for seq in (1, 2, 3, 4, 5)] == [True, True, False, True, False]
+    assert old.missing == 1

@@ -173,7 +173,7 @@ def test_a_log_that_cannot_store_a_group_leaves_no_trace(tmp_path: Path) -> None
         assert not worker.commit.storage.healthy
         assert "No space left" in worker.commit.storage.problems()[0]
         assert worker.route.sequences is not None
-        assert worker.route.sequences.dumps() == "{}"  # nothing held while nothing is durable
+        assert worker.route.sequences.dumps() == SequenceTracker().dumps()  # nothing held yet
         wal.full = False  # room again: the same group goes through, once
         deadline = time.monotonic() + 10
         # acked once durable, then queued: stopping in between would leave the rest to replay
@@ -231,3 +231,13 @@ def test_without_dedup_gaps_are_counted_and_duplicates_kept() -> None:
     worker.commit.flush()
     assert len(samples) == 4  # the repeat is trained too: dedup is off
     assert metrics.registry.get_sample_value("livefit_ingest_seq_missing", {"model": "m"}) == 3
+
+
+def test_a_wall_clock_step_is_no_stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 45 item 5: durations inside the learner use the monotonic clock. A message that
+    has just arrived did not wait an hour because the wall clock was stepped +1 h."""
+    worker, connection, _, _ = worker_for(tmp_path, stall_after_s=30.0)
+    connection.inbox.put(message(1, valid(0)))  # waiting: the worker is not started
+    stepped = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: stepped)
+    assert not worker.stalled()

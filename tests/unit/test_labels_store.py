@@ -1,11 +1,14 @@
 """The join store and label wire format, without processes: joins in both orders, expiry by
 time and by count under both policies, duplicates, and a replay of the same events from a
-saved state giving the same samples (the determinism restart relies on)."""
+saved state giving the same samples (the determinism restart relies on); expiry by the
+learner's arrival times, whatever a record's serving time says; rows with NaN left out of a
+records message."""
 
 from __future__ import annotations
 
 import json
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -42,14 +45,14 @@ def store(**policy) -> JoinStore:
 
 def test_joins_in_both_orders() -> None:
     s = store()
-    assert s.add_predictions(predictions(["a", 1]), 1).chunk is None
+    assert s.add_predictions(predictions(["a", 1]), 100.0, 1).chunk is None
     first = s.add_labels(labels(["a"]), 101.0, 2)
     assert first.outcomes == {"joined": 1} and first.chunk is not None
     assert first.chunk.x.tolist() == [[0.0, 1.0]] and first.chunk.position == 2
     assert first.delays == [1.0]
     early = s.add_labels(labels(["b"]), 101.0, 3)  # before its prediction
     assert early.chunk is None and len(s.early) == 1
-    later = s.add_predictions(predictions(["b"]), 4)
+    later = s.add_predictions(predictions(["b"]), 100.0, 4)
     assert later.outcomes == {"joined": 1} and later.chunk is not None
     again = s.add_labels(labels(["a", "b"]), 102.0, 5)
     assert again.outcomes == {"duplicate": 2} and again.chunk is None
@@ -60,7 +63,7 @@ def test_joins_in_both_orders() -> None:
 def test_expiry_by_count_and_time(on_expiry: str) -> None:
     default = np.array([0.0], np.float32) if on_expiry == "default" else None
     s = store(max_pending=2, on_expiry=on_expiry, default_y=default)
-    by_count = s.add_predictions(predictions(["a", "b", "c"]), 1)
+    by_count = s.add_predictions(predictions(["a", "b", "c"]), 100.0, 1)
     assert by_count.outcomes == {"expired": 1} and list(s.pending) == ["s:b", "s:c"]
     assert (by_count.chunk is not None) == (on_expiry == "default")
     assert not s.due(105.0) and s.due(110.0)
@@ -70,6 +73,53 @@ def test_expiry_by_count_and_time(on_expiry: str) -> None:
         assert by_time.chunk is not None and by_time.chunk.y.tolist() == [[0.0], [0.0]]
     late = s.add_labels(labels(["a"]), 111.0, 3)
     assert late.outcomes == {"late": 1}
+
+
+def test_a_future_dated_record_neither_stops_expiry_nor_dates_a_delay() -> None:
+    """Issue 45 item 4: the record with ``t = 1e11`` came first and every record behind it
+    waited for it to expire."""
+    s = store()
+    liar = s.add_predictions(predictions(["liar"], t=1e11), 100.0, 1)
+    assert liar.ahead == [1e11 - 100.0]
+    s.add_predictions(predictions(["a", "b"], t=104.0), 105.0, 2)
+    assert s.due(110.0) and s.tick(110.0, 3).outcomes == {"expired": 1}
+    assert list(s.pending) == ["s:a", "s:b"]
+    assert s.tick(115.0, 4).outcomes == {"expired": 2} and not s.pending
+    joined = store()
+    joined.add_predictions(predictions(["x"], t=1e11), 100.0, 1)
+    assert joined.add_labels(labels(["x"]), 103.0, 2).delays == [3.0]  # from its arrival
+
+
+def test_expiry_counts_from_arrival_not_from_a_serving_clock() -> None:
+    """A serving process whose clock is an hour behind: its record still gets its TTL."""
+    s = store()
+    s.add_predictions(predictions(["slow"], t=100.0 - 3600), 100.0, 1)
+    assert not s.due(105.0) and s.tick(105.0, 2).outcomes == {}
+    assert s.tick(110.0, 3).outcomes == {"expired": 1}
+
+
+def test_times_never_go_back_in_log_order() -> None:
+    """An event stamped before the newest one applied counts as arriving with it, so an
+    earlier tick expires nothing new and insertion order stays time order."""
+    s = store()
+    s.add_predictions(predictions(["a"]), 200.0, 1)
+    s.add_predictions(predictions(["b"]), 150.0, 2)  # stamped earlier: counts as 200
+    assert s.now == 200.0 and s.pending["s:b"].arrived == 200.0
+    assert s.tick(205.0, 3).outcomes == {} and s.now == 205.0
+    assert s.tick(100.0, 4).outcomes == {} and s.now == 205.0
+    assert s.tick(210.0, 5).outcomes == {"expired": 2}
+
+
+def test_state_saved_before_arrival_times_loads() -> None:
+    s = store()
+    s.add_predictions(predictions(["a", "b"]), 100.0, 1)
+    old = msgpack.unpackb(s.dumps(), raw=False)
+    old["pending"] = [row[:3] for row in old["pending"]]  # [id, version, t], no arrival
+    del old["now"]
+    restored = store()
+    restored.loads(msgpack.packb(old, use_bin_type=True))
+    assert [r.arrived for r in restored.pending.values()] == [100.0, 100.0]
+    assert restored.tick(110.0, 2).outcomes == {"expired": 2}
 
 
 def test_early_labels_expire_as_unknown_ids() -> None:
@@ -93,7 +143,7 @@ def test_replay_from_saved_state_gives_the_same_samples() -> None:
         made = []
         for kind, value, position in chosen:
             if kind == "p":
-                applied = s.add_predictions(value, position)
+                applied = s.add_predictions(value, 100.0, position)
             elif kind == "l":
                 applied = s.add_labels(value, 101.0, position)
             else:
@@ -143,6 +193,20 @@ def test_prediction_records_round_trip() -> None:
     assert batch.ids == ["a", 5] and batch.version == [3, 4] and batch.x.tolist() == x.tolist()
     with pytest.raises(Rejection):
         decode_predictions(payload, SampleSpec(input_shape=(3,), target_shape=(1,)), (1,), None)
+
+
+def test_a_non_finite_row_costs_a_records_message_only_itself() -> None:
+    x = np.ones((3, 2), np.float32)
+    p = np.array([[0.5], [np.nan], [np.inf]], np.float32)
+    payload = encode_predictions(["a", "b", "c"], x, p, [3, 4, 5], [1.0, 2.0, 3.0], "replica-1")
+    batch = decode_predictions(payload, SPEC, (1,), "application/msgpack")
+    assert batch.ids == ["a"] and batch.version == [3] and batch.t == [1.0]
+    assert batch.non_finite == 2 and batch.x.shape == (1, 2) and batch.p.shape == (1, 1)
+    x[0, 1] = np.nan
+    only_bad = encode_predictions(["a", "b"], x[:2], p[:2], [3, 4], [1.0, 2.0], "replica-1")
+    with pytest.raises(Rejection) as caught:
+        decode_predictions(only_bad, SPEC, (1,), "application/msgpack")
+    assert caught.value.reason == "non_finite"
 
 
 def test_ids_are_checked() -> None:

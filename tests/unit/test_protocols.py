@@ -184,11 +184,13 @@ def test_tfserving_multidimensional_outputs_keep_their_shape() -> None:
     assert format_tfserving(parsed, outputs, 1)["predictions"] == outputs.tolist()
 
 
-def test_tfserving_non_finite_predictions_become_null() -> None:
+def test_tfserving_non_finite_predictions_are_a_422_naming_the_rows() -> None:
+    """Issue 45 item 3: they were answered 200 with null (and recorded for delayed labels)."""
     parsed = parse_tfserving(b'{"instances": [[1], [2], [3]]}', [1], 10)
-    response = format_tfserving(parsed, np.array([[1.0], [np.nan], [1e300]]), 1)
-    assert response["predictions"] == [[1.0], [None], [None]]
-    json.dumps(response, allow_nan=False)
+    error = _refused(format_tfserving, parsed, np.array([[1.0], [np.nan], [1e300]]), 1)
+    assert error.status == 422
+    assert error.message.startswith("the model's output for rows 1, 2 of 3 is not finite")
+    assert "no prediction was answered or recorded" in error.message
 
 
 def test_tfserving_status_while_loading() -> None:
@@ -454,11 +456,13 @@ def test_oip_format_checks_requested_names_against_its_output_name() -> None:
     assert error.message == 'unknown output "output"; the model has one output, "y"'
 
 
-def test_oip_non_finite_outputs_become_null() -> None:
+def test_oip_non_finite_outputs_are_a_422() -> None:
     parsed = parse_oip(_oip([2, 1], [1, 2]), [1], 10)
-    response = format_oip(parsed, np.array([[np.nan], [1.0]]), "m", 1)
-    assert response["outputs"][0]["data"] == [None, 1.0]
-    json.dumps(response, allow_nan=False)
+    error = _refused(format_oip, parsed, np.array([[np.nan], [1.0]]), "m", 1)
+    assert error.status == 422 and "output for row 0 of 2 is not finite" in error.message
+    finite = format_oip(parsed, np.array([[0.5], [1.0]]), "m", 1)
+    assert finite["outputs"][0]["data"] == [0.5, 1.0]
+    json.dumps(finite, allow_nan=False)
 
 
 def test_oip_model_metadata() -> None:
@@ -755,7 +759,7 @@ def test_tritonclient_default_request_asks_for_binary_output_and_reads_json() ->
     parsed = parse_oip(body, [2], 10)
     assert parsed.parameters == {"binary_data_output": True}
 
-    y = np.array([[np.nan, 3.0]], dtype=np.float32)
+    y = np.array([[0.5, 3.0]], dtype=np.float32)
     result = _triton_result(format_oip(parsed, y, "m", 1))
     np.testing.assert_array_equal(result.as_numpy("output"), y)
 
