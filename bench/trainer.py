@@ -511,9 +511,10 @@ def _per_message(spec: ModelSpec, x: np.ndarray, y: np.ndarray, seconds: float) 
 
 
 def _trainer(spec: ModelSpec, bs: int, capacity: int, device: Any = None,
-             train: dict[str, Any] | None = None) -> tuple[Any, Any]:  # fmt: skip
+             train: dict[str, Any] | None = None,
+             model: dict[str, Any] | None = None) -> tuple[Any, Any]:  # fmt: skip
     """A warmed-up ``Trainer`` of ``spec`` at batch size ``bs`` (default settings beyond the
-    batch size and queue), and its queue."""
+    batch size and queue, and ``model``'s top-level ones), and its queue."""
     from prometheus_client import CollectorRegistry
 
     from livefit.server.base.metrics import Metrics
@@ -535,6 +536,7 @@ def _trainer(spec: ModelSpec, bs: int, capacity: int, device: Any = None,
             "seed": spec.seed,
             "scaling": spec.scaling,
             "train": {"max_batch_size": bs, "queue_capacity": capacity, **(train or {})},
+            **(model or {}),
         }
     )
     metrics = Metrics(CollectorRegistry())
@@ -548,15 +550,15 @@ def _trainer(spec: ModelSpec, bs: int, capacity: int, device: Any = None,
 
 def trainer_rate(
     spec: ModelSpec, x: np.ndarray, y: np.ndarray, bs: int, chunk: int, device: Any = None,
-    train: dict[str, Any] | None = None,
+    train: dict[str, Any] | None = None, model: dict[str, Any] | None = None,
 ) -> tuple[float, dict[str, int]]:  # fmt: skip
     """Samples/s of a real ``Trainer`` (on ``device``: a name or a ``Placement``; default
     ``auto``) through every sample of ``x``, queued in chunks of ``chunk``; ``train``: more
-    ``[train]`` settings than the batch size and queue."""
+    ``[train]`` settings than the batch size and queue; ``model``: top-level settings."""
     from livefit.server.wire.samples import SampleChunk
 
     n = len(x)
-    trainer, queue = _trainer(spec, bs, n + 1, device, train)
+    trainer, queue = _trainer(spec, bs, n + 1, device, train, model)
     ones = np.ones(bs, dtype=np.float32)
     for _ in range(2):  # the first calls of a traced function are not what a stream pays
         trainer.step(x[:bs], y[:bs], ones)

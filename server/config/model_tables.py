@@ -416,6 +416,18 @@ class LabelsSettings(Section):
     default_y: float | list[Any] | None = None  # the label learned on expiry (target-shaped)
     tick_s: float = Field(1.0, gt=0, le=3600)  # how often the learner checks for expiry
     record_buffer_rows: int = Field(10_000, ge=1)  # serving side: records waiting for the broker
+    batch_window_ms: float = Field(
+        50.0,
+        ge=0,
+        le=60_000,
+        allow_inf_nan=False,
+        description=(
+            "how long the trainer waits for more joined labels when every sample it took was "
+            "made by the label join and the batch is not full: labels that fall due one by one "
+            "are learned as one minibatch, as samples in a message are (0: each as it comes; "
+            "train.max_wait_ms where that is longer)"
+        ),
+    )
     topic: str | None = None  # default livefit/<name>/labels
     predictions_topic: str | None = None  # default livefit/<name>/predictions
 

@@ -35,17 +35,19 @@ class _Block:
     """Samples in one set of arrays: rows ``[start, end)`` are queued; rows are written once.
 
     Per row it also keeps the message's publish time (NaN: none), a message counter (to count
-    the messages a batch holds) and, on a message's last row only, its write-ahead-log
-    position (-1 elsewhere). Rows are never rewritten, so a batch may be a view of a block.
+    the messages a batch holds), whether the label join made it, and, on a message's last row
+    only, its write-ahead-log position (-1 elsewhere). Rows are never rewritten, so a batch
+    may be a view of a block.
     """
 
-    __slots__ = ("end", "message", "position", "published", "start", "w", "x", "y")
+    __slots__ = ("end", "joined", "message", "position", "published", "start", "w", "x", "y")
 
     def __init__(self, x: np.ndarray, y: np.ndarray, w: np.ndarray, end: int) -> None:
         rows = x.shape[0]
         self.x, self.y, self.w = x, y, w
         self.published = np.full(rows, np.nan)
         self.message = np.zeros(rows, dtype=np.int64)
+        self.joined = np.zeros(rows, dtype=bool)
         self.position = np.full(rows, -1, dtype=np.int64)
         self.start, self.end = 0, end
 
@@ -89,6 +91,7 @@ class _Block:
         if chunk.published_at is not None:
             self.published[a:b] = chunk.published_at
         self.message[a:b] = message
+        self.joined[a:b] = chunk.joined
         if chunk.position is not None and b > a:
             self.position[b - 1] = chunk.position
 
@@ -102,9 +105,10 @@ class SampleQueue:
 
     ``put`` blocks while the queue holds ``capacity`` samples or more. ``next_batch`` blocks for
     the first sample, then takes whatever is already queued up to ``max_batch_size`` samples,
-    lingering up to ``max_wait_s`` for more when the batch is not full. A message larger than
-    the room left in a batch is split; its remainder stays at the head of the queue, and the
-    batch that takes its last sample carries its write-ahead-log position.
+    lingering up to ``max_wait_s`` for more when the batch is not full (``joined_wait_s`` where
+    every sample taken was made by the label join: labels trickle in one at a time). A message
+    larger than the room left in a batch is split; its remainder stays at the head of the
+    queue, and the batch that takes its last sample carries its write-ahead-log position.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -164,7 +168,11 @@ class SampleQueue:
             return True
 
     def next_batch(
-        self, max_batch_size: int, max_wait_s: float = 0.0, timeout: float | None = None
+        self,
+        max_batch_size: int,
+        max_wait_s: float = 0.0,
+        timeout: float | None = None,
+        joined_wait_s: float = 0.0,
     ) -> Batch | None:
         """The next minibatch, or None if ``timeout`` passed with nothing queued.
 
@@ -174,6 +182,8 @@ class SampleQueue:
             if not self._wait_for_first(timeout):
                 return None
             parts = self._take(max_batch_size)
+            if joined_wait_s > max_wait_s and all(b.joined[i:j].all() for b, i, j in parts):
+                max_wait_s = joined_wait_s
             if max_wait_s > 0:
                 linger_until = time.monotonic() + max_wait_s
                 count = sum(b - a for _, a, b in parts)

@@ -205,6 +205,7 @@ class JoinStore:
                 w=np.array([r[2] for r in rows], dtype=np.float32),
                 published_at=ts,
                 position=position or None,
+                joined=True,
             )
             if position:
                 self.unsent.append(result.chunk)
@@ -255,7 +256,9 @@ class JoinStore:
         self.applied = int(state["applied"])
         self.now = float(state.get("now", 0.0))
         self.unsent = deque(
-            SampleChunk(_rows(x, s.input), _rows(y, s.target), _rows(w, ()), published, 0.0, pos)
+            SampleChunk(
+                _rows(x, s.input), _rows(y, s.target), _rows(w, ()), published, 0.0, pos, True
+            )
             for pos, x, y, w, published in state["unsent"]
         )
 

@@ -20,6 +20,7 @@ class SampleChunk:
     published_at: float | None = None  # the message's "ts" (epoch seconds), when it had one
     received_at: float = 0.0  # time.time() when the ingest worker accepted it
     position: int | None = None  # write-ahead-log position of its message, when logged
+    joined: bool = False  # made by the label join (delayed labels), not a samples message
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -29,10 +30,14 @@ class SampleChunk:
 
         Only the rest keeps the position: the message is complete when its last part is.
         """
-        head = SampleChunk(self.x[:n], self.y[:n], self.w[:n], self.published_at, self.received_at)
+        head = SampleChunk(
+            self.x[:n], self.y[:n], self.w[:n], self.published_at, self.received_at,
+            joined=self.joined,
+        )  # fmt: skip
         tail = SampleChunk(
-            self.x[n:], self.y[n:], self.w[n:], self.published_at, self.received_at, self.position
-        )
+            self.x[n:], self.y[n:], self.w[n:], self.published_at, self.received_at, self.position,
+            self.joined,
+        )  # fmt: skip
         return head, tail
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -53,6 +54,39 @@ def test_linger_collects_samples_arriving_within_max_wait() -> None:
     batch = queue.next_batch(max_batch_size=3, max_wait_s=5.0)
     thread.join()
     assert batch is not None and len(batch) == 3  # returned as soon as it was full
+
+
+def joined(n: int, start: int = 0) -> SampleChunk:
+    return replace(chunk(n, start), joined=True)
+
+
+def test_joined_labels_linger_for_their_window_and_samples_do_not() -> None:
+    """Samples the label join made wait ``joined_wait_s`` for more of them (labels fall due
+    one by one); a batch holding a samples message's rows does not."""
+    queue = SampleQueue(capacity=100)
+    queue.put(joined(1))
+    arrived = threading.Event()
+
+    def later() -> None:
+        time.sleep(0.05)
+        queue.put(joined(2, start=1))
+        arrived.set()
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    batch = queue.next_batch(max_batch_size=3, joined_wait_s=5.0)
+    thread.join()
+    assert arrived.is_set() and batch is not None and len(batch) == 3  # full: no more wait
+    queue.put(chunk(1, start=3))
+    queue.put(joined(1, start=4))
+    mixed = queue.next_batch(max_batch_size=8, joined_wait_s=5.0)
+    assert mixed is not None and len(mixed) == 2  # a message's sample among them: no linger
+    # a split of a joined chunk stays joined
+    queue.put(joined(4, start=5))
+    head = queue.next_batch(max_batch_size=2, joined_wait_s=5.0)
+    rest = queue.next_batch(max_batch_size=2, joined_wait_s=0.0)
+    assert head is not None and rest is not None and len(head) == len(rest) == 2
+    assert SampleChunk(*(np.zeros((1, 1)),) * 2, np.ones(1), joined=True).split(0)[1].joined
 
 
 def test_next_batch_times_out_when_empty() -> None:
