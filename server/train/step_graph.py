@@ -31,6 +31,9 @@ AVERAGE_START = 9.0  # the average's decay is t / (AVERAGE_START + t) while that
 # A classifier expert's error is its wrong predictions plus this share of its loss: where both
 # are right, the better-calibrated one wins (bench/results/experts.md, "The mixture's error")
 LOSS_SHARE = 0.1
+# One sample's error counts at most this much (a decisive e**-100 at rate 1): an expert's error
+# that overflows to infinity would otherwise stay infinite, decay as it may
+ERROR_CAP = 100.0
 
 _TRAINING_SENSITIVE = (
     keras.layers.Dropout,
@@ -244,7 +247,8 @@ class ExpertsGraph:
     ) -> tf.Tensor:
         """Each expert's summed error over the new rows (weighted), and their weight: a vector
         of ``count + 1`` values."""
-        sums = [tf.reduce_sum(self._per_row(out, target, per_sample) * fresh_w) for out in outputs]
+        rows = [tf.minimum(self._per_row(out, target, per_sample), ERROR_CAP) for out in outputs]
+        sums = [tf.reduce_sum(errors * fresh_w) for errors in rows]
         return tf.stack([*sums, tf.reduce_sum(fresh_w)])
 
     def _per_row(

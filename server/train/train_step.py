@@ -410,19 +410,37 @@ class TrainStep:
             mean.assign(np.reshape(extra[f"average_{i}"], mean.shape))
         self._averaged.assign(float(np.asarray(extra["average_steps"]).reshape(())))
 
+    def _with_fresh_experts(self, weights: list[np.ndarray]) -> list[np.ndarray]:
+        """``weights`` as they are where they fit the model; a network's weights without the
+        experts' (a checkpoint from before them) completed with the experts' current values."""
+        model_weights = self.model.weights
+        if len(weights) == len(model_weights) or self._graph.experts is None:
+            return weights
+        experts = self._graph.experts
+        own = {id(v) for v in (*experts.linear.weights, *experts.mixture.weights)}
+        kept = [v for v in model_weights if id(v) not in own]
+        if len(weights) != len(kept):
+            return weights  # set_weights names the mismatch
+        given = iter(weights)
+        log.info("restoring a checkpoint written without experts: the network's weights, the "
+                 "linear expert and the mixture afresh")  # fmt: skip
+        return [v.numpy() if id(v) in own else next(given) for v in model_weights]
+
     def optimizer_state(self) -> list[np.ndarray]:
         """Copies of the optimizer's variables (for checkpoints)."""
         return [np.array(v.numpy()) for v in self.model.optimizer.variables]
 
     def restore(self, weights: list[np.ndarray], optimizer_state: list[np.ndarray]) -> None:
-        """Set weights and optimizer variables from a checkpoint of the same model."""
+        """Set weights and optimizer variables from a checkpoint of the same model, or of the
+        same network written before it had experts (a learner upgraded to them: the linear
+        expert and the mixture then start afresh beside the restored network)."""
         variables = self.model.optimizer.variables
         if len(variables) != len(optimizer_state):
             raise ValueError(
                 f"checkpoint has {len(optimizer_state)} optimizer variables, model has "
                 f"{len(variables)}: was the optimizer or architecture changed?"
             )
-        self.model.set_weights(weights)
+        self.model.set_weights(self._with_fresh_experts(weights))
         for variable, value in zip(variables, optimizer_state, strict=True):
             variable.assign(np.reshape(value, variable.shape))  # safetensors stores () as (1,)
         self.reset_average()  # restore_average takes the checkpoint's average, where it has one
