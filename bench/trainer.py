@@ -81,6 +81,7 @@ from bench.procs import QUIET_ENV
 BEFORE_29 = "409e868"  # main before issue #29's first merge (the trainer as it was)
 NO_AVERAGING = {"weight_average": 0.0}  # the livefit side without issue #30's averaging
 NO_PIPELINE = {"pipeline": "off"}  # the livefit side one batch after the other
+NO_EXPERTS = {"experts": {"enabled": False}}  # the livefit side without issue #47's experts
 BEFORE_CHUNK = 1  # the before side is measured with single-sample chunks only
 
 CHUNKS = (1, 100)
@@ -96,6 +97,8 @@ SIDES = {
     "on: 2 CPUs, no serving), chunks of 1",
     "livefit, no averaging": "the livefit side with `train.weight_average = 0` (issue #30's "
     "weight averaging off: no averaged weights kept or scored), chunks of 1",
+    "livefit, no experts": "the livefit side with `experts.enabled = false` (issue #47's linear "
+    "expert and mixture off: the network alone), chunks of 1",
     "training process": "the livefit side (chunks of 1) in its own process pinned and sized as "
     "`livefit serve`'s training process is by default here (`processes.training_cores = "
     '"auto"` beside the default serving processes; intra-op threads = its cores, one inter-op '
@@ -147,6 +150,7 @@ def run(ctx: Context) -> BenchResult:
     per_message: list[float] = []
     no_averaging: dict[int, list[float]] = {bs: [] for bs in sizes}
     no_pipeline: dict[int, list[float]] = {bs: [] for bs in sizes}
+    no_experts: dict[int, list[float]] = {bs: [] for bs in sizes}
     before_tree = _before_tree(ctx.workdir / "before-29")
     if before_tree is None:
         result.notes.append(
@@ -207,6 +211,8 @@ def run(ctx: Context) -> BenchResult:
             no_averaging[bs].append(plain)
             one_by_one, _ = trainer_rate(spec, x_all[:n], y_all[:n], bs, 1, train=NO_PIPELINE)
             no_pipeline[bs].append(one_by_one)
+            network, _ = trainer_rate(spec, x_all[:n], y_all[:n], bs, 1, model=NO_EXPERTS)
+            no_experts[bs].append(network)
             alone[bs].append(step_rate(spec, x_all, y_all, bs, seconds))
             piped_alone[bs].append(step_rate(spec, x_all, y_all, bs, seconds, pipelined=True))
             for chunk in _rotate(list(CHUNKS), r):
@@ -245,6 +251,7 @@ def run(ctx: Context) -> BenchResult:
                     thread_cpu[bs] if chunk == 1 else [],
                     defaults[bs] if chunk == 1 else [],
                     one_intra[bs] if chunk == 1 else [],
+                    no_experts[bs] if chunk == 1 else [],
                 )
             )
     return result
@@ -380,6 +387,7 @@ def _row(
     thread_cpu: list[float] | None = None,
     defaults: list[tuple[float, float, float | None]] | None = None,
     one_intra: list[tuple[float, float, float | None]] | None = None,
+    no_experts: list[float] | None = None,
 ) -> Row:  # fmt: skip
     row = Row(case={"batch size": bs, "samples per chunk": chunk})
     row.figures["livefit samples/s"] = Spread.of(livefit, "samples/s")
@@ -417,6 +425,11 @@ def _row(
         )
     if no_pipeline:
         row.ratios["livefit ÷ no pipeline"] = paired_ratios(livefit, no_pipeline)
+    if no_experts:
+        row.figures["no experts samples/s"] = Spread.of(no_experts, "samples/s")
+        row.ratios["livefit ÷ no experts"] = paired_ratios(livefit, no_experts)
+        if bs >= 256:  # issue #47: experts on by default only at this cost
+            row.target("livefit ÷ no experts", ">=", 0.85, "≥ 0.85x without experts")
     if process:
         row.figures["training process samples/s"] = Spread.of([p[0] for p in process], "samples/s")
         row.figures["its raw step samples/s"] = Spread.of([p[1] for p in process], "samples/s")

@@ -44,6 +44,11 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "defaults": {},
     # The defaults without the experts (issue #47: the network alone, as before them)
     "noexp": {"experts": {"enabled": False}},
+    # The experts' mixture sharper (rate), or following a shorter window (decay)
+    "exprate3": {"experts": {"rate": 3.0}},
+    "exprate03": {"experts": {"rate": 0.3}},
+    "expdecay995": {"experts": {"decay": 0.995}},
+    "expdecay999": {"experts": {"decay": 0.999}},
     # The fast start (train.fast_start_samples, issue #30): off, and its smallest batch 1 or 10
     # instead of 5 (bench/results/fast_start.jsonl).
     "nofast": {"train": {"fast_start_samples": 0}},
