@@ -593,6 +593,18 @@ MEANINGS: dict[str, str] = {
         "(learner) re-sign and re-publish the newest snapshot this often when no new one went "
         "out, so an idle learner's retained weights never exceed `max_age_s`"
     ),
+    "models.<name>.weights.refused_unready_s": (
+        "(replicas, a split learner's serving processes) readiness answers 503 once every "
+        "weight message has been refused for this long since the last one that verified, and "
+        "refusals keep coming (a learner signing with a rotated key, an architecture that no "
+        "longer matches): the line names the outcome, e.g. `refused every snapshot for 60 s "
+        "(last: bad_signature: ...)`; the last good weights keep serving, and one verified "
+        "message (a new version, or the learner's re-signed snapshot) makes it ready again. "
+        "`stale` messages (the served snapshot delivered again) count neither way; `0`: off. "
+        "Anyone who may publish on the weight topic can start such a streak with forged "
+        "messages while the learner is idle: the broker's ACL is the defence "
+        "([Weights](mqtt.md#weights))"
+    ),
     "models.<name>.checkpoint.interval_s": (
         "checkpoint (weights, optimizer state, version, log position) this often, and at "
         "shutdown; written in the background"
