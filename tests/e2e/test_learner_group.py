@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -334,13 +335,27 @@ def test_a_stop_after_predictions_on_a_kept_alive_connection_says_what_it_waits_
     assert took < 60
 
 
+@contextmanager
+def sighup_default() -> Iterator[None]:
+    """Processes started inside get SIGHUP's default disposition: children inherit an ignored
+    SIGHUP (a test run started with ``nohup``), which livefit keeps ignoring by design."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 def test_sighup_stops_every_process_of_the_group_as_sigterm_does(
     broker: Mosquitto, tmp_path: Path
 ) -> None:
     """A hangup (a closed terminal, ``systemctl kill -s HUP`` reaching every process) killed
     the whole group at once: no log line, no checkpoint, exit -1. It is a graceful stop, in
     the parent, the training process and the serving process alike (README, Commands)."""
-    learner = LivefitProcess(with_workers(config(broker, tmp_path / "data"), 1), tmp_path).start()
+    learner = LivefitProcess(with_workers(config(broker, tmp_path / "data"), 1), tmp_path)
+    with sighup_default():  # as a terminal starts it, also when this test runs under nohup
+        learner.start(ready_timeout_s=None)
+    learner.wait_ready(120)
     pids = processes(learner)
     assert len(pids) == 2  # the training process and one serving process
     publish_samples(broker, 500)
