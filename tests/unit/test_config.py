@@ -386,6 +386,29 @@ def test_a_control_character_from_the_environment_names_the_variable(tmp_path: P
     assert "a control character (U+007F) at character 5" in message
 
 
+@pytest.mark.parametrize(
+    ("lines", "said"),
+    [
+        ("lerning_rate = 0.1", "models.demo.lerning_rate: unknown key; did you mean 'learning_rate'?"),
+        ("[models.demo.train]\nmax_bach_size = 3",
+         "models.demo.train.max_bach_size: unknown key; did you mean 'max_batch_size'?"),
+        ("[models.demo.weights]\nrefused_unready = 3",
+         "models.demo.weights.refused_unready: unknown key; did you mean 'refused_unready_s'?"),
+        ("zzzzzz = 1",
+         "models.demo.zzzzzz: unknown key (check the spelling against docs/configuration.md)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_gets_the_closest_known_one(tmp_path: Path, lines: str, said: str) -> None:
+    """An unknown key said only "unknown key" (issue 45): the closest key of its table now,
+    when one is close."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + lines + "\n"), environ={})
+    assert str(caught.value).endswith(said)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, "[brokr]\nurl = 'x'\n" + MINIMAL), environ={})
+    assert str(caught.value).endswith("brokr: unknown key; did you mean 'broker'?")
+
+
 def test_shared_subscriptions_are_refused_saying_why(tmp_path: Path) -> None:
     """README used to say ``$share/group/...`` samples topics work while the validator refused
     every ``$`` topic: now the refusal says shared subscriptions are not supported, and why."""

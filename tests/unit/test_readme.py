@@ -134,6 +134,51 @@ def test_commands_table_shows_optional_arguments_as_optional() -> None:
         assert f"| `livefit {name} [--config FILE]` |" in README
 
 
+def command_helps() -> dict[str, list[str]]:
+    """Every ``livefit`` command's options, each as ``--help`` prints its text."""
+    from livefit.cli import build_parser
+
+    commands: Any = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    return {
+        name: [" ".join(command._get_formatter()._expand_help(action).split())
+               for action in command._actions if action.help]
+        for name, command in commands.items()
+    }  # fmt: skip
+
+
+def test_command_help_says_each_default_once_and_never_none() -> None:
+    """``livefit demo --help`` printed "(default: a temp dir, deleted on exit) (default:
+    None)" (issue 45)."""
+    for name, helps in command_helps().items():
+        for text in helps:
+            assert "(default: None)" not in text and "(default: False)" not in text, (name, text)
+            assert text.count("(default") <= 1, (name, text)
+
+
+def test_command_help_points_at_pages_and_sections_that_exist() -> None:
+    """``livefit publish --help`` sent readers to README 'Delayed labels', a section that had
+    moved to docs/labels.md (issue 45)."""
+    headings = {slug(h) for h in re.findall(r"^#+ (.+)$", README, re.M)}
+    for name, helps in command_helps().items():
+        for text in helps:
+            for section in re.findall(r"README '([^']+)'", text):
+                assert slug(section) in headings, (name, text)
+            for page, anchor in re.findall(r"(docs/[\w-]+\.md)(?:#([\w-]+))?", text):
+                assert (ROOT / page).is_file(), (name, text)
+                if anchor:
+                    found = re.findall(r"^#+ (.+)$", (ROOT / page).read_text(), re.M)
+                    assert anchor in {slug(h) for h in found}, (name, text)
+
+
+def test_the_own_model_example_waits_only_while_serve_runs() -> None:
+    """README's ``until curl ...`` loop never ended when ``serve`` had died (a typo in the
+    config): the loop's body checks the process (the loop run for real:
+    ``tests/e2e/test_readme_example.py``)."""
+    section = README.split("## Your own model")[1].split("\n## ")[0]
+    (loop,) = [line for line in section.splitlines() if line.startswith("until curl")]
+    assert re.search(r"; do kill -0 \$! [^;]*\|\| break; sleep 1; done", loop), loop
+
+
 def test_readme_is_a_front_page() -> None:
     assert len(README.splitlines()) < 250
     for doc in DOCS.glob("*.md"):
