@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -93,6 +94,33 @@ def two_commands() -> list[str]:
     block = re.search(r"## Two commands\n.*?```bash\n(.+?)\n```", README, re.S)
     assert block is not None
     return [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+
+
+def app_routes(routes: list[Any]) -> Iterator[Any]:
+    """Every route of an app, through the routers it includes."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        yield from app_routes(included.routes) if included is not None else [route]
+
+
+def test_every_http_route_is_documented() -> None:
+    """``GET /v2/models/{name}/config`` was served and missing from docs/http.md (issue 45):
+    every method and path of the learner's and the replica's app is in its table."""
+    from livefit.server.http.app import create_app
+    from livefit.server.runtime.learner import LearnerRuntime
+    from livefit.server.runtime.replica import ReplicaRuntime
+
+    http = (DOCS / "http.md").read_text()
+    settings = load_settings(None, environ={})
+    missing = set()
+    for runtime in (LearnerRuntime(settings), ReplicaRuntime(settings)):
+        for route in app_routes(create_app(runtime, None, None).routes):
+            if getattr(route.endpoint, "__name__", "") == "_post_only":
+                continue  # any other method on :predict: 405
+            for method in sorted(set(route.methods or ()) - {"HEAD"}):
+                if f"`{method} {route.path}" not in http:
+                    missing.add(f"{method} {route.path}")
+    assert not missing, f"docs/http.md lacks: {sorted(missing)}"
 
 
 def test_readme_gives_two_commands_for_a_fresh_machine() -> None:
