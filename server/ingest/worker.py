@@ -34,10 +34,9 @@ import time
 
 from paho.mqtt.client import topic_matches_sub
 
-from ..base.logs import LogLimiter
 from ..base.metrics import ErrorMetrics, Metrics
 from ..mqtt.connection import MqttConnection, RawMessage
-from ..storage.health import StorageHealth
+from ..storage.health import LogLimiter, StorageHealth
 from ..storage.metrics import StorageMetrics, WalMetrics
 from ..storage.wal import WriteAheadLog
 from ..wire.codec import DecodedMessage, decode_message

@@ -89,6 +89,28 @@ class StorageHealth:
             ]
 
 
+class LogLimiter:
+    """Allows one log line per key per ``interval_s`` and counts the ones it held back."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._last: dict[object, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, key: object) -> int | None:
+        """None when this line should be suppressed; else how many were suppressed before it."""
+        now = time.monotonic()
+        with self._lock:
+            last, held_back = self._last.get(key, (-1e18, 0))
+            if now - last < self.interval_s:
+                self._last[key] = (last, held_back + 1)
+                return None
+            if len(self._last) > 10_000:  # keys are bounded labels; this is a safety net
+                self._last.clear()
+            self._last[key] = (now, 0)
+            return held_back
+
+
 def _describe(error: BaseException) -> str:
     text = str(error) or type(error).__name__
     return text if len(text) <= 300 else text[:300] + "..."

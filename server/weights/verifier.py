@@ -50,7 +50,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from ..base.logs import LogLimiter
+from ..storage.health import LogLimiter
 from .format import (
     EnvelopeHeader,
     WeightsMeta,
@@ -70,7 +70,6 @@ OUTCOMES = (
     "wrong_architecture", "non_finite", "too_large", "pull_failed", "superseded",
 )  # fmt: skip
 QUIET_OUTCOMES = ("stale", "refreshed")  # logged at DEBUG: normal on a busy stream
-VERIFIED_OUTCOMES = ("accepted", "new_lineage", "refreshed")  # the learner's key signed it
 REFUSAL_LOG_INTERVAL_S = 10.0  # as the learner's rejected samples (ingest.worker)
 DEFAULT_MAX_PULL_BYTES = 256 * 1024 * 1024
 _POLL_S = 0.1
@@ -100,14 +99,12 @@ class RefusalStreak:
     def __init__(self, unready_s: float) -> None:
         self.unready_s = unready_s
         self.since: float | None = None  # time.monotonic() of the streak's first refusal
-        self.latest = 0.0
         self.unready = False
 
     def refused(self, now: float) -> bool:
         """Note a refusal at ``now``; True when the streak has just become unready."""
         if self.since is None:
             self.since = now
-        self.latest = now
         if self.unready or self.unready_s <= 0 or now - self.since < self.unready_s:
             return False
         self.unready = True
@@ -191,9 +188,12 @@ class WeightVerifier:
             return None
         return (
             f"weights of {self.model}: refused every snapshot for "
-            f"{self.streak.seconds(time.monotonic()):.0f} s (last: {self.last_refused}); still "
-            f"serving version {self.version}"
+            f"{self.streak.seconds(time.monotonic()):.0f} s (last: {self.last_refused}); "
+            f"{self._serving()}"
         )
+
+    def _serving(self) -> str:
+        return f"still serving version {self.version}" if self.version is not None else "no weights"
 
     def submit(self, data: bytes) -> None:
         """Queue one message for verification (any thread; returns at once). Only the newest
@@ -351,7 +351,7 @@ class WeightVerifier:
         if outcome in QUIET_OUTCOMES:
             log.debug("weights for %s refused (%s); keeping version %s", self.model, text,
                       self.version)  # fmt: skip
-            if outcome in VERIFIED_OUTCOMES:
+            if outcome == "refreshed":  # the learner's key signed it: the stream verifies
                 self._verified()
             return
         self.last_refused = text
@@ -363,8 +363,8 @@ class WeightVerifier:
         if self.streak.refused(time.monotonic()):
             log.warning(
                 "weights for %s: every message refused for %.0f s (last: %s); readiness fails "
-                "until weights verify again (weights.refused_unready_s); still serving version "
-                "%s", self.model, self.streak.unready_s, text, self.version,
+                "until weights verify again (weights.refused_unready_s); %s",
+                self.model, self.streak.unready_s, text, self._serving(),
             )  # fmt: skip
 
     def _verified(self) -> None:
