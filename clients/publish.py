@@ -40,15 +40,19 @@ from .publisher import SamplePublisher
 from .rejections import RejectionWatcher
 from .synthetic import cycle_chunks, load_file, stream_chunks, stream_for_shape
 
+LEARNER_WAIT_S = 2.0  # for the weight topic's retained message, before publishing
+
 
 def run(args: argparse.Namespace) -> int:
     """Run `livefit publish`: 0 when every sample was acknowledged, 1 on a broker or publish
-    failure or when the learner rejected every message, 2 on invalid options or an unreadable
-    source, 130 when interrupted.
+    failure, when the learner rejected every message, or when no learner seems to serve the
+    model (nothing is published then, unless ``--anyway``), 2 on invalid options or an
+    unreadable source, 130 when interrupted.
 
     Unless ``--no-check``, it listens on the model's dead-letter topic while it publishes and
-    reports the rejections of its messages at the end, and warns when nothing seems to take
-    the samples (``RejectionWatcher.nothing_listens``)."""
+    reports the rejections of its messages at the end; before the first sample it looks for a
+    learner (``RejectionWatcher.nothing_listens``: no weights ever published for the model on
+    this broker): without one it publishes nothing, or with ``--anyway`` publishes and warns."""
     try:
         chunks, count = _open_source(args)
         publisher = _make_publisher(args)
@@ -73,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
                 publisher.source,
             )
             watcher.start()
+            if not watcher.wait_for_learner(LEARNER_WAIT_S) and not args.anyway:
+                return _fail(_nobody(watcher, args.model, str(publisher.address), True), 1)
         with _progress_bar(count, enabled=not args.no_progress) as advance:
             stats = publisher.publish_stream(
                 chunks,
@@ -113,14 +119,25 @@ def _check_report(watcher: RejectionWatcher, stats: PublishStats, model: str, br
             f"for {first} (reports on {watcher.dead_letter_topic})"
         )
     elif watcher.nothing_listens:
-        _warn(
-            f"no learner seems to serve model {model!r} on {broker}: no weights on "
-            f"{watcher.weights_topic} and no rejection reports on {watcher.dead_letter_topic}. "
-            f"Check that `livefit serve` runs against this broker with a model named {model!r} "
-            f"(--model) whose topic is {watcher.topic} (--topic); until one subscribes, the "
-            "broker keeps these samples only for a learner session it already knows"
-        )
+        _warn(_nobody(watcher, model, broker, False))
     return 0
+
+
+def _nobody(watcher: RejectionWatcher, model: str, broker: str, before: bool) -> str:
+    """What to say when no learner seems to serve ``model``: ``before`` publishing (nothing
+    was sent), or after (``--anyway``)."""
+    found = f"no weights on {watcher.weights_topic}"
+    if not before:
+        found += f" and no rejection reports on {watcher.dead_letter_topic}"
+    check = (
+        f"Check that `livefit serve` runs against this broker with a model named {model!r} "
+        f"(--model) whose topic is {watcher.topic} (--topic); until one subscribes, the broker "
+        "keeps samples only for a learner session it already knows"
+    )
+    if before:
+        return (f"no learner seems to serve model {model!r} on {broker} ({found}): nothing "
+                f"published. {check}. --anyway publishes all the same")  # fmt: skip
+    return f"no learner seems to serve model {model!r} on {broker}: {found}. {check}"
 
 
 def _warn(message: str) -> None:

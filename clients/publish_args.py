@@ -157,14 +157,20 @@ def _add_check_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--no-check",
         action="store_true",
-        help="do not listen for rejections nor warn when no learner seems to take the samples",
+        help="do not listen for rejections nor look for a learner that takes the samples",
+    )
+    add(
+        "--anyway",
+        action="store_true",
+        help="publish even when no learner seems to serve the model (no weights ever published "
+        "on its weight topic): by default nothing is published then and the exit status is 1",
     )
     add(
         "--label-delay",
         type=int,
         metavar="N",
         help="delayed labels: predict each sample with an id through --server now, publish its "
-        "label on livefit/<model>/labels N samples later (README 'Delayed labels')",
+        "label on livefit/<model>/labels N samples later (docs/labels.md)",
     )
     add(
         "--label-delay-random",

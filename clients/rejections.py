@@ -63,6 +63,13 @@ class RejectionWatcher:
                     self._pending[mid] = topic
             self._changed.wait_for(lambda: not self._pending, timeout_s)
 
+    def wait_for_learner(self, timeout_s: float) -> bool:
+        """Before publishing: wait up to ``timeout_s`` for the weights topic's retained message
+        (it comes right after the subscription is granted); False when ``nothing_listens``."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self.nothing_listens, timeout_s)
+            return not self.nothing_listens
+
     def settle(self, quiet_s: float, max_s: float = 10.0) -> None:
         """Wait for late reports: until none came for ``quiet_s`` (at most ``max_s``). When no
         learner seems to be there, only a moment for a retained weights message in flight."""

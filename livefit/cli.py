@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 
@@ -94,7 +94,10 @@ def _with_tensorflow(settings: Any, trains: bool = True) -> bool:
     False (one line on stderr) when ``tensorflow.devices`` names a device it does not see and
     the process ``trains`` (a replica, which never trains, may share a learner's config on a
     machine without its GPUs)."""
+    from livefit.server.base.tensorflow_start import import_tensorflow
     from livefit.server.config.settings import ConfigError
+
+    import_tensorflow()  # first, so that its start-up noise is filtered
     from livefit.server.train.modeling import check_devices, configure_tensorflow
 
     configure_tensorflow(settings.tensorflow)
@@ -163,6 +166,9 @@ def _serve(args: argparse.Namespace) -> int:
             argv, workers, http.host, http.port, list(settings.models), http.worker_timeout_s
         )
     if training is not None:
+        from livefit.server.base.tensorflow_start import import_tensorflow
+
+        import_tensorflow()  # quietly, before the training process's modules import it
         from livefit.server.runtime.training_process import size_training_pools
 
         size_training_pools(settings, training)  # before TensorFlow starts its pools
@@ -175,16 +181,16 @@ def _serve(args: argparse.Namespace) -> int:
     if training is not None:  # a split learner's training process
         from livefit.server.runtime.training_process import run_training
 
-        return run_training(settings, training)
+        _exit_stopped(run_training(settings, training))
     from livefit.server.runtime.serve import run_server
 
     if slot is not None:  # one of a split learner's serving processes
         from livefit.server.runtime.learner_serving import LearnerServingRuntime
 
-        return run_server(settings, LearnerServingRuntime(settings, slot), slot)
+        _exit_stopped(run_server(settings, LearnerServingRuntime(settings, slot), slot))
     from livefit.server.runtime.learner import LearnerRuntime
 
-    return run_server(settings, LearnerRuntime(settings))
+    _exit_stopped(run_server(settings, LearnerRuntime(settings)))
 
 
 def _replica(args: argparse.Namespace) -> int:
@@ -210,8 +216,16 @@ def _replica(args: argparse.Namespace) -> int:
 
     if slot is not None:  # one of a worker group's processes
         instance = f"{socket.gethostname()}-{settings.http.port}-w{slot.index}"
-        return run_server(settings, ReplicaRuntime(settings, instance=instance), slot)
-    return run_server(settings, ReplicaRuntime(settings))
+        _exit_stopped(run_server(settings, ReplicaRuntime(settings, instance=instance), slot))
+    _exit_stopped(run_server(settings, ReplicaRuntime(settings)))
+
+
+def _exit_stopped(code: int) -> NoReturn:
+    """End a process that ran models, its parts stopped, without Python's teardown of
+    TensorFlow (``tensorflow_start.exit_without_teardown``): a stop waits for none of it."""
+    from livefit.server.base.tensorflow_start import exit_without_teardown
+
+    exit_without_teardown(code)
 
 
 if __name__ == "__main__":

@@ -53,18 +53,19 @@ READY_TIMEOUT_S = 300.0  # TensorFlow's import alone took 100 s on a busy 2-core
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds to run")
-    parser.add_argument("--rate", type=float, default=5000.0, help="samples/s to publish")
-    parser.add_argument("--batch", type=int, default=10, help="samples per MQTT message")
-    parser.add_argument("--clients", type=int, default=8, help="concurrent prediction clients")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--duration", type=float, default=30.0, help="seconds to run (default: %(default)s)")
+    add("--rate", type=float, default=5000.0, help="samples/s to publish (default: %(default)s)")
+    add("--batch", type=int, default=10, help="samples per MQTT message (default: %(default)s)")
+    add("--clients", type=int, default=8,
+        help="concurrent prediction clients (default: %(default)s)")  # fmt: skip
+    add(
         "--broker",
         default="auto",
-        help='broker URL, or "auto": 127.0.0.1:1883 if a broker listens there, else one '
-        "started for the demo",
+        help='broker URL, or "auto" (the default): 127.0.0.1:1883 if a broker listens there, '
+        "else one started for the demo",
     )
-    parser.add_argument("--port", type=int, default=0, help="learner HTTP port (0: a free one)")
+    add("--port", type=int, default=0, help="learner HTTP port (default: 0, a free one)")
     parser.add_argument(
         "--workdir", help="where state and logs go, kept (default: a temp dir, deleted on exit)"
     )

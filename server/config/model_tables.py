@@ -308,6 +308,9 @@ class WeightsSettings(Section):
     max_pull_bytes: int = Field(256 * 1024 * 1024, ge=1024)  # a pulled payload larger: refused
     max_age_s: float = Field(86400.0, ge=0)  # refuse weights signed longer ago (0: no limit)
     refresh_interval_s: float = Field(3600.0, gt=0)  # learner re-signs its newest snapshot
+    # Replicas (and a split learner's serving processes): readiness fails once every weight
+    # message has been refused for this long since the last one that verified (0: never).
+    refused_unready_s: float = Field(60.0, ge=0)
 
     @field_validator("topic")
     @classmethod

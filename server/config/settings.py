@@ -14,6 +14,7 @@ weights... tables), and every name is re-exported here.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -22,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ValidationError, field_validator, model_validator
 
 from .broker_urls import hide_credentials
 from .model import ModelSettings
@@ -209,6 +210,36 @@ def _shown_env_value(name: str, raw: str) -> str:
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
+def _did_you_mean(loc: tuple[str, ...]) -> str:
+    """``; did you mean 'x'?`` for the closest known key beside the unknown one at ``loc``,
+    else where to look."""
+    known = _keys_at(loc[:-1])
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return " (check the spelling against docs/configuration.md)"
+
+
+def _keys_at(path: tuple[str, ...]) -> list[str]:
+    """The keys the table at ``path`` may hold (after ``models``, a model's name)."""
+    model: type[BaseModel] = Settings
+    parts = list(path)
+    while parts:
+        part = parts.pop(0)
+        if model is Settings and part == "models":
+            if not parts:
+                return []  # model names are the user's
+            parts.pop(0)
+            model = ModelSettings
+            continue
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
 def _describe(
     exc: ValidationError, file: Path, from_env: Mapping[tuple[str, ...], str] | None = None
 ) -> str:
@@ -221,7 +252,7 @@ def _describe(
         key = ".".join(loc) or "(root)"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling against docs/configuration.md)"
+            message = "unknown key" + _did_you_mean(loc)
         elif error["type"] == "value_error":
             message = message.removeprefix("Value error, ")
         origin = next((v for path, v in from_env.items() if loc[: len(path)] == path), None)

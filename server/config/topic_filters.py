@@ -7,7 +7,11 @@ it, and must be the last level, alone; a filter that starts with a wildcard does
 topic that starts with ``$`` (``$SYS/...``), while ``$SYS/#`` does.
 
 A topic name (what a message is published on) has no wildcards. Both are UTF-8 strings of at
-most 65,535 bytes (a 2-byte length in the packet).
+most 65,535 bytes (a 2-byte length in the packet), without U+0000 or surrogates (MQTT 5
+section 1.5.4: "MUST NOT"). The same section says they SHOULD NOT hold control characters
+(U+0001-U+001F, U+007F-U+009F) or Unicode non-characters (U+FDD0-U+FDEF, and the last two code
+points of every plane); mosquitto closes the connection of a client that sends one in a
+PUBLISH or SUBSCRIBE, so livefit refuses them too.
 
 ``config`` uses ``topic_matches`` to refuse a data subscription that would consume a topic
 livefit itself publishes (a learner reading its own weights and dead-letter reports), and
@@ -16,14 +20,20 @@ livefit itself publishes (a learner reading its own weights and dead-letter repo
 
 from __future__ import annotations
 
+import re
+
 MAX_TOPIC_BYTES = 65_535
+_PLANE_ENDS = "".join(chr(plane << 16 | low) for plane in range(17) for low in (0xFFFE, 0xFFFF))
+# What a broker refuses in a topic (the module docstring): C0, DEL and C1, and non-characters.
+_REFUSED = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f\\ufdd0-\\ufdef{_PLANE_ENDS}]")
 
 
 def _string_problem(value: str, what: str) -> str | None:
     if not value:
         return f"an empty {what}"
-    if "\0" in value:
-        return "a NUL character"
+    refused = _REFUSED.search(value)
+    if refused is not None:
+        return _character_problem(refused.group(), refused.start())
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
@@ -31,6 +41,17 @@ def _string_problem(value: str, what: str) -> str | None:
     if size > MAX_TOPIC_BYTES:
         return f"{size} UTF-8 bytes, over MQTT's {MAX_TOPIC_BYTES}"
     return None
+
+
+def _character_problem(character: str, index: int) -> str:
+    code = ord(character)
+    if code == 0:
+        what = "a NUL character (U+0000)"
+    elif code <= 0x9F:
+        what = f"a control character (U+{code:04X})"
+    else:
+        what = f"a Unicode non-character (U+{code:04X})"
+    return f"{what} at character {index + 1}: MQTT brokers refuse it (mosquitto disconnects)"
 
 
 def topic_problem(topic: str) -> str | None:

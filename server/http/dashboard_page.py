@@ -82,7 +82,9 @@ const PANELS = [
   {id: "serving", title: "Serving version", unit: "", roles: ["replica"],
    series: [["serving_version", "serving"]]},
   {id: "predictions", title: "Predictions", unit: "/s", roles: ["learner", "replica"],
-   series: [["predictions_per_s", "requests/s"], ["errors_per_s", "errors/s"]]},
+   series: [["predictions_per_s", "requests/s"], ["server_errors_per_s", "server errors/s"],
+            ["refused_per_s", "refused/s (429, 503, 504)"],
+            ["client_errors_per_s", "client errors/s"]]},
   {id: "latency", title: "Prediction latency", unit: "ms", roles: ["learner", "replica"],
    series: [["latency_p50_ms", "p50"], ["latency_p99_ms", "p99"]]},
   {id: "batch", title: "Predict batch size", unit: "rows per model call",
@@ -97,7 +99,9 @@ const TOTALS = [
   ["train_samples_total", "samples trained", ["learner"]],
   ["train_steps_total", "training steps", ["learner"]],
   ["predict_requests_total", "predictions", ["learner", "replica"]],
-  ["predict_errors_total", "prediction errors", ["learner", "replica"]],
+  ["predict_server_errors_total", "server errors (5xx)", ["learner", "replica"]],
+  ["predict_refused_total", "refused, to retry (429, 503, 504)", ["learner", "replica"]],
+  ["predict_client_errors_total", "client errors (4xx but 429)", ["learner", "replica"]],
 ];
 const views = new Map();  // model name -> {root, history, prev}
 let polls = 0;
@@ -136,7 +140,9 @@ function derive(cur, prev, dt) {
   return Object.assign({}, cur, {
     samples_per_s: rate(cur, prev, "train_samples_total", dt),
     predictions_per_s: rate(cur, prev, "predict_requests_total", dt),
-    errors_per_s: rate(cur, prev, "predict_errors_total", dt),
+    server_errors_per_s: rate(cur, prev, "predict_server_errors_total", dt),
+    refused_per_s: rate(cur, prev, "predict_refused_total", dt),
+    client_errors_per_s: rate(cur, prev, "predict_client_errors_total", dt),
     latency_p50_ms: ms(latency.p50), latency_p99_ms: ms(latency.p99),
   });
 }

@@ -62,9 +62,12 @@ def model_stats(samples: ModelSamples) -> dict[str, Any]:
     """Everything the dashboard shows for one model; ``None`` wherever a series is absent."""
     stats: dict[str, Any] = {key: single(samples, name) for key, name in SINGLE_VALUES.items()}
     requests = samples.get("livefit_predict_requests_total", [])
-    errors = [s for s in requests if s.labels.get("code") != "200"]
     stats["predict_requests_total"] = total(requests)
-    stats["predict_errors_total"] = finite(math.fsum(s.value for s in errors)) if requests else None
+    for key, kind in (("predict_client_errors_total", "client"),
+                      ("predict_refused_total", "refused"),
+                      ("predict_server_errors_total", "server")):  # fmt: skip
+        answered = [s for s in requests if answer_kind(s.labels.get("code", "")) == kind]
+        stats[key] = finite(math.fsum(s.value for s in answered)) if requests else None
     latency = buckets(samples, "livefit_predict_latency_seconds")
     stats["predict_latency"] = {
         "p50": bucket_quantile(0.5, latency),
@@ -73,6 +76,17 @@ def model_stats(samples: ModelSamples) -> dict[str, Any]:
     stats["predict_batch_mean"] = histogram_mean(samples, "livefit_predict_batch_size")
     stats["freshness_p50"] = bucket_quantile(0.5, freshness_buckets(samples))
     return stats
+
+
+def answer_kind(code: str) -> str:
+    """What a prediction's HTTP status says: ``ok``; ``client`` (4xx but 429: the request
+    itself was wrong, its client's error); ``refused`` (429, 503, 504: not served now, under
+    load or without weights yet; retry); ``server`` (500 and other 5xx: livefit's error)."""
+    if code.startswith("2"):
+        return "ok"
+    if code in ("429", "503", "504"):
+        return "refused"
+    return "client" if code.startswith("4") else "server"
 
 
 def finite(value: float | None) -> float | None:

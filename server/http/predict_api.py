@@ -46,6 +46,9 @@ from .predict_handlers import PredictHandlers, Served
 from .predict_request import Guard, error_response, format_tf, format_v2, parse_tf, parse_v2
 from .tfserving import tfserving_model_status
 
+# OIP extensions by Triton's names: binary input tensors (outputs are JSON), the config route.
+OIP_EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+
 
 async def _post_only(request: Request) -> Response:
     """Any other method on ``:predict``: without this, ``GET /v1/models/m:predict`` matches
@@ -127,7 +130,9 @@ def _oip_routes(router: APIRouter, handlers: PredictHandlers) -> None:
 
     @router.get("/v2")
     async def oip_server_metadata() -> dict[str, Any]:
-        return {"name": "livefit", "version": __version__, "extensions": []}
+        """OIP server metadata; the extensions by Triton's names (binary input tensors, the
+        model configuration route)."""
+        return {"name": "livefit", "version": __version__, "extensions": OIP_EXTENSIONS}
 
 
 def _direct_routes(router: APIRouter, handlers: PredictHandlers) -> None:

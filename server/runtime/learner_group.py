@@ -43,7 +43,7 @@ from ..config.machine import serving_cpus
 from ..config.sections import ProcessSettings
 from ..serve.busy_board import BOARD_FILE, BusyBoard
 from ..weights.local_feed import FEED_FILE
-from .children import start_child, stop_children
+from .children import start_child
 from .workers import (
     MAX_RESTARTS,
     RESTART_WINDOW_S,
@@ -52,6 +52,7 @@ from .workers import (
     WorkerGroup,
     restarts_in_window,
     run_group,
+    stop_saying,
 )
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,8 @@ class LearnerGroup(WorkerGroup):
         training = self.training.process
         clean = True
         if training is not None:
-            stop_children([training], TRAINING_GRACE_S)
+            stop_saying([training], TRAINING_GRACE_S, f"the training process (pid {training.pid})",
+                        "to train what it accepted, checkpoint and publish")  # fmt: skip
             clean = training.returncode in (0, -signal.SIGTERM)
         return max(super()._stop(), 0 if clean else 1)
 

@@ -127,6 +127,8 @@ class LearnerServingRuntime(ReplicaRuntime):
                     f"model {name}: no weights yet from the training process"
                     + (f"; refused: {refused}" if refused else "")
                 )
+            elif m.receiver is not None and (refusing := m.receiver.refusal_problem()):
+                found.append(f"model {name}: {refusing}")
         return found
 
     def stop(self) -> None:

@@ -207,6 +207,7 @@ class ReplicaRuntime:
             ).headers(),
             "max_pull_bytes": weights.max_pull_bytes,
             "max_age_s": weights.max_age_s,
+            "refused_unready_s": weights.refused_unready_s,
         }
 
     def _received(self, replica_model: ReplicaModel, received: ReceivedWeights) -> None:
@@ -275,6 +276,8 @@ class ReplicaRuntime:
                     f"model {name}: no weights yet on {receiver.topic} (is a learner for this "
                     f"model running on this broker?){refused}"
                 )
+            elif (refusing := receiver.refusal_problem()) is not None:
+                found.append(f"model {name}: {refusing}")
         return found
 
     def served(self) -> dict[str, ServedModel]:

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import uvicorn
 

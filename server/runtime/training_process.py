@@ -262,4 +262,5 @@ def run_training(settings: Settings, slot: TrainingSlot) -> int:
     finally:
         metrics.stop()
         runtime.stop()
+    log.info("training process stopped; exiting")
     return 0

@@ -225,11 +225,27 @@ class WorkerGroup:
     def _stop(self) -> int:
         """SIGTERM every worker, SIGKILL those left after ``STOP_GRACE_S``; 0 if all stopped."""
         children = [w.process for w in self.workers if w.process is not None]
-        stop_children(children, STOP_GRACE_S)
+        stop_saying(children, STOP_GRACE_S, f"the serving processes ({len(children)})",
+                    "to answer the requests they hold")  # fmt: skip
         # A worker still starting when SIGTERM came dies of it (-15) before uvicorn handles
         # it: stopped on request all the same. SIGKILL after the grace period is not clean.
         codes = [child.returncode for child in children]
         return 0 if all(code in (0, -signal.SIGTERM) for code in codes) else 1
+
+
+def stop_saying(
+    children: Sequence[subprocess.Popen[bytes]], grace_s: float, who: str, why: str
+) -> None:
+    """``stop_children``, saying in the log whom the stop waits for and why, then how long
+    (nothing when none is running)."""
+    running = [child for child in children if child.poll() is None]
+    if not running:
+        return
+    log.info("stopping: waiting up to %.0f s for %s %s", grace_s, who, why)
+    started = time.monotonic()
+    stop_children(running, grace_s)
+    codes = ", ".join(str(child.returncode) for child in running)
+    log.info("%s exited after %.1f s (status %s)", who, time.monotonic() - started, codes)
 
 
 def run_workers(

@@ -50,11 +50,13 @@ class WeightReceiver(WeightVerifier):
         pull_headers: dict[str, str] | None = None,
         max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES,
         max_age_s: float = 86400.0,
+        refused_unready_s: float = 0.0,
     ) -> None:
         super().__init__(
             model, topic, fingerprint, on_weights, auth, on_outcome=on_outcome,
             pull_url=pull_url, pull_timeout_s=pull_timeout_s, pull_headers=pull_headers,
             max_pull_bytes=max_pull_bytes, max_age_s=max_age_s,
+            refused_unready_s=refused_unready_s,
         )  # fmt: skip
         nodes = as_nodes(address)
         self.broker = broker or BrokerSettings()

@@ -1,9 +1,10 @@
 """Verification of weight-stream messages, whatever carried them (the MQTT weight topic for
 replicas and ``WeightSubscriber``, a split learner's local feed for its serving processes).
 
-A ``WeightVerifier`` takes raw messages (``submit``, from any thread; only the newest 64 wait)
-and a worker thread checks each in this order, refusing it (counted by outcome via
-``on_outcome``, never stopping) at the first failure:
+A ``WeightVerifier`` takes raw messages (``submit``, from any thread; only the newest 64 wait,
+an older one dropped unread is counted ``superseded``) and a worker thread checks each in this
+order, refusing it (counted by outcome via ``on_outcome``, never stopping) at the first
+failure:
 
 1. a well-formed envelope (``weights.format``): else ``unsigned`` (no envelope at all) or
    ``bad_payload``;
@@ -26,6 +27,12 @@ accepted so far: an old lineage's snapshot replayed later is a ``rollback``. Wha
 lineage, a message signed more than ``max_age_s`` ago (receiver's clock) is ``expired``: this
 bounds what a receiver with no state (just started) can be handed; the learner re-signs its
 newest snapshot every ``weights.refresh_interval_s`` so an idle learner's weights stay valid.
+
+Refusals are logged at most once per outcome every ``REFUSAL_LOG_INTERVAL_S``, saying how many
+were held back (each is counted); a flood of garbage on the topic or a learner signing with a
+rotated key is a line per interval, not one per message. When every message has been refused
+for ``refused_unready_s`` since the last one that verified (``RefusalStreak``),
+``refusal_problem`` says so for readiness, while the last good weights keep serving.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
+from ..storage.health import LogLimiter
 from .format import (
     EnvelopeHeader,
     WeightsMeta,
@@ -59,9 +67,10 @@ log = logging.getLogger(__name__)
 OUTCOMES = (
     "accepted", "new_lineage", "refreshed", "stale", "rollback", "expired", "unsigned",
     "bad_signature", "bad_hmac", "bad_sha256", "bad_payload", "wrong_topic", "wrong_model",
-    "wrong_architecture", "non_finite", "too_large", "pull_failed",
+    "wrong_architecture", "non_finite", "too_large", "pull_failed", "superseded",
 )  # fmt: skip
 QUIET_OUTCOMES = ("stale", "refreshed")  # logged at DEBUG: normal on a busy stream
+REFUSAL_LOG_INTERVAL_S = 10.0  # as the learner's rejected samples (ingest.worker)
 DEFAULT_MAX_PULL_BYTES = 256 * 1024 * 1024
 _POLL_S = 0.1
 _CHUNK = 64 * 1024
@@ -77,6 +86,38 @@ class ReceivedWeights:
     received_at: float
     signed_at: float = 0.0
     new_lineage: bool = False  # this snapshot switches the receiver to another lineage
+
+
+class RefusalStreak:
+    """How long every weight message has been refused since the last one that verified.
+
+    A streak starts at the first refusal after a verified message (or after start) and counts
+    only while refusals keep coming: it is ``unready`` once the newest refusal is
+    ``unready_s`` (0: never) after the first. A verified message ends it; ``stale`` messages
+    (the served snapshot delivered again on a reconnect) neither start nor extend one."""
+
+    def __init__(self, unready_s: float) -> None:
+        self.unready_s = unready_s
+        self.since: float | None = None  # time.monotonic() of the streak's first refusal
+        self.unready = False
+
+    def refused(self, now: float) -> bool:
+        """Note a refusal at ``now``; True when the streak has just become unready."""
+        if self.since is None:
+            self.since = now
+        if self.unready or self.unready_s <= 0 or now - self.since < self.unready_s:
+            return False
+        self.unready = True
+        return True
+
+    def verified(self, now: float) -> float | None:
+        """End the streak; how long it lasted when it had made readiness fail, else None."""
+        lasted = now - self.since if self.unready and self.since is not None else None
+        self.since, self.unready = None, False
+        return lasted
+
+    def seconds(self, now: float) -> float:
+        return now - self.since if self.since is not None else 0.0
 
 
 class WeightVerifier:
@@ -97,6 +138,7 @@ class WeightVerifier:
         pull_headers: dict[str, str] | None = None,
         max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES,
         max_age_s: float = 86400.0,
+        refused_unready_s: float = 0.0,
     ) -> None:
         self.model = model
         self.topic = topic
@@ -116,6 +158,8 @@ class WeightVerifier:
         self.signed_at = 0.0
         self.connected = threading.Event()
         self.last_refused: str | None = None  # why the last weights were refused, if they were
+        self.streak = RefusalStreak(refused_unready_s)
+        self._log_limiter = LogLimiter(REFUSAL_LOG_INTERVAL_S)
         self._inbox: queue.Queue[bytes] = queue.Queue(maxsize=64)
         self._stopping = threading.Event()
         self._worker: threading.Thread | None = None
@@ -137,14 +181,29 @@ class WeightVerifier:
         """Why no weights can arrive now (the transport says more)."""
         return f"weights of {self.model}: not connected to their source"
 
+    def refusal_problem(self) -> str | None:
+        """A readiness line while every message has been refused for ``refused_unready_s``
+        (the last good weights still serve), else None."""
+        if not self.streak.unready:
+            return None
+        return (
+            f"weights of {self.model}: refused every snapshot for "
+            f"{self.streak.seconds(time.monotonic()):.0f} s (last: {self.last_refused}); "
+            f"{self._serving()}"
+        )
+
+    def _serving(self) -> str:
+        return f"still serving version {self.version}" if self.version is not None else "no weights"
+
     def submit(self, data: bytes) -> None:
         """Queue one message for verification (any thread; returns at once). Only the newest
-        matter: when 64 wait, the oldest is dropped."""
+        matter: when 64 wait, the oldest is dropped (``superseded``)."""
         try:
             self._inbox.put_nowait(data)
         except queue.Full:
             with contextlib.suppress(queue.Empty):
                 self._inbox.get_nowait()
+                self._count("superseded")
             with contextlib.suppress(queue.Full):
                 self._inbox.put_nowait(data)
 
@@ -273,24 +332,46 @@ class WeightVerifier:
         try:
             received = self.handle(data)
         except WeightsRejected as exc:
-            self._count(exc.outcome)
-            if exc.outcome not in QUIET_OUTCOMES:
-                self.last_refused = str(exc)  # "<outcome>: <detail>"
-            level = logging.DEBUG if exc.outcome in QUIET_OUTCOMES else logging.WARNING
-            log.log(level, "weights for %s refused (%s); keeping version %s", self.model, exc,
-                    self.version)  # fmt: skip
+            self._refused(exc.outcome, str(exc))  # "<outcome>: <detail>"
             return
-        except Exception:
-            self._count("bad_payload")
-            log.exception("weights for %s could not be processed", self.model)
+        except Exception as exc:
+            self._refused("bad_payload", f"bad_payload: could not be processed: {exc!r}", True)
             return
         try:
             self.on_weights(received)
-        except Exception:
-            self._count("bad_payload")
-            log.exception("applying weights v%d of %s failed", received.meta.version, self.model)
+        except Exception as exc:
+            detail = f"applying v{received.meta.version} failed: {exc!r}"
+            self._refused("bad_payload", f"bad_payload: {detail}", True)
             return
         self._accept(received)
+
+    def _refused(self, outcome: str, text: str, traceback: bool = False) -> None:
+        """Count, log (at most once per outcome per interval) and time one refusal."""
+        self._count(outcome)
+        if outcome in QUIET_OUTCOMES:
+            log.debug("weights for %s refused (%s); keeping version %s", self.model, text,
+                      self.version)  # fmt: skip
+            if outcome == "refreshed":  # the learner's key signed it: the stream verifies
+                self._verified()
+            return
+        self.last_refused = text
+        held = self._log_limiter.allow(outcome)
+        if held is not None:
+            more = f" ({held} more refused as {outcome} since the last line)" if held else ""
+            log.warning("weights for %s refused (%s); keeping version %s%s", self.model, text,
+                        self.version, more, exc_info=traceback)  # fmt: skip
+        if self.streak.refused(time.monotonic()):
+            log.warning(
+                "weights for %s: every message refused for %.0f s (last: %s); readiness fails "
+                "until weights verify again (weights.refused_unready_s); %s",
+                self.model, self.streak.unready_s, text, self._serving(),
+            )  # fmt: skip
+
+    def _verified(self) -> None:
+        lasted = self.streak.verified(time.monotonic())
+        if lasted is not None:
+            log.warning("weights for %s verify again after %.0f s of refusals; ready again",
+                        self.model, lasted)  # fmt: skip
 
     def _accept(self, received: ReceivedWeights) -> None:
         meta = received.meta
@@ -302,6 +383,7 @@ class WeightVerifier:
         self.lineage, self.version = meta.lineage, meta.version
         self.created_at, self.signed_at = meta.created_at, received.signed_at
         self._count("new_lineage" if received.new_lineage else "accepted")
+        self._verified()
 
     def _count(self, outcome: str) -> None:
         if self.on_outcome is not None:

@@ -10,8 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from livefit.server.config.topic_filters import topic_problem
 from tests.configs import learner_config, model
-from tests.unit.test_config import MINIMAL, write
+from tests.unit.test_config import MINIMAL, toml_string, write
 
 
 def test_config_mistakes_stop_livefit_serve_in_one_line(tmp_path: Path) -> None:
@@ -74,3 +79,70 @@ def test_livefit_serve_refuses_to_consume_its_own_output(tmp_path: Path, broker)
         "consume 'livefit/loop/weights', the weights topic livefit publishes for model loop: a "
         "learner must not read its own output; choose topics that do not overlap"
     ]
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ("weights", "topic"),
+        ("", "dead_letter_topic"),
+        ("labels", "predictions_topic"),
+        ("", "topic"),
+    ],
+)
+def test_livefit_serve_refuses_a_control_character_in_a_topic(
+    tmp_path: Path, broker, table: str, key: str
+) -> None:
+    """``weights.topic = "livefit/demo/weights\\t"`` (or a dead-letter topic with U+007F)
+    used to load and run: mosquitto dropped the connection at every publish (issue 45). Now
+    exit 2 with one line naming the key, before anything connects."""
+    topic = "livefit/ctl/weights\t" if key != "dead_letter_topic" else "livefit/ctl/dead\x7f"
+    line = f"{key} = {toml_string(topic)}"
+    tables = {table: line} if table else {}
+    text = learner_config(broker, tmp_path / "data", "ctl",
+                          model("ctl", lines="" if table else line, **tables))  # fmt: skip
+    path = write(tmp_path, text)
+    done = subprocess.run(
+        [sys.executable, "-m", "livefit", "serve", "--config", str(path), "--port", "0"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    name = ".".join(part for part in ("models.ctl", table, key) if part)
+    character = topic[-1]
+    assert done.stderr.strip().splitlines() == [
+        f"livefit: invalid configuration ({path}): {name}: {topic!r} is not an MQTT topic"
+        f"{' filter' if key == 'topic' and not table else ' to publish on'}: a control "
+        f"character (U+{ord(character):04X}) at character {len(topic)}: MQTT brokers refuse it "
+        "(mosquitto disconnects)"
+    ]
+    assert not (tmp_path / "data").exists(), "refused before the storage dir was made"
+
+
+def _broker_takes(broker, topic: str) -> bool:
+    """Whether a real mosquitto takes a QoS 1 PUBLISH on ``topic`` (it disconnects instead)."""
+    client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
+    dropped: list[str] = []
+    client.on_disconnect = lambda _c, _u, _f, reason, _p: dropped.append(str(reason))
+    client.connect("127.0.0.1", broker.port)
+    client.loop_start()
+    try:
+        info = client.publish(topic, b"x", qos=1)
+        info.wait_for_publish(2)
+        return info.is_published() and not dropped
+    except RuntimeError:
+        return False
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+@pytest.mark.parametrize(
+    "character",
+    ["\t", "\n", "\x1b", "\x7f", "\x85", "\x9f", "\ufdd0", "\ufdef", "\ufffe", "\U0001ffff",
+     "\U0010fffe", "\xa0", "\u200b", "\ufeff", "\ufffd", "\U0001f600", "\ufdcf", "\ufdf0"],
+)  # fmt: skip
+def test_the_characters_refused_at_load_are_those_mosquitto_refuses(broker, character: str) -> None:
+    """The validator against the broker users run: what mosquitto refuses is refused at
+    load, what it takes is accepted."""
+    topic = f"livefit/chars/{character}"
+    assert (topic_problem(topic) is None) is _broker_takes(broker, topic), repr(character)

@@ -1,8 +1,9 @@
 """deploy/haproxy/haproxy.cfg run by a real HAProxy (Debian: haproxy; skipped without it), in
 front of a stand-in server on loopback that answers its readiness route and holds every
 prediction: the front lets at most ``maxconn`` requests reach the server and refuses the rest
-with 429 and Retry-After after ``timeout queue``. Only the listening address, the servers and
-the errorfile's path are moved. The references between the files: ``tests/unit/test_deploy.py``.
+with 429 and Retry-After after ``timeout queue``. Only the listening address and the servers
+are moved (the errorfile is copied beside the config, as compose mounts it); the check runs
+on the file as shipped, as users run it. The references between the files: ``tests/unit/test_deploy.py``.
 """
 
 from __future__ import annotations
@@ -22,19 +23,23 @@ from pathlib import Path
 import pytest
 
 from livefit.server.runtime.local_process import LocalProcess, free_port, wait_listening
-from tests.unit.test_deploy import HAPROXY, HAPROXY_REFUSAL, haproxy_lines
+from tests.unit.test_deploy import HAPROXY, HAPROXY_REFUSAL, ROOT, haproxy_lines
 
 EXTRA = 10  # requests beyond maxconn: each must be refused
 
 
-def test_front_config_passes_haproxy_check(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cwd", [ROOT, ROOT / "deploy", Path("/")])
+def test_the_shipped_config_passes_haproxy_check_as_users_run_it(cwd: Path) -> None:
+    """``haproxy -c -f deploy/haproxy/haproxy.cfg`` in a checkout failed: the errorfile was
+    named by its path in the container (issue 45). The file as shipped, from the checkout's
+    root, from another directory, and by its absolute path."""
     haproxy = _require_haproxy()
-    config = tmp_path / "haproxy.cfg"
-    config.write_text(_moved_config(free_port(), free_port()))
+    config = HAPROXY if cwd == Path("/") else HAPROXY.relative_to(cwd)
     result = subprocess.run(
-        [haproxy, "-c", "-f", str(config)], capture_output=True, text=True, timeout=30
+        [haproxy, "-c", "-f", str(config)], capture_output=True, text=True, timeout=30, cwd=cwd
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "Configuration file is valid" in result.stdout
 
 
 def test_front_holds_maxconn_at_the_server_and_refuses_the_rest(tmp_path: Path) -> None:
@@ -43,8 +48,7 @@ def test_front_holds_maxconn_at_the_server_and_refuses_the_rest(tmp_path: Path) 
     maxconn = int(default_server[default_server.index("maxconn") + 1])
     port = free_port()
     with _holding_server() as server:
-        config = tmp_path / "haproxy.cfg"
-        config.write_text(_moved_config(port, server.server_address[1]))
+        config = _moved_config(tmp_path, port, server.server_address[1])
         argv = [haproxy, "-db", "-f", str(config)]
         with LocalProcess("haproxy", argv, tmp_path / "haproxy.log") as front:
             front.start()
@@ -72,23 +76,25 @@ def _require_haproxy() -> str:
     return path
 
 
-def _moved_config(port: int, server_port: int) -> str:
-    """The shipped configuration listening on ``port``, with one server (the stand-in on
-    ``server_port``) in place of the compose services, and the errorfile from the repo."""
+def _moved_config(directory: Path, port: int, server_port: int) -> Path:
+    """The shipped configuration in ``directory``, with the errorfile beside it as compose
+    mounts it, listening on ``port``, with one server (the stand-in on ``server_port``) in
+    place of the compose services."""
+    shutil.copy(HAPROXY_REFUSAL, directory / HAPROXY_REFUSAL.name)
     lines = []
     servers_done = False
     for line in HAPROXY.read_text().splitlines():
         words = line.split()
         if words[:1] == ["bind"]:
             line = f"    bind 127.0.0.1:{port}"
-        elif words[:2] == ["errorfile", "503"]:
-            line = f"    errorfile 503 {HAPROXY_REFUSAL}"
         elif words[:1] == ["server"]:
             if servers_done:
                 continue
             line, servers_done = f"    server learner 127.0.0.1:{server_port}", True
         lines.append(line)
-    return "\n".join(lines) + "\n"
+    config = directory / HAPROXY.name
+    config.write_text("\n".join(lines) + "\n")
+    return config
 
 
 class _HoldingHandler(socketserver.StreamRequestHandler):

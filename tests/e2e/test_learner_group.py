@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -28,7 +29,7 @@ import pytest
 
 from livefit.local_servers import LivefitProcess
 from livefit.server.config.machine import training_cpus
-from livefit.server.runtime.local_process import free_port
+from livefit.server.runtime.local_process import free_port, quiet_env
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import SMALL_MLP, learner_config, model
 from tests.e2e.test_replica_workers import children_of, per_worker, predict_on_new_connections
@@ -275,13 +276,86 @@ def test_sigterm_trains_what_was_accepted_then_stops_serving(
         again.stop()
 
 
+TENSORFLOW_NOISE = ("absl::InitializeLog", "cudart_stub", "cuInit", "cpu_feature_guard")
+
+
+def log_time(line: str) -> float:
+    """The time of a livefit log line (``2026-11-28 08:19:05,285 INFO ...``), in seconds."""
+    clock = line.split()[1]
+    hours, minutes, seconds = clock.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds.replace(",", "."))
+
+
+def the_line(log: str, said: str) -> str:
+    found = [line for line in log.splitlines() if said in line]
+    assert len(found) == 1, (said, found, log[-3000:])
+    return found[0]
+
+
+def test_a_stop_after_predictions_on_a_kept_alive_connection_says_what_it_waits_for(
+    broker: Mosquitto, tmp_path: Path
+) -> None:
+    """A newcomer's first run (issue 45): the log had TensorFlow's start-up noise from every
+    process (absl's preamble, "Could not find cuda drivers", "failed call to cuInit" at ERROR:
+    16 of 47 lines), and the first graceful stop took 21 s, the serving process idle for
+    18.8 s with no line saying why: the training process's interpreter tore TensorFlow down
+    after its last line (2.5 s of CPU, 16 s with two busy loops beside it). Now the TensorFlow
+    processes log one line about the GPUs each, the training process exits as soon as it has
+    stopped, and the parent says whom it waits for and how long it took; a client's kept-alive
+    connection (curl, the dashboard) holds nothing up."""
+    env = {k: v for k, v in quiet_env().items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # a user's
+    text = with_workers(config(broker, tmp_path / "data"), 1)
+    learner = LivefitProcess(text, tmp_path, env=env).start()
+    publish_samples(broker, 500)
+    wait_trained(learner, 500)
+    with httpx.Client(timeout=30) as client:  # one connection, kept alive across requests
+        for _ in range(3):
+            answer = client.post(f"{learner.url}/v1/models/demo:predict",
+                                 json={"instances": [[0.1] * 8]})  # fmt: skip
+            assert answer.status_code == 200, answer.text
+        started = time.monotonic()
+        assert learner.stop(signal.SIGTERM, timeout=90) == 0
+        took = time.monotonic() - started
+    log = learner.log.read_text()
+    print(f"\nstopped in {took:.1f} s:\n" + log[log.index("SIGTERM: stopping the learner") :])
+    assert not [line for line in log.splitlines() if any(n in line for n in TENSORFLOW_NOISE)]
+    for process in ("[training]", "[worker 0]"):
+        the_line(log, f"{process} livefit.server.base.tensorflow_start: TensorFlow ")
+    waits = the_line(log, "stopping: waiting up to 120 s for the training process (pid ")
+    assert waits.endswith("to train what it accepted, checkpoint and publish")
+    stopped = the_line(log, "[training] livefit.server.runtime.training_process: training "
+                            "process stopped; exiting")  # fmt: skip
+    exited = the_line(log, "livefit.server.runtime.workers: the training process (pid ")
+    assert "exited after" in exited and exited.endswith("(status 0)")
+    assert log_time(exited) - log_time(stopped) < 2.0, "the training process exits at once"
+    assert log.index(exited) < log.index("[worker 0] uvicorn.error: Shutting down")
+    the_line(log, "stopping: waiting up to 30 s for the serving processes (1) to answer the "
+                  "requests they hold")  # fmt: skip
+    assert "the serving processes (1) exited after" in log
+    assert took < 60
+
+
+@contextmanager
+def sighup_default() -> Iterator[None]:
+    """Processes started inside get SIGHUP's default disposition: children inherit an ignored
+    SIGHUP (a test run started with ``nohup``), which livefit keeps ignoring by design."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 def test_sighup_stops_every_process_of_the_group_as_sigterm_does(
     broker: Mosquitto, tmp_path: Path
 ) -> None:
     """A hangup (a closed terminal, ``systemctl kill -s HUP`` reaching every process) killed
     the whole group at once: no log line, no checkpoint, exit -1. It is a graceful stop, in
     the parent, the training process and the serving process alike (README, Commands)."""
-    learner = LivefitProcess(with_workers(config(broker, tmp_path / "data"), 1), tmp_path).start()
+    learner = LivefitProcess(with_workers(config(broker, tmp_path / "data"), 1), tmp_path)
+    with sighup_default():  # as a terminal starts it, also when this test runs under nohup
+        learner.start(ready_timeout_s=None)
+    learner.wait_ready(120)
     pids = processes(learner)
     assert len(pids) == 2  # the training process and one serving process
     publish_samples(broker, 500)

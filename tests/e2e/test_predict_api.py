@@ -78,7 +78,10 @@ def post(server: InProcessServer, path: str, body: object, **kwargs: object) -> 
 def test_health_and_metadata(server: InProcessServer) -> None:
     assert httpx.get(f"{server.url}/v2/health/live").json() == {"live": True}
     assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
-    assert httpx.get(f"{server.url}/v2").json()["name"] == "livefit"
+    metadata = httpx.get(f"{server.url}/v2").json()
+    assert metadata["name"] == "livefit"
+    # what works is listed (it said "extensions": [] though tritonclient's binary data worked)
+    assert metadata["extensions"] == ["binary_tensor_data", "model_configuration"]
     assert httpx.get(f"{server.url}/v2/models/demo/ready").json() == {"name": "demo", "ready": True}
     meta = httpx.get(f"{server.url}/v2/models/demo").json()
     assert meta["inputs"][0]["shape"] == [-1, 4] and meta["outputs"][0]["shape"] == [-1, 2]
@@ -240,6 +243,24 @@ def test_request_metrics(server: InProcessServer) -> None:
         and "livefit_predict_queue_seconds_count" in text
     )
     assert 'livefit_serving_version{model="demo"}' in text
+
+
+def test_the_dashboard_tells_a_clients_errors_from_the_servers(server: InProcessServer) -> None:
+    """The dashboard counted a client's own 400 as a "prediction error" (issue 45): malformed
+    requests are the client's errors, apart from refusals and the server's errors."""
+
+    def stats() -> dict[str, float]:
+        return httpx.get(f"{server.url}/api/stats", timeout=10).json()["models"]["demo"]
+
+    before = stats()
+    assert post(server, "/v1/models/demo:predict", b"{not json").status_code == 400
+    assert post(server, "/v1/models/demo:predict", {"instances": [[1, 2]]}).status_code == 400
+    assert post(server, "/v1/models/demo:predict", {"instances": [[1, 2, 3, 4]]}).status_code == 200
+    after = stats()
+    assert after["predict_client_errors_total"] == before["predict_client_errors_total"] + 2
+    assert after["predict_server_errors_total"] == before["predict_server_errors_total"] == 0
+    assert after["predict_refused_total"] == before["predict_refused_total"]
+    assert after["predict_requests_total"] == before["predict_requests_total"] + 3
 
 
 def test_requests_for_no_model_share_one_series(server: InProcessServer) -> None:

@@ -224,7 +224,9 @@ def test_run_publishes_a_synthetic_stream(
             "1000",
         )
         code = publish.run(
-            cli_args(*argv, "--batch", "100", "--raw", "--source-id", "cli", "--no-progress")
+            cli_args(
+                *argv, "--batch", "100", "--raw", "--source-id", "cli", "--no-progress", "--anyway"
+            )  # no learner here: the stream alone is the subject
         )
         received.wait_for(10)
     assert code == 0
@@ -240,7 +242,8 @@ def test_run_cycles_a_file_to_reach_count(broker: Mosquitto, tmp_path: Path) -> 
     topic = _topic()
     with subscribed(broker, topic) as received:
         code = publish.run(cli_args("--broker", broker.url, "--topic", topic, "--source", str(path),
-                                 "--count", "5", "--format", "json", "--no-progress"))  # fmt: skip
+                                 "--count", "5", "--format", "json", "--no-progress",
+                                 "--anyway"))  # fmt: skip
         received.wait_for(5)
     assert code == 0
     assert [d["y"] for d in received.documents()] == [[3.0], [6.0], [3.0], [6.0], [3.0]]
@@ -271,7 +274,7 @@ def livefit_publish(*argv: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_publish_reports_rejections_and_warns_when_no_learner_listens(
+def test_publish_reports_rejections_and_publishes_nothing_when_no_learner_listens(
     broker: Mosquitto, tmp_path: Path
 ) -> None:
     model = f"checked-{uuid.uuid4().hex[:8]}"
@@ -289,18 +292,49 @@ def test_publish_reports_rejections_and_warns_when_no_learner_listens(
         right = livefit_publish(*common, "--input-shape", "8")
         assert right.returncode == 0, right.stderr
         assert "warning" not in right.stderr and "error" not in right.stderr
+        check_a_model_nobody_serves(broker, f"{model}-nobody")
     finally:
         server.stop()
 
-    nobody = livefit_publish("--broker", broker.url, "--model", f"{model}-nobody", "--count", "5")
-    assert nobody.returncode == 0, nobody.stderr
-    assert f"warning: no learner seems to serve model '{model}-nobody'" in nobody.stderr
-    assert f"livefit/{model}-nobody/weights" in nobody.stderr
 
-    unchecked = livefit_publish(
-        "--broker", broker.url, "--model", f"{model}-nobody", "--count", "5", "--no-check"
-    )
-    assert unchecked.returncode == 0 and "warning" not in unchecked.stderr
+def check_a_model_nobody_serves(broker: Mosquitto, model: str) -> None:
+    """A typo in ``--model`` beside a running learner (``sensr`` for ``sensor``) used to
+    print "published 200 samples" and exit 0, the samples lost (issue 45): now nothing is
+    published and the exit status is 1, unless ``--anyway``."""
+    arrived: list[bytes] = []
+    listener = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    listener.on_message = lambda _c, _u, message: arrived.append(message.payload)
+    listener.connect("127.0.0.1", broker.port)
+    listener.subscribe(f"livefit/{model}/samples", qos=1)
+    listener.loop_start()
+    try:
+        time.sleep(0.5)
+        nobody = livefit_publish("--broker", broker.url, "--model", model, "--count", "5")
+        assert nobody.returncode == 1, nobody.stderr
+        assert f"error: no learner seems to serve model '{model}'" in nobody.stderr
+        assert f"(no weights on livefit/{model}/weights): nothing published" in nobody.stderr
+        assert "--anyway publishes all the same" in nobody.stderr
+        assert "published" not in nobody.stdout
+        time.sleep(0.5)
+        assert arrived == [], "not one sample was published"
+
+        anyway = livefit_publish("--broker", broker.url, "--model", model, "--count", "5",
+                                 "--anyway")  # fmt: skip
+        assert anyway.returncode == 0, anyway.stderr
+        assert "published 5 samples" in anyway.stdout
+        assert f"warning: no learner seems to serve model '{model}'" in anyway.stderr
+        assert f"livefit/{model}/weights and no rejection reports" in anyway.stderr
+
+        unchecked = livefit_publish("--broker", broker.url, "--model", model, "--count", "5",
+                                    "--no-check")  # fmt: skip
+        assert unchecked.returncode == 0 and "warning" not in unchecked.stderr
+        deadline = time.monotonic() + 10
+        while len(arrived) < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(arrived) == 10, "--anyway and --no-check published their 5 each"
+    finally:
+        listener.disconnect()
+        listener.loop_stop()
 
 
 def test_run_speaks_mqtt_311_to_a_broker_that_speaks_only_that(

@@ -30,12 +30,15 @@ print("stopping on " + heard[0] if heard else "still running", flush=True)
     ("ignored", "said"), [(False, "stopping on SIGHUP"), (True, "still running")]
 )
 def test_sighup_is_a_graceful_stop_unless_started_ignored(ignored: bool, said: str) -> None:
-    def nohup() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    """The child's disposition is set for the case, not inherited: a test run started with
+    ``nohup`` ignores SIGHUP, and its children with it."""
+
+    def disposition() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if ignored else signal.SIG_DFL)
 
     done = subprocess.run(
         [sys.executable, "-c", HANGS_UP], capture_output=True, text=True, timeout=60,
-        preexec_fn=nohup if ignored else None,
+        preexec_fn=disposition,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == said

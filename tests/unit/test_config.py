@@ -336,6 +336,79 @@ def test_a_topic_over_mqtts_65535_utf8_bytes_is_refused(tmp_path: Path, key: str
     assert len(message) < 500  # the topic itself is not repeated whole
 
 
+REFUSED_CHARACTERS = ["\0", "\t", "\n", "\x1b", "\x7f", "\x85", "\x9f", "\ufdd0", "\uffff",
+                      "\U0010fffe"]  # fmt: skip
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string, every character outside printable ASCII escaped."""
+    escaped = "".join(c if " " <= c <= "~" and c not in '"\\' else f"\\U{ord(c):08X}" for c in text)
+    return f'"{escaped}"'
+
+
+@pytest.mark.parametrize("key", [*PUBLISHED_TOPICS, "models.demo.topic"])
+@pytest.mark.parametrize("character", REFUSED_CHARACTERS)
+def test_a_topic_with_a_character_brokers_refuse_is_refused_at_load(
+    tmp_path: Path, key: str, character: str
+) -> None:
+    """``weights.topic = "livefit/demo/weights\\t"`` loaded, then mosquitto dropped the
+    connection at every publish and paho resent it in a loop (outside attack, issue 45):
+    control characters (C0, DEL, C1), U+0000 and non-characters are refused naming the key,
+    the character and where it is."""
+    topic = f"livefit/demo/x{character}y"
+    lines = PUBLISHED_TOPICS.get(key, "topic = '{topic}'").replace("'{topic}'", "{topic}")
+    text = MINIMAL + lines.format(topic=toml_string(topic)) + "\n"
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    message = str(caught.value)
+    assert f"{key}: {topic!r} is not an MQTT topic" in message, message
+    assert f"(U+{ord(character):04X}) at character 15: MQTT brokers refuse it" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("key", [*PUBLISHED_TOPICS, "models.demo.topic"])
+def test_printable_unicode_in_topics_is_accepted(tmp_path: Path, key: str) -> None:
+    """What brokers take stays accepted: non-ASCII letters, a no-break space, U+FFFD."""
+    lines = PUBLISHED_TOPICS.get(key, "topic = '{topic}'").replace("'{topic}'", "{topic}")
+    topic = "capteurs/é\u00a0ü/\ufffd/\U0001f600"
+    settings = load_settings(write(tmp_path, MINIMAL + lines.format(topic=toml_string(topic))
+                                   + "\n"), environ={})  # fmt: skip
+    assert topic in {*settings.published_topics("demo").values(), settings.samples_topic("demo")}
+
+
+def test_a_control_character_from_the_environment_names_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL),
+                      environ={"LIVEFIT_MODELS__DEMO__DEAD_LETTER_TOPIC": "dead\x7fletters"})  # fmt: skip
+    message = str(caught.value)
+    assert message.startswith("invalid configuration: LIVEFIT_MODELS__DEMO__DEAD_LETTER_TOPIC=")
+    assert "models.demo.dead_letter_topic: 'dead\\x7fletters' is not an MQTT topic" in message
+    assert "a control character (U+007F) at character 5" in message
+
+
+@pytest.mark.parametrize(
+    ("lines", "said"),
+    [
+        ("lerning_rate = 0.1", "models.demo.lerning_rate: unknown key; did you mean 'learning_rate'?"),
+        ("[models.demo.train]\nmax_bach_size = 3",
+         "models.demo.train.max_bach_size: unknown key; did you mean 'max_batch_size'?"),
+        ("[models.demo.weights]\nrefused_unready = 3",
+         "models.demo.weights.refused_unready: unknown key; did you mean 'refused_unready_s'?"),
+        ("zzzzzz = 1",
+         "models.demo.zzzzzz: unknown key (check the spelling against docs/configuration.md)"),
+    ],
+)  # fmt: skip
+def test_an_unknown_key_gets_the_closest_known_one(tmp_path: Path, lines: str, said: str) -> None:
+    """An unknown key said only "unknown key" (issue 45): the closest key of its table now,
+    when one is close."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL + lines + "\n"), environ={})
+    assert str(caught.value).endswith(said)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, "[brokr]\nurl = 'x'\n" + MINIMAL), environ={})
+    assert str(caught.value).endswith("brokr: unknown key; did you mean 'broker'?")
+
+
 def test_shared_subscriptions_are_refused_saying_why(tmp_path: Path) -> None:
     """README used to say ``$share/group/...`` samples topics work while the validator refused
     every ``$`` topic: now the refusal says shared subscriptions are not supported, and why."""

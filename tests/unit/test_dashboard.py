@@ -52,6 +52,10 @@ def fill_metrics() -> Metrics:
     metrics.group(WeightsReceivedMetrics).weights_age.labels(model="demo").set(1.5)
     metrics.group(ServingMetrics).predict_requests.labels(model="demo", code="200").inc(8)
     metrics.group(ServingMetrics).predict_requests.labels(model="demo", code="429").inc(2)
+    metrics.group(ServingMetrics).predict_requests.labels(model="demo", code="400").inc(3)
+    metrics.group(ServingMetrics).predict_requests.labels(model="demo", code="413").inc(1)
+    metrics.group(ServingMetrics).predict_requests.labels(model="demo", code="503").inc(1)
+    metrics.group(ServingMetrics).predict_requests.labels(model="demo", code="500").inc(1)
     for seconds in [0.003] * 4 + [0.007] * 4 + [0.02] * 2:
         metrics.group(ServingMetrics).predict_latency.labels(model="demo").observe(seconds)
     for rows in (4, 12):
@@ -103,17 +107,20 @@ def test_stats_are_read_from_the_registry(stats_server: InProcessServer) -> None
         "train_samples_total": 150.0, "train_steps_total": 3.0, "queue_depth": 7.0,
         "train_loss": 0.25, "prequential_loss": None, "prequential_accuracy": None,
         "model_version": 3.0, "serving_version": 2.0, "weights_age_seconds": 1.5,
-        "predict_requests_total": 10.0, "predict_errors_total": 2.0,
+        "predict_requests_total": 16.0, "predict_client_errors_total": 4.0,
+        "predict_refused_total": 3.0, "predict_server_errors_total": 1.0,
         "predict_latency": demo["predict_latency"], "predict_batch_mean": 8.0,
         "freshness_p50": 60.0,
     }  # fmt: skip
     idle = data["models"]["idle"]
     assert idle["train_samples_total"] == 0.0 and idle["model_version"] == 0.0
     assert idle["predict_latency"] == {"p50": None, "p99": None}
-    for key in ("train_loss", "predict_requests_total", "predict_errors_total",
+    for key in ("train_loss", "predict_requests_total", "predict_client_errors_total",
+                "predict_refused_total", "predict_server_errors_total",
                 "predict_batch_mean", "freshness_p50", "weights_age_seconds"):  # fmt: skip
         assert idle[key] is None, key
-    assert data["models"]["healthy"]["predict_errors_total"] == 0.0
+    healthy = data["models"]["healthy"]
+    assert healthy["predict_client_errors_total"] == healthy["predict_server_errors_total"] == 0.0
     ghost = data["models"]["ghost"]
     assert ghost["predict_latency"] == {"p50": None, "p99": None}
     assert {v for k, v in ghost.items() if k != "predict_latency"} == {None}

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -95,6 +96,33 @@ def two_commands() -> list[str]:
     return [line.split("#")[0].strip() for line in block.group(1).splitlines()]
 
 
+def app_routes(routes: list[Any]) -> Iterator[Any]:
+    """Every route of an app, through the routers it includes."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        yield from app_routes(included.routes) if included is not None else [route]
+
+
+def test_every_http_route_is_documented() -> None:
+    """``GET /v2/models/{name}/config`` was served and missing from docs/http.md (issue 45):
+    every method and path of the learner's and the replica's app is in its table."""
+    from livefit.server.http.app import create_app
+    from livefit.server.runtime.learner import LearnerRuntime
+    from livefit.server.runtime.replica import ReplicaRuntime
+
+    http = (DOCS / "http.md").read_text()
+    settings = load_settings(None, environ={})
+    missing = set()
+    for runtime in (LearnerRuntime(settings), ReplicaRuntime(settings)):
+        for route in app_routes(create_app(runtime, None, None).routes):
+            if getattr(route.endpoint, "__name__", "") == "_post_only":
+                continue  # any other method on :predict: 405
+            for method in sorted(set(route.methods or ()) - {"HEAD"}):
+                if f"`{method} {route.path}" not in http:
+                    missing.add(f"{method} {route.path}")
+    assert not missing, f"docs/http.md lacks: {sorted(missing)}"
+
+
 def test_readme_gives_two_commands_for_a_fresh_machine() -> None:
     assert two_commands() == ["./dev demo", "./dev test"]
     assert os.access(ROOT / "dev", os.X_OK), "dev must be executable"
@@ -132,6 +160,51 @@ def test_commands_table_shows_optional_arguments_as_optional() -> None:
         assert not config.required
         assert f"| `livefit {name} [--config FILE] [--host H] [--port N]" in OPERATIONS
         assert f"| `livefit {name} [--config FILE]` |" in README
+
+
+def command_helps() -> dict[str, list[str]]:
+    """Every ``livefit`` command's options, each as ``--help`` prints its text."""
+    from livefit.cli import build_parser
+
+    commands: Any = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    return {
+        name: [" ".join(command._get_formatter()._expand_help(action).split())
+               for action in command._actions if action.help]
+        for name, command in commands.items()
+    }  # fmt: skip
+
+
+def test_command_help_says_each_default_once_and_never_none() -> None:
+    """``livefit demo --help`` printed "(default: a temp dir, deleted on exit) (default:
+    None)" (issue 45)."""
+    for name, helps in command_helps().items():
+        for text in helps:
+            assert "(default: None)" not in text and "(default: False)" not in text, (name, text)
+            assert text.count("(default") <= 1, (name, text)
+
+
+def test_command_help_points_at_pages_and_sections_that_exist() -> None:
+    """``livefit publish --help`` sent readers to README 'Delayed labels', a section that had
+    moved to docs/labels.md (issue 45)."""
+    headings = {slug(h) for h in re.findall(r"^#+ (.+)$", README, re.M)}
+    for name, helps in command_helps().items():
+        for text in helps:
+            for section in re.findall(r"README '([^']+)'", text):
+                assert slug(section) in headings, (name, text)
+            for page, anchor in re.findall(r"(docs/[\w-]+\.md)(?:#([\w-]+))?", text):
+                assert (ROOT / page).is_file(), (name, text)
+                if anchor:
+                    found = re.findall(r"^#+ (.+)$", (ROOT / page).read_text(), re.M)
+                    assert anchor in {slug(h) for h in found}, (name, text)
+
+
+def test_the_own_model_example_waits_only_while_serve_runs() -> None:
+    """README's ``until curl ...`` loop never ended when ``serve`` had died (a typo in the
+    config): the loop's body checks the process (the loop run for real:
+    ``tests/e2e/test_readme_example.py``)."""
+    section = README.split("## Your own model")[1].split("\n## ")[0]
+    (loop,) = [line for line in section.splitlines() if line.startswith("until curl")]
+    assert re.search(r"; do kill -0 \$! [^;]*\|\| break; sleep 1; done", loop), loop
 
 
 def test_readme_is_a_front_page() -> None:

@@ -5,12 +5,13 @@ on generated filters and topics."""
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from livefit.server.config.topic_filters import filter_problem, topic_matches
+from livefit.server.config.topic_filters import filter_problem, topic_matches, topic_problem
 
 SPEC_EXAMPLES = [
     ("sport/tennis/player1/#", "sport/tennis/player1", True),
@@ -103,3 +104,23 @@ def test_wildcards_in_place_of_levels_match(levels: list[str], data: st.DataObje
             continue
         leading_wildcard = topic_filter[0] in "+#"
         assert topic_matches(topic_filter, topic) is not (leading_wildcard and topic[0] == "$")
+
+
+def refused_by_brokers(character: str) -> bool:
+    """Control characters (Unicode category Cc: C0, DEL, C1) and non-characters: an
+    independent statement of what mosquitto refuses (checked against it in
+    ``tests/e2e/test_config_at_start.py``)."""
+    code = ord(character)
+    return (
+        unicodedata.category(character) == "Cc"
+        or 0xFDD0 <= code <= 0xFDEF
+        or (code & 0xFFFE == 0xFFFE)
+    )
+
+
+@given(st.characters(exclude_categories=["Cs"]), st.text(alphabet="ab/", max_size=5))
+def test_a_character_is_refused_exactly_when_brokers_refuse_it(character: str, around: str) -> None:
+    for text in (f"{around}{character}", f"{character}{around}"):
+        refused = refused_by_brokers(character)
+        for problem in (topic_problem(text), filter_problem(text)):
+            assert (problem is not None and "MQTT brokers refuse it" in problem) is refused, text

@@ -62,12 +62,16 @@ def signer() -> SigningKey:
 class Recorder:
     """A receiver that is never connected: messages go straight to its checks."""
 
-    def __init__(self, weights: Weights, auth: Authenticator, max_age_s: float = 86400) -> None:
+    def __init__(
+        self, weights: Weights, auth: Authenticator, max_age_s: float = 86400,
+        refused_unready_s: float = 0.0,
+    ) -> None:  # fmt: skip
         self.outcomes: list[str] = []
         self.applied: list[ReceivedWeights] = []
         self.receiver = WeightReceiver(
             parse_broker_url("mqtt://127.0.0.1:9"), "demo", TOPIC, weights.fingerprint,
             self.applied.append, auth, on_outcome=self.outcomes.append, max_age_s=max_age_s,
+            refused_unready_s=refused_unready_s,
         )  # fmt: skip
 
     def send(self, data: bytes) -> str:
@@ -165,6 +169,94 @@ def test_freshness_lineages_and_replays(weights: Weights, signer: SigningKey) ->
                                signed_at=now - 7200)  # fmt: skip
     assert send(stale_signature) == "expired"
     assert [w.meta.version for w in recorder.applied] == [5, 6, 0, 1]
+
+
+def refusal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and "refused (" in r.getMessage()]  # fmt: skip
+
+
+def test_refusals_are_logged_once_per_outcome_per_interval_and_each_counted(
+    weights: Weights, signer: SigningKey, caplog: pytest.LogCaptureFixture
+) -> None:
+    """2,000 garbage messages on a replica's weight topic logged 1,908 WARNING lines
+    (outside attack, issue 45); a rotated key one per snapshot, forever."""
+    recorder = Recorder(weights, Authenticator(signer.public))
+    rotated = SigningKey.generate()
+    caplog.set_level(logging.WARNING)
+    for n in range(2000):
+        recorder.send(b"garbage %d" % n)
+        if n % 10 == 0:
+            recorder.send(envelope(rotated, weights, version=n + 1))
+    assert recorder.outcomes.count("unsigned") == 2000
+    assert recorder.outcomes.count("bad_signature") == 200
+    lines = refusal_lines(caplog)
+    assert len(lines) == 2, lines  # the first of each outcome; the rest within 10 s
+    assert any("unsigned" in line for line in lines) and any("bad_signature" in line
+                                                             for line in lines)  # fmt: skip
+    recorder.receiver._log_limiter.interval_s = 0  # the interval has passed
+    recorder.send(b"garbage again")
+    assert refusal_lines(caplog)[-1].endswith("(1999 more refused as unsigned since the last line)")
+
+
+def test_every_message_refused_for_the_set_time_fails_readiness_until_one_verifies(
+    weights: Weights, signer: SigningKey, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = Recorder(weights, Authenticator(signer.public), refused_unready_s=0.4)
+    receiver = recorder.receiver
+    rotated = SigningKey.generate()
+    served = envelope(signer, weights, version=1, lineage=L1)
+    assert recorder.send(served) == "accepted"
+    caplog.set_level(logging.WARNING)
+    started = time.monotonic()
+    version = 2
+    while time.monotonic() - started < 0.3:  # refused, but not for long enough
+        assert recorder.send(envelope(rotated, weights, version=version, lineage=L1)) == (
+            "bad_signature"
+        )
+        version += 1
+        time.sleep(0.02)
+    assert receiver.refusal_problem() is None
+    # The served snapshot again (a reconnect's retained message) counts neither way.
+    assert recorder.send(served) == "stale"
+    while receiver.refusal_problem() is None and time.monotonic() - started < 5:
+        recorder.send(envelope(rotated, weights, version=version, lineage=L1))
+        version += 1
+        time.sleep(0.02)
+    problem = receiver.refusal_problem()
+    assert problem is not None and time.monotonic() - started >= 0.4
+    assert problem.startswith("weights of demo: refused every snapshot for ")
+    assert "(last: bad_signature: Ed25519 signature does not verify" in problem
+    assert problem.endswith("still serving version 1")
+    said = [r.getMessage() for r in caplog.records if "readiness fails" in r.getMessage()]
+    assert len(said) == 1 and "every message refused for 0 s" in said[0]
+    # One verified message ends it: the learner's re-signed snapshot, or a new version.
+    refreshed = envelope(signer, weights, version=1, lineage=L1, signed_at=time.time() + 1)
+    assert recorder.send(refreshed) == "refreshed"
+    assert receiver.refusal_problem() is None
+    assert any("verify again after" in r.getMessage() for r in caplog.records)
+    # A new streak starts from its own first refusal.
+    assert recorder.send(b"garbage") == "unsigned"
+    assert receiver.refusal_problem() is None
+
+
+def test_a_streak_is_never_unready_when_the_setting_is_0(
+    weights: Weights, signer: SigningKey
+) -> None:
+    recorder = Recorder(weights, Authenticator(signer.public), refused_unready_s=0)
+    recorder.send(envelope(signer, weights, version=1))
+    recorder.receiver.streak.since = time.monotonic() - 3600  # refusing for an hour
+    assert recorder.send(b"garbage") == "unsigned"
+    assert recorder.receiver.refusal_problem() is None
+
+
+def test_messages_dropped_unread_are_counted_superseded(
+    weights: Weights, signer: SigningKey
+) -> None:
+    recorder = Recorder(weights, Authenticator(signer.public))
+    for n in range(100):  # the verifier's thread is not started: 64 wait, 36 are dropped
+        recorder.receiver.submit(b"garbage %d" % n)
+    assert recorder.outcomes == ["superseded"] * 36
 
 
 def test_a_receiver_with_no_state_refuses_expired_weights(
