@@ -54,6 +54,7 @@ from .format import (
     EnvelopeHeader,
     WeightsMeta,
     WeightsRejected,
+    description_sha256,
     encode_weights,
     open_envelope,
     sha256_hex,
@@ -86,13 +87,17 @@ class WeightPublisher:
         hmac_key: bytes | None = None,
         refresh_interval_s: float = 3600.0,
         publish_interval_s: float = 0.0,
+        description: str = "",
     ) -> None:
         """Snapshots offered faster than ``publish_interval_s`` wait (only the newest): the
-        topic gets at most one per interval, and the last one always goes out on ``stop``."""
+        topic gets at most one per interval, and the last one always goes out on ``stop``.
+        ``description`` (``livefit.models.description``'s canonical JSON) rides in every
+        snapshot, bound by the envelope's ``description_sha256``."""
         self.model = model
         self.topic = topic
         self.names = names
         self.fingerprint = fingerprint
+        self.description = description
         self.connection = connection
         self.metrics = metrics
         metrics.group(WeightsPublishedMetrics)
@@ -212,6 +217,7 @@ class WeightPublisher:
             newest_published_at=snapshot.newest_published_at,
             fingerprint=self.fingerprint,
             lineage=snapshot.lineage,
+            description=self.description,
         )
         payload = encode_weights(self.names, snapshot.weights, meta)
         return EncodedWeights(
@@ -237,6 +243,7 @@ class WeightPublisher:
             sha256=encoded.sha256,
             fingerprint=self.fingerprint,
             key_id=self.signer.key_id,
+            description_sha256=description_sha256(self.description),
         )
         body = encoded.payload if inline else b""
         return self.signer.seal(header, body, self.hmac_key), "inline" if inline else "manifest"

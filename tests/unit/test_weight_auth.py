@@ -94,7 +94,7 @@ def test_envelope_layout_is_what_the_readme_says(weights: Weights, signer: Signi
     header = json.loads(header_bytes)
     assert set(header) == {
         "format", "kind", "topic", "model", "lineage", "version", "created_at", "signed_at",
-        "size", "sha256", "fingerprint", "key_id",
+        "size", "sha256", "fingerprint", "key_id", "description_sha256",
     }  # fmt: skip
     assert (header["format"], header["kind"], header["topic"]) == (1, "weights", TOPIC)
     assert (header["model"], header["lineage"], header["version"]) == ("demo", L1, 7)
