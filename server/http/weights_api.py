@@ -1,8 +1,11 @@
-"""``GET /v1/models/{name}/weights``: the current snapshot (or a recent version) as safetensors.
+"""``GET /v1/models/{name}/weights``: the current snapshot (or a recent version) as safetensors;
+``GET /v1/models/{name}/description``: the network's description at that snapshot, as JSON.
 
 Replicas pull from here when a snapshot is too large to publish inline (the manifest on MQTT
 names the version, and binds it by size and sha256 in its signed header); people and tools can
 fetch weights the same way. Headers carry the version, lineage and sha256 (also as the ETag).
+The description is the one the snapshot carries in its safetensors metadata (what the signed
+envelope bound), so a runtime without livefit can pair it with the weights of the same version.
 
 A split learner's serving process gets each snapshot over its local feed a moment after the
 training process names it on the weight topic: a replica pulling the version a manifest named
@@ -15,12 +18,13 @@ came instead). At most ``MAX_WAITING`` requests wait at once; past that a versio
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ..weights.format import WEIGHTS_CONTENT_TYPE
+from ..weights.format import WEIGHTS_CONTENT_TYPE, payload_description
 from ..weights.store import EncodedWeights, WeightStore
 from .predict_request import ApiError, Guard, error_response
 
@@ -38,9 +42,8 @@ def build_weights_router(
     router = APIRouter()
     waiting = [0]  # requests in _arriving now (one event loop: no lock needed)
 
-    @router.get("/v1/models/{name}/weights")
-    async def weights(name: str, request: Request, version: int | None = None) -> Response:
-        """The newest snapshot, or ``?version=N`` while it is among the last few kept."""
+    async def kept(name: str, request: Request, version: int | None) -> EncodedWeights | Response:
+        """The kept snapshot a request names, or the error response that says why not."""
         if guard is not None:
             try:
                 guard(request)
@@ -70,19 +73,45 @@ def build_weights_router(
             newest = store.get() if store is not None else None
             hint = f"; newest is {newest.version}" if newest is not None else ""
             return error_response(404, f"version {version} of {name} is no longer kept{hint}")
-        return Response(
-            item.payload,
-            media_type=WEIGHTS_CONTENT_TYPE,
-            headers={
-                "X-Model-Version": str(item.version),
-                "X-Weights-Lineage": item.lineage,
-                "X-Weights-Sha256": item.sha256,
-                "ETag": f'"{item.sha256}"',
-                "Cache-Control": "no-cache",
-            },
-        )
+        return item
+
+    @router.get("/v1/models/{name}/weights")
+    async def weights(name: str, request: Request, version: int | None = None) -> Response:
+        """The newest snapshot, or ``?version=N`` while it is among the last few kept."""
+        item = await kept(name, request, version)
+        if isinstance(item, Response):
+            return item
+        return Response(item.payload, media_type=WEIGHTS_CONTENT_TYPE, headers=_headers(item))
+
+    @router.get("/v1/models/{name}/description")
+    async def description(name: str, request: Request, version: int | None = None) -> Response:
+        """The network's description at the newest (or ``?version=N``) kept snapshot, as JSON:
+        ``{"model", "version", "lineage", "weights_sha256", "description"}``."""
+        item = await kept(name, request, version)
+        if isinstance(item, Response):
+            return item
+        text = payload_description(item.payload)
+        if not text:
+            return error_response(
+                404, f"version {item.version} of {name} carries no description (its learner "
+                "is older than descriptions)",
+            )  # fmt: skip
+        head = json.dumps({"model": name, "version": item.version, "lineage": item.lineage,
+                           "weights_sha256": item.sha256})  # fmt: skip
+        body = f'{head[:-1]},"description":{text}}}'  # the signed text, byte for byte
+        return Response(body, media_type="application/json", headers=_headers(item))
 
     return router
+
+
+def _headers(item: EncodedWeights) -> dict[str, str]:
+    return {
+        "X-Model-Version": str(item.version),
+        "X-Weights-Lineage": item.lineage,
+        "X-Weights-Sha256": item.sha256,
+        "ETag": f'"{item.sha256}"',
+        "Cache-Control": "no-cache",
+    }
 
 
 async def _arriving(store: WeightStore, version: int, timeout: float) -> EncodedWeights | None:

@@ -188,6 +188,18 @@ def decode_weights(payload: bytes) -> tuple[list[str], list[np.ndarray], Weights
     return names, [tensors[k] for k in keys], meta
 
 
+def payload_description(payload: bytes) -> str:
+    """The ``description`` metadata of a safetensors payload ("" when it has none or is not
+    one), read from its header alone."""
+    try:
+        size = int.from_bytes(payload[:8], "little")
+        meta = json.loads(payload[8 : 8 + size]).get("__metadata__") or {}
+    except (ValueError, AttributeError):
+        return ""
+    description = meta.get("description", "") if isinstance(meta, dict) else ""
+    return description if isinstance(description, str) else ""
+
+
 def sha256_hex(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()
 
