@@ -1,6 +1,6 @@
 """Predict with a livefit model using NumPy alone: no TensorFlow, no livefit.
 
-    python examples/numpy_reader.py http://127.0.0.1:8000 demo '[[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]]'
+    python examples/numpy_reader.py http://127.0.0.1:8000 demo '[[0.1, 0.2, 0.3, 0.4, 0.5]]'
 
 Fetches the newest kept version's description (``GET /v1/models/{name}/description``) and
 that same version's weights as safetensors (``GET /v1/models/{name}/weights?version=N``),
@@ -33,7 +33,8 @@ def read_safetensors(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]
     tensors = {}
     for key, info in header.items():
         start, end = info["data_offsets"]
-        array = np.frombuffer(body[start:end], dtype=np.dtype(DTYPES[info["dtype"]]).newbyteorder("<"))
+        dtype = np.dtype(DTYPES[info["dtype"]]).newbyteorder("<")
+        array = np.frombuffer(body[start:end], dtype=dtype)
         tensors[key] = array.reshape(info["shape"])
     return tensors, metadata
 
@@ -73,7 +74,9 @@ def _lstm(step: dict[str, Any], t: dict[str, np.ndarray], x: np.ndarray) -> np.n
     return np.stack(outputs, axis=1) if step["return_sequences"] else h
 
 
-def forward(description: dict[str, Any], tensors: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+def forward(
+    description: dict[str, Any], tensors: dict[str, np.ndarray], x: np.ndarray
+) -> np.ndarray:
     """The network's outputs for the rows ``x``, following ``description["layers"]``."""
     if description.get("layers") is None:
         raise ValueError(f"no layer list: {description.get('layers_note')}")
@@ -102,7 +105,8 @@ def forward(description: dict[str, Any], tensors: dict[str, np.ndarray], x: np.n
 
 def _get(url: str) -> bytes:
     token = os.environ.get("LIVEFIT_TOKEN")
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(request, timeout=30) as response:
         return response.read()
 

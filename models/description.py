@@ -80,16 +80,17 @@ def describe(
         },
         "loss": loss,
         "builder": dict(builder) if builder is not None else None,
-        "tensors": [
-            {"key": key, "name": key.split(":", 1)[1], "shape": list(v.shape),
-             "dtype": str(np.dtype(v.dtype))}
-            for key, v in zip(keys, model.weights, strict=True)
-        ],  # fmt: skip
+        "tensors": [_tensor(key, v) for key, v in zip(keys, model.weights, strict=True)],
         "layers": layers,
     }
     if note:
         doc["layers_note"] = note
     return doc
+
+
+def _tensor(key: str, variable: Any) -> dict[str, Any]:
+    return {"key": key, "name": key.split(":", 1)[1], "shape": list(variable.shape),
+            "dtype": str(np.dtype(variable.dtype))}  # fmt: skip
 
 
 def description_json(doc: Mapping[str, Any]) -> str:

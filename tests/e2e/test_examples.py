@@ -35,7 +35,9 @@ ACTOR_STEPS = 600
 
 
 @pytest.fixture(scope="module")
-def learner(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LivefitProcess]:
+def learner(
+    broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LivefitProcess]:
     """``examples/actor.toml`` as shipped, on this test's broker, with a ``demo`` model added."""
     workdir = tmp_path_factory.mktemp("examples")
     text = (EXAMPLES / "actor.toml").read_text().replace('url = "auto"', f'url = "{broker.url}"')

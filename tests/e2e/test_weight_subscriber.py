@@ -49,11 +49,13 @@ print(json.dumps({"version": version, "outputs": outputs.tolist()}))
 """
 
 
-def models(key_file: Path, clf_hidden: str = "[12, 7]") -> str:
-    weights = f'signing_key_file = "{key_file}"\npublish_interval_s = 0.2'
+def models(key_file: Path, clf_hidden: str = "[12, 7]", activation: str = "relu",
+           weights: str = "") -> str:  # fmt: skip
+    """The two models; ``weights``: their weights table (default: signed with ``key_file``)."""
+    weights = weights or f'signing_key_file = "{key_file}"\npublish_interval_s = 0.2'
     clf = model("clf", builder="mlp", input_shape=(6,), lines=(
         f'loss = "binary_crossentropy"\nseed = 3\n'
-        f'builder_options = {{ hidden_units = {clf_hidden}, activation = "relu" }}'
+        f'builder_options = {{ hidden_units = {clf_hidden}, activation = "{activation}" }}'
     ), weights=weights)  # fmt: skip
     seq = model("seq", builder="lstm", input_shape=(3, 2), output_shape=(2,),
                 lines="seed = 4\nbuilder_options = { units = 4 }", weights=weights)  # fmt: skip
@@ -205,6 +207,28 @@ def _retained(broker: Mosquitto, topic: str) -> bytes:
         client.loop_stop()
     assert got, f"no retained message on {topic}"
     return got[0]
+
+
+def test_a_replica_configured_with_another_activation_says_so(
+    learner: LivefitProcess, broker: Mosquitto, signing: tuple[SigningKey, Path], tmp_path: Path
+) -> None:
+    """Same weight shapes (the fingerprint matches), another function: the replica serves its
+    own config's network, as before, and warns once for ``clf``; ``seq``, configured as the
+    learner's, matches its description and draws no warning."""
+    weights = f'verify_key = "{signing[0].public.base64()}"'
+    text = learner_config(broker, tmp_path / "data", f"replica-{broker.port}",
+                          models(signing[1], activation="tanh", weights=weights))  # fmt: skip
+    replica = LivefitProcess(text, tmp_path, command="replica").start()
+    try:
+        for name in ("clf", "seq"):
+            version = learner.metric("livefit_published_version", model=name)
+            assert replica.wait_for_metric("livefit_serving_version", version, model=name,
+                                           timeout=30) == version  # fmt: skip
+        lines = [line for line in replica.log.read_text().splitlines()
+                 if "network differs from the one this config builds" in line]  # fmt: skip
+        assert len(lines) == 1 and "model clf" in lines[0], lines
+    finally:
+        assert replica.stop() == 0
 
 
 def test_a_learner_restarted_with_another_network_is_followed(

@@ -127,7 +127,7 @@ def test_a_wait_that_times_out_raises_and_says_why() -> None:
     signer, attacker = SigningKey.generate(), SigningKey.generate()
     sub = subscriber(signer)
     send(sub, envelope(attacker, Weights.of("linear"), version=1, lineage=LINEAGE))
-    with pytest.raises(TimeoutError, match="no version 1 within 0.2 s.*bad_signature"):
+    with pytest.raises(TimeoutError, match=r"no version 1 within 0\.2 s.*bad_signature"):
         sub.wait_for_version(1, timeout=0.2)
     with pytest.raises(TimeoutError):
         sub.wait_for(lambda s: s.lineage == "x", timeout=0.1)
