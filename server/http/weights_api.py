@@ -1,5 +1,6 @@
 """``GET /v1/models/{name}/weights``: the current snapshot (or a recent version) as safetensors;
-``GET /v1/models/{name}/description``: the network's description at that snapshot, as JSON.
+``GET /v1/models/{name}/description``: the network's description at that snapshot, as JSON;
+``GET /v1/models/{name}/export/onnx``: that snapshot as an ONNX file (``export_cache``).
 
 Replicas pull from here when a snapshot is too large to publish inline (the manifest on MQTT
 names the version, and binds it by size and sha256 in its signed header); people and tools can
@@ -24,8 +25,12 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from livefit.models.description import DescriptionError
+from livefit.models.export import ONNX_CONTENT_TYPE, ExportUnavailable
+
 from ..weights.format import WEIGHTS_CONTENT_TYPE, payload_description
 from ..weights.store import EncodedWeights, WeightStore
+from .export_cache import EXPORTERS, ExportCache
 from .predict_request import ApiError, Guard, error_response
 
 StoreLookup = Callable[[str], WeightStore | None]
@@ -40,6 +45,7 @@ def build_weights_router(
     wait_newer_s: float = 0.0,
 ) -> APIRouter:
     router = APIRouter()
+    exports = ExportCache()
     waiting = [0]  # requests in _arriving now (one event loop: no lock needed)
 
     async def kept(name: str, request: Request, version: int | None) -> EncodedWeights | Response:
@@ -100,6 +106,29 @@ def build_weights_router(
                            "weights_sha256": item.sha256})  # fmt: skip
         body = f'{head[:-1]},"description":{text}}}'  # the signed text, byte for byte
         return Response(body, media_type="application/json", headers=_headers(item))
+
+    @router.get("/v1/models/{name}/export/{fmt}")
+    async def export(name: str, fmt: str, request: Request, version: int | None = None) -> Response:
+        """The newest (or ``?version=N``) kept snapshot as a file another runtime loads
+        (``onnx``), made on the first request and cached per version."""
+        if fmt not in EXPORTERS:
+            return error_response(404, f"unknown export format {fmt!r}; formats: "
+                                  f"{', '.join(EXPORTERS)}")  # fmt: skip
+        item = await kept(name, request, version)
+        if isinstance(item, Response):
+            return item
+        if not payload_description(item.payload):
+            return error_response(404, f"version {item.version} of {name} carries no "
+                                  "description to export from")  # fmt: skip
+        try:
+            made = await exports.get(name, item, fmt)
+        except ExportUnavailable as exc:
+            return error_response(501, str(exc))
+        except DescriptionError as exc:
+            return error_response(422, f"cannot export {name} v{item.version}: {exc}")
+        headers = {**_headers(item), "X-Export-Seconds": f"{made.seconds:.3f}",
+                   "X-Export-Cache": "hit" if made.cached else "miss"}  # fmt: skip
+        return Response(made.data, media_type=ONNX_CONTENT_TYPE, headers=headers)
 
     return router
 

@@ -10,6 +10,7 @@ learner's final version, the subscriber's outputs are the learner's HTTP answers
 same version's safetensors and JSON description, read by NumPy alone (TensorFlow and livefit
 made unimportable), give those answers too. A learner restarted with another network on the
 same topic and key is followed: the subscriber builds the new network instead of refusing it.
+Each kept version exports to ONNX on request (cached), and onnxruntime answers as the learner.
 """
 
 from __future__ import annotations
@@ -207,6 +208,29 @@ def _retained(broker: Mosquitto, topic: str) -> bytes:
         client.loop_stop()
     assert got, f"no retained message on {topic}"
     return got[0]
+
+
+@pytest.mark.parametrize("name", ["clf", "seq"])
+def test_a_kept_version_exports_to_onnx_once(learner: LivefitProcess, name: str) -> None:
+    """onnxruntime, given the learner's export of a version, answers as the learner does at
+    that version; the second request is the cached file."""
+    import onnxruntime
+
+    version = int(learner.metric("livefit_published_version", model=name))
+    url = f"{learner.url}/v1/models/{name}/export/onnx?version={version}"
+    first = httpx.get(url, timeout=120)
+    assert first.status_code == 200, first.text
+    again = httpx.get(url, timeout=120)
+    assert (first.headers["x-export-cache"], again.headers["x-export-cache"]) == ("miss", "hit")
+    assert again.content == first.content and first.headers["x-model-version"] == str(version)
+    print(f"{name}: ONNX export {first.headers['x-export-seconds']} s, {len(first.content)} bytes")
+    session = onnxruntime.InferenceSession(first.content)
+    rows = np.asarray(ROWS[name], dtype=np.float32)
+    (got,) = session.run(None, {session.get_inputs()[0].name: rows})
+    expected, served = answers(learner, name)
+    assert served == version
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert httpx.get(f"{learner.url}/v1/models/{name}/export/pickle").status_code == 404
 
 
 def test_a_replica_configured_with_another_activation_says_so(
