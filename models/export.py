@@ -1,9 +1,9 @@
 """A described network with given weights as an ONNX file, for runtimes without TensorFlow.
 
 Keras' own ONNX export (``model.export(..., format="onnx")``, which converts with ``tf2onnx``
-and ``onnx``: ``pip install "livefit[onnx]"``). The batch axis stays free. Measured on 2
-shared cores (docs/http.md): the 64x64 MLP in 0.2-0.5 s to about 21 KB, an LSTM in 1.0-1.3
-s to about 24 KB; onnxruntime reproduced Keras' outputs within 3e-7.
+and ``onnx``: ``pip install "livefit[onnx]"``). The batch axis stays free. A conversion
+takes a second or so of CPU (docs/http.md, "Outside Python"): make them on request, not per
+snapshot.
 """
 
 from __future__ import annotations
