@@ -10,6 +10,7 @@ import pytest
 
 from livefit.clients.weights import WeightSubscriber
 from livefit.models.builders import build_model
+from livefit.models.description import MAX_DESCRIPTION_BYTES
 from livefit.server.weights.format import WeightsMeta
 from livefit.server.weights.keys import SigningKey
 from tests.weight_envelopes import Weights, envelope
@@ -82,17 +83,35 @@ def test_another_network_is_built_anew_not_refused() -> None:
     assert sub.model is not first and sub.version == 3  # the same network: weights loaded
 
 
-def test_a_description_that_must_not_be_built_is_refused_and_the_version_kept() -> None:
-    """Signed by the learner's key and still refused: a Lambda layer carries code."""
+HOSTILE = {
+    "Lambda": lambda text: text.replace('"class_name":"Dense"', '"class_name":"Lambda"', 1),
+    "TFSMLayer": lambda text: text.replace('"class_name":"Dense"', '"class_name":"TFSMLayer"', 1),
+    "module os": lambda text: text.replace('"module":"keras.layers"', '"module":"os"', 1),
+    "unregistered": lambda text: text.replace("livefit>Standardize", "evil>Standardize", 1).replace(
+        '"module":"livefit.models.standardize"', '"module":"evil"', 1
+    ),
+    "over 1 MiB": lambda text: text + " " * MAX_DESCRIPTION_BYTES,
+    "nested 100,000 deep": lambda text: (
+        '{"format":1,"keras":' + "[" * 100_000 + "]" * 100_000 + "}"
+    ),
+}
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_a_description_that_must_not_be_built_is_refused_and_the_version_kept(
+    hostile: str,
+) -> None:
+    """Signed by the learner's key and still refused; the version held keeps answering."""
     signer = SigningKey.generate()
     good = trained(Weights.of("mlp", {"hidden_units": [4]}), 1)
     sub = subscriber(signer)
     send(sub, envelope(signer, good, version=1, lineage=LINEAGE))
     before = sub.predict(ROWS)
-    evil = Weights(good.names, good.arrays, good.description.replace('"Dense"', '"Lambda"', 1))
-    send(sub, envelope(signer, evil, version=2, lineage=LINEAGE))
+    text = HOSTILE[hostile](good.description)
+    assert text != good.description
+    send(sub, envelope(signer, Weights(good.names, good.arrays, text), version=2, lineage=LINEAGE))
     assert sub.outcomes == {"accepted": 1, "bad_description": 1} and sub.version == 1
-    assert "Lambda" in str(sub._receiver.last_refused)
+    assert str(sub._receiver.last_refused).startswith("bad_description")
     np.testing.assert_array_equal(sub.predict(ROWS), before)
 
 
