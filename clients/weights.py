@@ -4,7 +4,10 @@
         w.wait_for_version(1, timeout=30)      # TimeoutError if it does not come
         action = w.predict(observation)        # never on half-updated weights
 
-Three facts are enough: the broker, the model's name and the learner's public key. Every
+Three facts are enough: the broker, the model's name and the learner's public key (or, where
+no broker is reachable, the learner's URL and token: ``WeightSubscriber(model_name="demo",
+pull_url="https://learner:8000", pull_token=..., verify_key=...)`` polls its HTTP and verifies
+each snapshot's signed envelope the same way, ``weights.poller``). Every
 snapshot carries the network's description (``livefit.models.description``, bound by the
 signature), and the subscriber builds the network from it: Keras' own serialization of the
 whole model, input and target scaling included, so ``predict`` answers as the learner's serving
@@ -59,9 +62,14 @@ from livefit.server.weights.format import (
     description_sha256,
 )
 from livefit.server.weights.keys import VerifyKey, parse_verify_key, read_key_file
+from livefit.server.weights.poller import WeightPoller
 from livefit.server.weights.receiver import WeightReceiver
 from livefit.server.weights.receiver_auth import Authenticator
-from livefit.server.weights.verifier import DEFAULT_MAX_PULL_BYTES, ReceivedWeights
+from livefit.server.weights.verifier import (
+    DEFAULT_MAX_PULL_BYTES,
+    ReceivedWeights,
+    WeightVerifier,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +90,8 @@ class WeightSubscriber:
 
     def __init__(
         self,
-        broker_url: str | Sequence[str],
-        model_name: str,
+        broker_url: str | Sequence[str] | None = None,
+        model_name: str = "",
         *,
         verify_key: str | bytes | Path | None = None,
         hmac_key: bytes | str | None = None,
@@ -101,12 +109,18 @@ class WeightSubscriber:
         pull_token: str | None = None,
         max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES,
         max_age_s: float = 86400.0,
+        poll_interval_s: float = 1.0,
     ) -> None:
-        if not isinstance(broker_url, str | list | tuple) or not isinstance(model_name, str):
+        """``broker_url`` (a URL, a list, or URLs separated by commas) follows the weight
+        topic; without it, ``pull_url`` (and ``pull_token``) polls the learner's HTTP every
+        ``poll_interval_s`` instead. See the module docstring for the rest."""
+        if not isinstance(broker_url, str | list | tuple | None) or not isinstance(model_name, str):
             raise TypeError(
                 "WeightSubscriber(broker_url, model_name, verify_key=...): the model is "
                 "optional now and goes by keyword (model=...)"
             )
+        if not model_name or (broker_url is None and pull_url is None):
+            raise ValueError("WeightSubscriber needs the model's name and a broker_url or pull_url")
         self.model_name = model_name
         self.on_update = on_update
         self.auto_apply = auto_apply
@@ -128,25 +142,32 @@ class WeightSubscriber:
                 "start, and writes <storage.dir>/keys/weights-signing.pub), or hmac_key; or "
                 "allow_unsigned=True on a trusted network"
             )
+        verification: dict[str, Any] = {
+            "model": model_name,
+            "topic": topic or f"livefit/{model_name}/weights",
+            "fingerprint": None,  # any architecture: the network is built from the description
+            "on_weights": self._received,
+            "auth": Authenticator(public, key, allow_unsigned=allow_unsigned),
+            "on_outcome": self._count,
+            "max_pull_bytes": max_pull_bytes,
+            "max_age_s": max_age_s,
+        }
+        headers = {"Authorization": f"Bearer {pull_token}"} if pull_token else None
+        self._receiver: WeightVerifier
+        if broker_url is None:
+            assert pull_url is not None
+            self._receiver = WeightPoller(
+                pull_url, **verification, headers=headers, poll_interval_s=poll_interval_s
+            )
+            return
         broker = BrokerSettings.model_validate(
             {"protocol": protocol, "keepalive_s": keepalive_s, "tls": tls or {}}
         )
         urls = broker_url if isinstance(broker_url, str) else ",".join(broker_url)
         self._receiver = WeightReceiver(
-            address=parse_broker_urls(urls),
-            model=model_name,
-            topic=topic or f"livefit/{model_name}/weights",
-            fingerprint=None,  # any architecture: the network is built from the description
-            on_weights=self._received,
-            auth=Authenticator(public, key, allow_unsigned=allow_unsigned),
-            on_outcome=self._count,
-            broker=broker,
-            client_id=client_id,
-            pull_url=pull_url,
-            pull_headers={"Authorization": f"Bearer {pull_token}"} if pull_token else None,
-            max_pull_bytes=max_pull_bytes,
-            max_age_s=max_age_s,
-        )
+            parse_broker_urls(urls), **verification, broker=broker, client_id=client_id,
+            pull_url=pull_url, pull_headers=headers,
+        )  # fmt: skip
 
     def start(self) -> WeightSubscriber:
         self._receiver.start()

@@ -4,7 +4,10 @@
 
 Replicas pull from here when a snapshot is too large to publish inline (the manifest on MQTT
 names the version, and binds it by size and sha256 in its signed header); people and tools can
-fetch weights the same way. Headers carry the version, lineage and sha256 (also as the ETag).
+fetch weights the same way. Headers carry the version, lineage and sha256 (also as the ETag;
+``If-None-Match`` with it answers 304), and ``X-Weights-Envelope``: base64 of the signed
+envelope without its body, so a client holding the learner's public key verifies the payload
+as the weight topic's receivers do (``weights.poller``).
 The description is the one the snapshot carries in its safetensors metadata (what the signed
 envelope bound), so a runtime without livefit can pair it with the weights of the same version.
 
@@ -19,6 +22,7 @@ came instead). At most ``MAX_WAITING`` requests wait at once; past that a versio
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Callable
 
@@ -87,7 +91,12 @@ def build_weights_router(
         item = await kept(name, request, version)
         if isinstance(item, Response):
             return item
-        return Response(item.payload, media_type=WEIGHTS_CONTENT_TYPE, headers=_headers(item))
+        headers = _headers(item)
+        if item.envelope:
+            headers["X-Weights-Envelope"] = base64.b64encode(item.envelope).decode()
+        if request.headers.get("if-none-match") == headers["ETag"]:
+            return Response(status_code=304, headers=headers)
+        return Response(item.payload, media_type=WEIGHTS_CONTENT_TYPE, headers=headers)
 
     @router.get("/v1/models/{name}/description")
     async def description(name: str, request: Request, version: int | None = None) -> Response:

@@ -224,6 +224,7 @@ class ReplicaRuntime:
                 sha256_hex(received.payload),
                 meta.created_at,
                 meta.lineage,
+                received.envelope,
             )
         )
         replica_model.slot.publish(

@@ -241,6 +241,12 @@ def seal(header_bytes: bytes, signature: bytes, mac: bytes, body: bytes) -> byte
     )
 
 
+def detached(envelope: Envelope) -> bytes:
+    """``envelope`` without its body: the signed header alone, which still binds the payload
+    by size and sha256 (``envelope_bytes + payload`` is the inline envelope again)."""
+    return seal(envelope.header_bytes, envelope.signature, envelope.mac, b"")
+
+
 def open_envelope(data: bytes) -> Envelope:
     """Split and parse an envelope (no verification); WeightsRejected when malformed.
 

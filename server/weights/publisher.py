@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from ..base.latest_worker import LatestWorker
@@ -275,6 +276,8 @@ class WeightPublisher:
         )
         # kept even when not sent: the refresh tries it again (the broker's limit may change)
         self._last_sent, self._last_sent_at = encoded, time.monotonic()
+        body = len(encoded.payload) if kind == "inline" else 0
+        self.store.add(replace(encoded, envelope=data[: len(data) - body]))  # for HTTP clients
         if self._last_info is None:  # over the limit even as a manifest: the guard counted it
             self._failed(encoded, kind, len(data))
             return None

@@ -55,6 +55,7 @@ from .format import (
     check_body,
     check_matches,
     decode_weights,
+    detached,
     open_envelope,
 )
 from .receiver_auth import Authenticator
@@ -81,6 +82,7 @@ class ReceivedWeights:
     received_at: float
     signed_at: float = 0.0
     new_lineage: bool = False  # this snapshot switches the receiver to another lineage
+    envelope: bytes = b""  # the signed envelope without its body (``format.detached``)
 
 
 class WeightVerifier:
@@ -178,8 +180,9 @@ class WeightVerifier:
         check_arrays(arrays, header.fingerprint if self.fingerprint is None else self.fingerprint,
                      names, meta)  # fmt: skip
         return ReceivedWeights(
-            arrays, meta, payload, time.time(), header.signed_at, new_lineage=new_lineage
-        )
+            arrays, meta, payload, time.time(), header.signed_at, new_lineage=new_lineage,
+            envelope=detached(envelope),
+        )  # fmt: skip
 
     def _check_fresh(self, header: EnvelopeHeader) -> bool:
         """Raise WeightsRejected unless ``header`` is newer than what was accepted; True when

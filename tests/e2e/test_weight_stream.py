@@ -13,7 +13,8 @@ restarted with new storage (a new lineage) and refuse the old lineage's snapshot
 The large-model test (a manifest, then a pull from the learner's HTTP) runs against both
 layouts (``tests/layouts.py``): in the split learner the weights are
 served by a serving process that got them over the local feed, not by the process that
-published the manifest. The other tests run once: the weight topic, its key and its
+published the manifest; a ``WeightSubscriber`` with no broker, polling the learner's and the
+replica's HTTP, verifies what each serves with the learner's key and predicts like the learner. The other tests run once: the weight topic, its key and its
 signatures are the training process's, which is the one-process learner's code
 (``LearnerRuntime``), and replicas, forged weights and ``WeightSubscriber`` do not see which
 layout published them; the split learner's serving processes are checked to serve the training
@@ -341,6 +342,14 @@ def test_large_model_goes_through_manifest_and_http_pull(
                            headers={"Authorization": f"Bearer {token}"}, timeout=10)  # fmt: skip
         assert served.headers["x-weights-sha256"] == sha256_hex(served.content) == signed.sha256
         assert lineage_of(replica, token) == lineage_of(learner, token) == signed.lineage
+        key = default_public_path(tmp_path / "data").read_text()
+        for origin in (learner, replica):  # no broker: the URL, the token and the key
+            with WeightSubscriber(model_name="demo", pull_url=origin.url, pull_token=token,
+                                  verify_key=key, topic=topic) as polled:  # fmt: skip
+                polled.wait_for_version(latest, timeout=30)
+                outputs, version = polled.predict_with_version(ROWS)
+            np.testing.assert_allclose(outputs, predict(learner)[0], rtol=0, atol=1e-6)
+            assert version == latest and polled.outcomes == {"accepted": 1}
     finally:
         mqtt.close()
         replica.stop()

@@ -42,8 +42,9 @@ ROWS = {"clf": RNG.normal(size=(5, 6)).round(3).tolist(),
 THREE_FACTS = """
 import json, sys
 from livefit.clients.weights import WeightSubscriber
-broker, name, key, wanted, rows = sys.argv[1:6]
-with WeightSubscriber(broker, name, verify_key=key) as weights:
+where, name, key, wanted, rows = sys.argv[1:6]
+source = {"broker_url": where} if where.startswith("mqtt") else {"pull_url": where}
+with WeightSubscriber(model_name=name, verify_key=key, **source) as weights:
     weights.wait_for_version(int(wanted), timeout=60)
     outputs, version = weights.predict_with_version(json.loads(rows))
 print(json.dumps({"version": version, "outputs": outputs.tolist()}))
@@ -127,14 +128,17 @@ def answers(server: LivefitProcess, name: str) -> tuple[np.ndarray, int]:
     return np.asarray(response.json()["predictions"]), int(response.json()["model_version"])
 
 
-@pytest.mark.parametrize("name", ["clf", "seq"])
+@pytest.mark.parametrize(("name", "over"), [("clf", "mqtt"), ("seq", "mqtt"), ("clf", "http")])
 def test_a_fresh_process_with_three_facts_predicts_like_the_learner(
-    learner: LivefitProcess, broker: Mosquitto, signing: tuple[SigningKey, Path], name: str
-) -> None:
+    learner: LivefitProcess, broker: Mosquitto, signing: tuple[SigningKey, Path], name: str,
+    over: str,
+) -> None:  # fmt: skip
+    """The three facts: the broker (or, ``http``, the learner's URL), the name and the key."""
     version = int(learner.metric("livefit_published_version", model=name))
     assert version > 0
+    where = broker.url if over == "mqtt" else learner.url
     result = subprocess.run(
-        [sys.executable, "-c", THREE_FACTS, broker.url, name, signing[0].public.base64(),
+        [sys.executable, "-c", THREE_FACTS, where, name, signing[0].public.base64(),
          str(version), json.dumps(ROWS[name])],
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
