@@ -329,7 +329,10 @@ def check_matches(meta: WeightsMeta, header: EnvelopeHeader) -> None:
             f"payload says {meta.model} {meta.lineage[:8]} v{meta.version}, its envelope "
             f"{header.model} {header.lineage[:8]} v{header.version}",
         )
-    if description_sha256(meta.description) != header.description_sha256:
+    # The payload's sha256 binds its description already; a header naming one must agree.
+    if header.description_sha256 and description_sha256(meta.description) != (
+        header.description_sha256
+    ):
         raise WeightsRejected(
             "bad_payload", "the payload's description is not the one its envelope signed"
         )

@@ -113,7 +113,8 @@ class WeightPoller(WeightVerifier):
             log.warning("weights for %s refused (%s)", self.model, exc)
             return
         self._reachable()
-        self._etag = response.headers.get("etag", "")
+        if envelope:  # without one (refused as unsigned) the next poll asks again
+            self._etag = response.headers.get("etag", "")
         self._fetched = (sha256_hex(payload), payload)
         self.submit(envelope + payload if envelope else payload)
 

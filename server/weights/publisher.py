@@ -190,8 +190,7 @@ class WeightPublisher:
         started = time.perf_counter()
         self._published_at = time.monotonic()
         encoded = self.encode(snapshot)
-        self.store.add(encoded)
-        kind = self._send(encoded)
+        kind = self._send(encoded)  # which keeps it in the store, signed
         if kind is not None:
             self._record(snapshot, encoded, kind, time.perf_counter() - started)
         return encoded
@@ -271,13 +270,15 @@ class WeightPublisher:
                     "(weights.pull_url)",
                     self.model, encoded.version, inline_bytes, self.connection.guard.limit_bytes,
                 )  # fmt: skip
+        # In the store before a manifest names it (a receiver pulls it at once), with the
+        # envelope HTTP clients verify it by.
+        body = len(encoded.payload) if kind == "inline" else 0
+        self.store.add(replace(encoded, envelope=data[: len(data) - body]))
         self._last_info = self.connection.publish(
             self.topic, data, qos=1, retain=True, content_type=ENVELOPE_CONTENT_TYPE
         )
         # kept even when not sent: the refresh tries it again (the broker's limit may change)
         self._last_sent, self._last_sent_at = encoded, time.monotonic()
-        body = len(encoded.payload) if kind == "inline" else 0
-        self.store.add(replace(encoded, envelope=data[: len(data) - body]))  # for HTTP clients
         if self._last_info is None:  # over the limit even as a manifest: the guard counted it
             self._failed(encoded, kind, len(data))
             return None
