@@ -159,15 +159,14 @@ class WeightSubscriber:
             self._receiver = WeightPoller(
                 pull_url, **verification, headers=headers, poll_interval_s=poll_interval_s
             )
-            return
-        broker = BrokerSettings.model_validate(
-            {"protocol": protocol, "keepalive_s": keepalive_s, "tls": tls or {}}
-        )
-        urls = broker_url if isinstance(broker_url, str) else ",".join(broker_url)
-        self._receiver = WeightReceiver(
-            parse_broker_urls(urls), **verification, broker=broker, client_id=client_id,
-            pull_url=pull_url, pull_headers=headers,
-        )  # fmt: skip
+        else:
+            broker = BrokerSettings.model_validate(
+                {"protocol": protocol, "keepalive_s": keepalive_s, "tls": tls or {}}
+            )
+            self._receiver = WeightReceiver(
+                parse_broker_urls(broker_url), **verification, broker=broker, client_id=client_id,
+                pull_url=pull_url, pull_headers=headers,
+            )  # fmt: skip
 
     def start(self) -> WeightSubscriber:
         self._receiver.start()
