@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from livefit.models.builders import build_model, weight_names
+from livefit.models.description import describe, description_json
 from livefit.server.weights.format import (
     MAGIC,
     EnvelopeHeader,
     WeightsMeta,
     architecture_fingerprint,
+    description_sha256,
     encode_header,
     encode_weights,
     seal,
@@ -23,19 +25,26 @@ from livefit.server.weights.keys import SigningKey
 
 @dataclass
 class Weights:
-    """A model's weight names and arrays, and its architecture fingerprint."""
+    """A model's weight names and arrays, its architecture fingerprint and (as a learner
+    publishes it) its description."""
 
     names: list[str]
     arrays: list[np.ndarray]
+    description: str = ""
     fingerprint: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.fingerprint = architecture_fingerprint(self.names, self.arrays)
 
     @classmethod
-    def of(cls, builder: str, options: dict | None = None, seed: int = 1, dim: int = 8) -> Weights:
-        model = build_model(builder, [dim], [1], options or {}, seed=seed, scaling="standardize")
-        return cls(weight_names(model), model.get_weights())
+    def of(cls, builder: str, options: dict | None = None, seed: int = 1, dim: int = 8,
+           **build: str) -> Weights:  # fmt: skip
+        """``build_model``'s network (``build``: its ``loss``, ``scaling``, ...; input scaling
+        unless told), with its description."""
+        build = {"scaling": "standardize", **build}
+        model = build_model(builder, [dim], [1], options or {}, seed=seed, **build)
+        text = description_json(describe(model, loss=build.get("loss", "mse")))
+        return cls(weight_names(model), model.get_weights(), text)
 
 
 def payload(
@@ -47,7 +56,7 @@ def payload(
     arrays: list[np.ndarray] | None = None,
 ) -> bytes:
     meta = WeightsMeta(model, version, 0, time.time() if created_at is None else created_at,
-                       None, weights.fingerprint, lineage)  # fmt: skip
+                       None, weights.fingerprint, lineage, weights.description)  # fmt: skip
     return encode_weights(weights.names, arrays or weights.arrays, meta)
 
 
@@ -74,6 +83,7 @@ def envelope(
         created_at=created, signed_at=now if signed_at is None else signed_at,
         size=len(data), sha256=sha256_hex(data), fingerprint=weights.fingerprint,
         key_id=signer.key_id if signer else "",
+        description_sha256=description_sha256(weights.description),
     )  # fmt: skip
     for key, value in (header_changes or {}).items():
         header = EnvelopeHeader(**{**_fields(header), key: value})
@@ -130,5 +140,6 @@ def signed_for(
 ) -> bytes:
     """An envelope whose header names ``data`` exactly, whatever ``data`` holds."""
     header = EnvelopeHeader("weights", topic, "demo", "a" * 32, version, time.time(),
-                            time.time(), len(data), sha256_hex(data), weights.fingerprint)  # fmt: skip
+                            time.time(), len(data), sha256_hex(data), weights.fingerprint,
+                            description_sha256=description_sha256(weights.description))  # fmt: skip
     return signer.seal(header, data)

@@ -53,7 +53,12 @@ from ..storage.lock import StorageLock
 from ..storage.watch import StorageWatch
 from ..train.hooks import TrainerHooks
 from ..train.metrics import TrainingStateMetrics
-from ..train.modeling import enable_gpu_memory_growth, resolve_device, training_placement
+from ..train.modeling import (
+    enable_gpu_memory_growth,
+    network_description,
+    resolve_device,
+    training_placement,
+)
 from ..train.selection import Switch
 from ..train.trainer import Trainer
 from ..weights.format import architecture_fingerprint
@@ -272,6 +277,7 @@ class LearnerRuntime:
             hmac_key=weights.key_bytes(),
             refresh_interval_s=weights.refresh_interval_s,
             publish_interval_s=weights.publish_interval_s,
+            description=network_description(model, runtime.settings),
         )
         runtime.publisher.watch_topic()  # the connection starts after this
         runtime.slot.subscribe(runtime.publisher.offer)

@@ -7,6 +7,12 @@ newest at once), are verified by a ``WeightReceiver`` (the learner's Ed25519 sig
 a version. Without a key to verify weights with (and without ``weights.allow_unsigned``) a
 replica does not start: it says which setting is missing before it connects anywhere.
 
+A replica builds each network from its own config, as the learner does, and refuses weights of
+another architecture (``wrong_architecture``); it does not build networks from the weight
+stream's descriptions (a ``WeightSubscriber`` does). When the learner describes another network
+of the same weight shapes (another activation, say), the replica serves its config's and says
+so once in a warning.
+
 One replica may follow models of several learners (docs/fleet.md): everything about a model's
 weights is per model (topic, key, pull URL and token), so each is verified with its own
 learner's key and pulled from its own learner.
@@ -38,8 +44,8 @@ from ..mqtt.probe import for_broker
 from ..serve.metrics import ServingMetrics
 from ..serve.serving import ServedModel
 from ..storage.health import LogLimiter
-from ..train.modeling import enable_gpu_memory_growth, resolve_device
-from ..weights.format import architecture_fingerprint, sha256_hex
+from ..train.modeling import enable_gpu_memory_growth, network_description, resolve_device
+from ..weights.format import architecture_fingerprint, description_sha256, sha256_hex
 from ..weights.metrics import FreshnessMetrics, WeightsReceivedMetrics
 from ..weights.receiver import WeightReceiver
 from ..weights.receiver_auth import Authenticator, receiver_authenticator
@@ -63,6 +69,7 @@ class ReplicaModel:
     served: ServedModel
     store: WeightStore
     receiver: WeightVerifier | None = None  # a WeightReceiver on a replica
+    description_sha256: str = ""  # of the network this config builds ("": not describable)
 
 
 class ReplicaRuntime:
@@ -80,6 +87,7 @@ class ReplicaRuntime:
         self.models: dict[str, ReplicaModel] = {}
         self._version_logs: dict[str, VersionLog] = {}
         self._clock_log = LogLimiter(60.0)  # snapshots dated ahead of this clock
+        self._warned_descriptions: set[str] = set()
 
     def start(self) -> None:
         """Start every part; raises (after stopping what did start) if a part cannot start."""
@@ -143,9 +151,11 @@ class ReplicaRuntime:
         )
         self.metrics.group(ClockMetrics).clock_ahead.labels(model=name, source="snapshot")
         self.metrics.model_ready.labels(model=name).set(1)
+        description = network_description(serving.model, settings)
         return ReplicaModel(
-            name, settings, slot, served, WeightStore(settings.weights.keep_versions)
-        )
+            name, settings, slot, served, WeightStore(settings.weights.keep_versions),
+            description_sha256=description_sha256(description),
+        )  # fmt: skip
 
     def _authenticators(self) -> dict[str, Authenticator]:
         """Each model's verification policy; ConfigError (logged) names what to set."""
@@ -212,6 +222,7 @@ class ReplicaRuntime:
 
     def _received(self, replica_model: ReplicaModel, received: ReceivedWeights) -> None:
         meta = received.meta
+        self._compare_description(replica_model, meta.description)
         replica_model.store.add(
             EncodedWeights(
                 meta.version,
@@ -219,6 +230,7 @@ class ReplicaRuntime:
                 sha256_hex(received.payload),
                 meta.created_at,
                 meta.lineage,
+                received.envelope,
             )
         )
         replica_model.slot.publish(
@@ -232,6 +244,22 @@ class ReplicaRuntime:
                 lineage=meta.lineage,
             )
         )
+
+    def _compare_description(self, replica_model: ReplicaModel, description: str) -> None:
+        """Warn (once per description) when the learner describes another network than this
+        config builds: same weight shapes (the fingerprint matched), another function, e.g. an
+        activation. The replica serves its own config's network, as it always has."""
+        theirs, ours = description_sha256(description), replica_model.description_sha256
+        if not theirs or not ours or theirs == ours or theirs in self._warned_descriptions:
+            return
+        self._warned_descriptions.add(theirs)
+        log.warning(
+            "model %s: the learner's network differs from the one this config builds (same "
+            "weight shapes; description %s, this config's %s): predictions may differ from the "
+            "learner's. Give the replica the learner's model settings (GET "
+            "/v1/models/%s/description on the learner shows its network)",
+            replica_model.name, theirs[:12], ours[:12], replica_model.name,
+        )  # fmt: skip
 
     def _swapped(self, name: str, snapshot: Snapshot) -> None:
         self.metrics.group(ServingMetrics).serving_version.labels(model=name).set(snapshot.version)

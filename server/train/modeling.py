@@ -8,6 +8,7 @@ import keras
 import tensorflow as tf
 
 from livefit.models.builders import build_model, output_activation_name
+from livefit.models.description import MAX_DESCRIPTION_BYTES, describe, description_json
 from livefit.models.names import BUILTIN_BUILDERS
 from livefit.models.outputs import custom_output_problem, loss_kind
 
@@ -93,6 +94,29 @@ def build_uncompiled(settings: ModelSettings, device: str) -> keras.Model:
     """The same network for serving: no optimizer state, weights set from snapshots."""
     with tf.device(device):
         return _network(settings)
+
+
+def network_description(model: keras.Model, settings: ModelSettings) -> str:
+    """``model``'s description as its snapshots carry it (``livefit.models.description``); ""
+    with a warning when Keras cannot serialize it or it is over ``MAX_DESCRIPTION_BYTES``:
+    then a process must build the network itself to use the weights."""
+    builder = {
+        "name": settings.builder,
+        "options": dict(settings.builder_options),
+        "scaling": settings.scaling,
+        "target_scaling": settings.resolved_target_scaling(),
+    }
+    try:
+        text = description_json(describe(model, loss=str(settings.loss), builder=builder))
+    except Exception as exc:  # a custom layer without get_config, a value JSON cannot hold
+        log.warning("model %s: its network cannot be described (%r); its snapshots carry no "
+                    "description", model.name, exc)  # fmt: skip
+        return ""
+    if len(text.encode()) > MAX_DESCRIPTION_BYTES:
+        log.warning("model %s: its description is %d bytes, over %d; its snapshots carry none",
+                    model.name, len(text.encode()), MAX_DESCRIPTION_BYTES)  # fmt: skip
+        return ""
+    return text
 
 
 def _network(settings: ModelSettings) -> keras.Model:

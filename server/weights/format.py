@@ -3,7 +3,9 @@
 A snapshot is one safetensors file (never pickle). Tensor keys are
 ``"{index:04d}:{variable path}"`` so the order of ``model.weights`` survives; the safetensors
 metadata (strings only) carries the model name, lineage, version, samples seen, creation
-time, the newest sample time and the architecture fingerprint. This is also what
+time, the newest sample time, the architecture fingerprint and the network's *description*
+(``description``: canonical JSON, ``livefit.models.description``: what a process needs to run
+the network without the learner's config; absent from older learners). This is also what
 ``GET /v1/models/{name}/weights`` serves. Its JSON header is canonical (keys sorted, no
 spaces, padded with spaces to 8 bytes), so one snapshot always encodes to the same bytes and
 sha256: a split learner encodes each snapshot twice, once for the weight topic and once for its
@@ -27,9 +29,12 @@ Header keys: ``format`` (1), ``kind`` ("weights" or "manifest"), ``topic`` (the 
 was published on), ``model``, ``lineage``, ``version``, ``created_at`` (epoch seconds, the
 learner's clock, when the snapshot was taken), ``signed_at`` (when this envelope was signed;
 re-signed snapshots keep ``created_at``), ``size`` and ``sha256`` (length and hex sha256 of
-the safetensors payload), ``fingerprint`` (architecture) and ``key_id`` (hex sha256 of the
-raw 32-byte Ed25519 public key, first 16 characters; "" when unsigned). The signature covers
-the header bytes exactly as sent, and the header binds the body by its sha256, so a verifier
+the safetensors payload), ``fingerprint`` (architecture), ``description_sha256`` (hex sha256
+of the payload's ``description`` metadata; "" when it has none) and ``key_id`` (hex sha256 of
+the raw 32-byte Ed25519 public key, first 16 characters; "" when unsigned). Receivers ignore
+header keys they do not know, so older replicas take envelopes with ``description_sha256``.
+The signature covers the header bytes exactly as sent, and the header binds the body by its
+sha256 (and so the description inside it), so a verifier
 in any language needs: split, verify Ed25519 over context + header, parse the JSON, compare
 ``topic`` and ``model`` with what it subscribed to, hash the body (or the pulled payload).
 
@@ -82,6 +87,7 @@ class WeightsMeta:
     newest_published_at: float | None
     fingerprint: str
     lineage: str = ""
+    description: str = ""  # the network's description, canonical JSON ("" from older learners)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,7 @@ class EnvelopeHeader:
     sha256: str
     fingerprint: str
     key_id: str = ""
+    description_sha256: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +146,8 @@ def encode_weights(names: Sequence[str], arrays: Sequence[np.ndarray], meta: Wei
         else repr(meta.newest_published_at),
         "fingerprint": meta.fingerprint,
     }
+    if meta.description:
+        metadata["description"] = meta.description
     return _canonical_header(bytes(st_save(tensors, metadata=metadata)))
 
 
@@ -170,6 +179,7 @@ def decode_weights(payload: bytes) -> tuple[list[str], list[np.ndarray], Weights
             else None,
             fingerprint=raw_meta["fingerprint"],
             lineage=str(raw_meta.get("lineage", "")),
+            description=str(raw_meta.get("description", "")),
         )
     except (SafetensorError, ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
         raise WeightsRejected("bad_payload", f"not a livefit safetensors payload: {exc}") from None
@@ -178,8 +188,25 @@ def decode_weights(payload: bytes) -> tuple[list[str], list[np.ndarray], Weights
     return names, [tensors[k] for k in keys], meta
 
 
+def payload_description(payload: bytes) -> str:
+    """The ``description`` metadata of a safetensors payload ("" when it has none or is not
+    one), read from its header alone."""
+    try:
+        size = int.from_bytes(payload[:8], "little")
+        meta = json.loads(payload[8 : 8 + size]).get("__metadata__") or {}
+    except (ValueError, AttributeError):
+        return ""
+    description = meta.get("description", "") if isinstance(meta, dict) else ""
+    return description if isinstance(description, str) else ""
+
+
 def sha256_hex(payload: bytes) -> str:
     return hashlib.sha256(payload).hexdigest()
+
+
+def description_sha256(description: str) -> str:
+    """What the envelope header's ``description_sha256`` says of a description ("" for none)."""
+    return sha256_hex(description.encode()) if description else ""
 
 
 def signed_message(header_bytes: bytes) -> bytes:
@@ -212,6 +239,12 @@ def seal(header_bytes: bytes, signature: bytes, mac: bytes, body: bytes) -> byte
             body,
         )
     )
+
+
+def detached(envelope: Envelope) -> bytes:
+    """``envelope`` without its body: the signed header alone, which still binds the payload
+    by size and sha256 (``envelope_bytes + payload`` is the inline envelope again)."""
+    return seal(envelope.header_bytes, envelope.signature, envelope.mac, b"")
 
 
 def open_envelope(data: bytes) -> Envelope:
@@ -254,7 +287,7 @@ def _parse_header(header_bytes: bytes) -> EnvelopeHeader:
     kind = doc["kind"]
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}")
-    strings = ("topic", "model", "lineage", "sha256", "fingerprint", "key_id")
+    strings = ("topic", "model", "lineage", "sha256", "fingerprint", "key_id", "description_sha256")
     for key in strings:
         if not isinstance(doc.get(key, ""), str):
             raise ValueError(f"{key} must be a string")
@@ -276,6 +309,7 @@ def _parse_header(header_bytes: bytes) -> EnvelopeHeader:
         sha256=doc["sha256"],
         fingerprint=doc["fingerprint"],
         key_id=doc.get("key_id", ""),
+        description_sha256=doc.get("description_sha256", ""),
     )
 
 
@@ -294,6 +328,13 @@ def check_matches(meta: WeightsMeta, header: EnvelopeHeader) -> None:
             "bad_payload",
             f"payload says {meta.model} {meta.lineage[:8]} v{meta.version}, its envelope "
             f"{header.model} {header.lineage[:8]} v{header.version}",
+        )
+    # The payload's sha256 binds its description already; a header naming one must agree.
+    if header.description_sha256 and description_sha256(meta.description) != (
+        header.description_sha256
+    ):
+        raise WeightsRejected(
+            "bad_payload", "the payload's description is not the one its envelope signed"
         )
 
 

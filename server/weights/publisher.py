@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from ..base.latest_worker import LatestWorker
@@ -54,6 +55,7 @@ from .format import (
     EnvelopeHeader,
     WeightsMeta,
     WeightsRejected,
+    description_sha256,
     encode_weights,
     open_envelope,
     sha256_hex,
@@ -86,13 +88,17 @@ class WeightPublisher:
         hmac_key: bytes | None = None,
         refresh_interval_s: float = 3600.0,
         publish_interval_s: float = 0.0,
+        description: str = "",
     ) -> None:
         """Snapshots offered faster than ``publish_interval_s`` wait (only the newest): the
-        topic gets at most one per interval, and the last one always goes out on ``stop``."""
+        topic gets at most one per interval, and the last one always goes out on ``stop``.
+        ``description`` (``livefit.models.description``'s canonical JSON) rides in every
+        snapshot, bound by the envelope's ``description_sha256``."""
         self.model = model
         self.topic = topic
         self.names = names
         self.fingerprint = fingerprint
+        self.description = description
         self.connection = connection
         self.metrics = metrics
         metrics.group(WeightsPublishedMetrics)
@@ -184,8 +190,7 @@ class WeightPublisher:
         started = time.perf_counter()
         self._published_at = time.monotonic()
         encoded = self.encode(snapshot)
-        self.store.add(encoded)
-        kind = self._send(encoded)
+        kind = self._send(encoded)  # which keeps it in the store, signed
         if kind is not None:
             self._record(snapshot, encoded, kind, time.perf_counter() - started)
         return encoded
@@ -212,6 +217,7 @@ class WeightPublisher:
             newest_published_at=snapshot.newest_published_at,
             fingerprint=self.fingerprint,
             lineage=snapshot.lineage,
+            description=self.description,
         )
         payload = encode_weights(self.names, snapshot.weights, meta)
         return EncodedWeights(
@@ -237,6 +243,7 @@ class WeightPublisher:
             sha256=encoded.sha256,
             fingerprint=self.fingerprint,
             key_id=self.signer.key_id,
+            description_sha256=description_sha256(self.description),
         )
         body = encoded.payload if inline else b""
         return self.signer.seal(header, body, self.hmac_key), "inline" if inline else "manifest"
@@ -263,6 +270,10 @@ class WeightPublisher:
                     "(weights.pull_url)",
                     self.model, encoded.version, inline_bytes, self.connection.guard.limit_bytes,
                 )  # fmt: skip
+        # In the store before a manifest names it (a receiver pulls it at once), with the
+        # envelope HTTP clients verify it by.
+        body = len(encoded.payload) if kind == "inline" else 0
+        self.store.add(replace(encoded, envelope=data[: len(data) - body]))
         self._last_info = self.connection.publish(
             self.topic, data, qos=1, retain=True, content_type=ENVELOPE_CONTENT_TYPE
         )

@@ -38,7 +38,7 @@ class WeightReceiver(WeightVerifier):
         address: BrokerAddress | Sequence[BrokerAddress],
         model: str,
         topic: str,
-        fingerprint: str,
+        fingerprint: str | None,
         on_weights: Callable[[ReceivedWeights], None],
         auth: Authenticator,
         *,

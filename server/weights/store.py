@@ -17,6 +17,9 @@ class EncodedWeights:
     sha256: str
     created_at: float
     lineage: str = ""
+    # The signed envelope without its body (``format.detached``): what lets a client of
+    # ``GET /v1/models/{name}/weights`` verify the payload; b"" until it was signed.
+    envelope: bytes = b""
 
 
 class WeightStore:
@@ -36,8 +39,7 @@ class WeightStore:
             newest = next(reversed(self._items.values()), None)
             if newest is not None and newest.lineage != item.lineage:
                 self._items.clear()
-            self._items.pop(item.version, None)
-            self._items[item.version] = item
+            self._items[item.version] = item  # a version again (now signed) keeps its place
             while len(self._items) > self.keep:
                 self._items.popitem(last=False)
 

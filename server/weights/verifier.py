@@ -11,14 +11,18 @@ failure:
 2. its signature with the learner's public key (``bad_signature``), and its HMAC when a
    shared key is set (``bad_hmac``); a missing one is ``unsigned``;
 3. the topic and model it was signed for (``wrong_topic``, ``wrong_model``) and the
-   architecture (``wrong_architecture``);
+   architecture (``wrong_architecture``; a verifier made with ``fingerprint=None`` takes any,
+   its receiver builds the network from the snapshot's description);
 4. freshness (below): ``expired``, ``stale``, ``rollback``, or ``refreshed`` (the snapshot
    already served, re-signed by an idle learner: nothing to do);
 5. the payload: inline, or pulled over HTTP from the configured learner origin only
    (``pull_url``; never a URL from a message) with a hard size limit, aborted as soon as it is
    exceeded (``too_large``, ``pull_failed``); its size and sha256 (``bad_sha256``); its
    safetensors structure and metadata (``bad_payload``, ``wrong_model``); finite values
-   (``non_finite``).
+   (``non_finite``);
+6. what the receiver itself checks in ``on_weights``, which may raise ``WeightsRejected`` (a
+   ``WeightSubscriber`` that cannot build the network a description names:
+   ``bad_description``).
 
 Freshness. Versions are compared only within a lineage. A snapshot of the current lineage must
 have a newer version. A snapshot of another lineage (the learner restarted with new storage)
@@ -59,6 +63,7 @@ from .format import (
     check_body,
     check_matches,
     decode_weights,
+    detached,
     open_envelope,
 )
 from .receiver_auth import Authenticator
@@ -68,6 +73,7 @@ OUTCOMES = (
     "accepted", "new_lineage", "refreshed", "stale", "rollback", "expired", "unsigned",
     "bad_signature", "bad_hmac", "bad_sha256", "bad_payload", "wrong_topic", "wrong_model",
     "wrong_architecture", "non_finite", "too_large", "pull_failed", "superseded",
+    "bad_description",
 )  # fmt: skip
 QUIET_OUTCOMES = ("stale", "refreshed")  # logged at DEBUG: normal on a busy stream
 REFUSAL_LOG_INTERVAL_S = 10.0  # as the learner's rejected samples (ingest.worker)
@@ -86,6 +92,7 @@ class ReceivedWeights:
     received_at: float
     signed_at: float = 0.0
     new_lineage: bool = False  # this snapshot switches the receiver to another lineage
+    envelope: bytes = b""  # the signed envelope without its body (``format.detached``)
 
 
 class RefusalStreak:
@@ -128,7 +135,7 @@ class WeightVerifier:
         self,
         model: str,
         topic: str,
-        fingerprint: str,
+        fingerprint: str | None,
         on_weights: Callable[[ReceivedWeights], None],
         auth: Authenticator,
         *,
@@ -219,7 +226,7 @@ class WeightVerifier:
             )
         if header.model != self.model:
             raise WeightsRejected("wrong_model", f"weights are for model {header.model!r}")
-        if header.fingerprint != self.fingerprint:
+        if self.fingerprint is not None and header.fingerprint != self.fingerprint:
             raise WeightsRejected(
                 "wrong_architecture",
                 f"weights for a different architecture (fingerprint {header.fingerprint[:12]}, "
@@ -230,10 +237,12 @@ class WeightVerifier:
         check_body(payload, header)
         names, arrays, meta = decode_weights(payload)
         check_matches(meta, header)
-        check_arrays(arrays, self.fingerprint, names, meta)
+        check_arrays(arrays, header.fingerprint if self.fingerprint is None else self.fingerprint,
+                     names, meta)  # fmt: skip
         return ReceivedWeights(
-            arrays, meta, payload, time.time(), header.signed_at, new_lineage=new_lineage
-        )
+            arrays, meta, payload, time.time(), header.signed_at, new_lineage=new_lineage,
+            envelope=detached(envelope),
+        )  # fmt: skip
 
     def _check_fresh(self, header: EnvelopeHeader) -> bool:
         """Raise WeightsRejected unless ``header`` is newer than what was accepted; True when
@@ -339,6 +348,9 @@ class WeightVerifier:
             return
         try:
             self.on_weights(received)
+        except WeightsRejected as exc:  # the receiver's own check (a subscriber's description)
+            self._refused(exc.outcome, str(exc))
+            return
         except Exception as exc:
             detail = f"applying v{received.meta.version} failed: {exc!r}"
             self._refused("bad_payload", f"bad_payload: {detail}", True)

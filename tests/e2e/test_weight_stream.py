@@ -6,14 +6,15 @@ After training, both replicas serve the learner's newest version within 2 s and 
 the same numbers; a replica started late is ready with the retained weights; forged (a
 snapshot at version 10**9, unsigned or signed by another key), corrupted and foreign weights
 are refused and counted while the replica keeps serving, and the learner's next snapshot is
-still taken; a WeightSubscriber in a plain Python process follows the learner; a replica with
-no key refuses to start. Over MQTT 3.1.1, a replica and a WeightSubscriber follow a learner
+still taken; a WeightSubscriber in a plain Python process, given its own model, follows the
+learner; a replica with no key refuses to start. Over MQTT 3.1.1, a replica and a WeightSubscriber follow a learner
 restarted with new storage (a new lineage) and refuse the old lineage's snapshot replayed.
 
 The large-model test (a manifest, then a pull from the learner's HTTP) runs against both
 layouts (``tests/layouts.py``): in the split learner the weights are
 served by a serving process that got them over the local feed, not by the process that
-published the manifest. The other tests run once: the weight topic, its key and its
+published the manifest; a ``WeightSubscriber`` with no broker, polling the learner's and the
+replica's HTTP, verifies what each serves with the learner's key and predicts like the learner. The other tests run once: the weight topic, its key and its
 signatures are the training process's, which is the one-process learner's code
 (``LearnerRuntime``), and replicas, forged weights and ``WeightSubscriber`` do not see which
 layout published them; the split learner's serving processes are checked to serve the training
@@ -201,6 +202,8 @@ def test_replicas_follow_the_learner_and_agree(
     assert a.metric("livefit_freshness_seconds_count", model="demo", stage="served") >= 1
     assert learner.metric("livefit_freshness_seconds_count", model="demo", stage="published") >= 1
     assert lineage_of(a) == lineage_of(b) == lineage_of(learner)
+    for replica in (a, b):  # the learner describes the network their shared config builds
+        assert "network differs" not in replica.log.read_text()
 
 
 def test_learner_made_its_key_and_logged_the_public_key(cluster: dict[str, LivefitProcess]) -> None:
@@ -275,8 +278,8 @@ from livefit.clients.weights import WeightSubscriber
 from livefit.models.builders import build_model
 broker, key, rows, wanted = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
 model = build_model("mlp", [8], [1], {"hidden_units": [16]}, seed=99, scaling="standardize")
-with WeightSubscriber(model, broker, "demo", verify_key=key) as weights:
-    ok = weights.wait_for_version(wanted, timeout=60)
+with WeightSubscriber(broker, "demo", verify_key=key, model=model) as weights:
+    ok = weights.wait_for_version(wanted, timeout=60) == wanted
     out = weights.predict(rows).tolist()
     print(json.dumps({"ok": ok, "version": weights.version, "outputs": out,
                       "outcomes": weights.outcomes}))
@@ -339,6 +342,14 @@ def test_large_model_goes_through_manifest_and_http_pull(
                            headers={"Authorization": f"Bearer {token}"}, timeout=10)  # fmt: skip
         assert served.headers["x-weights-sha256"] == sha256_hex(served.content) == signed.sha256
         assert lineage_of(replica, token) == lineage_of(learner, token) == signed.lineage
+        key = default_public_path(tmp_path / "data").read_text()
+        for origin in (learner, replica):  # no broker: the URL, the token and the key
+            with WeightSubscriber(model_name="demo", pull_url=origin.url, pull_token=token,
+                                  verify_key=key, topic=topic) as polled:  # fmt: skip
+                polled.wait_for_version(latest, timeout=30)
+                outputs, version = polled.predict_with_version(ROWS)
+            np.testing.assert_allclose(outputs, predict(learner)[0], rtol=0, atol=1e-6)
+            assert version == latest and polled.outcomes == {"accepted": 1}
     finally:
         mqtt.close()
         replica.stop()
@@ -390,7 +401,7 @@ def test_new_lineage_over_mqtt_311(broker: Mosquitto, tmp_path: Path) -> None:
     replica = LivefitProcess(text("replica"), tmp_path / "replica", command="replica")
     learner_b: LivefitProcess | None = None
     model = build_model("mlp", [8], [1], {"hidden_units": [16]}, seed=1, scaling="standardize")
-    subscriber = WeightSubscriber(model, broker.url, "demo", topic=topic, protocol="3.1.1",
+    subscriber = WeightSubscriber(broker.url, "demo", model=model, topic=topic, protocol="3.1.1",
                                   verify_key=signing.public.base64())  # fmt: skip
     mqtt = Mqtt(broker, protocol=paho.MQTTv311)
     try:
@@ -399,7 +410,7 @@ def test_new_lineage_over_mqtt_311(broker: Mosquitto, tmp_path: Path) -> None:
         publish_samples(broker, 500, topic="lineage/samples")
         latest_a = settle(learner_a, 500)
         assert wait_serving(replica, latest_a) == latest_a
-        assert subscriber.wait_for_version(latest_a, timeout=10) and subscriber.version == latest_a
+        assert subscriber.wait_for_version(latest_a, timeout=10) == subscriber.version == latest_a
         lineage_a = lineage_of(learner_a)
         old_a = mqtt.retained(topic)
         assert learner_a.stop() == 0
@@ -427,7 +438,7 @@ def test_new_lineage_over_mqtt_311(broker: Mosquitto, tmp_path: Path) -> None:
         publish_samples(broker, 200, seed=4, topic="lineage/samples")
         latest_b = settle(learner_b, 200)
         assert wait_serving(replica, latest_b) == latest_b
-        assert subscriber.wait_for_version(latest_b, timeout=10)
+        assert subscriber.wait_for_version(latest_b, timeout=10) == latest_b
         assert "new lineage" in replica.log.read_text()
     finally:
         mqtt.close()

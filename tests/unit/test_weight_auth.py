@@ -98,7 +98,7 @@ def test_envelope_layout_is_what_the_readme_says(weights: Weights, signer: Signi
     header = json.loads(header_bytes)
     assert set(header) == {
         "format", "kind", "topic", "model", "lineage", "version", "created_at", "signed_at",
-        "size", "sha256", "fingerprint", "key_id",
+        "size", "sha256", "fingerprint", "key_id", "description_sha256",
     }  # fmt: skip
     assert (header["format"], header["kind"], header["topic"]) == (1, "weights", TOPIC)
     assert (header["model"], header["lineage"], header["version"]) == ("demo", L1, 7)
@@ -106,6 +106,21 @@ def test_envelope_layout_is_what_the_readme_says(weights: Weights, signer: Signi
     assert header["key_id"] == hashlib.sha256(signer.public.raw).hexdigest()[:16]
     parsed = open_envelope(data)
     assert parsed.header.version == 7 and parsed.body == body
+
+
+def test_the_signed_description_hash_must_match_the_payloads(signer: SigningKey) -> None:
+    """A header naming another description than the payload carries is refused; a header of a
+    learner without descriptions (none named) leaves it to the payload's sha256, which binds it."""
+    described = Weights.of("linear")
+    recorder = Recorder(described, Authenticator(signer.public))
+    other = {"description_sha256": "0" * 64}
+    assert recorder.send(envelope(signer, described, version=1, header_changes=other)) == (
+        "bad_payload"
+    )
+    none = {"description_sha256": ""}
+    assert recorder.send(envelope(signer, described, version=2, header_changes=none)) == (
+        "accepted"
+    )
 
 
 def test_forged_and_malformed_messages_are_refused(weights: Weights, signer: SigningKey) -> None:
