@@ -80,8 +80,11 @@ def forward(
     """The network's outputs for the rows ``x``, following ``description["layers"]``."""
     if description.get("layers") is None:
         raise ValueError(f"no layer list: {description.get('layers_note')}")
-    x = np.asarray(x, dtype=np.float32)
-    for step in description["layers"]:
+    return _run(description["layers"], tensors, np.asarray(x, dtype=np.float32))
+
+
+def _run(steps: list[dict[str, Any]], tensors: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    for step in steps:
         kind = step["kind"]
         if kind == "standardize":
             x = (x - tensors[step["mean"]]) / tensors[step["std"]]
@@ -98,6 +101,10 @@ def forward(
             x = x.reshape((x.shape[0], *step["output_shape"]))
         elif kind == "lstm":
             x = _lstm(step, tensors, x)
+        elif kind == "mixture":  # each expert on the same input, weighed by its share
+            share = tensors[step["share"]]
+            outputs = [_run(branch, tensors, x) for branch in step["experts"]]
+            x = sum(weight * out for weight, out in zip(share, outputs, strict=True))
         elif kind != "dropout":  # dropout: the identity when predicting
             raise ValueError(f"layer kind {kind!r} is not implemented here")
     return x

@@ -21,8 +21,10 @@ spaces), so that its sha256 is the same in every process that describes the same
   ``lstm``) the forward pass as a list another runtime can follow, each entry with ``kind``
   (``standardize`` ``(x - mean) / std``, ``dense`` ``act(x @ kernel + bias)``, ``activation``,
   ``dropout`` (the identity when predicting), ``reshape``, ``lstm``, ``unstandardize``
-  ``x * std + mean``), ``name``, ``output_shape`` and its tensors by safetensors key; ``null``
-  for other networks (``layers_note`` says which layer has no such form).
+  ``x * std + mean``, and ``mixture``: ``experts``, one such list per expert, each run on what
+  came before, their outputs summed weighed by ``share``, a tensor), ``name``,
+  ``output_shape`` and its tensors by safetensors key; ``null`` for other networks
+  (``layers_note`` says which layer has no such form).
 
 Building a network from a description is code-adjacent, so ``model_from_description`` takes
 one only after its snapshot's signature verified (the caller's part), at most
@@ -41,6 +43,7 @@ import keras
 import numpy as np
 
 from .builders import output_activation_name, weight_names
+from .experts import mixture_layer
 from .standardize import Standardize
 from .target_scaling import Unstandardize
 
@@ -188,9 +191,19 @@ class _NoForm(Exception):
 def _chain(model: keras.Model, keys: dict[int, str]) -> list[dict]:
     if len(model.inputs) != 1 or len(model.outputs) != 1:
         raise _NoForm(f"{model.name}: more than one input or output")
+    mixture = mixture_layer(model)
+    # The experts (experts.assemble): each a chain of its own from what came before them
+    experts = [] if mixture is None else [t._keras_history.operation for t in mixture.input]
     steps: list[dict] = []
     for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
+        if isinstance(layer, keras.layers.InputLayer) or any(layer is e for e in experts):
+            continue
+        if layer is mixture:
+            branches = [_chain(e, keys) if isinstance(e, keras.Model) else [_step(e, keys)]
+                        for e in experts]  # fmt: skip
+            steps.append({"name": layer.name, "output_shape": list(layer.output.shape[1:]),
+                          "kind": "mixture", "share": keys[id(mixture.share)],
+                          "experts": branches})  # fmt: skip
             continue
         if isinstance(layer, keras.Model):
             steps.extend(_chain(layer, keys))
