@@ -47,6 +47,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     # The experts' mixture sharper (rate), or following a shorter window (decay)
     "exprate3": {"experts": {"rate": 3.0}},
     "exprate03": {"experts": {"rate": 0.3}},
+    "exprate01": {"experts": {"rate": 0.1}},
+    "exprate05": {"experts": {"rate": 0.5}},
     "expdecay995": {"experts": {"decay": 0.995}},
     "expdecay999": {"experts": {"decay": 0.999}},
     # The fast start (train.fast_start_samples, issue #30): off, and its smallest batch 1 or 10

@@ -75,6 +75,9 @@ def model_stats(samples: ModelSamples) -> dict[str, Any]:
     }
     stats["predict_batch_mean"] = histogram_mean(samples, "livefit_predict_batch_size")
     stats["freshness_p50"] = bucket_quantile(0.5, freshness_buckets(samples))
+    for sample in samples.get("livefit_expert_weight", []):  # experts: each one's share
+        if sample.labels.get("worker") in (None, "training"):
+            stats[f"expert_weight_{sample.labels.get('expert', '')}"] = finite(sample.value)
     return stats
 
 

@@ -60,6 +60,8 @@ def fill_metrics() -> Metrics:
         metrics.group(ServingMetrics).predict_latency.labels(model="demo").observe(seconds)
     for rows in (4, 12):
         metrics.group(ServingMetrics).predict_batch_size.labels(model="demo").observe(rows)
+    for expert, share in (("network", 0.75), ("linear_expert", 0.25)):
+        metrics.group(TrainingMetrics).expert_weight.labels(model="demo", expert=expert).set(share)
     for seconds in (0.3, 100.0, 100.0):  # the median lies beyond the last finite bucket (60 s)
         metrics.group(FreshnessMetrics).freshness.labels(model="demo", stage="published").observe(
             seconds
@@ -110,7 +112,8 @@ def test_stats_are_read_from_the_registry(stats_server: InProcessServer) -> None
         "predict_requests_total": 16.0, "predict_client_errors_total": 4.0,
         "predict_refused_total": 3.0, "predict_server_errors_total": 1.0,
         "predict_latency": demo["predict_latency"], "predict_batch_mean": 8.0,
-        "freshness_p50": 60.0,
+        "freshness_p50": 60.0, "expert_weight_network": 0.75,
+        "expert_weight_linear_expert": 0.25,
     }  # fmt: skip
     idle = data["models"]["idle"]
     assert idle["train_samples_total"] == 0.0 and idle["model_version"] == 0.0
