@@ -183,8 +183,12 @@ def test_the_description_is_the_one_the_learner_signed(
     assert (doc["model"], doc["version"]) == ("clf", version)
     described = doc["description"]
     assert described["input"]["shape"] == [6] and described["output"]["activation"] == "sigmoid"
-    assert [step["kind"] for step in described["layers"]] == [
-        "standardize", "dense", "dense", "dense"]  # fmt: skip
+    # the default model: the network and the linear expert, mixed (models/experts.py)
+    assert [step["kind"] for step in described["layers"]] == ["standardize", "mixture"]
+    mixture = described["layers"][1]
+    assert [[step["kind"] for step in expert] for expert in mixture["experts"]] == [
+        ["dense", "dense", "dense"], ["dense"]]  # fmt: skip
+    assert mixture["share"].endswith("experts/share")
     weights = httpx.get(f"{learner.url}/v1/models/clf/weights?version={version}", timeout=10)
     assert doc["weights_sha256"] == sha256_hex(weights.content)
     text = response.text.split('"description":', 1)[1][:-1]
