@@ -102,6 +102,27 @@ def score_in_batches(
     return float(scores.mean())
 
 
+def batch_scores(stream: Stream) -> dict[str, float]:
+    """Every peer of ``stream``'s task in the server's protocol: each minibatch livefit's
+    trainer would take predicted whole, then learned sample by sample (``livefit_schedule``)."""
+    schedule = livefit_schedule(len(stream), stream.task)
+    return {
+        peer: score_in_batches(make, stream, schedule)
+        for peer, (_, make) in PEERS[stream.task].items()
+    }
+
+
+def best_peer(values: dict[str, float], metric: str) -> dict[str, Any]:
+    """The best of issue #30's three kinds of peer (linear, HAT, ARF) among ``values``:
+    ``{"peer", "value"}``."""
+    higher = metric == "accuracy"
+    ranked = sorted(
+        ((v, peer) for peer, v in values.items() if contender_kind(peer) and v == v),
+        reverse=higher,
+    )
+    return {"peer": ranked[0][1], "value": ranked[0][0]}
+
+
 def protocol_row(stream: Stream, name: str) -> dict[str, Any]:
     """Every peer of ``stream``'s task under each protocol, and the best of issue #30's."""
     schedules = {
@@ -113,14 +134,11 @@ def protocol_row(stream: Stream, name: str) -> dict[str, Any]:
     started = time.perf_counter()
     for peer, (_, make) in PEERS[stream.task].items():
         peers[peer] = {p: score_in_batches(make, stream, s) for p, s in schedules.items()}
-    higher = METRIC[stream.task] == "accuracy"
-    best: dict[str, dict[str, Any]] = {}
-    for protocol in PROTOCOLS:
-        ranked = sorted(
-            ((v[protocol], peer) for peer, v in peers.items() if contender_kind(peer)),
-            reverse=higher,
-        )
-        best[protocol] = {"peer": ranked[0][1], "value": ranked[0][0]}
+    metric = METRIC[stream.task]
+    best = {
+        protocol: best_peer({peer: v[protocol] for peer, v in peers.items()}, metric)
+        for protocol in PROTOCOLS
+    }
     return {
         "stream": name,
         "metric": METRIC[stream.task],

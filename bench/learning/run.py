@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import tempfile
@@ -19,10 +20,17 @@ import numpy as np
 from bench.harness import REPO, Benchmark
 from bench.learning.inprocess import InProcess
 from bench.learning.knobs import BEFORE_RECOVERY, DEFAULTS
-from bench.learning.peers import HT, peer_scores
+from bench.learning.peers import peer_scores
+from bench.learning.protocol import batch_scores
 from bench.learning.recovery import after_drift, recovery_samples
 from bench.learning.report import markdown, section
-from bench.learning.results import MODEL_SEEDS, QUICK_MODEL_SEEDS, results_of, to_bench_result
+from bench.learning.results import (
+    MODEL_SEEDS,
+    QUICK_MODEL_SEEDS,
+    results_of,
+    to_bench_result,
+    verdict,
+)
 from bench.learning.scores import Score, segment_edges, segments
 from bench.learning.server import Case, server_cases, through_server
 from bench.learning.streams import (
@@ -64,15 +72,18 @@ def run(
             for name in (QUICK_STREAMS if quick else STREAMS)
         }
         peers = {name: peer_scores(s) for name, s in streams.items()}
+        in_batches = {name: batch_scores(s) for name, s in streams.items()}
         for name, p in peers.items():
             metric = METRIC[streams[name].task]
             log(
                 f"peers  {name:<10} "
                 + "  ".join(f"{k} {v.value(metric):.4f}" for k, v in p.items())
+                + "; in the server's protocol "
+                + "  ".join(f"{k} {v:.4f}" for k, v in in_batches[name].items())
             )
         cases = server_cases(quick)
         served = through_server(streams, cases, workdir / "server", log)
-        results = results_of(quick, streams, peers, cases, served)
+        results = results_of(quick, streams, peers, cases, served, in_batches)
         cache = InProcess()
         results["agreement"] = _agreement(cache, streams, cases, served)
         _add_segments(results, cache, streams, cases, peers)
@@ -200,6 +211,7 @@ def _add_seeds(
             after = [s.mae_after_first_message for s in scores]
             entry["after_first_message"] = {"values": after, "mean": statistics.fmean(after)}
         r["seeds"] = entry
+        r["pass"] = verdict(r)
         log(
             f"seeds  {name:<10} {metric} mean {entry['mean']:.4f} worst {entry['worst']:.4f} "
             f"over {len(values)} seeds (reference {r['reference']} {reference:.4f})"
@@ -240,13 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     write(results, json_path, md_path)
     _print(f"wrote {json_path} and {md_path} ({results['seconds']:.0f} s)")
     for r in results["streams"].values():
-        metric, ref = r["metric"], r["reference"]
+        metric = r["metric"]
         shown = pct if metric == "accuracy" else fig
-        verdict = "" if r["pass"] is None else ("pass" if r["pass"] else "MISS")
+        judged = "" if r["pass"] is None else ("pass" if r["pass"] else "MISS")
+        best = r.get("best_in_batches") or r["best_per_sample"]
+        seeds = r.get("seeds") or {"mean": math.nan, "worst": math.nan}
         _print(
-            f"{r['title']:<40} livefit {shown(r['livefit'][metric])}  "
-            f"{short(ref)} {shown(r['peers'][ref][metric])}  "
-            f"{HT} {shown(r['peers'][HT][metric])}  {verdict}"
+            f"{r['title']:<40} livefit {shown(seeds['mean'])} (worst {shown(seeds['worst'])})  "
+            f"river's best {shown(best['value'])} ({short(best['peer'])})  {judged}"
         )
     return 0
 

@@ -53,8 +53,15 @@ def test_every_stream_has_livefit_and_its_peers(results: dict[str, Any]) -> None
         samples = min(learning.QUICK_SAMPLES, learning.STREAMS[name].samples)
         assert stream["samples"] == samples, name
         assert set(stream["peers"]) == PEERS[stream["task"]], name
+        # issue #47's target, judged on the model seeds against river's best in the
+        # server's protocol, for every stream
+        assert isinstance(stream["pass"], bool), name
+        assert set(stream["peers_in_batches"]) == PEERS[stream["task"]], name
+        best = stream["best_in_batches"]
+        assert best["value"] == stream["peers_in_batches"][best["peer"]], name
+        assert best["peer"] != learning.HT, name  # issue #30's three kinds only
         if stream["task"] == "regression":
-            assert stream["metric"] == "mae" and stream["pass"] is None, name
+            assert stream["metric"] == "mae", name
             assert _is_error(stream["livefit"]["mae"]) and _is_error(stream["livefit"]["rmse"])
             assert all(_is_error(p["mae"]) for p in stream["peers"].values()), name
             assert set(stream["after_first_message"]) >= PEERS["regression"], name
@@ -65,7 +72,6 @@ def test_every_stream_has_livefit_and_its_peers(results: dict[str, Any]) -> None
             for peer in stream["peers"].values():
                 assert _is_score(peer["accuracy"]), name
                 assert math.isfinite(peer["log_loss"]), name
-            assert isinstance(stream["pass"], bool)
         assert all(p["samples"] == samples for p in stream["peers"].values()), name
         metric, reference = stream["metric"], stream["reference"]
         assert stream["difference"] == pytest.approx(
@@ -153,15 +159,16 @@ def test_markdown_has_a_table_per_stream_and_the_sweep(results: dict[str, Any]) 
     for name in learning.QUICK_STREAMS:
         assert f"### {learning.STREAMS[name].title}" in text
     assert "### Defaults sweep" in text and "### Model seeds" in text
-    assert "Prequential MAE" in text
+    assert "river's best, server's protocol" in text and "MAE for regression" in text
     assert learning.markdown(json.loads(json.dumps(results))) == text  # from the JSON alone
 
 
 def test_the_suite_format_states_a_target_per_stream(results: dict[str, Any]) -> None:
     doc = learning.to_bench_result(results).to_json()
     assert len(doc["rows"]) == len(learning.QUICK_STREAMS)
-    targets = {"binary": ["≥ logistic regression"], "multiclass": ["≥ softmax regression"],
-               "regression": []}  # fmt: skip
+    accuracy = ["≥ river's best - 0.3 pts", "worst seed ≥ river's best - 1 pt"]
+    targets = {"binary": accuracy, "multiclass": accuracy,
+               "regression": ["≤ 1.03x river's best", "worst seed ≤ 1.1x river's best"]}  # fmt: skip
     for row, stream in zip(doc["rows"], results["streams"].values(), strict=True):
         shown = "accuracy" if stream["metric"] == "accuracy" else "MAE"
         assert row["figures"][f"livefit {shown}"]["n"] == 1
