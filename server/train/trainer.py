@@ -514,7 +514,7 @@ class Trainer:
         low, high = ("?", "?") if bounds is None else (bounds[0].tolist(), bounds[1].tolist())
         log.warning(
             "%s: %d sample(s) with a target beyond %g standard deviations of the running "
-            "target statistics (range %s to %s) were clipped to it "
+            "target statistics (range %s to %s) were clipped to it and not learned "
             "(livefit_train_outliers_total; train.target_outlier_std)",
             self.name, samples, self.policy.target_outlier_std, low, high,
         )  # fmt: skip
