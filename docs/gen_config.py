@@ -447,10 +447,11 @@ MEANINGS: dict[str, str] = {
         'with `target_scaling = "standardize"`: a target more than this many standard '
         "deviations from the running mean of the targets (from the 10th target on; below 100 "
         "targets the bound is widened by 100 / count, as the start of a stream is often not "
-        "like the rest) is an outlier: clipped to that bound before it trains, enters the "
-        "statistics or the replay buffer, scored against the bound, and counted in "
+        "like the rest) is an outlier: clipped to that bound before it enters the statistics, "
+        "scored against the bound, trained (and replayed) with weight 0, and counted in "
         "`livefit_train_outliers_total` (a warning at most once a minute). One sample then "
-        "moves the target mean by at most 8 standard deviations / samples seen. A run of them "
+        "moves the target mean by at most 8 standard deviations / samples seen, and the "
+        "model's weights not at all. A run of them "
         "is not: 20 of the last 32 targets beyond the bound on the same side are a new level, "
         "the target statistics re-centred on them (`livefit_train_target_shifts_total`; see "
         "[guarantees](guarantees.md#one-outlying-target-cannot-break-a-regression-model)). "
@@ -609,7 +610,9 @@ MEANINGS: dict[str, str] = {
     ),
     "models.<name>.checkpoint.interval_s": (
         "checkpoint (weights, optimizer state, version, log position) this often, and at "
-        "shutdown; written in the background"
+        "shutdown (unless the checkpoint of that exact version is on disk); written in the "
+        "background. One that fails is tried again after 1, 2, 4, then every 5 s, also when "
+        "the version has not moved, so storage that works again is noticed within seconds"
     ),
     "models.<name>.checkpoint.keep": (
         "newest checkpoints kept; corrupt ones are set aside and the newest usable one is used, "

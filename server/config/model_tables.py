@@ -60,8 +60,8 @@ class TrainSettings(Section):
     pipeline: Literal["auto", "on", "off"] = "auto"
     # With target scaling: a target more than this many standard deviations from the running
     # mean of the targets (from the 10th target on; widened by 100 / count below 100 targets)
-    # is an outlier, clipped to that bound before it trains or enters the statistics, and
-    # counted (0: no bound).
+    # is an outlier, clipped to that bound before it enters the statistics, trained with weight
+    # 0, and counted (0: no bound).
     target_outlier_std: float = Field(8.0, ge=0, allow_inf_nan=False)
     # A fast start: the first start_steps training steps of a fresh model (not one restored
     # from a checkpoint) run at start_lr_factor times the learning rate, decaying linearly to

@@ -3,13 +3,17 @@
 Owns the write and its outcome: the newest checkpoint offered wins, a failure of any kind (a
 full disk, or anything else, e.g. a state the format refuses) is storage trouble: counted,
 logged (never raised) and reported to ``StorageHealth`` (readiness 503,
-``livefit_storage_healthy`` 0) until a checkpoint is written again; the ``on_written``
-callbacks run only once a checkpoint is on disk.
+``livefit_storage_healthy`` 0) until a checkpoint is written again (the trainer offers one
+again on a back-off, at the same version too); the ``on_written`` callbacks run only once a
+checkpoint is on disk. Writes never overlap: the trainer's own ``write`` (a final checkpoint)
+waits for one the thread is writing (of the same version, maybe: both would write one
+temporary file).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -34,6 +38,7 @@ class CheckpointWriter:
         self.storage = storage
         self.on_written: list[Callable[[Checkpoint], None]] = []
         self.failure: str | None = None  # why the last checkpoint failed; None once one works
+        self._writing = threading.Lock()
         self._worker: LatestWorker[Checkpoint] = LatestWorker(f"checkpoint-{name}", self.write)
 
     def start(self) -> None:
@@ -47,6 +52,10 @@ class CheckpointWriter:
 
     def write(self, checkpoint: Checkpoint) -> None:
         """Write now, on the caller's thread; failures are counted and logged, never raised."""
+        with self._writing:
+            self._write(checkpoint)
+
+    def _write(self, checkpoint: Checkpoint) -> None:
         started = time.perf_counter()
         try:
             path = self.store.write(checkpoint)

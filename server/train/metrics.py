@@ -66,7 +66,8 @@ class TrainingMetrics(MetricGroup):
         self.train_outliers = Counter(
             "livefit_train_outliers_total",
             "Samples whose regression target lay beyond train.target_outlier_std standard "
-            "deviations of the running target statistics, clipped to that bound",
+            "deviations of the running target statistics, clipped to that bound and not "
+            "learned (weight 0)",
             ["model"],
             registry=registry,
         )

@@ -127,9 +127,9 @@ class RunningStandardizer:
         self._bounds = k, bounds
         return bounds
 
-    def clip_outliers(self, x: np.ndarray, k: float) -> tuple[np.ndarray, int]:
+    def clip_outliers(self, x: np.ndarray, k: float) -> tuple[np.ndarray, np.ndarray]:
         """``x`` (a batch like ``update``'s) with every value beyond ``bounds(k)`` set to the
-        bound it crossed, and how many rows (samples) had such a value.
+        bound it crossed, and which rows (samples) had such a value (a boolean per row).
 
         Winsorizing before ``update`` bounds what one sample can do to the statistics: it
         moves the mean by at most ``k * std / count`` and the variance by about ``k**2 / count``
@@ -137,13 +137,14 @@ class RunningStandardizer:
         """
         bounds = self.bounds(k)
         x = np.asarray(x)
+        none = np.zeros(x.shape[0], bool)
         if bounds is None or x.shape[0] == 0:
-            return x, 0
+            return x, none
         low, high = bounds
         outside = (x < low) | (x > high)  # NaN is neither: non-finite values are checked apart
         if not outside.any():
-            return x, 0
-        rows = int(np.count_nonzero(outside.reshape(x.shape[0], -1).any(axis=1)))
+            return x, none
+        rows = outside.reshape(x.shape[0], -1).any(axis=1)
         clipped = np.clip(x, low, high).astype(x.dtype, copy=False)
         return clipped, rows
 

@@ -17,11 +17,18 @@ With weight averaging (``train.weight_average``) snapshots carry the averaged we
 was scored), checkpoints the trained ones, the average and what chose between them.
 
 Its durable state: at start it restores the newest checkpoint (continuing above every version
-ever handed out), it claims versions on disk a block at a time before using them and, on a
-clean stop, records the exact version so a restart continues without a jump. It also says how
-far back the write-ahead log must be kept (``log_needed_from``): to the oldest kept checkpoint's
-position, so that whichever kept checkpoints are found corrupt at start, the fallback to any
-older one replays the log from there without losing anything acknowledged.
+ever handed out), and no snapshot leaves it with a version the version mark on disk does not
+cover: it claims versions there a block at a time. While the mark cannot be written (a full
+disk) training goes on, but the newest snapshot is held back (serving and replicas keep the
+last one handed out; readiness names ``version_mark``) until a retry on a back-off writes it,
+so a restart after a crash never hands out a number again. On a clean stop it records the
+exact version so a restart continues without a jump. A failed checkpoint is retried on a
+back-off (``STORAGE_RETRY_MAX_S`` at most) even while the version stands still, so storage that
+works again is noticed within seconds, and a stop writes a final checkpoint unless the one at
+its exact version is already on disk. It also says how far back the write-ahead log must be kept
+(``log_needed_from``): to the oldest kept checkpoint's position, so that whichever kept
+checkpoints are found corrupt at start, the fallback to any older one replays the log from
+there without losing anything acknowledged.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from ..base.backoff import Backoff
 from ..base.metrics import ErrorMetrics, Metrics
 from ..config.machine import usable_cores
 from ..config.model import ModelSettings
@@ -69,7 +77,9 @@ TRAINER_NICENESS = 5  # added to the trainer thread's OS niceness when it gives 
 # against one of 25 (BENCHMARKS.md, learning quality): 1, 1, 2, 4, 8, 9 lost 15 % MAE on
 # Planes2D and 2 points on Agrawal (a 1-sample step moves the network as far as a full one).
 FAST_START_MIN_BATCH = 5
-VERSION_BLOCK = 1000  # versions claimed on disk at a time (see _reserve_versions)
+VERSION_BLOCK = 1000  # versions claimed on disk at a time (see _claim)
+# While storage fails, a checkpoint or a version mark is tried again after 1, 2, 4, 5, 5... s
+STORAGE_RETRY_FIRST_S, STORAGE_RETRY_MAX_S = 1.0, 5.0
 
 
 class Trainer:
@@ -117,6 +127,7 @@ class Trainer:
         self._last_snapshot_at = 0.0
         self._snapshot_version = -1
         self._last_snapshot: Snapshot | None = None
+        self._held: Snapshot | None = None  # the newest snapshot not handed out yet (_hand_out)
         self._copy_s = 0.0  # what the last snapshot's copy of the weights took
         self._outliers_logged_at = -_OUTLIER_LOG_INTERVAL_S
         self._series: dict[str, Any] | None = None  # labelled metric series, see _record
@@ -374,11 +385,22 @@ class Trainer:
         )
 
     def _checkpoint_due(self) -> bool:
-        return (
-            self._writer is not None
-            and self.version != self._checkpoint_version
-            and time.monotonic() - self._last_checkpoint_at >= self.settings.checkpoint.interval_s
-        )
+        """Whether ``_maybe_checkpoint`` would copy the state now: the interval is over and the
+        version moved, or the last write failed and its retry (``_checkpoint_retry``) is due
+        while the state on disk is older than this one."""
+        if self._writer is None:
+            return False
+        if self._writer.failure is None:
+            self._checkpoint_retry.succeeded()
+            return (
+                self.version != self._checkpoint_version
+                and time.monotonic() - self._last_checkpoint_at
+                >= self.settings.checkpoint.interval_s
+            )
+        if not self._checkpoint_retry.failing:  # the first wait starts when the failure is seen
+            self._checkpoint_retry.failed()
+            return False
+        return self._durable_version < self.version and self._checkpoint_retry.due()
 
     def _give_way(self, limit_s: float) -> None:
         """Wait (at most ``limit_s``) while prediction requests are queued: on a small machine
@@ -458,8 +480,6 @@ class Trainer:
             )  # fmt: skip
             return
         self.version += learned.steps
-        if self.version > self._reserved_version:
-            self._reserve_versions()
         self.samples_seen += len(batch)
         if batch.newest_published_at is not None:
             self._newest_published_at = max(
@@ -517,7 +537,7 @@ class Trainer:
         low, high = ("?", "?") if bounds is None else (bounds[0].tolist(), bounds[1].tolist())
         log.warning(
             "%s: %d sample(s) with a target beyond %g standard deviations of the running "
-            "target statistics (range %s to %s) were clipped to it "
+            "target statistics (range %s to %s) were clipped to it and not learned "
             "(livefit_train_outliers_total; train.target_outlier_std)",
             self.name, samples, self.policy.target_outlier_std, low, high,
         )  # fmt: skip
@@ -589,6 +609,8 @@ class Trainer:
         """Hand a copy of the weights to the slot, at most every ``serve_interval_s``
         (stretched to ``_COPY_SHARE`` times the copy's cost) unless ``force``; returns the
         snapshot at the current version, or None when none was due."""
+        if self._held is not None:
+            self._hand_out(self._held)
         now = time.monotonic()
         interval = max(self.settings.weights.serve_interval_s, _COPY_SHARE * self._copy_s)
         if self.version == self._snapshot_version:
@@ -609,8 +631,17 @@ class Trainer:
         self._last_snapshot_at = now
         self._snapshot_version = self.version
         self._last_snapshot = snapshot
-        self.slot.publish(snapshot)
+        self._hand_out(snapshot)
         return snapshot
+
+    def _hand_out(self, snapshot: Snapshot) -> None:
+        """Publish ``snapshot`` into the slot if its version is claimed on disk (``_claim``);
+        else hold it back (the newest held wins) for ``_snapshot`` to try again."""
+        if self._claim(snapshot.version):
+            self._held = None
+            self.slot.publish(snapshot)
+        else:
+            self._held = snapshot
 
     def _served_step(self) -> TrainStep:
         """The step whose model snapshots carry: the served candidate's (the configured one
@@ -639,7 +670,9 @@ class Trainer:
         self._checkpoint_version = -1
         self._durable_version = -1  # newest version whose checkpoint is known to be on disk
         self._durable_lock = threading.Lock()
-        self._reserved_version = 0
+        self._claimed = 0  # the version mark on disk: no snapshot above it leaves (_claim)
+        self._mark_retry = Backoff(STORAGE_RETRY_FIRST_S, STORAGE_RETRY_MAX_S)
+        self._checkpoint_retry = Backoff(STORAGE_RETRY_FIRST_S, STORAGE_RETRY_MAX_S)
 
     def on_checkpoint(self, callback: Callable[[Checkpoint], None]) -> None:
         """Call ``callback(checkpoint)`` after each checkpoint is on disk (writer thread)."""
@@ -679,12 +712,18 @@ class Trainer:
             self.checkpointed_position = checkpoint.position
             self._fallback_positions.append(checkpoint.position)
             self.restored_from = checkpoint
-        # Versions handed out after the checkpoint are never reused: continue above them.
-        self.version = max(checkpoint.version if checkpoint else 0, mark)
-        self._checkpoint_version = self.version
-        if checkpoint is not None and checkpoint.version == self.version:
+        # Versions up to the mark may have been handed out with weights other than these (a
+        # crash after the checkpoint): continue above them. The checkpoint's own version, at or
+        # above the mark (a clean stop), was handed out with exactly these weights, if at all.
+        if checkpoint is not None and checkpoint.version >= mark:
+            self.version = checkpoint.version
             self._durable_version = self.version  # a clean stop here needs no new checkpoint
-        self._reserved_version = self.version
+            self._checkpoint_version = self.version
+        elif mark == 0:  # nothing to continue: the new lineage (above) starts at 0, untrained
+            self.version = self._checkpoint_version = 0
+        else:  # these weights at a new number: worth a checkpoint of their own
+            self.version, self._checkpoint_version = mark + 1, -1
+        self._claimed = mark
         self.metrics.group(TrainingStateMetrics).model_samples.labels(model=self.name).set(
             self.samples_seen
         )
@@ -712,39 +751,60 @@ class Trainer:
                 )  # fmt: skip
         if stopped and self.checkpoints is not None and self._durable_version == self.version:
             # A clean stop: the checkpoint at this exact version is on disk, so a restart may
-            # continue right here instead of above the reserved block (no version jump).
+            # continue right here instead of above the claimed block (no version jump).
             try:
                 self.checkpoints.write_high_water_mark(self.version)
-            except OSError as exc:  # the reserved mark stays: a restart jumps, never reuses
+            except OSError as exc:  # the claimed mark stays: a restart jumps, never reuses
                 self.storage.failed("version_mark", exc)
+                return
+            self._claimed = self.version
+            if self._held is not None:  # the final snapshot, now covered: serving gets it
+                self._hand_out(self._held)
 
-    def _reserve_versions(self) -> None:
-        """Claim the next block of versions on disk before using the first of them.
+    def _claim(self, version: int) -> bool:
+        """Whether a snapshot at ``version`` may leave the trainer: the version mark on disk
+        covers it, claiming the next block (``VERSION_BLOCK``) there first when it does not.
 
-        A restart continues above the claimed mark, so no version is ever handed out twice,
-        even by a learner killed long after its last checkpoint (versions may jump instead).
+        A restart continues above the mark, so no version is ever handed out twice, even by a
+        learner killed long after its last checkpoint (versions may jump instead). While the
+        mark cannot be written the answer is no, tried again on a back-off.
         """
-        if self.checkpoints is None:
-            self._reserved_version = self.version + VERSION_BLOCK
-            return
+        if version <= self._claimed:
+            return True
+        if self.checkpoints is None:  # no storage: a new lineage per process, nothing to claim
+            self._claimed = version + VERSION_BLOCK
+            return True
+        if not self._mark_retry.due():
+            return False
         try:
-            self.checkpoints.write_high_water_mark(self.version + VERSION_BLOCK)
-        except OSError as exc:  # retried at the next step; until then a crash may reuse versions
+            self.checkpoints.write_high_water_mark(version + VERSION_BLOCK)
+        except OSError as exc:
             self.storage.failed("version_mark", exc)
-            return
-        self._reserved_version = self.version + VERSION_BLOCK
+            self._mark_retry.failed()
+            return False
+        self._claimed = version + VERSION_BLOCK
+        self._mark_retry.succeeded()
         self.storage.recovered("version_mark")
+        return True
 
     def _maybe_checkpoint(self, final: bool = False) -> None:
-        """Copy the training state for the background writer (or write it now, when final).
+        """Copy the training state for the background writer (or write it now, when final):
+        every ``checkpoint.interval_s`` when the version moved, and after a failed write on a
+        back-off, at the same version too.
 
-        Nothing to do when a checkpoint at this version was already handed to the writer (on
-        a final call, ``stop`` lets the writer finish it before recording the version)."""
-        if self._writer is None or self.version == self._checkpoint_version:
+        A final call writes unless the checkpoint at this exact version is on disk or with the
+        writer (which ``stop`` lets finish before recording the version)."""
+        if self._writer is None:
             return
-        interval = self.settings.checkpoint.interval_s
-        if not final and time.monotonic() - self._last_checkpoint_at < interval:
+        if final:
+            if self.version <= self._durable_version or (
+                self.version == self._checkpoint_version and self._writer.failure is None
+            ):
+                return
+        elif not self._checkpoint_due():
             return
+        if self._writer.failure is not None:  # a retry: the next one waits longer
+            self._checkpoint_retry.failed()
         started = time.perf_counter()
         snapshot = self._snapshot(force=True)  # the checkpoint reuses its copy of the weights
         if snapshot is None:  # cannot happen: a forced snapshot always exists

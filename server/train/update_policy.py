@@ -14,9 +14,10 @@ Per batch, after the compiled step scored it (test-then-train):
   as a streaming scaler must); with target scaling, likewise the targets' running
   standardizer and the model's ``target_scaling`` layer (only new samples count, once);
 - with target scaling, a target beyond ``train.target_outlier_std`` standard deviations of
-  the targets' running statistics is clipped to that bound first: for the step, the
-  statistics, the replay buffer and the prequential scores alike, so one sample can move
-  neither the scaling nor the weights without bound (``Learned.outliers`` counts them); but a
+  the targets' running statistics is clipped to that bound first: for the statistics and the
+  prequential scores, and its sample trains (and replays) with weight 0, so one sample moves
+  the scaling by a bounded amount and the weights not at all (``Learned.outliers`` counts
+  them); but a
   run of targets beyond it on one side (20 of the last 32) is a new level, not outliers: the
   target statistics are re-centred on those targets (the model's output moves to the new level
   at once) and the replay buffer, which holds the old level, is emptied (``Learned.shift``);
@@ -388,16 +389,25 @@ class UpdatePolicy:
         return shift
 
     def _clip_target_outliers(self, batch: Batch) -> tuple[Batch, int]:
-        """``batch`` with its outlying targets clipped to the targets' running bounds, and
-        how many samples that changed (the batch itself when none)."""
+        """``batch`` with its outlying targets clipped to the targets' running bounds and
+        their samples' weights 0, and how many samples that changed (the batch itself when
+        none).
+
+        The bound is what an outlier's target is scored against and enters the statistics
+        as; the model learns nothing from it: at the bound its error is still many times a
+        good sample's, and its step and replays held a model away from the stream for
+        thousands of samples.
+        """
         if self.target_scaler is None or self.target_layer is None:
             return batch, 0
         shape = self.target_layer.stats_shape
         y = np.reshape(batch.y, (len(batch.y), *shape))
-        clipped, outliers = self.target_scaler.clip_outliers(y, self.target_outlier_std)
+        clipped, rows = self.target_scaler.clip_outliers(y, self.target_outlier_std)
+        outliers = int(np.count_nonzero(rows))
         if not outliers:
             return batch, 0
-        return replace(batch, y=np.reshape(clipped, batch.y.shape)), outliers
+        w = np.where(rows, 0, batch.w).astype(batch.w.dtype, copy=False)
+        return replace(batch, y=np.reshape(clipped, batch.y.shape), w=w), outliers
 
     def _next_statistics(self, batch: Batch) -> tuple[np.ndarray, np.ndarray] | None:
         """The scaling statistics including ``batch``, for the step to set after its update."""

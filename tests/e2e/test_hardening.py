@@ -18,6 +18,7 @@ it). The others do not depend on the layout, and run once:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -171,15 +172,15 @@ def test_poison_messages_end_acknowledged_and_training_goes_on(
         assert again.stop() == 0
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs (needs root and mount; skipped elsewhere)."""
-    mount = tmp_path / "disk"
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``mount -o size=``: "2m") at ``mount``, unmounted on exit (needs
+    root and mount; the test is skipped elsewhere)."""
     mount.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("a small tmpfs needs root (mount -t tmpfs)")
     result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if result.returncode != 0:
@@ -188,6 +189,13 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs."""
+    with mounted_tmpfs(tmp_path / "disk", "2m") as mount:
+        yield mount
 
 
 @in_both_layouts()

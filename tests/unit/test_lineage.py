@@ -8,6 +8,7 @@ reserved block: 4,782 -> 5,009).
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from pathlib import Path
@@ -101,7 +102,8 @@ def test_clean_stop_with_a_final_checkpoint_continues_exactly(tmp_path: Path) ->
 
 
 def test_a_crash_still_continues_above_every_version_handed_out(tmp_path: Path) -> None:
-    """Without a clean stop the reserved block stands (versions jump, never repeat)."""
+    """Without a clean stop the claimed block stands (versions jump, never repeat): the
+    restart continues one above the mark, whose own version may have been handed out."""
     first, queue, _ = trainer(tmp_path)
     first.start()
     feed(queue, 5)
@@ -113,7 +115,7 @@ def test_a_crash_still_continues_above_every_version_handed_out(tmp_path: Path) 
     mark = CheckpointStore(tmp_path, "m").high_water_mark()
     assert used < mark <= used + VERSION_BLOCK
     second, _, _ = trainer(tmp_path)
-    assert second.version == mark
+    assert second.version == mark + 1
     second.stop()
     first.stop()
 
@@ -214,3 +216,105 @@ def test_a_stop_whose_final_checkpoint_fails_says_so(
     )
     assert "stopping without a final checkpoint" in caplog.text
     assert "header too large" in caplog.text
+
+
+class FullDisk:
+    """Makes a store's writes of one kind fail as a full disk does while ``full`` is set."""
+
+    def __init__(self, store: CheckpointStore, method: str) -> None:
+        self.full = True
+        self.calls = 0
+        real = getattr(store, method)
+
+        def write(*args: object) -> object:
+            self.calls += 1
+            if self.full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*args)
+
+        setattr(store, method, write)
+
+
+def test_no_snapshot_leaves_above_the_version_mark_on_disk(tmp_path: Path) -> None:
+    """Issue 45 item 1: while the mark could not be written, the trainer published on past it,
+    and a restart after a crash handed those versions out again. Now training goes on but the
+    snapshots wait; once the mark is written they go out, and a crash restart continues above
+    every one of them."""
+    t, queue, slot = trainer(tmp_path)
+    assert slot.latest is not None and slot.latest.version == 0
+    published: list[int] = []
+    slot.subscribe(lambda snapshot: published.append(snapshot.version))
+    store = t.checkpoints
+    assert store is not None
+    disk = FullDisk(store, "write_high_water_mark")
+    t.start()
+    try:
+        feed(queue, 5)  # the first claim fails: nothing above v0 may leave
+        deadline = time.monotonic() + 30
+        while t.samples_seen < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        assert t.samples_seen == 20 and t.version > 0  # trained on
+        assert not published and slot.latest.version == 0, published
+        assert any("version_mark" in p for p in t.storage.problems())
+        tries = disk.calls
+        time.sleep(1.5)
+        assert disk.calls <= tries + 2  # tried again on a back-off, not at every poll
+        disk.full = False
+        deadline = time.monotonic() + 10
+        while slot.latest.version != t.version and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert published == [t.version] and t.storage.healthy  # handed out once claimed
+        mark = store.high_water_mark()
+        assert mark >= t.version
+        second, _, second_slot = trainer(tmp_path)  # a crash: no stop, the mark on disk stands
+        second.stop()
+        assert second_slot.latest is not None and second_slot.latest.version == mark + 1
+    finally:
+        t.stop()
+
+
+def test_a_failed_checkpoint_is_retried_at_the_same_version_and_written_at_stop(
+    tmp_path: Path,
+) -> None:
+    """Issue 45 item 2: a checkpoint that failed was retried only when the version moved on, so
+    storage that worked again stayed unhealthy, and a stop at that version wrote none."""
+    t, queue, _ = trainer(tmp_path)
+    store = t.checkpoints
+    assert store is not None
+    disk = FullDisk(store, "write")
+    t.start()
+    try:
+        failing_then_back(t, queue, disk, store)
+    finally:
+        disk.full = False
+        t.stop()
+    newest = store.load_latest()
+    assert newest is not None and newest.version == t.version  # the stop wrote it
+    assert store.high_water_mark() == t.version  # and a restart continues right there
+
+
+def failing_then_back(
+    t: Trainer, queue: SampleQueue, disk: FullDisk, store: CheckpointStore
+) -> None:
+    """Train while checkpoints fail, free the disk and wait for a checkpoint at the trainer's
+    unchanged version; then train while they fail again (the caller stops)."""
+    feed(queue, 5)
+    deadline = time.monotonic() + 30
+    while (t.samples_seen < 20 or t.storage.healthy) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t.samples_seen == 20 and not t.storage.healthy
+    disk.full = False  # the trainer is idle: its version stands still
+    deadline = time.monotonic() + 15
+    while not t.storage.healthy and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert t.storage.healthy
+    newest = store.load_latest()
+    assert newest is not None and newest.version == t.version
+
+    disk.full = True  # again, and now stop while the checkpoint fails
+    feed(queue, 5)
+    deadline = time.monotonic() + 30
+    while (t.samples_seen < 40 or t.storage.healthy) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t.samples_seen == 40 and not t.storage.healthy
