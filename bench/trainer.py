@@ -605,7 +605,7 @@ def step_rate(
     # numpy statistics, as the trainer passes them (without, the step reads its variables)
     stats = [
         None if layer is None else (np.asarray(layer.mean), np.asarray(layer.std))
-        for layer in (policy.layer, policy.target_layer)
+        for layer in (policy.scaling.layer, policy.scaling.target_layer)
     ]
     for xb, yb in batches[:3]:
         step(xb, yb, ones, *stats)

@@ -106,13 +106,13 @@ class Variant:
 
     def model_config(self, table: dict[str, Any]) -> dict[str, Any]:
         config = self.knobs.model_config(table)
-        from livefit.server.train import step_graph, trainer, update_policy
+        from livefit.server.train import step_graph, trainer, weight_choice
 
         module = self.extra.get("module", {})
         step_graph.AVERAGE_START = module.get("AVERAGE_START", 9.0)
         _set_optimizer_options(module.get("WEIGHT_DECAY"), module.get("EPSILON"))
         _set_small_batch_rate(module.get("SMALL_BATCH_ROWS"))
-        update_policy.AVERAGE_WINDOW = module.get("AVERAGE_WINDOW", 500)
+        weight_choice.AVERAGE_WINDOW = module.get("AVERAGE_WINDOW", 500)
         _TRAINER_CONSTANTS.setdefault("FAST_START_MIN_BATCH", trainer.FAST_START_MIN_BATCH)
         own = _TRAINER_CONSTANTS["FAST_START_MIN_BATCH"]
         trainer.FAST_START_MIN_BATCH = module.get("FAST_START_MIN_BATCH", own)
@@ -153,31 +153,31 @@ def _set_small_batch_rate(rows: int | None) -> None:
     times len(batch) / ``rows`` (None: livefit's own ``UpdatePolicy`` again). Nadam's step
     moves the weights about as far on one sample as on a full batch; this makes a one-sample
     batch move them a ``rows``-th as far."""
-    from livefit.server.train import update_policy
+    from livefit.server.train import learning_rate, update_policy
 
-    policy = update_policy.UpdatePolicy
-    original = getattr(policy, "_livefit_originals", (policy.start, policy._after_step))
+    policy, rate = update_policy.UpdatePolicy, learning_rate.LearningRate
+    original = getattr(policy, "_livefit_originals", (policy.start, rate.after_step))
     policy._livefit_originals = original  # type: ignore[attr-defined]
     if rows is None:
-        policy.start, policy._after_step = original  # type: ignore[method-assign]
+        policy.start, rate.after_step = original  # type: ignore[method-assign]
         return
     start, _ = original
 
     def scaled_start(self, batch, extras_allowed=True):
-        self._small_batch_factor = min(1.0, len(batch) / rows)
-        self._set_lr(self._base_lr * self._boost.factor() * self._small_batch_factor)
+        self.rate.small_batch_factor = min(1.0, len(batch) / rows)
+        self.rate.set(self.rate.base * self.rate.factor * self.rate.small_batch_factor)
         started = start(self, batch, extras_allowed)
-        self._small_batch_factor = 1.0
-        self._set_lr(self._base_lr * self._boost.factor())
+        self.rate.small_batch_factor = 1.0
+        self.rate.set(self.rate.base * self.rate.factor)
         return started
 
     def scaled_after_step(self):
-        if self._boost.left > 0:
-            self._boost.left -= 1
-            factor = getattr(self, "_small_batch_factor", 1.0)
-            self._set_lr(self._base_lr * self._boost.factor() * factor)
+        if self.boost.left > 0:
+            self.boost.left -= 1
+            factor = getattr(self, "small_batch_factor", 1.0)
+            self.set(self.base * self.boost.factor() * factor)
 
-    policy.start, policy._after_step = scaled_start, scaled_after_step  # type: ignore[method-assign]
+    policy.start, rate.after_step = scaled_start, scaled_after_step  # type: ignore[method-assign]
 
 
 def run(

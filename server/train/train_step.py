@@ -134,7 +134,7 @@ class TrainStep:
         self._input_shape = tuple(input_shape)
         self._target_shape = tuple(target_shape)
         # Whether snapshots carry the averaged weights (the update policy decides, see
-        # UpdatePolicy._choose_weights); False without averaging.
+        # weight_choice.WeightChoice); False without averaging.
         self.serve_average = False
         placement = as_placement(device)
         self.placement = placement

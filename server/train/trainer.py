@@ -532,14 +532,14 @@ class Trainer:
         if now - self._outliers_logged_at < _OUTLIER_LOG_INTERVAL_S:
             return
         self._outliers_logged_at = now
-        scaler = self.policy.target_scaler
-        bounds = None if scaler is None else scaler.bounds(self.policy.target_outlier_std)
+        scaler = self.policy.scaling.target_scaler
+        bounds = None if scaler is None else scaler.bounds(self.policy.scaling.target_outlier_std)
         low, high = ("?", "?") if bounds is None else (bounds[0].tolist(), bounds[1].tolist())
         log.warning(
             "%s: %d sample(s) with a target beyond %g standard deviations of the running "
             "target statistics (range %s to %s) were clipped to it and not learned "
             "(livefit_train_outliers_total; train.target_outlier_std)",
-            self.name, samples, self.policy.target_outlier_std, low, high,
+            self.name, samples, self.policy.scaling.target_outlier_std, low, high,
         )  # fmt: skip
 
     def _record(self, batch: Batch, learned: Learned, elapsed: float) -> None:

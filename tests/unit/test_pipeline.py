@@ -71,8 +71,10 @@ def _run(
 
 def _state(trainer: Trainer) -> dict[str, Any]:
     policy = trainer.policy
-    scaler = policy.scaler.state() if policy.scaler is not None else {}
-    target = policy.target_scaler.state() if policy.target_scaler is not None else {}
+    scaler = policy.scaling.scaler.state() if policy.scaling.scaler is not None else {}
+    target = (
+        policy.scaling.target_scaler.state() if policy.scaling.target_scaler is not None else {}
+    )
     return {
         # every variable: weights, scaling and batch normalisation statistics, seed states
         "variables": [np.asarray(v) for v in trainer.model.variables],
@@ -84,10 +86,10 @@ def _state(trainer: Trainer) -> dict[str, Any]:
         "samples": trainer.samples_seen,
         "scores": {k: (m.value, m.cumulative) for k, m in trainer.scores.scores.items()},
         "drifts": None if policy.drift is None else policy.drift.detections,
-        "rate": policy.learning_rate,
+        "rate": policy.rate.current,
         "served average": trainer.step.serve_average,
         # the windowed losses that choose the served weights (sum, count per batch)
-        "choice": [policy._trained_loss.batches(), policy._average_loss.batches()],
+        "choice": [policy.choice.trained_loss.batches(), policy.choice.average_loss.batches()],
         "replay": [] if policy.replay is None else [
             np.array([len(policy.replay), policy.replay.seen]),
             *(a[: len(policy.replay)] for a in (policy.replay._x, policy.replay._y)),
@@ -172,9 +174,9 @@ def _count_choices(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     names = ("sampled", "unscored", "to averaged", "to trained")
     counts: dict[str, Any] = {name: {"off": 0, "on": 0} for name in names}
     counts["run"] = "off"
-    from livefit.server.train.update_policy import UpdatePolicy
+    from livefit.server.train.weight_choice import WeightChoice
 
-    dispatch, choose = TrainStep.dispatch, UpdatePolicy._choose_weights
+    dispatch, choose = TrainStep.dispatch, WeightChoice.choose
 
     def counting_dispatch(self: TrainStep, *args: Any, **kwargs: Any) -> Any:
         dispatched = dispatch(self, *args, **kwargs)
@@ -183,7 +185,7 @@ def _count_choices(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         counts["unscored"][pipeline] += rows is not None and len(rows) == 0
         return dispatched
 
-    def counting_choice(self: UpdatePolicy, first: Any, *args: Any) -> Any:
+    def counting_choice(self: WeightChoice, first: Any, *args: Any) -> Any:
         before = self.step.serve_average
         served = choose(self, first, *args)
         pipeline = counts["run"]
@@ -192,7 +194,7 @@ def _count_choices(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return served
 
     monkeypatch.setattr(TrainStep, "dispatch", counting_dispatch)
-    monkeypatch.setattr(UpdatePolicy, "_choose_weights", counting_choice)
+    monkeypatch.setattr(WeightChoice, "choose", counting_choice)
     return counts
 
 
@@ -241,7 +243,7 @@ def test_a_pipelined_switch_of_the_served_weights_rescores_the_next_batch(
 
 def test_a_backlog_compares_one_batch_in_eight(monkeypatch: pytest.MonkeyPatch) -> None:
     """Of the batches taken from a backlog one in ``BACKLOG_COMPARISON_EVERY`` compares the
-    trained and the averaged weights (``UpdatePolicy.compares``); while the trained weights
+    trained and the averaged weights (``WeightChoice.compares``); while the trained weights
     are served the averaged ones score no row of the others, and the windowed losses that
     choose hold the compared batches only. The last batch, which empties the queue, is caught
     up and compares too. Each comparison here switches the served weights (the verdict
@@ -249,7 +251,8 @@ def test_a_backlog_compares_one_batch_in_eight(monkeypatch: pytest.MonkeyPatch) 
     meanwhile (it scored none of their rows), a switch back does not (it scored every row,
     which one batch after the other skips and nothing reads). One batch after the other
     learns exactly the same."""
-    from livefit.server.train.update_policy import BACKLOG_COMPARISON_EVERY, UpdatePolicy
+    from livefit.server.train.update_policy import UpdatePolicy
+    from livefit.server.train.weight_choice import BACKLOG_COMPARISON_EVERY, WeightChoice
 
     counts = _count_choices(monkeypatch)
     compared: dict[str, int] = {"off": 0, "on": 0}
@@ -264,11 +267,11 @@ def test_a_backlog_compares_one_batch_in_eight(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(UpdatePolicy, "start", counting_start)
     verdicts = {"n": 0}
 
-    def alternating(self: UpdatePolicy) -> bool:
+    def alternating(self: WeightChoice) -> bool:
         verdicts["n"] += 1
         return verdicts["n"] % 2 == 1  # the averaged weights did better, then worse, ...
 
-    monkeypatch.setattr(UpdatePolicy, "_average_did_better", alternating)
+    monkeypatch.setattr(WeightChoice, "average_did_better", alternating)
 
     def run(pipeline: str) -> Trainer:
         counts["run"] = pipeline
@@ -286,7 +289,7 @@ def test_a_backlog_compares_one_batch_in_eight(monkeypatch: pytest.MonkeyPatch) 
     # the plain run starts each batch once; the pipelined one starts a rewound batch again
     assert compared["off"] == (batches - 1) // every + 1
     # the compared batches' 32 rows each, all in the window (320 of its 500 samples)
-    windows = [count for _, count in plain.policy._trained_loss.batches()]
+    windows = [count for _, count in plain.policy.choice.trained_loss.batches()]
     assert windows == [32] * compared["off"]
     # a backlog's batch that does not compare scores no averaged row while the trained weights
     # are served (nor does a batch's later step, as ever)

@@ -96,8 +96,8 @@ def test_statistics_match_a_direct_computation_and_travel_in_the_weights() -> No
         t.train_batch(batch(x, y))
     targets = np.concatenate(seen)
     layer = target_scaling_layer(t.model)
-    assert layer is not None and t.policy.target_scaler is not None
-    assert t.policy.target_scaler.count == len(targets)
+    assert layer is not None and t.policy.scaling.target_scaler is not None
+    assert t.policy.scaling.target_scaler.count == len(targets)
     np.testing.assert_allclose(layer.mean.numpy(), targets.mean(axis=0), rtol=1e-6)
     np.testing.assert_allclose(layer.std.numpy(), targets.std(axis=0), rtol=1e-5)
     names = weight_names(t.model)
@@ -150,8 +150,8 @@ def test_target_statistics_survive_a_checkpoint(tmp_path: Path) -> None:
     t.train_batch(batch(x, y))
     t._maybe_checkpoint(final=True)
     restored = trainer(tmp_path)
-    assert restored.policy.target_scaler is not None
-    assert restored.policy.target_scaler.count == 100
+    assert restored.policy.scaling.target_scaler is not None
+    assert restored.policy.scaling.target_scaler.count == 100
     layer = target_scaling_layer(restored.model)
     assert layer is not None
     np.testing.assert_allclose(layer.mean.numpy(), y.mean(axis=0), rtol=1e-6)
@@ -162,14 +162,14 @@ def test_a_rolled_back_step_keeps_the_target_statistics() -> None:
     rng = np.random.default_rng(5)
     t.train_batch(batch(*stream(rng, 25)))
     layer = target_scaling_layer(t.model)
-    assert layer is not None and t.policy.target_scaler is not None
-    mean, count = layer.mean.numpy(), t.policy.target_scaler.count
+    assert layer is not None and t.policy.scaling.target_scaler is not None
+    mean, count = layer.mean.numpy(), t.policy.scaling.target_scaler.count
     _, y = stream(rng, 8)
     t.train_batch(batch(np.full((8, 3), 3e38), y))  # the loss overflows: rolled back
     np.testing.assert_array_equal(layer.mean.numpy(), mean)
-    assert t.policy.target_scaler.count == count
+    assert t.policy.scaling.target_scaler.count == count
     t.train_batch(batch(*stream(rng, 25)))
-    assert t.policy.target_scaler.count == count + 25
+    assert t.policy.scaling.target_scaler.count == count + 25
 
 
 @pytest.mark.parametrize("batches_before", [1, 8])  # 25 targets: a bound 4x as wide; 200
@@ -180,7 +180,7 @@ def test_an_outlying_target_is_clipped_counted_and_scored_against_its_bound(
     rng = np.random.default_rng(6)
     for _ in range(batches_before):
         t.train_batch(batch(*stream(rng, 25)))
-    scaler = t.policy.target_scaler
+    scaler = t.policy.scaling.target_scaler
     assert scaler is not None
     bounds = scaler.bounds(t.settings.train.target_outlier_std)
     assert bounds is not None
@@ -206,7 +206,7 @@ def test_without_a_bound_a_target_that_overflows_the_loss_is_rolled_back_and_cou
     rng = np.random.default_rng(7)
     for _ in range(8):
         t.train_batch(batch(*stream(rng, 25)))
-    scaler = t.policy.target_scaler
+    scaler = t.policy.scaling.target_scaler
     assert scaler is not None
     weights, count, version = t.model.get_weights(), scaler.count, t.version
     x, y = stream(rng, 25)
@@ -215,7 +215,9 @@ def test_without_a_bound_a_target_that_overflows_the_loss_is_rolled_back_and_cou
     registry = t.metrics.registry
     assert registry.get_sample_value("livefit_train_nonfinite_total", {"model": "m"}) == 1
     assert not registry.get_sample_value("livefit_train_outliers_total", {"model": "m"})
-    assert t.policy.target_scaler is not None and t.policy.target_scaler.count == count
+    assert (
+        t.policy.scaling.target_scaler is not None and t.policy.scaling.target_scaler.count == count
+    )
     assert t.version == version
     for before, after in zip(weights, t.model.get_weights(), strict=True):
         np.testing.assert_array_equal(before, after)

@@ -255,20 +255,20 @@ def test_drift_reactions(reaction: str) -> None:
         fresh.build(t.step.optimized)
         for live, new in zip(optimizer.variables, fresh.variables, strict=True):
             np.testing.assert_array_equal(np.asarray(live), np.asarray(new), err_msg=live.path)
-        assert t.policy.learning_rate == pytest.approx(0.01)
+        assert t.policy.rate.current == pytest.approx(0.01)
     elif reaction == "boost_lr":
-        assert t.policy.learning_rate == pytest.approx(0.03)
+        assert t.policy.rate.current == pytest.approx(0.03)
         t.policy.drift = None
         for _ in range(3):
             t.train_batch(batch(np.ones((4, 3))))
-        assert t.policy.learning_rate == pytest.approx(0.01)
+        assert t.policy.rate.current == pytest.approx(0.01)
     else:  # recover: 3x, then decaying linearly: 3 steps of 2 per batch (caught up)
-        assert t.policy.learning_rate == pytest.approx(0.03)
+        assert t.policy.rate.current == pytest.approx(0.03)
         t.policy.drift = None
         t.train_batch(batch(np.ones((4, 3))))
-        assert t.policy.learning_rate == pytest.approx(0.01 * (1 + 2 / 3))
+        assert t.policy.rate.current == pytest.approx(0.01 * (1 + 2 / 3))
         t.train_batch(batch(np.ones((4, 3))))
-        assert t.policy.learning_rate == pytest.approx(0.01)
+        assert t.policy.rate.current == pytest.approx(0.01)
 
 
 def test_a_reset_optimizer_keeps_learning() -> None:
@@ -301,14 +301,14 @@ def test_drift_reactions_that_empty_the_replay_buffer(reaction: str) -> None:
 
 def test_a_fresh_model_starts_with_a_decaying_learning_rate_boost() -> None:
     t = trainer(learning_rate=0.01, train={"start_lr_factor": 4.0, "start_steps": 3})
-    assert t.policy.learning_rate == pytest.approx(0.04)
+    assert t.policy.rate.current == pytest.approx(0.04)
     rates = []
     for _ in range(3):
         t.train_batch(batch(np.ones((4, 3)), backlog=1))  # one step a batch
-        rates.append(t.policy.learning_rate)
+        rates.append(t.policy.rate.current)
     assert rates == pytest.approx([0.03, 0.02, 0.01])
     t.train_batch(batch(np.ones((4, 3)), backlog=1))
-    assert t.policy.learning_rate == pytest.approx(0.01)
+    assert t.policy.rate.current == pytest.approx(0.01)
 
 
 def test_each_step_runs_at_the_rate_the_policy_set_for_it() -> None:
@@ -325,13 +325,13 @@ def test_each_step_runs_at_the_rate_the_policy_set_for_it() -> None:
         )  # fmt: skip
         network = t.step.optimized
         before = [np.array(v.numpy()) for v in network]
-        expected = t.policy.learning_rate
+        expected = t.policy.rate.current
         t.train_batch(batch(x, backlog=1))
         assert float(np.asarray(t.model.optimizer.learning_rate)) == pytest.approx(expected)
         moves[factor] = float(
             sum(np.abs(v.numpy() - b).sum() for v, b in zip(network, before, strict=True))
         )
-        assert t.policy.learning_rate == pytest.approx(0.01 * (1 + (factor - 1) / 2))
+        assert t.policy.rate.current == pytest.approx(0.01 * (1 + (factor - 1) / 2))
         t.train_batch(batch(x, backlog=1))
         assert float(np.asarray(t.model.optimizer.learning_rate)) == pytest.approx(
             0.01 * (1 + (factor - 1) / 2)
@@ -341,13 +341,13 @@ def test_each_step_runs_at_the_rate_the_policy_set_for_it() -> None:
 
 def test_no_start_boost_by_setting_or_after_a_restore(tmp_path: Path) -> None:
     plain = trainer(learning_rate=0.01, train={"start_lr_factor": 1.0})
-    assert plain.policy.learning_rate == pytest.approx(0.01)
+    assert plain.policy.rate.current == pytest.approx(0.01)
     t = trainer(tmp_path, learning_rate=0.01, train={"start_lr_factor": 4.0})
     t.train_batch(batch(np.ones((4, 3))))
     t._maybe_checkpoint(final=True)
     restored = trainer(tmp_path, learning_rate=0.01, train={"start_lr_factor": 4.0})
-    assert restored.policy.lr_factor == 1.0
-    assert restored.policy.learning_rate == pytest.approx(0.01)
+    assert restored.policy.rate.factor == 1.0
+    assert restored.policy.rate.current == pytest.approx(0.01)
 
 
 def test_the_same_seed_repeats_a_run() -> None:
@@ -371,7 +371,9 @@ def test_scaler_state_survives_a_checkpoint(tmp_path: Path) -> None:
     t.train_batch(batch(x))
     t._maybe_checkpoint(final=True)
     restored = trainer(tmp_path)
-    assert restored.policy.scaler is not None and restored.policy.scaler.count == 100
+    assert (
+        restored.policy.scaling.scaler is not None and restored.policy.scaling.scaler.count == 100
+    )
     np.testing.assert_allclose(
         np.asarray(standardize_layer(restored.model).mean), x.mean(axis=0), rtol=1e-5
     )

@@ -79,10 +79,10 @@ def test_the_weights_with_the_lower_windowed_loss_are_served() -> None:
     t = trainer(train={"weight_average": 0.9})
     policy = t.policy
     assert not t.step.serve_average  # the trained weights until the average did better
-    first = policy._choose_weights(result(1.0, 0.5))  # scored with the trained weights
+    first = policy.choice.choose(result(1.0, 0.5))  # scored with the trained weights
     np.testing.assert_array_equal(first.predictions, np.zeros((4, 1)))
     assert t.step.serve_average  # the average did better: served from now on
-    second = policy._choose_weights(result(1.0, 2.0))
+    second = policy.choice.choose(result(1.0, 2.0))
     np.testing.assert_array_equal(second.predictions, np.ones((4, 1)))  # the average's
     np.testing.assert_array_equal(second.prequential_losses, np.full(4, 2.0))
     assert not t.step.serve_average  # windowed means: 1.25 (averaged) against 1.0
@@ -152,7 +152,7 @@ def test_a_restart_serves_what_the_checkpoint_served(tmp_path: Path) -> None:
     settings = {"train": {"weight_average": 0.9}}
     t = trainer(tmp_path, **settings)
     t.train_batch(batch(np.ones((4, 3))))  # the first step: both weights score alike (L)
-    t.policy._choose_weights(result(1.0, 0.5))  # windows: trained 4 L + 4, averaged 4 L + 2
+    t.policy.choice.choose(result(1.0, 0.5))  # windows: trained 4 L + 4, averaged 4 L + 2
     assert t.step.serve_average
     served = t._snapshot(force=True).weights  # type: ignore[union-attr]
     t._maybe_checkpoint(final=True)
@@ -164,9 +164,9 @@ def test_a_restart_serves_what_the_checkpoint_served(tmp_path: Path) -> None:
     # A batch on which the trained weights do better: alone it would switch to them, with
     # the restored window (4 L + 6 against 4 L + 5.2) the average stays served.
     fresh = trainer(tmp_path / "fresh", **settings)
-    fresh.policy._choose_weights(result(0.5, 0.8))
+    fresh.policy.choice.choose(result(0.5, 0.8))
     assert not fresh.step.serve_average
-    restored.policy._choose_weights(result(0.5, 0.8))
+    restored.policy.choice.choose(result(0.5, 0.8))
     assert restored.step.serve_average
 
 
@@ -207,7 +207,7 @@ def test_a_checkpoint_with_an_unreadable_choice_restores_and_serves_the_trained_
     settings = {"train": {"weight_average": 0.9}}
     t = trainer(tmp_path, **settings)
     t.train_batch(batch(np.ones((4, 3))))
-    t.policy._choose_weights(result(1.0, 0.5))
+    t.policy.choice.choose(result(1.0, 0.5))
     assert t.step.serve_average
     state = t.policy.state
 
@@ -303,18 +303,20 @@ def test_the_choice_compares_the_same_rows_whichever_weights_are_served(
     for serve_average, result in ((False, sampled), (True, full)):
         t = trainer(train={"weight_average": 0.9})
         t.step.serve_average = serve_average
-        served = t.policy._choose_weights(result)
+        served = t.policy.choice.choose(result)
         assert t.step.serve_average  # the averaged weights did better on rows 0 and 2
         want = result.average_losses if serve_average else trained
         np.testing.assert_array_equal(served.prequential_losses, want)
-        windows.append([t.policy._trained_loss.batches(), t.policy._average_loss.batches()])
+        windows.append(
+            [t.policy.choice.trained_loss.batches(), t.policy.choice.average_loss.batches()]
+        )
     for a, b in zip(*windows, strict=True):
         np.testing.assert_array_equal(a, b)
     # served averaged weights scored on a sample would misreport what clients got
     t = trainer(train={"weight_average": 0.9})
     t.step.serve_average = True
     with pytest.raises(RuntimeError, match="sample"):
-        t.policy._choose_weights(sampled)
+        t.policy.choice.choose(sampled)
 
 
 @pytest.mark.parametrize("serve_average", [False, True])
@@ -325,7 +327,7 @@ def test_a_batch_from_a_backlog_keeps_the_choice(serve_average: bool) -> None:
     served (their scores are the prequential ones), none where they are not. The next
     caught-up batch compares again, and so does every ``BACKLOG_COMPARISON_EVERY``-th batch
     of a backlog."""
-    from livefit.server.train.update_policy import BACKLOG_COMPARISON_EVERY
+    from livefit.server.train.weight_choice import BACKLOG_COMPARISON_EVERY
 
     t = trainer(train={"weight_average": 0.9})
     policy, step = t.policy, t.step
@@ -333,9 +335,9 @@ def test_a_batch_from_a_backlog_keeps_the_choice(serve_average: bool) -> None:
     for _ in range(3):  # caught up: both windows hold these batches
         t.train_batch(batch(rng.normal(size=(16, 3))))
     step.serve_average = serve_average
-    windows = [policy._trained_loss.batches(), policy._average_loss.batches()]
+    windows = [policy.choice.trained_loss.batches(), policy.choice.average_loss.batches()]
     # whichever weights did better on the backlog's batches, nothing switches
-    policy._average_did_better = lambda: not serve_average  # type: ignore[method-assign]
+    policy.choice.average_did_better = lambda: not serve_average  # type: ignore[method-assign]
     for _ in range(BACKLOG_COMPARISON_EVERY - 1):
         x = rng.normal(size=(16, 3))
         learned = policy.learn(batch(x, backlog=5))
@@ -348,16 +350,18 @@ def test_a_batch_from_a_backlog_keeps_the_choice(serve_average: bool) -> None:
             assert first.average_losses is not None and len(first.average_losses) == 0
             assert len(first.prequential_losses) == 16
     for before, after in zip(
-        windows, [policy._trained_loss.batches(), policy._average_loss.batches()], strict=True
+        windows,
+        [policy.choice.trained_loss.batches(), policy.choice.average_loss.batches()],
+        strict=True,
     ):
         np.testing.assert_array_equal(before, after)
     policy.learn(batch(rng.normal(size=(16, 3))))  # caught up: compared, and switched
-    assert len(policy._trained_loss.batches()) == len(windows[0]) + 1
+    assert len(policy.choice.trained_loss.batches()) == len(windows[0]) + 1
     assert step.serve_average != serve_average
     # from a backlog, one batch in BACKLOG_COMPARISON_EVERY compares (and switches back)
-    policy._average_did_better = lambda: serve_average  # type: ignore[method-assign]
+    policy.choice.average_did_better = lambda: serve_average  # type: ignore[method-assign]
     for i in range(BACKLOG_COMPARISON_EVERY):
         policy.learn(batch(rng.normal(size=(16, 3)), backlog=5))
         assert step.serve_average == (serve_average if i == BACKLOG_COMPARISON_EVERY - 1
                                       else not serve_average)  # fmt: skip
-    assert len(policy._trained_loss.batches()) == len(windows[0]) + 2
+    assert len(policy.choice.trained_loss.batches()) == len(windows[0]) + 2
