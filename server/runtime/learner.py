@@ -1,11 +1,11 @@
 """The learner process's background parts, started and stopped together in a fixed order.
 
 Preflight (before anything touches storage or the broker): lock the storage directory, remove
-temporary files a crash left. Start: broker (resolve, maybe launch) -> models built, restored
-from their newest checkpoint and warmed -> weight publishers -> trainers -> replay of the
-write-ahead log past each checkpoint -> one ingest worker and one MQTT session per model ->
-connect. Stop: ingest (nothing new is accepted; what was not acknowledged stays with the
-broker) -> trainers (train what was accepted, final snapshot, final checkpoint) -> weight
+temporary files a crash left. Start: broker (resolve, maybe launch) -> every model built ->
+each restored from its newest checkpoint and warmed -> weight publishers -> trainers -> replay
+of the write-ahead log past each checkpoint -> one ingest worker and one MQTT session per
+model -> connect. Stop: ingest (nothing new is accepted; what was not acknowledged stays with
+the broker) -> trainers (train what was accepted, final snapshot, final checkpoint) -> weight
 publishers (the final snapshot goes out) -> MQTT -> the log -> the broker livefit launched ->
 the storage lock.
 
@@ -141,6 +141,8 @@ class LearnerRuntime:
         self.learner_log.create(self.settings.storage)
         for name, model_settings in self.settings.models.items():
             self.models[name] = self._build_model(name, model_settings, storage)
+        for runtime in self.models.values():  # once every model is built: see _warm_up
+            self._warm_up(runtime)
         self.learner_log.open()
         self.storage_watch.start()
         routes = self._sessions(nodes)
@@ -220,18 +222,28 @@ class LearnerRuntime:
             storage=self.storage_health,
         )
         runtime.trainer.on_checkpoint(self.learner_log.truncate)
-        runtime.trainer.warm_up()
-        restored = runtime.trainer.restored_from
-        if runtime.dedup and settings.dedup and restored and "dedup" in restored.notes:
-            runtime.dedup.loads(restored.notes["dedup"].decode("utf-8", "replace"))
         runtime.labels = self._label_joiner(runtime)
-        if restored is not None:
-            runtime.labels.restore(restored.notes)
         runtime.served = self._build_served(name, settings, device, runtime.slot)
-        self.metrics.model_ready.labels(model=name).set(1)
         log.info("model %s built (%s builder): trains on %s, serves on %s", name,
                  settings.builder, ", ".join(placement.devices), device)  # fmt: skip
         return runtime
+
+    def _warm_up(self, runtime: ModelRuntime) -> None:
+        """Restore ``runtime``'s trainer, its dedup and label state from the newest checkpoint
+        and warm its step (``Trainer.warm_up``). Only once every Keras model of the process is
+        built: building one with a seed sets TensorFlow's global seed, which empties its kernel
+        caches, so a step warmed before that builds its kernels again on its first batch
+        (docs/design.md, "Training step")."""
+        trainer = runtime.trainer
+        assert trainer is not None and runtime.labels is not None
+        trainer.warm_up()
+        restored = trainer.restored_from
+        notes = restored.notes if restored is not None else {}
+        if runtime.dedup and runtime.settings.dedup and "dedup" in notes:
+            runtime.dedup.loads(notes["dedup"].decode("utf-8", "replace"))
+        if restored is not None:
+            runtime.labels.restore(notes)
+        self.metrics.model_ready.labels(model=runtime.name).set(1)
 
     def _label_joiner(self, runtime: ModelRuntime) -> LabelJoiner:
         trainer, name = runtime.trainer, runtime.name

@@ -4,7 +4,9 @@ The trainer owns its Keras model; no other thread touches it. Every ``serve_inte
 (and only when the weights changed) it copies them into a ``Snapshot`` for everything
 downstream: the learner's own serving swaps each one in, the weight topic's publisher sends
 at most one per ``publish_interval_s`` (the newest). The interval stretches to 20 times what
-the copy took, so copying a large model never takes more than about 5 % of the trainer's time.
+the copy took, so copying a large model never takes more than about 5 % of the trainer's time;
+the first version trained after a start goes out at once (the start's own snapshot, of the
+restored or initial weights, opens no interval).
 Every ``checkpoint.interval_s`` it copies weights and optimizer state (the only pause,
 measured in ``livefit_checkpoint_stall_seconds``) and its ``CheckpointWriter`` writes them on a
 background thread. On stop it trains what was already accepted, hands over a final snapshot
@@ -34,6 +36,7 @@ there without losing anything acknowledged.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -166,6 +169,8 @@ class Trainer:
         if self.candidates is not None:
             self.candidates.warm_up()
         self._snapshot(force=True)
+        # The start's snapshot opens no interval: the first version trained goes out at once.
+        self._last_snapshot_at = -math.inf
 
     def start(self) -> None:
         if self._writer is not None:
