@@ -43,6 +43,7 @@ class TrainSettings(Section):
             "broker holds the rest"
         ),
     )
+    # Unset: by the loss (BENCHMARKS.md#learning-quality, "Regression's own update defaults")
     steps_per_batch: int | None = Field(
         None,
         ge=1,
@@ -53,6 +54,7 @@ class TrainSettings(Section):
         ),
         json_schema_extra={"unset": "4 for `mse`, `mae`, `huber`, `log_cosh`; else 2"},
     )
+    # Unset: by the loss (BENCHMARKS.md#learning-quality, "Regression's own update defaults")
     replay_capacity: int | None = Field(
         None,
         ge=0,
@@ -141,6 +143,7 @@ class TrainSettings(Section):
             "would pass for new levels)"
         ),
     )
+    # 2 over 300 steps: the safest boost (BENCHMARKS.md#learning-quality, "Drift recovery")
     start_lr_factor: float = Field(
         2.0,
         ge=1,
@@ -152,6 +155,7 @@ class TrainSettings(Section):
             "not fresh: no boost). `1`: no start boost (the behaviour before the setting)"
         ),
     )
+    # Unset: on for regression only (BENCHMARKS.md#learning-quality, "What the fast start buys")
     fast_start_samples: int | None = Field(
         None,
         ge=0,
@@ -181,6 +185,7 @@ class TrainSettings(Section):
         le=1_000_000,
         description="training steps the start boost takes to decay",
     )
+    # 0.95 gained more than 0.9 (BENCHMARKS.md#learning-quality, "Weight averaging")
     weight_average: float = Field(
         0.95,
         ge=0,
@@ -252,6 +257,7 @@ class DriftSettings(Section):
             "Page-Hinkley threshold in standardised loss units (lower: faster, more false alarms)"
         ),
     )
+    # flush_replay: the best of the five (BENCHMARKS.md#learning-quality, "Drift recovery")
     reaction: Literal["none", "reset_optimizer", "boost_lr", "flush_replay", "recover"] = Field(
         "flush_replay",
         description=(
@@ -356,6 +362,7 @@ class SelectionSettings(Section):
             "afresh after a restart"
         ),
     )
+    # Faster switching gained only on Agrawal (BENCHMARKS.md#learning-quality, "remeasured")
     window: int = Field(
         500,
         ge=10,
@@ -399,6 +406,7 @@ class ServeSettings(Section):
     """Request batching and limits for the prediction API."""
 
     max_batch_size: int = Field(64, ge=1, le=65536, description="rows per model call at most")
+    # 0, as Triton's default; "auto" gained nothing (BENCHMARKS.md#batch-timeout-0-fixed-auto)
     batch_timeout_ms: float | Literal["auto"] = Field(
         0.0,
         description=(
@@ -467,6 +475,7 @@ class ServeSettings(Section):
         ge=1024,
         description="request body bytes at most (413)",
     )
+    # xla is opt-in: its gain did not hold over HTTP (BENCHMARKS.md#serving-runtimes-one-model-call)
     runtime: Literal["auto", "keras", "xla", "numpy"] = Field(
         "auto",
         description=(

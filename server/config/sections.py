@@ -381,6 +381,7 @@ class TensorFlowSettings(Section):
             "one per core)"
         ),
     )
+    # 0 lets a split learner's training process take 1: BENCHMARKS.md#trainer-throughput
     inter_op_threads: int = Field(
         0,
         ge=0,
@@ -437,6 +438,7 @@ class TensorFlowSettings(Section):
 class ProcessSettings(Section):
     """Operating-system settings of a split learner's processes (``http.workers`` >= 1)."""
 
+    # 0: at 10, training starves under load (BENCHMARKS.md#interference-predictions-while-training)
     training_niceness: int = Field(
         0,
         ge=0,
@@ -453,6 +455,7 @@ class ProcessSettings(Section):
             "saturates the machine"
         ),
     )
+    # "auto" leaves serving a core: BENCHMARKS.md#interference-predictions-while-training
     training_cores: Literal["auto"] | int = Field(
         "auto",
         description=(
@@ -466,6 +469,7 @@ class ProcessSettings(Section):
             '`processes.serving_cores` is "others"). Measured in BENCHMARKS.md "interference"'
         ),
     )
+    # "all": "others" was never better (BENCHMARKS.md#interference-predictions-while-training)
     serving_cores: Literal["all", "others"] = Field(
         "all",
         description=(
