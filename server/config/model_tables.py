@@ -215,13 +215,6 @@ class TrainSettings(Section):
         ),
     )
 
-    @field_validator("target_outlier_std", mode="before")
-    @classmethod
-    def _no_boolean(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise ValueError("must be a number of standard deviations (0: no bound), not a boolean")
-        return value
-
     @field_validator("target_outlier_std")
     @classmethod
     def _check_outlier_bound(cls, value: float) -> float:

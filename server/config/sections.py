@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from .broker_urls import broker_url_list, hide_credentials, parse_broker_urls
 from .machine import default_serving_processes
@@ -29,9 +29,33 @@ def without_credentials(url: str | None, secret_setting: str) -> str | None:
     return url
 
 
+def _takes_numbers(annotation: Any) -> bool:
+    """Whether a setting of this type holds numbers: ``int``, ``float`` or a type made of them
+    (``float | Literal["auto"]``, ``list[int] | None``); ``bool`` is not one."""
+    return annotation in (int, float) or any(_takes_numbers(arg) for arg in get_args(annotation))
+
+
+def _holds_boolean(value: Any) -> bool:
+    if isinstance(value, list | tuple):
+        return any(_holds_boolean(item) for item in value)
+    return isinstance(value, bool)
+
+
 class Section(BaseModel):
+    """The base of every settings table: unknown keys refused, defaults validated, booleans
+    refused where numbers belong."""
+
     # Numbers become strings where a string is expected: LIVEFIT_..._HMAC_KEY=123456 is a key.
     model_config = ConfigDict(extra="forbid", validate_default=True, coerce_numbers_to_str=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes TOML's true as 1 for an int or a float: a flag in a number's place.
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _takes_numbers(field.annotation) and _holds_boolean(value):
+            raise ValueError("must be a number, not a boolean")
+        return value
 
 
 class TlsSettings(Section):
