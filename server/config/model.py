@@ -37,7 +37,13 @@ from .model_tables import (
     WeightsSettings,
 )
 from .sections import Section
-from .topic_filters import checked_topic, filter_problem, shown_topic
+from .topic_filters import (
+    PUBLISHED_TOPIC_RULES,
+    REFUSED_TOPIC_CHARACTERS,
+    checked_topic,
+    filter_problem,
+    shown_topic,
+)
 
 # Gradient steps per caught-up minibatch when train.steps_per_batch is unset, for regression
 # losses and for the others: see TrainSettings.steps_per_batch.
@@ -60,36 +66,185 @@ _BUILDER_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 class ModelSettings(Section):
     """One model: its network, its training stream and its serving limits."""
 
-    builder: str = "mlp"
-    builder_options: dict[str, Any] = Field(default_factory=dict)
-    input_shape: list[int]
-    output_shape: list[int]
-    target_shape: list[int] | None = None  # default: output_shape ([] for sparse categorical)
-    loss: str = "mse"
-    # nadam at 0.01: measured best of the sweep in BENCHMARKS.md ("Learning quality") on all
-    # three streams (adam at 0.001 trailed logistic regression by 5.8, 0.8 and 2.2 points).
-    optimizer: str = "nadam"
-    learning_rate: float = Field(0.01, gt=0)
-    metrics: list[str] = Field(default_factory=list)
-    scaling: Literal["none", "standardize"] = "standardize"  # online per-feature scaling
-    # Online target standardization; None: "standardize" for regression losses (mse, mae,
-    # huber, log_cosh), else "none" (see resolved_target_scaling).
-    target_scaling: Literal["standardize", "none"] | None = None
-    device: str = "auto"  # "auto" picks /GPU:0 when TensorFlow sees one, else /CPU:0
-    topic: str | None = None
-    dead_letter_topic: str | None = None
-    max_message_bytes: int = Field(1024 * 1024, ge=64)
-    max_samples_per_message: int = Field(10_000, ge=1)
-    prequential_window: int = Field(1000, ge=1)
-    dedup: bool = False  # drop messages whose (source, seq) was already accepted
-    # Readiness fails while messages have waited this long with no message finished
-    # (accepted or rejected): a learner that is not learning says so.
-    stall_after_s: float = Field(30.0, gt=0)
-    # Warn (a log line naming the topic, and ACLs as a likely cause) when the samples topic has
-    # delivered nothing this long after the learner subscribed: a broker that grants a
-    # subscription its ACL forbids (mosquitto does) delivers nothing and says nothing. 0: off.
-    silent_topic_warn_s: float = Field(60.0, ge=0)
-    seed: int | None = None
+    builder: str = Field(
+        "mlp",
+        description=(
+            "`linear`, `mlp`, `lstm` or `package.module:function` (called with `input_shape`, "
+            "`output_shape` and `builder_options`, returns a `keras.Model`); a module that cannot "
+            "be found on the Python path is an error when the file loads, with the nearest names "
+            "in its package"
+        ),
+    )
+    builder_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "`linear`: `output_activation`; `mlp`: `hidden_units` ([64, 64]), `activation` "
+            '("tanh"; chosen by the learning-quality benchmark), `dropout` (0), '
+            "`output_activation`; `lstm`: `units` (32), `layers` (1), `output_activation`. An "
+            "unknown option or activation name (`keras.activations`: `relu`, `tanh`, `sigmoid`, "
+            "`softmax`, ...) is an error when the file loads; a custom builder's options are its "
+            "own to check. `output_activation` left out: `sigmoid` for binary cross-entropy, "
+            "`softmax` for (sparse) categorical cross-entropy (one distribution per row of the "
+            "last axis), linear otherwise; one that cannot train under the loss (a linear or "
+            "`relu` output under a cross-entropy, a softmax over one unit, a categorical loss with "
+            "one output) is an error naming both keys. A custom builder whose output does not fit "
+            "the loss is logged as a warning at start"
+        ),
+    )
+    input_shape: list[int] = Field(
+        description="shape of one input, e.g. `[8]`, or `[T, F]` for `lstm`",
+    )
+    output_shape: list[int] = Field(description="shape of one output")
+    target_shape: list[int] | None = Field(
+        None,
+        description=(
+            "shape of one label; `[]` by default for sparse categorical losses (class index)"
+        ),
+        json_schema_extra={"unset": "the output shape; `[]` for sparse categorical losses"},
+    )
+    loss: str = Field(
+        "mse",
+        description=(
+            "any Keras loss name (`mse`, `mae`, `binary_crossentropy`, "
+            "`sparse_categorical_crossentropy`, ...), as `keras.losses.get` takes it (case "
+            "matters); checked when the file loads"
+        ),
+    )
+    # nadam at 0.01: the learning-quality sweep's choice (BENCHMARKS.md#defaults-sweep)
+    optimizer: str = Field(
+        "nadam",
+        description=(
+            "any Keras optimizer name (any case; checked when the file loads); the default was "
+            "chosen by the learning-quality benchmark (BENCHMARKS.md)"
+        ),
+    )
+    learning_rate: float = Field(
+        0.01,
+        gt=0,
+        description=(
+            "likewise measured: nadam at 0.01 beat adam at 0.001 on all three streams (adam at "
+            "0.001 trailed logistic regression by 5.8, 0.8 and 2.2 points on 2026-11-22)"
+        ),
+    )
+    metrics: list[str] = Field(
+        default_factory=list,
+        description=(
+            '`["accuracy"]` marks a classifier (also implied by a cross-entropy loss): '
+            "prequential accuracy and log loss instead of MSE and MAE"
+        ),
+    )
+    scaling: Literal["none", "standardize"] = Field(
+        "standardize",
+        description=(
+            "online per-feature scaling: running mean and variance (Chan's parallel update, "
+            "float64) of the inputs, applied by a `standardize` layer inside the model, so that "
+            "serving, replicas and `WeightSubscriber` predict exactly what the learner does; for "
+            "`lstm` inputs per feature F pooled over time. Over fewer than 10 values (a stream's "
+            "first single-sample messages) a feature's standard deviation is raised to its 95 % "
+            "upper confidence bound: one estimated from 2 values can be a small fraction of the "
+            "true one, and inputs divided by it stalled learning for thousands of samples. "
+            '`"none"` feeds raw inputs'
+        ),
+    )
+    target_scaling: Literal["standardize", "none"] | None = Field(
+        None,
+        description=(
+            "online target standardization: the network learns `(y - mean) / std` with the running "
+            "mean and variance of the targets (per output, new samples only, the statistics "
+            "including each batch), and a last `target_scaling` layer maps its output back, so "
+            "that predictions (served, replicas, `WeightSubscriber`), prequential scores and the "
+            "reported loss are in the targets' units; the statistics are weights of the model and "
+            'travel with every snapshot and checkpoint. `"none"`: the network learns the raw '
+            "targets (and keeps the weights of models trained before this setting existed: the two "
+            "statistics are weights, so checkpoints and snapshots of one setting do not load into "
+            'the other). `"standardize"` with another loss (cross-entropies, `poisson`, `msle`, '
+            "...) is an error"
+        ),
+        json_schema_extra={
+            "unset": (
+                '`"standardize"` for `mse`, `mae`, `huber`, `log_cosh` (any spelling); else '
+                '`"none"`'
+            ),
+        },
+    )
+    device: str = Field(
+        "auto",
+        description=(
+            "`/GPU:0` when TensorFlow sees a GPU, else `/CPU:0`; or any TensorFlow device string"
+        ),
+    )
+    topic: str | None = Field(
+        None,
+        description=(
+            "samples subscription (wildcards `+`/`#` allowed; at most 65,535 UTF-8 bytes; "
+            + REFUSED_TOPIC_CHARACTERS
+            + (
+                " is refused at load). MQTT 5 shared subscriptions (`$share/<group>/...`) are not "
+                "supported and refused at load, as is any `$` topic: one learner takes a model's "
+                "whole stream (two learners of one model would split the samples and fight over "
+                "its weight topic). A filter that matches a topic livefit publishes for any model "
+                "(weights, dead-letter, events, prediction records, labels) is refused at load, "
+                "naming the filter and the topic: a learner must not read its own output. The same "
+                "holds for `labels.topic` and `labels.predictions_topic`, except for the one topic "
+                "each exists to read"
+            )
+        ),
+        json_schema_extra={"unset": "`livefit/<name>/samples`"},
+    )
+    dead_letter_topic: str | None = Field(
+        None,
+        description=("where rejected messages are reported" + PUBLISHED_TOPIC_RULES),
+        json_schema_extra={"unset": "`livefit/<name>/rejected`"},
+    )
+    max_message_bytes: int = Field(
+        1024 * 1024,
+        ge=64,
+        description="larger messages are rejected (`too_large`)",
+    )
+    max_samples_per_message: int = Field(
+        10_000,
+        ge=1,
+        description="more samples in one message are rejected",
+    )
+    prequential_window: int = Field(
+        1000,
+        ge=1,
+        description="samples in the sliding prequential score",
+    )
+    dedup: bool = Field(
+        False,
+        description=(
+            "drop messages whose (`source`, `seq`) was already accepted (redeliveries after "
+            "reconnects and crashes); tolerates out-of-order arrival; state saved in checkpoints"
+        ),
+    )
+    stall_after_s: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "readiness fails (503, naming the model) while its messages have waited this long and "
+            "none was accepted or rejected: a learner that is not learning says so"
+        ),
+    )
+    silent_topic_warn_s: float = Field(
+        60.0,
+        ge=0,
+        description=(
+            "a warning naming the model, its samples topic and the broker user, with ACLs as the "
+            "likely cause, once nothing has arrived on the topic this long after the learner "
+            "subscribed (mosquitto grants a subscription its ACL forbids and delivers nothing); 0: "
+            "off. A subscription the broker refuses outright (SUBACK failure) is an error at once"
+        ),
+    )
+    seed: int | None = Field(
+        None,
+        description=(
+            "makes a learner's run repeatable: seeds Python, NumPy and TensorFlow/Keras before the "
+            "network is built (the initial weights) and the replay buffer's sampling; the same "
+            "seed and the same minibatches give the same predictions, to the bit (on one machine "
+            "and TensorFlow build). Unset: a fresh random start each time"
+        ),
+    )
     train: TrainSettings = TrainSettings()
     serve: ServeSettings = ServeSettings()
     weights: WeightsSettings = WeightsSettings()

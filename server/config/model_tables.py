@@ -17,86 +17,204 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from livefit.models import names
 
 from .sections import Section, without_credentials
-from .topic_filters import checked_topic
+from .topic_filters import PUBLISHED_TOPIC_RULES, checked_topic
 
 
 class TrainSettings(Section):
     """How the trainer forms minibatches from the sample queue."""
 
-    max_batch_size: int = Field(256, ge=1, le=65536)
-    max_wait_ms: float = Field(0.0, ge=0, le=60_000)
-    queue_capacity: int = Field(20_000, ge=1)  # samples held between ingestion and training
-    # The update policy (defaults measured by the learning-quality benchmark, BENCHMARKS.md):
-    # Gradient steps on each minibatch (see extras_when). Unset: 4 for regression losses (mse,
-    # mae, huber, log_cosh), 2 for the others (ModelSettings.resolved_steps_per_batch).
-    # Measured in-process over 15 streams and 4 model seeds (BENCHMARKS.md, learning quality):
-    # 3 and 4 steps lowered the MAE on all five regression streams, mean and worst seed (2.4
-    # to 19 %); on the classifiers 3 steps won on five streams and lost on four (up to 0.6
-    # points), 4 steps lost more.
-    steps_per_batch: int | None = Field(None, ge=1, le=100)
-    # Samples kept for replay (0: no replay). Unset: 2,000 for regression losses, 500 for the
-    # others, fewer where that many would take more than 256 MiB
-    # (ModelSettings.resolved_replay_capacity). Memory is the capacity times one sample's size.
-    # Measured in-process over the five regression streams and 4 model seeds (BENCHMARKS.md,
-    # learning quality), with 4 steps: 1,000, 2,000 and 4,000 samples each lowered the MAE on
-    # three streams and left TrumpApproval and ChickWeights (1,001 and 578 samples) level; on
-    # the binary streams windows longer than 500 lost on Hyperplane and SEA.
-    replay_capacity: int | None = Field(None, ge=0)
-    replay_mode: Literal["reservoir", "window"] = "window"
-    replay_share: float = Field(0.75, ge=0, lt=1)  # share of replayed samples in each step
-    # "caught_up": steps beyond the first and replayed samples only for a batch that took every
-    # queued sample, while no prediction request waits (the trainer keeps up, so the extra work
-    # uses time it would spend waiting); otherwise one plain step. "always": every batch.
-    extras_when: Literal["caught_up", "always"] = "caught_up"
-    # Before each step, wait up to this long while prediction requests are queued (0: never).
-    yield_to_serving_ms: float = Field(2.0, ge=0, le=1000)
-    # Start a plain batch's step (taken from a backlog: one step on its own samples) while the
-    # step before it still runs, so the trainer's bookkeeping (scores, drift test, scaling,
-    # metrics) overlaps TensorFlow's work instead of following it; where the step before did
-    # not apply or brought a drift reaction, the early step is rewound and run again, so the
-    # result is the same. "auto": on where the trainer's process may use 2 or more CPUs (the
-    # overlap needs a second one), with one device and model selection off; "on" (still off
-    # for several devices and with selection), "off".
-    pipeline: Literal["auto", "on", "off"] = "auto"
-    # With target scaling: a target more than this many standard deviations from the running
-    # mean of the targets (from the 10th target on; widened by 100 / count below 100 targets)
-    # is an outlier, clipped to that bound before it enters the statistics, trained with weight
-    # 0, and counted (0: no bound).
-    target_outlier_std: float = Field(8.0, ge=0, allow_inf_nan=False)
-    # A fast start: the first start_steps training steps of a fresh model (not one restored
-    # from a checkpoint) run at start_lr_factor times the learning rate, decaying linearly to
-    # the configured rate (1: no start boost, the behaviour before it existed). 2 over 300:
-    # measured over 15 streams (BENCHMARKS.md, learning quality), the safest of 3x over 100
-    # and 300 steps and 5x over 200 (those gained more on some streams and lost up to 2 to
-    # 13 % MAE on the regression ones).
-    start_lr_factor: float = Field(2.0, ge=1, le=100, allow_inf_nan=False)
-    # A model takes batches no larger than the samples it has learned so far (at least 5: 5,
-    # 5, 10, 20, ...) until it has learned this many (0: no such start). The count is the
-    # model's own and checkpoints keep it: a restored model goes on where it stopped. Each
-    # batch is scored before it is learned, so the first message is no longer all predicted
-    # by the untrained weights. Unset: 100 for regression losses, 0 for the others
-    # (ModelSettings.resolved_fast_start_samples). Measured over 15 streams and 4 model seeds
-    # with messages of 25 (BENCHMARKS.md, learning quality, "A fast start by batch size"):
-    # after the first message, what the clients are served, it lowered the MAE on all five
-    # regression streams on the mean over seeds (0.03 to 3.7 %; some seeds were worse on
-    # four of them) and lowered the accuracy on eight of the ten classification streams
-    # (Phishing on every seed, 0.69 points on the mean; Sine by 0.01; Waveform gained 0.23).
-    fast_start_samples: int | None = Field(None, ge=0, le=1_000_000)
-    start_steps: int = Field(300, ge=1, le=1_000_000)
-    # Weight averaging: the trainer also keeps an exponential moving average of the trained
-    # weights, this decay per step (0: none), and serves it (snapshots, the weight topic, the
-    # prequential scores) while its prequential loss over the last 500 samples is the lower
-    # of the two. 0.95, measured over 15 streams and 4 model seeds (BENCHMARKS.md, learning
-    # quality): 1 point more accuracy on the noisy Waveform and LED, 3 to 5 % lower MAE on
-    # Friedman, Planes2D and Mv; always serving the average cost up to 6 points on Moving RBF.
-    weight_average: float = Field(0.95, ge=0, lt=1, allow_inf_nan=False)
-
-    @field_validator("target_outlier_std", mode="before")
-    @classmethod
-    def _no_boolean(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise ValueError("must be a number of standard deviations (0: no bound), not a boolean")
-        return value
+    max_batch_size: int = Field(
+        256,
+        ge=1,
+        le=65536,
+        description="samples per training step at most",
+    )
+    max_wait_ms: float = Field(
+        0.0,
+        ge=0,
+        le=60_000,
+        description="linger to fill a batch; 0 = take what has arrived",
+    )
+    queue_capacity: int = Field(
+        20_000,
+        ge=1,
+        description=(
+            "samples held between ingestion and training; when full, ingestion waits and the "
+            "broker holds the rest"
+        ),
+    )
+    # Unset: by the loss (BENCHMARKS.md#learning-quality, "Regression's own update defaults")
+    steps_per_batch: int | None = Field(
+        None,
+        ge=1,
+        le=100,
+        description=(
+            "gradient steps on each minibatch (each a version); the default depends on the loss "
+            "(measured: BENCHMARKS.md, learning quality); see `extras_when`"
+        ),
+        json_schema_extra={"unset": "4 for `mse`, `mae`, `huber`, `log_cosh`; else 2"},
+    )
+    # Unset: by the loss (BENCHMARKS.md#learning-quality, "Regression's own update defaults")
+    replay_capacity: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "samples kept for replay (0: off); memory is this many samples (the default depends on "
+            "the loss, measured: BENCHMARKS.md, learning quality)"
+        ),
+        json_schema_extra={
+            "unset": (
+                "2000 for `mse`, `mae`, `huber`, `log_cosh`, else 500; fewer where that many "
+                "samples would take more than 256 MiB"
+            ),
+        },
+    )
+    replay_mode: Literal["reservoir", "window"] = Field(
+        "window",
+        description=(
+            "`window` (the most recent samples) or `reservoir` (a uniform sample of the whole "
+            "stream)"
+        ),
+    )
+    replay_share: float = Field(
+        0.75,
+        ge=0,
+        lt=1,
+        description=(
+            "share of replayed samples in each step (0.75: three replayed samples per new one); "
+            "only new samples count in the prequential scores"
+        ),
+    )
+    extras_when: Literal["caught_up", "always"] = Field(
+        "caught_up",
+        description=(
+            "`caught_up`: the steps beyond the first and the replayed samples only for a batch "
+            "that took every queued sample, i.e. while the trainer keeps up and would otherwise "
+            "wait; a batch taken from a backlog, or while prediction requests wait for the model, "
+            "gets one step on its own samples, so a fast stream trains at the plain step's rate "
+            "and predictions go first. `always`: every batch. The defaults of these five settings, "
+            "with tanh and nadam at 0.01, were measured on three public streams against river's "
+            "per-sample logistic regression (BENCHMARKS.md, learning quality)"
+        ),
+    )
+    yield_to_serving_ms: float = Field(
+        2.0,
+        ge=0,
+        le=1000,
+        description=(
+            "before each step the trainer waits up to this long while prediction requests are "
+            "queued, and its thread runs at OS niceness +5, so predictions go first on a small "
+            "machine (see BENCHMARKS.md, interference); `0`: never wait, normal priority"
+        ),
+    )
+    pipeline: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "start a plain batch's step (one taken from a backlog: one step on its own samples) "
+            "while the step before it still runs, so the trainer's bookkeeping (scores, drift "
+            "test, scaling, metrics) overlaps TensorFlow's work; where the step before was rolled "
+            "back or brought a drift reaction, the early step is rewound and run again, so the "
+            "result is that of one batch after the other (`livefit_train_rewinds_total`; "
+            "[design](design.md#the-pipelined-trainer)). Measured: 1.14-1.83x the trainer's "
+            "samples/s on 2 cores, 25-30 % slower on one (BENCHMARKS.md, trainer). `auto`: on in a "
+            "process that may use 2 or more CPUs and serves no predictions (a split learner's "
+            "training process with 2 or more training cores); `on`: also in a one-process learner; "
+            "`off`. Never with several devices or model selection"
+        ),
+    )
+    target_outlier_std: float = Field(
+        8.0,
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            'with `target_scaling = "standardize"`: a target more than this many standard '
+            "deviations from the running mean of the targets (from the 10th target on; below 100 "
+            "targets the bound is widened by 100 / count, as the start of a stream is often not "
+            "like the rest) is an outlier: clipped to that bound before it enters the statistics, "
+            "scored against the bound, trained (and replayed) with weight 0, and counted in "
+            "`livefit_train_outliers_total` (a warning at most once a minute). One sample then "
+            "moves the target mean by at most 8 standard deviations / samples seen, and the "
+            "model's weights not at all. A run of them "
+            "is not: 20 of the last 32 targets beyond the bound on the same side are a new level, "
+            "the target statistics re-centred on them (`livefit_train_target_shifts_total`; see "
+            "[guarantees](guarantees.md#one-outlying-target-cannot-break-a-regression-model)). "
+            "`0`: no bound (an outlier is taken in as it is; one whose loss in the targets' units "
+            "overflows is rolled back and counted as non-finite); otherwise a finite number of at "
+            "least 1 (below, the bound would clip a third of a steady normal stream and its runs "
+            "would pass for new levels)"
+        ),
+    )
+    # 2 over 300 steps: the safest boost (BENCHMARKS.md#learning-quality, "Drift recovery")
+    start_lr_factor: float = Field(
+        2.0,
+        ge=1,
+        le=100,
+        allow_inf_nan=False,
+        description=(
+            "fast start: a fresh model's first `start_steps` training steps run at this multiple "
+            "of `learning_rate`, decaying linearly to it (a model restored from a checkpoint is "
+            "not fresh: no boost). `1`: no start boost (the behaviour before the setting)"
+        ),
+    )
+    # Unset: on for regression only (BENCHMARKS.md#learning-quality, "What the fast start buys")
+    fast_start_samples: int | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "fast start: until a fresh model has learned this many samples, it takes batches no "
+            "larger than what it has learned so far and no smaller than 5 (a first message of 25: "
+            "5, 5, 10 and 5 samples), each scored before it is learned, so its first message is "
+            "not all predicted by the untrained weights; a batch cut short counts as caught up "
+            "where a full-size one would have (`extras_when`). The count of samples learned is the "
+            "model's own and checkpoints keep it: a model restored before the limit goes on with "
+            "it, one restored past it does not start again. `0`: off. The default depends on the "
+            "loss, measured over 15 streams and 4 model seeds (BENCHMARKS.md, learning quality): "
+            "53 % and 6 % lower prequential MAE on TrumpApproval and ChickWeights, most of it the "
+            "first message's own score (its later batches are scored by a model that learned its "
+            "earlier ones; the clients of that message were answered before it came); after the "
+            "first message, what clients are served, 0.03 to 3.7 % lower MAE on the five "
+            "regression streams on the mean over seeds (some seeds worse on four of them), but "
+            "lower accuracy on eight of the ten classification streams (Phishing on every seed, "
+            "-0.69 points on the mean; Waveform +0.23), so classifiers start without it"
+        ),
+        json_schema_extra={"unset": "100 for `mse`, `mae`, `huber`, `log_cosh`; else 0"},
+    )
+    start_steps: int = Field(
+        300,
+        ge=1,
+        le=1_000_000,
+        description="training steps the start boost takes to decay",
+    )
+    # 0.95 gained more than 0.9 (BENCHMARKS.md#learning-quality, "Weight averaging")
+    weight_average: float = Field(
+        0.95,
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description=(
+            "weight averaging: the trainer also keeps an exponential moving average of the trained "
+            "weights, with this decay per training step (debiased at the start: the t-th update "
+            "uses min(decay, t / (9 + t))), and scores every batch with both. The averaged weights "
+            "are served (snapshots, replicas, the weight topic, and so the prequential scores) "
+            "while their prequential loss over the last 500 samples is lower than the trained "
+            "weights', else the trained ones; a drift reaction other than `none` restarts the "
+            "average; checkpoints keep both and the losses that chose, so a restarted learner "
+            "serves what it served at its checkpoint. The two are compared on every sample of a "
+            "batch up to 256, on 256 or fewer evenly spaced ones of a larger batch, so the 500 "
+            "samples of the comparison can span several batches; every caught-up batch is "
+            "compared, and one in 8 of the batches taken from a backlog (the others keep the "
+            "choice: like the extra steps and the replay under the default `extras_when`, most of "
+            "the comparison is work a trainer behind its stream skips). Costs one more forward "
+            "pass per step: over the batch's own samples (not the replayed ones) where the "
+            "averaged weights are served, else over the compared ones only, none in a batch not "
+            "compared (on several devices, over every row). `0`: no averaging (the behaviour "
+            "before the setting). 0.95: measured over 15 streams and 4 model seeds (BENCHMARKS.md, "
+            "learning quality): about 1 point more accuracy on the noisy Waveform and LED streams "
+            "and 3 to 5 % lower MAE on Friedman, Planes2D and Mv; always serving the average "
+            "instead cost up to 6 points on Moving RBF"
+        ),
+    )
 
     @field_validator("target_outlier_std")
     @classmethod
@@ -112,24 +230,56 @@ class TrainSettings(Section):
 class DriftSettings(Section):
     """Drift detection on the prequential loss, and what to do when it fires."""
 
-    enabled: bool = True  # detect, count and report drift (a cheap test on the losses)
-    method: Literal["page_hinkley", "adwin"] = "page_hinkley"
-    threshold: float = Field(50.0, gt=0)  # Page-Hinkley lambda, in standardised loss units
-    # "none": log and count only; "reset_optimizer": a fresh optimizer state (the learning rate
-    # kept); "boost_lr":
-    # boost_factor times the learning rate for boost_steps steps, then back at once;
-    # "flush_replay": empty the replay buffer (it holds the old concept); "recover": empty the
-    # replay buffer and boost the learning rate by boost_factor, decaying linearly to the
-    # configured rate over boost_steps steps. Default flush_replay: measured best of the five
-    # over 15 streams and model seeds 1-3 (BENCHMARKS.md, learning quality); the learning-rate
-    # boosts cost up to 11 % MAE on the regression streams, none and reset_optimizer recover
-    # slower.
-    reaction: Literal["none", "reset_optimizer", "boost_lr", "flush_replay", "recover"] = (
-        "flush_replay"
+    enabled: bool = Field(
+        True,
+        description=(
+            "watch the prequential loss for drift: counted in `livefit_drift_detected_total` and "
+            "reported on the events topic"
+        ),
     )
-    boost_factor: float = Field(3.0, gt=1, le=100)  # learning rate multiplier (boost_lr, recover)
-    boost_steps: int = Field(200, ge=1)  # training steps the boost lasts
-    events_topic: str | None = None  # default livefit/<name>/events
+    method: Literal["page_hinkley", "adwin"] = Field(
+        "page_hinkley",
+        description=(
+            "`page_hinkley` (built in; on standardised, clipped losses) or `adwin` (needs `pip "
+            "install river`)"
+        ),
+    )
+    threshold: float = Field(
+        50.0,
+        gt=0,
+        description=(
+            "Page-Hinkley threshold in standardised loss units (lower: faster, more false alarms)"
+        ),
+    )
+    # flush_replay: the best of the five (BENCHMARKS.md#learning-quality, "Drift recovery")
+    reaction: Literal["none", "reset_optimizer", "boost_lr", "flush_replay", "recover"] = Field(
+        "flush_replay",
+        description=(
+            "on drift: `none` (log and count only), `reset_optimizer` (the optimizer state of a "
+            "fresh optimizer, learning rate kept), `boost_lr` (`boost_factor` times the learning "
+            "rate for `boost_steps` steps, then back at once), `flush_replay` (empty the replay "
+            "buffer, which holds the old concept) or `recover` (empty the replay buffer and boost "
+            "the learning rate by `boost_factor`, decaying linearly over `boost_steps` steps)"
+        ),
+    )
+    boost_factor: float = Field(
+        3.0,
+        gt=1,
+        le=100,
+        description="learning-rate multiplier for `boost_lr` and `recover`",
+    )
+    boost_steps: int = Field(200, ge=1, description="training steps the boost lasts")
+    events_topic: str | None = Field(
+        None,
+        description=(
+            (
+                "where drift events go (JSON: `event`, `model`, `detections`, `version`, "
+                "`samples_seen`, `reaction`, `time`)"
+            )
+            + PUBLISHED_TOPIC_RULES
+        ),
+        json_schema_extra={"unset": "`livefit/<name>/events`"},
+    )
 
     @field_validator("events_topic")
     @classmethod
@@ -187,17 +337,53 @@ class SelectionSettings(Section):
     """Online model selection: candidates trained side by side on the same minibatches, the
     served one chosen by its recent prequential loss."""
 
-    enabled: bool = False
-    candidates: list[CandidateSettings] = Field(default_factory=list)
-    window: int = Field(500, ge=10, le=1_000_000)  # samples each candidate's loss averages over
-    # A challenger is served once its windowed loss is below (1 - margin) times the served
-    # one's, and at least min_samples_between_switches samples after the last switch.
-    # Measured against 200, 0.02 and 100 on the 15 learning streams over 4 seeds (BENCHMARKS.md,
-    # "Online model selection remeasured"): the shorter window gained on the mean only through
-    # the two Agrawal concept switches and lost on the other streams, with ten times the
-    # switches, so these stay.
-    margin: float = Field(0.05, ge=0, lt=1, allow_inf_nan=False)
-    min_samples_between_switches: int = Field(500, ge=0)
+    enabled: bool = Field(
+        False,
+        description=(
+            "online model selection: the configured model and each of `candidates` train on the "
+            "same minibatches; the one with the lowest recent prequential loss is served "
+            "(snapshots, weight stream, checkpoints' served copy). Off: measured cost and gain in "
+            "[online model selection](design.md#online-model-selection)"
+        ),
+    )
+    candidates: list[CandidateSettings] = Field(
+        default_factory=list,
+        description=(
+            "more candidates beside `configured` (the model's own settings): a list of tables with "
+            "`name` and any of `optimizer`, `learning_rate`, `seed`. They share the configured "
+            "network's architecture, so replicas serve any of them; `builder` in a candidate is "
+            "refused at load. A checkpoint keeps the `configured` candidate; the others start "
+            "afresh after a restart"
+        ),
+    )
+    # Faster switching gained only on Agrawal (BENCHMARKS.md#learning-quality, "remeasured")
+    window: int = Field(
+        500,
+        ge=10,
+        le=1_000_000,
+        description=(
+            "samples each candidate's prequential loss is averaged over "
+            "(`livefit_selection_score{model,candidate}`)"
+        ),
+    )
+    margin: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description=(
+            "hysteresis: a challenger is served once its windowed loss is below `1 - margin` times "
+            "the served candidate's (switches: `livefit_selection_switches_total`, a log line, and "
+            "a `selection` event on `drift.events_topic`)"
+        ),
+    )
+    min_samples_between_switches: int = Field(
+        500,
+        ge=0,
+        description=(
+            "samples trained after a switch (and at the start) before another switch is considered"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_candidates(self) -> SelectionSettings:
@@ -213,36 +399,91 @@ class SelectionSettings(Section):
 class ServeSettings(Section):
     """Request batching and limits for the prediction API."""
 
-    max_batch_size: int = Field(64, ge=1, le=65536)
-    # 0: a batch fires as soon as the model is free, with every request queued by then (they
-    # queue while the previous batch runs). Measured: 3.3x the requests/s of 2 ms at 1 client,
-    # the same or better at 64 (BENCHMARKS.md); Triton's default is also 0. "auto": chosen
-    # per batch from the measured arrival rate and batch cost (0 unless waiting lowers the mean
-    # latency; server/serve/batch_cost.py AutoTimeout), at most max_batch_timeout_ms. Not the
-    # default:
-    # measured within noise of 0 at 1, 16 and 64 clients, where on the CPU benchmark model it
-    # chooses 0 or under 1 ms anyway; its case (a GPU) is unmeasured (BENCHMARKS.md).
-    batch_timeout_ms: float | Literal["auto"] = 0.0
-    max_batch_timeout_ms: float = Field(10.0, ge=0, le=10_000)
-    max_queue_rows: int = Field(4096, ge=1)
-    # Admission: a request that cannot join the next batch is refused at once (429) when the
-    # batcher expects it to wait longer than this before its batch starts (from the event
-    # loop's lag and the batch cost it fits online); any request, when it would be answered
-    # after its deadline. "auto": two full-batch model calls, at least 50 ms.
-    max_queue_wait_ms: float | Literal["auto"] = "auto"
-    default_deadline_ms: float = Field(5000.0, gt=0)
-    allowed_batch_sizes: list[int] | None = None
-    max_request_rows: int = Field(1024, ge=1)
-    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    # What computes a batch (server/serve/runtimes.py): "keras" the Keras model traced by
-    # tf.function (TensorFlow's graph executor, every model); "xla" the same compiled by XLA
-    # per padded batch size; "numpy" a NumPy forward pass of a chain of Dense-type layers
-    # (linear, mlp), the same float32 math. "auto": numpy where the model is such a chain (on
-    # a CPU), else keras; a runtime that cannot take the model falls back to keras with one
-    # log line. Measured per 1-row call (bench/prose/runtimes.md): 64x64 MLP keras 230-300 us,
-    # xla ~130 us, numpy ~11 us; LSTM keras 470-620 us, xla ~156 us, but xla's gain did not
-    # hold end to end over HTTP and it compiles for seconds at start: opt-in.
-    runtime: Literal["auto", "keras", "xla", "numpy"] = "auto"
+    max_batch_size: int = Field(64, ge=1, le=65536, description="rows per model call at most")
+    # 0, as Triton's default; "auto" gained nothing (BENCHMARKS.md#batch-timeout-0-fixed-auto)
+    batch_timeout_ms: float | Literal["auto"] = Field(
+        0.0,
+        description=(
+            "a batch fires this long after its oldest request arrived, or when full. `0`: as soon "
+            "as the model is free, with every request that queued meanwhile (requests queue while "
+            "the previous batch runs, so batches still grow with load); measured 3.3x the "
+            "requests/s of 2 ms at 1 client and the same or better at 64. Raise it for models "
+            'whose cost hardly grows with the batch (GPU). `"auto"`: chosen for each batch from '
+            "the measured arrival rate λ (rows/s) and the model call's cost `per_batch + per_row * "
+            "rows`, fitted online (timed by the model thread's CPU time on a CPU, wall time on a "
+            "GPU): a batch on an idle model waits for more rows only while the next row is worth "
+            "waiting for, up to K = (λ·per_batch - 1) / (1 + λ·per_row) rows, i.e. (K - 1)/λ "
+            "seconds; 0 when λ·(per_batch - per_row) ≤ 2 (a lone client, or a model whose call "
+            "costs little next to the gap between requests); exported as "
+            "`livefit_predict_batch_timeout_seconds`. Not the default yet: on this repository's "
+            "CPU benchmark model it chooses 0 at 1 and 16 clients and under 1 ms at 64, and "
+            "measured within noise of `0` (an A/A pair in the same run), so there it gains "
+            "nothing; the models it is for (a call that costs much more than the gap between "
+            "requests, e.g. on a GPU) were not measured (BENCHMARKS.md, batch timeout)"
+        ),
+    )
+    max_batch_timeout_ms: float = Field(
+        10.0,
+        ge=0,
+        le=10_000,
+        description='the longest timeout `"auto"` chooses',
+    )
+    max_queue_rows: int = Field(
+        4096,
+        ge=1,
+        description=(
+            "rows queued per model before requests get 429 (a memory bound; the wait bound below "
+            "usually acts first)"
+        ),
+    )
+    max_queue_wait_ms: float | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "admission: a request is refused at once (429, before its body is read) when its "
+            "expected wait before its batch starts is over this, or when it would be answered "
+            "after its deadline. The wait is estimated from the event loop's lag, the running "
+            "batch and the queued batches, timed by a batch cost (`per_row * rows + per_batch`) "
+            'fitted online. `"auto"`: two full-batch model calls, at least 50 ms. A request that '
+            "fits in the next batch is refused only for its deadline, so up to `max_batch_size` "
+            "concurrent clients never get 429 from this bound; raise it for more concurrent "
+            "clients that prefer waiting to retrying (a closed loop of 256 clients against a "
+            "64-row batch queues about three batches)"
+        ),
+    )
+    default_deadline_ms: float = Field(
+        5000.0,
+        gt=0,
+        description="a request not served by then gets 504; requests may shorten it",
+    )
+    allowed_batch_sizes: list[int] | None = Field(
+        None,
+        description=(
+            "padded batch sizes the inference function is compiled for; the last must equal "
+            "`max_batch_size`"
+        ),
+        json_schema_extra={"unset": "powers of two up to `max_batch_size`"},
+    )
+    max_request_rows: int = Field(1024, ge=1, description="rows per request at most (413)")
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="request body bytes at most (413)",
+    )
+    # xla is opt-in: its gain did not hold over HTTP (BENCHMARKS.md#serving-runtimes-one-model-call)
+    runtime: Literal["auto", "keras", "xla", "numpy"] = Field(
+        "auto",
+        description=(
+            "what computes a batch: `keras` (the model traced by `tf.function`, every model), "
+            "`xla` (the same compiled by XLA per padded batch size), `numpy` (a NumPy forward pass "
+            "of a Dense chain: linear and mlp builders, the same float32 math); `auto` takes numpy "
+            "where the model is a Dense chain on a CPU, else keras (xla's faster calls did not "
+            "hold end to end over HTTP, and it compiles for seconds at start: opt-in). A runtime "
+            "that cannot take the model, or whose outputs differ from Keras on a probe batch, "
+            "falls back to keras with one log line. A 1-row call of the benchmark MLP: keras "
+            "230-300 us, xla ~130 us, numpy ~11 us; of the LSTM: keras 470-620 us, xla ~156 us "
+            "(BENCHMARKS.md, serving runtimes)"
+        ),
+    )
 
     @field_validator("batch_timeout_ms")
     @classmethod
@@ -282,35 +523,163 @@ class ServeSettings(Section):
 class WeightsSettings(Section):
     """The weight stream: how often snapshots go out, how they are signed and verified."""
 
-    # The weight topic gets at most one snapshot (the newest) per publish_interval_s; the
-    # learner's own serving (in its process, or its serving processes) one per
-    # serve_interval_s, stretched to 20x the time a snapshot's copy takes (server/training).
-    publish_interval_s: float = Field(0.5, gt=0, le=3600)
-    serve_interval_s: float = Field(0.15, gt=0, le=3600)
-    topic: str | None = None
-    # Learner: Ed25519 private key (PEM, or raw/base64/hex seed); default
-    # <storage.dir>/keys/weights-signing.key, created on first start.
-    signing_key_file: str | None = None
-    # Replicas, WeightSubscriber: the learner's public key (base64 of the raw 32 bytes, or PEM)
-    # or a file holding it; default <storage.dir>/keys/weights-signing.pub when it exists.
-    verify_key: str | None = None
-    verify_key_file: str | None = None
-    allow_unsigned: bool = False  # replicas: accept weights nobody signed (trusted networks only)
-    hmac_key: SecretStr | None = None  # shared secret (weaker: any holder can forge)
-    max_inline_bytes: int = Field(16 * 1024 * 1024, ge=1024)  # larger: manifest + HTTP pull
-    keep_versions: int = Field(4, ge=1, le=100)  # recent payloads kept for HTTP download
-    pull_url: str | None = None  # replicas: the learner's base URL to pull from (http.public_url)
-    # Replicas: the bearer token sent with pulls from pull_url (that learner's http.token);
-    # default this process's http.token. Per model, so one replica can follow learners whose
-    # tokens differ.
-    pull_token: SecretStr | None = None
-    pull_timeout_s: float = Field(30.0, gt=0)
-    max_pull_bytes: int = Field(256 * 1024 * 1024, ge=1024)  # a pulled payload larger: refused
-    max_age_s: float = Field(86400.0, ge=0)  # refuse weights signed longer ago (0: no limit)
-    refresh_interval_s: float = Field(3600.0, gt=0)  # learner re-signs its newest snapshot
-    # Replicas (and a split learner's serving processes): readiness fails once every weight
-    # message has been refused for this long since the last one that verified (0: never).
-    refused_unready_s: float = Field(60.0, ge=0)
+    publish_interval_s: float = Field(
+        0.5,
+        gt=0,
+        le=3600,
+        description=(
+            "the weight topic gets at most one snapshot per interval (the newest; the last one "
+            "always goes out on stop)"
+        ),
+    )
+    serve_interval_s: float = Field(
+        0.15,
+        gt=0,
+        le=3600,
+        description=(
+            "the trainer hands a snapshot (when the weights changed) to the learner's own serving "
+            "this often: its in-process model, or a split learner's serving processes. Stretched "
+            "to 20 times what copying the weights took, so a large model's copies take at most "
+            'about 5 % of the trainer\'s time. Measured on 2 cores (BENCHMARKS.md "freshness", '
+            '"interference"): at 0.05 s a split learner served a sample 41 ms after it was '
+            "published (p99) but trained 25 % fewer samples/s under saturation; at 0.5 s (the "
+            "weight topic's interval) 417 ms; 0.15 s is the default between them"
+        ),
+    )
+    topic: str | None = Field(
+        None,
+        description=("the weight stream" + PUBLISHED_TOPIC_RULES),
+        json_schema_extra={"unset": "`livefit/<name>/weights`"},
+    )
+    signing_key_file: str | None = Field(
+        None,
+        description=(
+            "(learner) the Ed25519 private key that signs every snapshot: PEM (PKCS#8, "
+            "unencrypted), or the raw 32-byte seed (raw, base64 or hex). Unset: the learner "
+            "creates one there on first start (mode 0600), writes the public key beside it "
+            "(`weights-signing.pub`, PEM) and logs the public key (base64) and both paths. One key "
+            "may sign every model. A key file must be a regular file of at most 64 KiB (a FIFO, a "
+            "device such as `/dev/zero` or a larger file is refused before it is read: one line, "
+            "exit 2)"
+        ),
+        json_schema_extra={"unset": "`<storage.dir>/keys/weights-signing.key`"},
+    )
+    verify_key: str | None = Field(
+        None,
+        description=(
+            "(replicas, `WeightSubscriber`) the learner's public key: base64 of the raw 32 bytes, "
+            "as the learner logs it, hex, or PEM text. Prefer "
+            "`LIVEFIT_MODELS__<NAME>__WEIGHTS__VERIFY_KEY`"
+        ),
+    )
+    verify_key_file: str | None = Field(
+        None,
+        description=(
+            "(replicas) a file holding that public key; the default is what a learner sharing the "
+            "storage dir wrote (a regular file of at most 64 KiB, as the signing key). A replica "
+            "with neither key (nor `hmac_key`) refuses to start and says what to set, before it "
+            "connects anywhere"
+        ),
+        json_schema_extra={"unset": "`<storage.dir>/keys/weights-signing.pub` if it exists"},
+    )
+    allow_unsigned: bool = Field(
+        False,
+        description=(
+            "(replicas) with no key at all, accept weights nobody signed, with a loud WARNING at "
+            "start: anyone who can publish on the broker then controls what the replica serves. "
+            "For a trusted test network only"
+        ),
+    )
+    hmac_key: SecretStr | None = Field(
+        None,
+        description=(
+            "shared secret: the learner adds an HMAC-SHA256 beside its signature, receivers with "
+            "the key require it. Weaker than the signature (any holder of the key, e.g. any "
+            "replica, can forge); kept for existing setups. Prefer the environment variable"
+        ),
+    )
+    max_inline_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description=(
+            "larger snapshots are announced by a signed manifest and pulled over HTTP (so is a "
+            "snapshot whose message is over the broker's maximum packet size, "
+            "`broker.max_packet_size_bytes`)"
+        ),
+    )
+    keep_versions: int = Field(
+        4,
+        ge=1,
+        le=100,
+        description="recent encoded snapshots kept for `GET /v1/models/<name>/weights`",
+    )
+    pull_url: str | None = Field(
+        None,
+        description=(
+            "(replicas) the learner's base URL, the only place large snapshots are pulled from "
+            "(and the bearer `pull_token` sent to); never a URL taken from a message. Unset, and "
+            "no `http.public_url`: manifests are refused (`pull_failed`)"
+        ),
+        json_schema_extra={"unset": "`http.public_url`"},
+    )
+    pull_token: SecretStr | None = Field(
+        None,
+        description=(
+            "(replicas) the bearer token sent with pulls from `pull_url`: that learner's "
+            "`http.token`, for a replica following learners whose tokens differ "
+            "([fleet](fleet.md)). Unset: this process's `http.token`. Prefer "
+            "`LIVEFIT_MODELS__<NAME>__WEIGHTS__PULL_TOKEN`; never logged"
+        ),
+        json_schema_extra={"unset": "`http.token`"},
+    )
+    pull_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="replicas' HTTP pull timeout for large snapshots (for the whole body)",
+    )
+    max_pull_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description=(
+            "(replicas) a pull larger than this (256 MiB, well above the model sizes livefit "
+            "targets) is refused before any request; a body longer than its signed size is aborted "
+            "as soon as it is exceeded (`too_large`)"
+        ),
+    )
+    max_age_s: float = Field(
+        86400.0,
+        ge=0,
+        description=(
+            "(replicas, `WeightSubscriber`) refuse weights signed longer ago than this "
+            "(`expired`), by the receiver's clock; `0`: no limit. Generous on purpose: clocks on "
+            "different hosts differ, and a learner that has been down longer makes new replicas "
+            "wait for it. See [Weights](mqtt.md#weights)"
+        ),
+    )
+    refresh_interval_s: float = Field(
+        3600.0,
+        gt=0,
+        description=(
+            "(learner) re-sign and re-publish the newest snapshot this often when no new one went "
+            "out, so an idle learner's retained weights never exceed `max_age_s`"
+        ),
+    )
+    refused_unready_s: float = Field(
+        60.0,
+        ge=0,
+        description=(
+            "(replicas, a split learner's serving processes) readiness answers 503 once every "
+            "weight message has been refused for this long since the last one that verified, and "
+            "refusals keep coming (a learner signing with a rotated key, an architecture that no "
+            "longer matches): the line names the outcome, e.g. `refused every snapshot for 60 s "
+            "(last: bad_signature: ...)`; the last good weights keep serving, and one verified "
+            "message (a new version, or the learner's re-signed snapshot) makes it ready again. "
+            "`stale` messages (the served snapshot delivered again) count neither way; `0`: off. "
+            "Anyone who may publish on the weight topic can start such a streak with forged "
+            "messages while the learner is idle: the broker's ACL is the defence "
+            "([Weights](mqtt.md#weights))"
+        ),
+    )
 
     @field_validator("topic")
     @classmethod
@@ -406,19 +775,79 @@ class ExpertsSettings(Section):
 class CheckpointSettings(Section):
     """How often a model's training state is saved (and at shutdown)."""
 
-    interval_s: float = Field(30.0, gt=0)
-    keep: int = Field(3, ge=1, le=1000)
+    interval_s: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "checkpoint (weights, optimizer state, version, log position) this often, and at "
+            "shutdown (unless the checkpoint of that exact version is on disk); written in the "
+            "background. One that fails is tried again after 1, 2, 4, then every 5 s, also when "
+            "the version has not moved, so storage that works again is noticed within seconds"
+        ),
+    )
+    keep: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description=(
+            "newest checkpoints kept; corrupt ones are set aside and the newest usable one is "
+            "used, with the log replayed from its position: the log is kept behind the oldest kept "
+            "checkpoint for that: it holds the stream of the last `keep - 1` checkpoint intervals "
+            "and more (with `keep = 1` there is no fallback)"
+        ),
+    )
 
 
 class LabelsSettings(Section):
     """Delayed labels (README "Delayed labels"): how long a prediction waits for its label."""
 
-    ttl_s: float = Field(3600.0, gt=0)  # a prediction (or early label) waits this long at most
-    max_pending: int = Field(100_000, ge=1, le=10_000_000)  # predictions waiting, at most
-    on_expiry: Literal["drop", "default"] = "drop"  # "default": learn default_y instead
-    default_y: float | list[Any] | None = None  # the label learned on expiry (target-shaped)
-    tick_s: float = Field(1.0, gt=0, le=3600)  # how often the learner checks for expiry
-    record_buffer_rows: int = Field(10_000, ge=1)  # serving side: records waiting for the broker
+    ttl_s: float = Field(
+        3600.0,
+        gt=0,
+        description=(
+            "how long a prediction recorded with an id waits for its label, and a label for its "
+            "prediction record (see [delayed labels](labels.md))"
+        ),
+    )
+    max_pending: int = Field(
+        100_000,
+        ge=1,
+        le=10_000_000,
+        description=(
+            "predictions waiting at most (likewise early labels); beyond it the oldest expires"
+        ),
+    )
+    on_expiry: Literal["drop", "default"] = Field(
+        "drop",
+        description=(
+            "what an expired prediction becomes: `drop` (counted) or `default` (learned with "
+            "`default_y`, Azure Personalizer's default reward)"
+        ),
+    )
+    default_y: float | list[Any] | None = Field(
+        None,
+        description=(
+            'the label learned on expiry with `on_expiry = "default"`: a number or list of the '
+            "target shape (checked when the file loads)"
+        ),
+    )
+    tick_s: float = Field(
+        1.0,
+        gt=0,
+        le=3600,
+        description=(
+            "how often the learner checks for expired predictions; an expiry happens up to this "
+            "much after its TTL"
+        ),
+    )
+    record_buffer_rows: int = Field(
+        10_000,
+        ge=1,
+        description=(
+            "(serving processes) prediction records waiting for the broker at most; beyond it rows "
+            "are dropped and counted, the prediction itself never waits"
+        ),
+    )
     batch_window_ms: float = Field(
         50.0,
         ge=0,
@@ -431,8 +860,16 @@ class LabelsSettings(Section):
             "train.max_wait_ms where that is longer)"
         ),
     )
-    topic: str | None = None  # default livefit/<name>/labels
-    predictions_topic: str | None = None  # default livefit/<name>/predictions
+    topic: str | None = Field(
+        None,
+        description=("where labels arrive (replicas publish them there)" + PUBLISHED_TOPIC_RULES),
+        json_schema_extra={"unset": "`livefit/<name>/labels`"},
+    )
+    predictions_topic: str | None = Field(
+        None,
+        description=("where serving processes send prediction records" + PUBLISHED_TOPIC_RULES),
+        json_schema_extra={"unset": "`livefit/<name>/predictions`"},
+    )
 
     @field_validator("topic", "predictions_topic")
     @classmethod

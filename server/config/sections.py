@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from .broker_urls import broker_url_list, hide_credentials, parse_broker_urls
 from .machine import default_serving_processes
@@ -29,39 +29,126 @@ def without_credentials(url: str | None, secret_setting: str) -> str | None:
     return url
 
 
+def _takes_numbers(annotation: Any) -> bool:
+    """Whether a setting of this type holds numbers: ``int``, ``float`` or a type made of them
+    (``float | Literal["auto"]``, ``list[int] | None``); ``bool`` is not one."""
+    return annotation in (int, float) or any(_takes_numbers(arg) for arg in get_args(annotation))
+
+
+def _holds_boolean(value: Any) -> bool:
+    if isinstance(value, list | tuple):
+        return any(_holds_boolean(item) for item in value)
+    return isinstance(value, bool)
+
+
 class Section(BaseModel):
+    """The base of every settings table: unknown keys refused, defaults validated, booleans
+    refused where numbers belong."""
+
     # Numbers become strings where a string is expected: LIVEFIT_..._HMAC_KEY=123456 is a key.
     model_config = ConfigDict(extra="forbid", validate_default=True, coerce_numbers_to_str=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes TOML's true as 1 for an int or a float: a flag in a number's place.
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _takes_numbers(field.annotation) and _holds_boolean(value):
+            raise ValueError("must be a number, not a boolean")
+        return value
 
 
 class TlsSettings(Section):
     """TLS material for ``mqtts://`` brokers (all paths are PEM files)."""
 
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    insecure: bool = False  # skip hostname verification: for test CAs only
+    ca_file: str | None = Field(None, description="CA bundle for `mqtts://`")
+    cert_file: str | None = Field(None, description="client certificate (PEM)")
+    key_file: str | None = Field(None, description="client key (PEM)")
+    insecure: bool = Field(False, description="skip hostname verification (test CAs only)")
 
 
 class BrokerSettings(Section):
     """How livefit reaches its MQTT broker."""
 
-    # "auto", one URL, or a cluster's nodes: a list of URLs or one string of URLs separated by
-    # commas (an environment variable); clients fail over between them (server/mqtt/failover.py).
-    url: str | list[str] = "auto"
-    client_id: str = "livefit-learner"
-    protocol: Literal["5", "3.1.1"] = "5"
-    keepalive_s: int = Field(30, ge=5, le=3600)
-    session_expiry_s: int = Field(86400, ge=0)
-    receive_maximum: int = Field(1000, ge=1, le=65535)
-    reconnect_min_s: float = Field(0.5, gt=0)
-    reconnect_max_s: float = Field(5.0, gt=0)
-    connect_timeout_s: float = Field(10.0, gt=0)
-    # No PUBLISH larger than this is sent (it is counted as refused); the broker's own limit,
-    # sent in an MQTT 5 CONNACK, applies too. Set it for an MQTT 3.1.1 broker with a limit
-    # (mosquitto max_packet_size, AWS IoT Core 128 KB): a larger packet makes the broker drop
-    # the connection. A snapshot over it is announced by a manifest and pulled over HTTP.
-    max_packet_size_bytes: int | None = Field(None, ge=1024)
+    url: str | list[str] = Field(
+        "auto",
+        description=(
+            '`"auto"`, `mqtt://[user:pass@]host:port` or `mqtts://...`, or a cluster\'s nodes (a '
+            "list, or URLs separated by commas), tried in turn: see [The broker](#the-broker) "
+            "above; credentials in the URL are never logged"
+        ),
+    )
+    client_id: str = Field(
+        "livefit-learner",
+        description=(
+            "fixed MQTT client id prefix: each model has its own session `<client_id>-<model>` "
+            "(its own receive window and backpressure), which the broker keeps (with "
+            "unacknowledged samples) across restarts; replicas derive their own ids from it. Two "
+            "processes must not share it: the broker then disconnects one for the other. livefit "
+            "logs it naming the id (a session taken over, or dropped three times in a row within 5 "
+            "s of connecting, as mosquitto 2.0 does), answers readiness 503 naming it for 30 s, "
+            "and waits 30 s before reconnecting, so the session stays with one of the two instead "
+            "of changing hands every second. The default stays a fixed name: a learner's "
+            "persistent session (its queued samples) is found by it across restarts and upgrades"
+        ),
+    )
+    protocol: Literal["5", "3.1.1"] = Field(
+        "5",
+        description=(
+            '`"5"` or `"3.1.1"`, for every MQTT client of the process (learner, replicas\' '
+            "weight stream; the weight stream carries its signature in the payload, so it works "
+            'over both). With `"5"`, a broker that refuses MQTT 5 as unsupported (amqtt) is '
+            "spoken to over 3.1.1, with a warning"
+        ),
+    )
+    keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keepalive")
+    session_expiry_s: int = Field(
+        86400,
+        ge=0,
+        description="how long the broker keeps the learner's session while it is away (MQTT 5)",
+    )
+    receive_maximum: int = Field(
+        1000,
+        ge=1,
+        le=65535,
+        description=(
+            "unacknowledged messages the broker may send at once: the bound on in-memory messages, "
+            "and the backpressure window"
+        ),
+    )
+    reconnect_min_s: float = Field(
+        0.5,
+        gt=0,
+        description="first reconnect delay (whole seconds, at least 1, as paho takes them)",
+    )
+    reconnect_max_s: float = Field(5.0, gt=0, description="reconnect backoff ceiling")
+    connect_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "how long start waits for the first connection before going on (paho keeps retrying). "
+            "While the broker cannot be reached, the log says so at the first failed attempt and "
+            "then 1, 2, 4 ... up to 60 s apart, with the count of attempts, and readiness is 503 "
+            "with `model <name>: MQTT broker at <url> unreachable (<n> connection attempts "
+            "failed)`. A broker that answers and refuses (a wrong user or password, an ACL) is "
+            "logged likewise as `refused the connection: Not authorized; check the user and "
+            "password in broker.url ...`, and readiness says so. Replicas do the same for their "
+            "weight stream; the dashboard's status line shows what readiness says"
+        ),
+    )
+    max_packet_size_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description=(
+            "no PUBLISH larger than this is sent; the broker's own Maximum Packet Size (MQTT 5 "
+            "CONNACK: mosquitto `max_packet_size`) applies too, so set this only for an MQTT 3.1.1 "
+            "broker with a limit (AWS IoT Core: 128 KB). A broker drops the connection of a client "
+            "that sends more (ingestion with it); a snapshot over the limit is announced by a "
+            "manifest and pulled over HTTP, and any other message over it is not sent, counted in "
+            '`livefit_broker_publish_refused_total{reason="over_max_packet_size"}` and logged '
+            "naming the limit"
+        ),
+    )
     tls: TlsSettings = TlsSettings()
 
     @field_validator("url")
@@ -92,33 +179,116 @@ class BrokerSettings(Section):
 class HttpSettings(Section):
     """Where the HTTP API listens, and the address other processes use to reach it."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    public_url: str | None = None  # default http://<host>:<port>; replicas sharing it pull here
-    token: SecretStr | None = None  # bearer token: HTTP labels, weight downloads (and predictions)
-    protect_predictions: bool = False  # require the token on prediction and model endpoints
-    body_timeout_s: float = Field(10.0, gt=0)  # a request body must arrive within this
-    # Connection limits (server/http/connections.py): a request head must arrive within
-    # header_timeout_s (of the connection opening, or of a later request's first byte), an idle
-    # connection is closed after keep_alive_timeout_s, a head over max_header_bytes gets 431,
-    # and at most max_connections are open (the oldest idle or head-sending one makes room).
-    header_timeout_s: float = Field(10.0, gt=0)
-    keep_alive_timeout_s: float = Field(5.0, gt=0)
-    max_connections: int = Field(1000, ge=16)
-    max_header_bytes: int = Field(65536, ge=1024)
-    # Processes answering HTTP on http.port. `livefit replica`: that many whole replicas
-    # (server/runtime/workers.py; unset, 0 and 1 all mean one process). `livefit serve`:
-    # N >= 1 splits the learner into a training process and N serving processes
-    # (server/runtime/learner_group.py); unset, the same with one serving process per usable
-    # core beside training's, 1 to 4 (server/config/machine.py); 0 keeps the whole learner
-    # in one process, predictions served beside training.
-    workers: int | None = Field(None, ge=0, le=64)
-    # A process of a group (above: a serving process, a split learner's training process) that
-    # has not beaten for this long (SIGSTOPped, or wedged: a serving process's event loop, the
-    # training process's main thread) is SIGKILLed and started again (server/base/heartbeat.py);
-    # 0 turns the check off; otherwise at least MIN_WORKER_TIMEOUT_S (a serving process beats
-    # every second: below a few beats the check kills processes that run).
-    worker_timeout_s: float = Field(30.0, ge=0)
+    host: str = Field("127.0.0.1", description="listen address (`0.0.0.0` in containers)")
+    port: int = Field(8000, ge=0, le=65535, description="listen port (`--port` overrides)")
+    public_url: str | None = Field(
+        None,
+        description=(
+            "how other processes reach this one; a replica sharing the learner's config (where "
+            "this names the learner) pulls large snapshots from it unless `weights.pull_url` is set"
+        ),
+        json_schema_extra={"unset": "`http://<host>:<port>`"},
+    )
+    token: SecretStr | None = Field(
+        None,
+        description=(
+            "bearer token: required on `GET /v1/models/<name>/weights` (replicas send it when "
+            "pulling) and on `POST /v1/models/<name>/labels` (a label trains the model); prefer "
+            "`LIVEFIT_HTTP__TOKEN`; never logged"
+        ),
+    )
+    protect_predictions: bool = Field(
+        False,
+        description=(
+            "require the token on prediction and model endpoints too (health and `/metrics` stay "
+            "open for probes and scrapers)"
+        ),
+    )
+    body_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a request body that has not fully arrived by then gets 408",
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "a request head (request line and headers) must arrive within this long of the "
+            "connection opening, or of the first byte of a later request on it; a partial head "
+            "then gets 408 and the connection is closed, a connection that sent nothing is closed. "
+            "uvicorn has no such timeout (see [Connections](http.md#connections))"
+        ),
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="an idle connection between requests is closed after this long",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=16,
+        description=(
+            "open connections at most (lowered to the open-file limit less 128, with a warning); "
+            "at the cap a new connection takes the place of the oldest one with no request in "
+            "progress, and is answered 503 (`Retry-After: 1`) and closed only when every "
+            "connection has one"
+        ),
+    )
+    max_header_bytes: int = Field(
+        65536,
+        ge=1024,
+        description="a larger request head gets 431 and the connection is closed",
+    )
+    workers: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description=(
+            "serving processes behind `http.port` (`--workers`); the parent binds the port and "
+            "supervises them, the kernel gives each new connection to one of them; each process's "
+            'log lines carry `[worker i]` (`"worker": i` in JSON logs), a split learner\'s '
+            "training process `[training]`. `livefit replica`: N whole replicas (unset, 0 or 1: "
+            "one process). `livefit serve`: N ≥ 1, a training process and N serving processes (the "
+            "learner split; see [Processes](design.md#processes)); unset, the same with one "
+            "serving process per usable core beside the training process's (the CPUs of its "
+            "affinity mask, capped by a cgroup CPU quota), at least 1 and at most 4 (each is a "
+            "TensorFlow process of its own: about 300 MB PSS); 0, the whole learner in one "
+            "process, predictions served beside training. Measured on 2 cores (BENCHMARKS.md "
+            '"workers", "interference", "memory", "freshness"): the split at 1 serving '
+            "process answers 1.0-1.2x the requests/s of one process at 64 clients, its p99 while "
+            "training is 1.2-1.4x lower, it trains 1.2-1.7x the samples/s while serving, its own "
+            "serving process answers with a new version 42-52 ms (p99) after the sample's publish; "
+            "it costs about 315 MB more PSS (a second TensorFlow process) and takes longer to be "
+            "ready (16 s against 10 s for a small MLP on this 2-core host: the serving process "
+            "starts once the training process feeds weights). On 1 core it is still 1 serving "
+            "process (not measured there; `--workers 0` if memory is short). "
+            "`tests/unit/test_machine_defaults.py` checks the count"
+        ),
+        json_schema_extra={
+            "unset": (
+                "`serve`: one serving process per usable core beside training's, 1 to 4; "
+                "`replica`: one process"
+            ),
+        },
+    )
+    worker_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description=(
+            "a process of a group (`http.workers` above: a replica group's serving processes, a "
+            "split learner's serving and training processes) that has not run for this long "
+            "(SIGSTOPped, or wedged) is SIGKILLed by the parent and started again, as gunicorn's "
+            "`--timeout` does: each serving process's event loop touches a file in the group's "
+            "private directory every second (the training process's main thread every 0.5 s, with "
+            "its status), and the parent kills a process whose file has not changed for that long "
+            "by the parent's own monotonic clock (so a wall clock stepped forward, or a machine "
+            "resumed from suspend, is not taken for silence). 0 turns it off; otherwise at least 3 "
+            "(a serving process beats once a second; a shorter timeout is refused at load, since "
+            "it would kill processes that run). Tested in `test_learner_group.py` (at 3 s: SIGSTOP "
+            "of a serving process, then of the training process: each killed and started again, "
+            "both serve, every sample trained) and `test_heartbeat.py`"
+        ),
+    )
 
     @field_validator("public_url")
     @classmethod
@@ -158,21 +328,62 @@ class HttpSettings(Section):
 class StorageSettings(Section):
     """Where and how livefit keeps state: write-ahead log, checkpoints, broker persistence."""
 
-    dir: str = "./livefit-data"
-    wal: bool = True  # acknowledge samples only once they are in the write-ahead log
-    fsync: bool = (
-        True  # fsync each WAL commit (and checkpoints): survive power loss, not only crashes
+    dir: str = Field(
+        "./livefit-data",
+        description=(
+            "state: write-ahead log (`wal/`), checkpoints (`checkpoints/<model>/`), the "
+            "persistence of a mosquitto livefit starts"
+        ),
     )
-    wal_segment_bytes: int = Field(64 * 1024 * 1024, ge=4096)
-    wal_group_max: int = Field(1000, ge=1)  # messages per WAL commit at most
-    # A commit waits up to this long for more messages once the inbox is empty (one fsync for
-    # the group); 0: commit as soon as the inbox is empty.
-    wal_commit_window_ms: float = Field(1.0, ge=0, le=1000)
+    wal: bool = Field(
+        True,
+        description=(
+            "acknowledge a sample message only once it is in the write-ahead log (see "
+            "[guarantees](guarantees.md))"
+        ),
+    )
+    fsync: bool = Field(
+        True,
+        description=(
+            "fsync each log commit and checkpoint (survives power loss, not only process crashes)"
+        ),
+    )
+    wal_segment_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=4096,
+        description=(
+            "log segment size; whole segments are deleted once every model's previous checkpoint "
+            "(the one a corrupt newest checkpoint falls back to) is past them"
+        ),
+    )
+    wal_group_max: int = Field(
+        1000,
+        ge=1,
+        description="messages committed (one fsync) and acknowledged together at most",
+    )
+    wal_commit_window_ms: float = Field(
+        1.0,
+        ge=0,
+        le=1000,
+        description=(
+            "once the inbox is empty, a commit waits up to this long for more messages, so one "
+            "fsync covers them (it was one fsync per message or two at a few thousand messages/s); "
+            "it adds at most this much to a message's acknowledgement and freshness; `0`: commit "
+            "at once"
+        ),
+    )
 
 
 class LoggingSettings(Section):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    json_format: bool = Field(False, alias="json")
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO",
+        description=(
+            "`DEBUG`, `INFO`, `WARNING`, `ERROR`. At `INFO` the learner logs the first weights it "
+            "publishes and then one line per 30 s per model (how many versions, which range), and "
+            "a replica likewise for the versions it serves; `DEBUG` adds a line per version"
+        ),
+    )
+    json_format: bool = Field(False, alias="json", description="one JSON object per log line")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, coerce_numbers_to_str=True)
 
@@ -185,21 +396,49 @@ class TensorFlowSettings(Section):
     the trainers train on, for the whole process. Fewer intra-op threads leave cores to the
     event loop when one process both trains and serves on a small machine."""
 
-    intra_op_threads: int = Field(0, ge=0, le=1024)
-    # 0: TensorFlow's default, except in a split learner's training process that trains one
-    # model on the CPU, which takes 1 (``training_process.TRAINING_INTER_OP_THREADS``: measured
-    # faster there)
-    inter_op_threads: int = Field(0, ge=0, le=1024)
-    # The devices each trainer trains on, mirrored (tf.distribute.MirroredStrategy: every
-    # batch split across them, gradients summed): "auto" is every visible GPU where there are
-    # two or more, else the model's own `device`; or a list such as ["GPU:0", "GPU:1"]. A
-    # model whose `device` is not "auto" trains on that one device. Serving stays on one
-    # device (the model's `device`). A named device TensorFlow does not see stops a learner.
-    devices: Literal["auto"] | list[str] = "auto"
-    # Split the CPU into this many logical devices (CPU:0 .. CPU:n-1) before TensorFlow starts,
-    # to try and test the several-device path without GPUs (0: do not split). On its own it
-    # changes nothing: name the devices in `devices`. Not faster: the CPU's cores are shared.
-    logical_cpu_devices: int = Field(0, ge=0, le=64)
+    intra_op_threads: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description=(
+            "threads one TensorFlow op may use, for the whole process (`0`: TensorFlow's default, "
+            "one per core)"
+        ),
+    )
+    # 0 lets a split learner's training process take 1: BENCHMARKS.md#trainer-throughput
+    inter_op_threads: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description=(
+            "ops TensorFlow runs at once (`0`: its default, one per core; a split learner's "
+            "training process that trains one model on the CPU then takes 1: it serves nothing, "
+            "and its pipelined trainer measured 1.11-1.40x faster at batch 256 and 1,024 on 2 "
+            'cores, BENCHMARKS.md "trainer")'
+        ),
+    )
+    devices: Literal["auto"] | list[str] = Field(
+        "auto",
+        description=(
+            "the devices each trainer trains on, mirrored (`tf.distribute.MirroredStrategy`: each "
+            'batch split across them, gradients summed): `"auto"` is every visible GPU where '
+            'there are two or more, else the model\'s `device`; or a list such as `["GPU:0", '
+            '"GPU:1"]`. A model whose `device` is not `"auto"` trains on that one device; '
+            "serving stays on one device. A listed device TensorFlow does not see stops `livefit "
+            "serve` (exit 2; a replica never trains and ignores it). See "
+            "[operations](operations.md#several-devices)"
+        ),
+    )
+    logical_cpu_devices: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description=(
+            "split the CPU into this many logical devices (`CPU:0` .. `CPU:n-1`) before TensorFlow "
+            "starts, to try and test the several-device path without GPUs (`0`: do not split); "
+            "name them in `devices` to use them. Not faster: they share the same cores"
+        ),
+    )
 
     @field_validator("devices")
     @classmethod
@@ -223,28 +462,51 @@ class TensorFlowSettings(Section):
 class ProcessSettings(Section):
     """Operating-system settings of a split learner's processes (``http.workers`` >= 1)."""
 
-    # Added to the niceness of the training process's threads that train (ingestion, trainers,
-    # TensorFlow's pools; not the main thread's status and metrics answers). When training and
-    # serving both want the cores, the kernel gives them to the serving processes first; an
-    # idle machine still trains at full speed. Default 0 (equal shares): at 10 the training
-    # threads starved whenever anything else saturated the machine (BENCHMARKS "interference").
-    training_niceness: int = Field(0, ge=0, le=19)
-    # The CPUs the training process runs on (every thread of it: ingestion, trainers,
-    # TensorFlow's pools, whose intra-op pool is sized to match unless
-    # `tensorflow.intra_op_threads` is set). "auto": the usable cores less one per serving
-    # process, at least 1 (1 of 2 cores; 4 of 8 with the default 4 serving processes); N: N
-    # cores; 0: every core (before issue #29). The training process gets the highest-numbered
-    # cores; the serving processes may run on every core, so while requests queue they have the
-    # cores training may not take (BENCHMARKS.md "interference").
-    training_cores: Literal["auto"] | int = Field("auto")
-    # The CPUs the serving processes run on. "all": every core, the training process's too;
-    # "others": the cores `training_cores` leaves (every core when training is not pinned), so
-    # a busy training process never shares a core with an event loop. Measured side by side in
-    # BENCHMARKS.md "interference": on 2 cores "others" served more requests under load but
-    # with the worst p99 on one host (6.95x idle against 2.86x, 2026-11-26), the load client
-    # then sharing the serving core, and level on another (3.04x against 3.02x, 2026-11-27);
-    # never better, so "all" by default.
-    serving_cores: Literal["all", "others"] = Field("all")
+    # 0: at 10, training starves under load (BENCHMARKS.md#interference-predictions-while-training)
+    training_niceness: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description=(
+            "a split learner (`http.workers` ≥ 1): added to the niceness of the training process's "
+            "threads that train (ingestion, trainers, TensorFlow's pools, checkpoint and weight "
+            "writers; not its main thread, which sends its status and answers its metrics), so "
+            "that when training and serving both want the cores the kernel gives them to the "
+            "serving processes first. Measured on 2 cores with predictions saturating the machine "
+            '(BENCHMARKS.md "interference"): at 10, 1.20x the requests/s of 0 and a p99 1.69x '
+            "idle against 1.90x, while training gets about a third of the samples/s (10,600 "
+            "against 34,000). Not the default: at 10 training starves whenever anything else "
+            "saturates the machine"
+        ),
+    )
+    # "auto" leaves serving a core: BENCHMARKS.md#interference-predictions-while-training
+    training_cores: Literal["auto"] | int = Field(
+        "auto",
+        description=(
+            "a split learner (`http.workers` ≥ 1): the CPUs its training process runs on (every "
+            'thread of it but the one that forks a broker it starts). `"auto"`: the usable cores '
+            "less one per serving process, at least 1 (1 of 2 cores, 4 of 8 with 4 serving "
+            "processes); N: N cores; 0: every core (before issue #29). It takes the "
+            "highest-numbered cores of the process's CPU mask and sizes TensorFlow's intra-op pool "
+            "to them unless `tensorflow.intra_op_threads` is set; the serving processes keep every "
+            "core, so queued predictions find a core training cannot take (unless "
+            '`processes.serving_cores` is "others"). Measured in BENCHMARKS.md "interference"'
+        ),
+    )
+    # "all": "others" was never better (BENCHMARKS.md#interference-predictions-while-training)
+    serving_cores: Literal["all", "others"] = Field(
+        "all",
+        description=(
+            'a split learner: the CPUs its serving processes run on. `"all"`: every core, the '
+            'training process\'s too; `"others"`: the cores `processes.training_cores` leaves '
+            "(every core when training is not pinned), so a saturated training process never "
+            "shares a core with an event loop, at the cost of the serving processes never using "
+            "the training cores when training is idle. Set before any thread starts. Measured side "
+            'by side in BENCHMARKS.md "interference": on 2 cores it served more requests under '
+            'load, but with the worst p99 on one host (6.95x idle against 2.86x for "all", '
+            "2026-11-26) and a level one on another (3.04x against 3.02x, 2026-11-27)"
+        ),
+    )
 
     @field_validator("training_cores")
     @classmethod

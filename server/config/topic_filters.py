@@ -23,6 +23,15 @@ from __future__ import annotations
 import re
 
 MAX_TOPIC_BYTES = 65_535
+# The rules above as the settings' descriptions state them (docs/configuration.md).
+REFUSED_TOPIC_CHARACTERS = (
+    "U+0000, a control character (U+0001-U+001F, U+007F-U+009F) or a Unicode non-character "
+    "(U+FDD0-U+FDEF, U+FFFE, U+FFFF, ...: mosquitto disconnects a client that sends one)"
+)
+PUBLISHED_TOPIC_RULES = (
+    ". A topic livefit publishes on is a topic name: `+` or `#` in it, over MQTT's 65,535 "
+    f"UTF-8 bytes, or {REFUSED_TOPIC_CHARACTERS} is refused at load, naming the key"
+)
 _PLANE_ENDS = "".join(chr(plane << 16 | low) for plane in range(17) for low in (0xFFFE, 0xFFFF))
 # What a broker refuses in a topic (the module docstring): C0, DEL and C1, and non-characters.
 _REFUSED = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f\\ufdd0-\\ufdef{_PLANE_ENDS}]")

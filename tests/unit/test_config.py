@@ -4,9 +4,13 @@ user meets them in ``livefit serve``: ``tests/e2e/test_config_at_start.py``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import pytest
+from pydantic import BaseModel
 
 from livefit.models.names import BUILTIN_BUILDERS
 from livefit.server.config import settings as config
@@ -569,3 +573,79 @@ def test_the_default_replay_buffer_stays_within_256_mib(
         loss=loss, input_shape=input_shape, output_shape=[1], train={"replay_capacity": 2000}
     )
     assert chosen.resolved_replay_capacity() == 2000
+
+
+def holds_numbers(annotation: Any) -> bool:
+    """Whether a setting of this type takes numbers (``float | Literal["auto"]``, ``list[int]``)."""
+    return annotation in (int, float) or any(holds_numbers(arg) for arg in get_args(annotation))
+
+
+def numeric_settings(model: type[BaseModel], table: str) -> Iterator[tuple[str, Any]]:
+    """(key, type) of every setting that takes numbers, walked from the settings models so that
+    a setting added later is covered; an item of a list of tables is ``<key>.0``."""
+    for name, field in model.model_fields.items():
+        key, annotation = f"{table}.{field.alias or name}".lstrip("."), field.annotation
+        if key == "models":
+            yield from numeric_settings(ModelSettings, "models.demo")
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from numeric_settings(annotation, key)
+        elif get_origin(annotation) is list and issubclass(get_args(annotation)[0], BaseModel):
+            yield from numeric_settings(get_args(annotation)[0], f"{key}.0")
+        elif holds_numbers(annotation):
+            yield key, annotation
+
+
+NUMERIC_SETTINGS = dict(numeric_settings(Settings, ""))
+
+
+def with_a_boolean(key: str, annotation: Any) -> str:
+    """A configuration that sets ``key`` to TOML's ``true`` (``[true]`` for a list of numbers)."""
+    members = (
+        get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+    )
+    scalar = any(member in (int, float) for member in members)
+    line = f"{key.rsplit('.', 1)[1]} = {'true' if scalar else '[true]'}\n"
+    table = key.rsplit(".", 1)[0]
+    if table == "models.demo":  # in place of MINIMAL's own line for the key, if any
+        name = key.removeprefix("models.demo.")
+        return "".join(m for m in MINIMAL.splitlines(True) if not m.startswith(f"{name} =")) + line
+    if table.endswith(".0"):  # one of a list of tables, e.g. selection.candidates
+        return MINIMAL + f"[[{table.removesuffix('.0')}]]\nname = 'b'\n" + line
+    return MINIMAL + f"[{table}]\n" + line
+
+
+@pytest.mark.parametrize("key", sorted(NUMERIC_SETTINGS))
+def test_every_numeric_setting_refuses_a_boolean(tmp_path: Path, key: str) -> None:
+    """TOML's true is 1 to pydantic's int and float: a flag written where a number belongs
+    (``max_batch_size = true``, ``input_shape = [true]``) is refused, naming the key."""
+    text = with_a_boolean(key, NUMERIC_SETTINGS[key])
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), environ={})
+    assert f"{key}: must be a number, not a boolean" in str(caught.value)
+
+
+def test_the_numeric_settings_are_found() -> None:
+    """The walk above reaches every table: a number of each kind, in each place."""
+    assert len(NUMERIC_SETTINGS) > 80
+    for key in ("http.port", "models.demo.learning_rate", "models.demo.input_shape",
+                "models.demo.serve.batch_timeout_ms", "processes.training_cores",
+                "models.demo.labels.default_y", "models.demo.selection.candidates.0.learning_rate",
+                "models.demo.experts.decay"):  # fmt: skip
+        assert key in NUMERIC_SETTINGS
+    assert "storage.wal" not in NUMERIC_SETTINGS and "broker.url" not in NUMERIC_SETTINGS
+
+
+def test_a_boolean_from_the_environment_names_the_variable(tmp_path: Path) -> None:
+    environ = {"LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE": "true"}
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, MINIMAL), environ=environ)
+    assert str(caught.value) == (
+        "invalid configuration: LIVEFIT_MODELS__DEMO__TRAIN__MAX_BATCH_SIZE=true: "
+        "models.demo.train.max_batch_size: must be a number, not a boolean"
+    )
+
+
+def test_booleans_still_set_the_boolean_settings(tmp_path: Path) -> None:
+    text = "[storage]\nwal = false\n" + MINIMAL + "dedup = true\n"
+    settings = load_settings(write(tmp_path, text), environ={})
+    assert (settings.storage.wal, settings.models["demo"].dedup) == (False, True)

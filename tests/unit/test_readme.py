@@ -65,8 +65,8 @@ def test_every_setting_has_a_meaning() -> None:
 
 
 def test_the_settings_tables_are_generated_from_the_models() -> None:
-    """Keys and defaults come from the models: a default changed in code, or a meaning edited
-    in the script, shows here until the file is written again."""
+    """Every column comes from the models: a default or a description changed in code shows
+    here until the file is written again."""
     assert gen_config().rendered(CONFIGURATION) == CONFIGURATION, (
         "docs/configuration.md is out of date: run .venv/bin/python docs/gen_config.py"
     )
