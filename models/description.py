@@ -198,7 +198,7 @@ def _chain(model: keras.Model, keys: dict[int, str]) -> list[dict]:
     for layer in model.layers:
         if isinstance(layer, keras.layers.InputLayer) or any(layer is e for e in experts):
             continue
-        if layer is mixture:
+        if mixture is not None and layer is mixture:
             branches = [_chain(e, keys) if isinstance(e, keras.Model) else [_step(e, keys)]
                         for e in experts]  # fmt: skip
             steps.append({"name": layer.name, "output_shape": list(layer.output.shape[1:]),

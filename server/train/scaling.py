@@ -144,7 +144,7 @@ class RunningStandardizer:
         outside = (x < low) | (x > high)  # NaN is neither: non-finite values are checked apart
         if not outside.any():
             return x, none
-        rows = outside.reshape(x.shape[0], -1).any(axis=1)
+        rows = np.asarray(outside.reshape(x.shape[0], -1).any(axis=1))
         clipped = np.clip(x, low, high).astype(x.dtype, copy=False)
         return clipped, rows
 

@@ -632,6 +632,7 @@ class StepGraph:
         """The replicas' forward and backward passes, then the update once, across replicas:
         rollback, statistics and the experts' mixture as on one device, every copy alike."""
         strategy = self.placement.strategy
+        assert strategy is not None  # step_function picks this step for a strategy only
         replicas = self.replicas
         controls = self._controls(inputs)
         stats = controls.stats
@@ -642,9 +643,10 @@ class StepGraph:
 
         def on_replica(x, y, w, fresh_w, rows, *stats):
             part = [replica_slice(t, replicas) for t in (x, y, w, fresh_w)]
+            xs, ys, ws, fresh_ws = part
             if not experts:  # no errors: a None is no value a replica can return
-                return tuple(self.forward(*part[:3], rows, stats))[:-1]
-            return tuple(self.forward(*part[:3], rows, stats, None, part[3], fresh))
+                return tuple(self.forward(xs, ys, ws, rows, stats))[:-1]
+            return tuple(self.forward(xs, ys, ws, rows, stats, None, fresh_ws, fresh))
 
         def gathered(values) -> tf.Tensor:
             return tf.concat(strategy.experimental_local_results(values), axis=0)
