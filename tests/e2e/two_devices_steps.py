@@ -23,7 +23,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from livefit.server.config.model import ModelSettings  # noqa: E402
-from livefit.server.train.modeling import build_compiled, make_loss  # noqa: E402
+from livefit.server.train.modeling import build_compiled, experts_rule, make_loss  # noqa: E402
 from livefit.server.train.placement import Placement  # noqa: E402
 from livefit.server.train.train_step import TrainStep  # noqa: E402
 from livefit.server.train.update_policy import UpdatePolicy  # noqa: E402
@@ -55,13 +55,19 @@ def trainer_parts(
     step = TrainStep(
         model, make_loss(settings), [4], settings.resolved_target_shape(), device,
         weight_average=settings.train.weight_average if average else 0.0, rewindable=average,
+        experts=experts_rule(settings),  # the default model: the network and a linear expert
     )  # fmt: skip
     step.warm_up()
     return step, UpdatePolicy(settings, step, seed=settings.seed)
 
 
 def largest_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return max(float(np.max(np.abs(u - v), initial=0.0)) for u, v in zip(a, b, strict=True))
+    """The largest difference, relative where a value is over 1: the experts' recent errors
+    are sums of hundreds of samples', which the devices add up in another order."""
+    return max(
+        float(np.max(np.abs(u - v) / np.maximum(1.0, np.abs(v)), initial=0.0))
+        for u, v in zip(a, b, strict=True)
+    )
 
 
 def compare(name: str, options: dict, two: Placement) -> dict:
