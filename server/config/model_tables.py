@@ -739,15 +739,18 @@ class ExpertsSettings(Section):
             "(0.998: about the last 500 samples), so the mixture follows a drift"
         ),
     )
+    # 0.3: the best of 0.1, 0.3, 0.5, 1 and 3 over 15 streams (BENCHMARKS.md#learning-quality)
     rate: float = Field(
-        1.0,
+        0.3,
         gt=0,
         le=1000,
         allow_inf_nan=False,
         description=(
             "Hedge's rate: an expert's share is proportional to exp(-rate * its recent error), "
-            "counted in wrong predictions for a classifier and in standardized absolute errors "
-            "(the targets' units without target scaling) otherwise"
+            "counted in wrong predictions (plus a tenth of the loss) for a classifier and in "
+            "standardized absolute errors (the targets' units without target scaling) "
+            "otherwise; of the order of Hedge's sqrt(8 ln 2 / 500) for two experts over the "
+            "decay's window, so that close experts share and a clearly better one takes over"
         ),
     )
     linear_learning_rate: float = Field(

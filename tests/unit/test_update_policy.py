@@ -196,10 +196,11 @@ def test_drift_fires_on_abrupt_change_not_on_a_stationary_stream() -> None:
     assert drifts == [1]
 
 
+@pytest.mark.parametrize("experts", [True, False])
 @pytest.mark.parametrize("start_lr_factor", [1.0, 2.0])
 @pytest.mark.parametrize("loss", ["mse", "binary_crossentropy"])
 def test_no_drift_on_a_noiseless_stream_learned_towards_zero_loss(
-    loss: str, start_lr_factor: float
+    loss: str, start_lr_factor: float, experts: bool
 ) -> None:
     """Page-Hinkley measures deviations in running standard deviations; a stream without noise,
     whose loss shrinks by orders of magnitude as the default network learns it, must not look
@@ -211,13 +212,16 @@ def test_no_drift_on_a_noiseless_stream_learned_towards_zero_loss(
     steps per batch (the default for regression losses) it overshoots the same way without
     the boost (measured: one detection at batch 1,118, the windowed loss 76 times its lowest).
     So there a detection is allowed only where the loss over the window had risen to at
-    least 10 times its lowest value so far; the classifier without the boost must see none."""
+    least 10 times its lowest value so far; the classifier without the boost must see none.
+    With experts (the default) the classifier's served log loss falls less, 5 times: the
+    linear expert, right as often, keeps a share of the mixture with its less sharp
+    probabilities."""
     drifts: list[int] = []
     classify = loss == "binary_crossentropy"
     options = {"output_activation": "sigmoid"} if classify else {}
     t = trainer(
         drifts=drifts, builder="mlp", builder_options=options, loss=loss,
-        train={"start_lr_factor": start_lr_factor},
+        train={"start_lr_factor": start_lr_factor}, experts={"enabled": experts},
     )  # fmt: skip
     rng = np.random.default_rng(0)
     w = rng.normal(size=(3, 1))
@@ -231,7 +235,8 @@ def test_no_drift_on_a_noiseless_stream_learned_towards_zero_loss(
         losses.append(t.scores.scores["loss"].value)
         if len(drifts) > seen:
             rises.append(losses[-1] / min(losses))
-    assert losses[-1] < losses[10] / 10  # the loss fell by more than an order of magnitude
+    fell = 5 if experts and classify else 10
+    assert losses[-1] < losses[10] / fell  # the loss fell by (nearly) an order of magnitude
     if start_lr_factor == 1.0 and classify:
         assert drifts == []
         assert t.policy.drift is not None and t.policy.drift.detections == 0
