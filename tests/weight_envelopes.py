@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -38,9 +39,9 @@ class Weights:
 
     @classmethod
     def of(cls, builder: str, options: dict | None = None, seed: int = 1, dim: int = 8,
-           **build: str) -> Weights:  # fmt: skip
-        """``build_model``'s network (``build``: its ``loss``, ``scaling``, ...; input scaling
-        unless told), with its description."""
+           **build: Any) -> Weights:  # fmt: skip
+        """``build_model``'s network (``build``: its ``loss``, ``scaling``, ``experts``, ...;
+        input scaling unless told), with its description."""
         build = {"scaling": "standardize", **build}
         model = build_model(builder, [dim], [1], options or {}, seed=seed, **build)
         text = description_json(describe(model, loss=build.get("loss", "mse")))

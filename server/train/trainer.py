@@ -150,9 +150,10 @@ class Trainer:
             rewindable=self.pipelined,
             experts=experts_rule(settings),
         )
-        self.policy = UpdatePolicy(
-            settings, self.step, self.hooks.drift_detected, seed=settings.seed
-        )
+        # A drift found during a step is reported once the step is counted, so that the
+        # event's samples_seen includes the batch that showed it.
+        self._drift_found: int | None = None
+        self.policy = UpdatePolicy(settings, self.step, self._found_drift, seed=settings.seed)
         # Online model selection: more candidates beside this policy's model (selection.py)
         self.candidates = (
             CandidateSet(name, settings, self.policy, placement)
@@ -486,6 +487,9 @@ class Trainer:
             return
         self.version += learned.steps
         self.samples_seen += len(batch)
+        if self._drift_found is not None:
+            detections, self._drift_found = self._drift_found, None
+            self.hooks.drift_detected(detections)
         if batch.newest_published_at is not None:
             self._newest_published_at = max(
                 batch.newest_published_at, self._newest_published_at or 0.0
@@ -494,6 +498,9 @@ class Trainer:
         self._record(batch, learned, elapsed)
         if self.candidates is not None:
             self._select()
+
+    def _found_drift(self, detections: int) -> None:
+        self._drift_found = detections
 
     def _select(self) -> None:
         """Serve the best candidate (with hysteresis); count, log and report a switch."""

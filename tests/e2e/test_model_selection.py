@@ -91,6 +91,9 @@ def test_the_better_candidate_wins_and_serving_follows_it(
             '[[models.demo.selection.candidates]]\nname = "fast"\nlearning_rate = 0.05'
         ),
         train="max_batch_size = 20",  # a step per message: 100 steps
+        # the experts' linear expert (its own SGD) would rescue the slow configured candidate:
+        # selection is shown between networks alone
+        experts="enabled = false",
     )
     config = learner_config(broker, tmp_path / "data", "model-selection", demo)
     server = LivefitProcess(config, tmp_path).start()

@@ -96,6 +96,25 @@ def served(replica: LivefitProcess) -> int:
     return int(replica.metric("livefit_serving_version", model="demo"))
 
 
+def settled(learner: LivefitProcess, replica: LivefitProcess, samples: int) -> int:
+    """The version the replica serves once the learner has trained ``samples`` and published
+    nothing newer for 0.5 s (2.5 publish intervals), and the replica serves it."""
+    learner.wait_for_metric("livefit_train_samples_total", samples, model="demo")
+
+    def published() -> int:
+        return int(learner.metric("livefit_published_version", model="demo"))
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        wanted = published()
+        if served(replica) >= wanted:
+            time.sleep(0.5)
+            if published() == wanted:
+                return served(replica)
+        time.sleep(0.1)
+    raise AssertionError(f"replica at v{served(replica)} never caught up with the learner")
+
+
 def predict(replica: LivefitProcess) -> httpx.Response:
     return httpx.post(f"{replica.url}/v1/models/demo:predict",
                       json={"instances": [[0.1] * 8]}, timeout=30)  # fmt: skip
@@ -106,8 +125,8 @@ def test_garbage_on_the_weight_topic_is_a_few_lines_and_every_message_counted(
 ) -> None:
     """2,000 garbage messages produced 1,908 WARNING lines (360 KB) on the replica."""
     replica, learner = fleet.replica, fleet.learner
+    version = settled(learner, replica, 200)  # no real snapshot arrives during the flood
     before, offset = counted(replica, REFUSED), replica.log.stat().st_size
-    version = served(replica)
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     client.connect("127.0.0.1", fleet.broker.port)
     client.loop_start()

@@ -127,7 +127,7 @@ def setup(broker: Mosquitto, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
     workdir = tmp_path_factory.mktemp("pull")
     origin, attacker = RecordingServer(), RecordingServer()
-    key, weights = SigningKey.generate(), Weights.of("linear")
+    key, weights = SigningKey.generate(), Weights.of("linear", experts=True)  # as learners build
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     client.connect("127.0.0.1", broker.port)
     client.loop_start()

@@ -252,7 +252,7 @@ def test_forged_weights_are_refused_and_the_next_real_ones_taken(
     learner_key = parse_signing_key(default_key_path(storage).read_bytes())
     before_version = serving_version(replica)
     before_outputs = predict(replica)
-    weights = Weights.of("mlp", {"hidden_units": [16]})
+    weights = Weights.of("mlp", {"hidden_units": [16]}, experts=True)  # the learner's defaults
     mqtt = Mqtt(broker)
     try:
         for expected, message in forged(weights, learner_key, TOPIC):

@@ -110,6 +110,29 @@ def answer(protocol: str, parsed: ParsedRequest, outputs: np.ndarray, name: str)
     return format_oip(parsed, outputs, name, VERSION)
 
 
+def first_number_null(body: Any) -> Any:
+    """``body`` with its first output value (under ``predictions`` or an output's ``data``)
+    written as null."""
+    done = False
+
+    def walk(value: Any, key: str = "") -> Any:
+        nonlocal done
+        if isinstance(value, dict):
+            return {k: walk(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, key) for v in value]
+        if (
+            isinstance(value, int | float)
+            and key in ("predictions", "outputs", "data")
+            and not done
+        ):
+            done = True
+            return None
+        return value
+
+    return walk(body)
+
+
 def build_app(seen: Seen) -> FastAPI:
     """Both livefit prediction protocols, status routes and readiness, over scripted models."""
     app = FastAPI()
@@ -122,10 +145,9 @@ def build_app(seen: Seen) -> FastAPI:
             parsed = parse(protocol, await request.body())
         except RequestError as exc:
             return error(exc.status, exc.message)
-        outputs = parsed.rows * 2
-        if name == "nan":
-            outputs[0, 0] = np.nan
-        body = answer(protocol, parsed, outputs, name)
+        body = answer(protocol, parsed, parsed.rows * 2, name)
+        if name == "nan":  # livefit answers 422 instead; other servers write NaN as null
+            body = first_number_null(body)
         return JSONResponse(body, headers={"X-Model-Version": str(VERSION)})
 
     @app.post("/v1/models/{name}:predict")
