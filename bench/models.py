@@ -30,6 +30,9 @@ class ModelSpec:
     # livefit's default: every side of a comparison runs the same network, the Standardize layer
     # in front included (it is the identity until a learner has seen data)
     scaling: str = "standardize"
+    # livefit's default too: what it serves is the network and the linear expert in their
+    # mixture (livefit.models.experts), so every side computes that same model
+    experts: bool = True
 
     def describe(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
@@ -37,6 +40,7 @@ class ModelSpec:
         return (
             f"{self.builder} ({opts or 'defaults'}), input {shape}, output {self.output_shape[0]}"
             + (", Standardize layer in front" if self.scaling == "standardize" else "")
+            + (", with the linear expert beside it" if self.experts else "")
         )
 
     def build(self, compiled: bool = False):
@@ -52,6 +56,7 @@ class ModelSpec:
             self.options,
             seed=self.seed,
             scaling=self.scaling,
+            experts=self.experts,
         )
         if compiled:
             optimizer = keras.optimizers.get(
@@ -76,6 +81,7 @@ class ModelSpec:
             "optimizer": self.optimizer,
             "learning_rate": self.learning_rate,
             "scaling": self.scaling,
+            "experts": self.experts,
         }
 
     @classmethod
@@ -91,6 +97,7 @@ class ModelSpec:
             optimizer=data["optimizer"],
             learning_rate=data["learning_rate"],
             scaling=data.get("scaling", "standardize"),
+            experts=data.get("experts", True),
         )
 
     def table(self) -> dict[str, Any]:
@@ -98,6 +105,8 @@ class ModelSpec:
         table = self.to_json()
         del table["name"]
         table["builder_options"] = table.pop("options")
+        if not table.pop("experts"):
+            table["experts"] = {"enabled": False}
         return table
 
     def rows(self, n: int, seed: int = 1) -> np.ndarray:
