@@ -1,28 +1,27 @@
 """Encode samples into the MQTT payload the server decodes (server/wire/codec.py).
 
-The contract: a JSON or msgpack map with ``x`` and ``y`` and optional ``w``, ``id``, ``ts``,
-``source``, ``seq``, ``epoch``. A single sample's ``x`` has the model's input shape; a batch
-adds a leading dimension of N, with ``y`` N targets and ``w`` N weights. With msgpack and
-``raw=True`` each of ``x``, ``y`` and a batch's ``w`` is a little-endian buffer
-``{"dtype": "<f4", "shape": [...], "data": <bytes>}`` instead of nested lists.
+The contract: a map in one of ``formats.FORMATS`` (JSON, msgpack) with ``x`` and ``y`` and
+optional ``w``, ``id``, ``ts``, ``source``, ``seq``, ``epoch``. A single sample's ``x`` has the
+model's input shape; a batch adds a leading dimension of N, with ``y`` N targets and ``w`` N
+weights. In a binary format (msgpack) and with ``raw=True`` each of ``x``, ``y`` and a batch's
+``w`` is a little-endian buffer ``{"dtype": "<f4", "shape": [...], "data": <bytes>}`` instead
+of nested lists.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import msgpack
 import numpy as np
 
-from livefit.server.wire.encoding import CONTENT_TYPES, Format, raw_buffer
+from livefit.server.wire.formats import format_named, raw_buffer
 
 
 def encode_samples(
     x: np.ndarray,
     y: np.ndarray,
     *,
-    fmt: Format,
+    fmt: str,
     batched: bool,
     raw: bool = False,
     w: float | np.ndarray | None = None,
@@ -35,13 +34,11 @@ def encode_samples(
     """One message holding one sample (``batched=False``) or ``len(x)`` samples.
 
     ``w`` is a number for a single sample; for a batch, a number (given to every sample) or N
-    numbers. Raises ValueError for non-finite values or disagreeing sample counts, and TypeError
-    for non-numeric arrays, so that a message the server would reject is never sent.
+    numbers. Raises ValueError for an unknown ``fmt`` (or ``raw`` in a format without bytes),
+    non-finite values or disagreeing sample counts, and TypeError for non-numeric arrays, so
+    that a message the server would reject is never sent.
     """
-    if fmt not in CONTENT_TYPES:
-        raise ValueError(f"fmt must be one of {sorted(CONTENT_TYPES)}, got {fmt!r}")
-    if raw and fmt != "msgpack":
-        raise ValueError("raw buffers need fmt='msgpack' (JSON has no bytes type)")
+    wire_format = format_named(fmt, raw)
     x_array, y_array = _numeric(x, "x"), _numeric(y, "y")
     weights = _weights(w, x_array, y_array, batched)
     encode = raw_buffer if raw else _nested
@@ -50,9 +47,7 @@ def encode_samples(
         document["w"] = encode(weights) if batched else float(weights)
     optional = {"id": id, "ts": ts, "source": source, "seq": seq, "epoch": epoch}
     document.update({key: value for key, value in optional.items() if value is not None})
-    if fmt == "json":
-        return json.dumps(document, allow_nan=False, separators=(",", ":")).encode()
-    return msgpack.packb(document, use_bin_type=True)
+    return wire_format.encode(document)
 
 
 def _numeric(value: Any, name: str) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from livefit.server.wire.encoding import CONTENT_TYPES
+from livefit.server.wire.formats import FORMATS
 
 from .publish_window import MAX_WINDOW
 
@@ -84,12 +84,12 @@ def _add_stream_options(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--format",
-        choices=sorted(CONTENT_TYPES),
+        choices=sorted(FORMATS),
         default="msgpack",
         dest="fmt",
         help="payload format (default %(default)s)",
     )
-    add("--raw", action="store_true", help="msgpack raw little-endian buffers instead of lists")
+    add("--raw", action="store_true", help="raw little-endian buffers instead of lists (msgpack)")
     add("--qos", type=int, choices=(0, 1), default=1, help="MQTT QoS (default %(default)s)")
     add(
         "--window",

@@ -32,7 +32,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from livefit.server.config.broker_urls import BrokerAddress, parse_broker_urls
 from livefit.server.config.sections import BrokerSettings
 from livefit.server.mqtt.failover import Failover
-from livefit.server.wire.encoding import CONTENT_TYPES, Format
+from livefit.server.wire.formats import format_named
 
 from .pacing import Chunks, RatePacer, split_messages
 from .payloads import encode_samples
@@ -60,7 +60,7 @@ class SamplePublisher:
         broker_url: str,
         topic: str,
         *,
-        fmt: Format = "msgpack",
+        fmt: str = "msgpack",
         raw: bool = False,
         qos: int = 1,
         window: int = 1000,
@@ -76,10 +76,7 @@ class SamplePublisher:
         """``fall_back_to_311``: with ``protocol`` 5, speak MQTT 3.1.1 to a broker that refuses
         5 as unsupported (``protocol`` then says which was used). ``epoch``: this run's number
         (default: a random one); give the same one only to continue a run's ``seq``."""
-        if fmt not in CONTENT_TYPES:
-            raise ValueError(f"format must be one of {sorted(CONTENT_TYPES)}, got {fmt!r}")
-        if raw and fmt != "msgpack":
-            raise ValueError("raw buffers need the msgpack format")
+        self._format = format_named(fmt, raw)  # ValueError for an unknown one
         if qos not in (0, 1):
             raise ValueError(f"qos must be 0 or 1, got {qos}")
         self._window = PublishWindow(window, ack_timeout_s)  # ValueError for a bad ``window``
@@ -291,7 +288,7 @@ class SamplePublisher:
         if self.protocol != "5":
             return None
         properties = Properties(PacketTypes.PUBLISH)
-        properties.ContentType = CONTENT_TYPES[self.fmt]
+        properties.ContentType = self._format.content_type
         return properties
 
     def _make_client(self) -> mqtt.Client:

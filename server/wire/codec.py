@@ -1,10 +1,11 @@
 """Decode and validate one MQTT sample message against a model's declared shapes.
 
-The payload contract (README "MQTT payloads"): a JSON or msgpack map with ``x`` and ``y``, and
-optional ``w``, ``id``, ``ts``, ``source``, ``seq``, ``epoch`` (a publisher run's number: its
-``seq`` counts within it). A single sample's ``x`` has the model's
-input shape; a batch's ``x`` has one more leading dimension. In msgpack any of ``x``, ``y``, ``w``
-may be a raw little-endian buffer ``{"dtype": "<f4", "shape": [...], "data": <bytes>}``.
+The payload contract (README "MQTT payloads"): a map in one of ``formats.FORMATS`` (JSON,
+msgpack) with ``x`` and ``y``, and optional ``w``, ``id``, ``ts``, ``source``, ``seq``,
+``epoch`` (a publisher run's number: its ``seq`` counts within it). A single sample's ``x`` has
+the model's input shape; a batch's ``x`` has one more leading dimension. In a binary format
+(msgpack) any of ``x``, ``y``, ``w`` may be a raw little-endian buffer
+``{"dtype": "<f4", "shape": [...], "data": <bytes>}``.
 
 Everything wrong with a message raises ``Rejection`` with a reason from ``REASONS`` (a bounded
 set, used as a metric label) and a detail for the dead-letter report. Nothing else escapes:
@@ -18,12 +19,10 @@ re-exported here for the modules that import them from the codec.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from .codec_fields import (
@@ -34,7 +33,7 @@ from .codec_fields import (
     shape_targets,
     to_array,
 )
-from .encoding import JSON_TYPES, MSGPACK_TYPES
+from .formats import format_of
 from .rejection import Rejection, short
 from .samples import SampleChunk
 
@@ -118,32 +117,13 @@ def _decode(payload: bytes, spec: SampleSpec, content_type: str | None) -> Decod
 
 
 def _parse(payload: bytes, content_type: str | None) -> Any:
-    kind = _format_of(payload, content_type)
+    wire_format = format_of(payload, content_type)
     try:
-        if kind == "json":
-            return json.loads(payload)
-        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        return wire_format.decode(payload)
     except RecursionError:
-        raise Rejection("undecodable", f"{kind} nested too deeply") from None
-    except Exception as exc:  # json, msgpack and UnicodeDecodeError all land here
-        raise Rejection("undecodable", f"invalid {kind}: {short(exc)}") from None
-
-
-def _format_of(payload: bytes, content_type: str | None) -> str:
-    if content_type:
-        lowered = content_type.split(";")[0].strip().lower()
-        if lowered in JSON_TYPES:
-            return "json"
-        if lowered in MSGPACK_TYPES:
-            return "msgpack"
-    head = payload.lstrip()[:1]
-    if head in (b"{", b"["):
-        return "json"
-    if head and (0x80 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
-        return "msgpack"
-    if not head:
-        raise Rejection("undecodable", "empty payload")
-    raise Rejection("undecodable", "payload is neither a JSON object nor a msgpack map")
+        raise Rejection("undecodable", f"{wire_format.name} nested too deeply") from None
+    except Exception as exc:  # any format's errors, and UnicodeDecodeError, land here
+        raise Rejection("undecodable", f"invalid {wire_format.name}: {short(exc)}") from None
 
 
 def _shape_inputs(x: np.ndarray, spec: SampleSpec) -> tuple[np.ndarray, bool]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .encoding import RAW_DTYPES
+from .formats import RAW_DTYPES
 from .rejection import Rejection, short
 
 _MAX_ID_LENGTH = 256

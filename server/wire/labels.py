@@ -1,9 +1,9 @@
 """Label messages and prediction records: decoded, validated, or rejected with a reason.
 
 Both arrive over MQTT from anyone who may publish on the broker, so both are checked as
-strictly as sample messages, with the same decoder pieces (``codec``: size limit, JSON or
-msgpack by content type or first byte, numbers that fit float32, raw msgpack buffers, ranks and
-shapes checked before numpy sees them). Everything wrong raises ``codec.Rejection`` with a
+strictly as sample messages, with the same decoder pieces (``codec``: size limit, any of
+``formats.FORMATS`` by content type or first byte, numbers that fit float32, raw buffers, ranks
+and shapes checked before numpy sees them). Everything wrong raises ``codec.Rejection`` with a
 reason from ``codec.REASONS``; an exception nobody foresaw is ``Rejection("internal")``.
 
 Labels (``livefit/<name>/labels``, README "Delayed labels"), JSON or msgpack:
@@ -24,16 +24,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from .codec import SampleSpec, decode_map
 from .codec_fields import MAX_TS, optional_number, sample_weights, shape_targets, to_array
-from .encoding import raw_buffer
+from .formats import MSGPACK, raw_buffer
 from .label_ids import IdError, RowId, check_id, check_ids
 from .rejection import Rejection, short
 
-PREDICTIONS_CONTENT_TYPE = "application/msgpack"
+PREDICTIONS_CONTENT_TYPE = MSGPACK.content_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +84,7 @@ def encode_predictions(
     source: str,
 ) -> bytes:  # fmt: skip
     """One prediction-record message (msgpack, raw float32 buffers)."""
-    return msgpack.packb(
+    return MSGPACK.encode(
         {
             "ids": ids,
             "x": raw_buffer(x, "<f4"),
@@ -93,8 +92,7 @@ def encode_predictions(
             "version": version,
             "t": t,
             "source": source,
-        },
-        use_bin_type=True,
+        }
     )
 
 

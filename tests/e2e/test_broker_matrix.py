@@ -40,7 +40,6 @@ from livefit.server.mqtt.probe import for_broker
 from livefit.server.runtime.local_process import stop_all
 from livefit.server.runtime.mosquitto import Mosquitto
 from livefit.server.weights.keys import default_key_path, parse_signing_key
-from livefit.server.wire.encoding import Format
 from tests.brokers import NatsServer, embedded_amqtt
 from tests.configs import SMALL_MLP, learner_config, model
 from tests.e2e.test_weight_stream import Mqtt, predict, serving_version, settle
@@ -123,7 +122,7 @@ def scenario(
 
 
 def publisher(
-    broker: MatrixBroker, topic: str = "livefit/demo/samples", fmt: Format = "msgpack"
+    broker: MatrixBroker, topic: str = "livefit/demo/samples", fmt: str = "msgpack"
 ) -> SamplePublisher:
     """A QoS 1 publisher at the broker's protocol (with MQTT 5, ``fmt`` is its content type)."""
     return SamplePublisher(broker.url, topic, fmt=fmt, protocol=broker.protocol)  # type: ignore[arg-type]

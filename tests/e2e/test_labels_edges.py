@@ -27,7 +27,7 @@ from livefit.clients.predict import PredictClient
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.local_process import stop_all
 from livefit.server.runtime.mosquitto import Mosquitto
-from livefit.server.wire.encoding import raw_buffer
+from livefit.server.wire.formats import raw_buffer
 from livefit.server.wire.labels import encode_predictions
 from tests import configs
 from tests.e2e.test_labels_e2e import outcome, publish, settle, steady, wait_for

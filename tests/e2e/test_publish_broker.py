@@ -31,7 +31,7 @@ from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
-from livefit.server.wire.encoding import CONTENT_TYPES
+from livefit.server.wire.formats import FORMATS
 from tests.unit.test_publish import array_of, cli_args
 
 # ---------------------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ def test_publisher_delivers_every_sample_in_order(
     assert {d["source"] for d in documents} == {"unit"}
     stamps = [d["ts"] for d in documents]
     assert before <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= time.time()
-    expected_type = CONTENT_TYPES[fmt] if protocol == "5" else None
+    expected_type = FORMATS[fmt].content_type if protocol == "5" else None
     assert set(received.content_types) == {expected_type}
     got_x = [array_of(d["x"]) for d in documents]
     got_y = [array_of(d["y"]) for d in documents]

@@ -12,7 +12,7 @@ import pytest
 from livefit.clients.payloads import encode_samples
 from livefit.server.wire import codec
 from livefit.server.wire.codec import SampleSpec, decode_message
-from livefit.server.wire.encoding import CONTENT_TYPES, RAW_DTYPES
+from livefit.server.wire.formats import FORMATS, RAW_DTYPES
 from livefit.server.wire.rejection import REASONS, Rejection
 
 SPEC = SampleSpec(input_shape=(3,), target_shape=(1,), max_message_bytes=4096, max_samples=50)
@@ -226,12 +226,13 @@ def test_an_unforeseen_exception_becomes_an_internal_rejection(
 
 @pytest.mark.parametrize("dtype", [*sorted(RAW_DTYPES), ">f8", ">i4", "<u4"])
 def test_what_the_publisher_encodes_raw_the_server_decodes(dtype: str) -> None:
-    """Both sides take their encoding from ``livefit.server.wire.encoding``: every dtype a publisher holds is
-    sent as a buffer the server accepts (its own, made little-endian, or float32)."""
+    """Both sides take their formats from ``livefit.server.wire.formats``: every dtype a
+    publisher holds is sent as a buffer the server accepts (its own, made little-endian, or
+    float32)."""
     values = np.arange(6).reshape(2, 3) % 3
     x = values.astype(np.dtype(dtype))
     payload = encode_samples(x, np.array([1.0, 2.0]), fmt="msgpack", batched=True, raw=True)
     sent = msgpack.unpackb(payload)["x"]["dtype"]
     assert sent in RAW_DTYPES
-    decoded = decode_message(payload, SampleSpec((3,), (1,)), CONTENT_TYPES["msgpack"])
+    decoded = decode_message(payload, SampleSpec((3,), (1,)), FORMATS["msgpack"].content_type)
     np.testing.assert_array_equal(decoded.chunk.x, values.astype(np.float32))

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from livefit.server.wire.codec import DecodedMessage, SampleSpec, decode_message
-from livefit.server.wire.encoding import RAW_DTYPES
+from livefit.server.wire.formats import RAW_DTYPES
 from livefit.server.wire.label_ids import key_of
 from livefit.server.wire.labels import decode_labels, decode_predictions
 from livefit.server.wire.rejection import REASONS, Rejection

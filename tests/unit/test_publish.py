@@ -18,11 +18,12 @@ from livefit.clients import publish
 from livefit.clients.pacing import RatePacer
 from livefit.clients.payloads import encode_samples
 from livefit.clients.publish_args import add_arguments, parse_shape
+from livefit.clients.publisher import SamplePublisher
 from livefit.clients.synthetic import LinearStream, SequenceStream, cycle_chunks, load_file
 from livefit.server.config.broker_urls import BrokerAddress, parse_broker_url
 from livefit.server.runtime.local_process import free_port
 from livefit.server.wire.codec import SampleSpec, decode_message
-from livefit.server.wire.encoding import CONTENT_TYPES
+from livefit.server.wire.formats import FORMATS
 
 
 def array_of(value: Any) -> np.ndarray:
@@ -102,6 +103,18 @@ def test_encode_refuses_what_the_server_rejects(kwargs: dict[str, Any], error: t
         )
 
 
+def test_the_encoder_and_the_publisher_refuse_a_format_alike() -> None:
+    """Both take the format from the registry (``formats.format_named``): one rule, one
+    message, before anything is encoded or any connection is made."""
+    for fmt, raw in (("json", True), ("xml", False)):
+        with pytest.raises(ValueError) as by_encoder:
+            encode_samples(np.zeros(2), np.zeros(1), fmt=fmt, batched=False, raw=raw)
+        with pytest.raises(ValueError) as by_publisher:
+            SamplePublisher("mqtt://127.0.0.1:1", "t", fmt=fmt, raw=raw)
+        assert str(by_encoder.value) == str(by_publisher.value)
+        assert ("bytes type" if raw else "must be one of") in str(by_publisher.value)
+
+
 def test_batch_with_mismatched_lengths_is_refused() -> None:
     with pytest.raises(ValueError, match="same leading length"):
         encode_samples(np.zeros((3, 2)), np.zeros((2, 1)), fmt="json", batched=True)
@@ -136,7 +149,7 @@ def test_server_codec_decodes_what_we_encode(fmt: str, raw: bool, batched: bool)
         source="t",
         seq=9,
     )
-    decoded = decode_message(payload, SampleSpec((5, 3), (2,)), CONTENT_TYPES[fmt])
+    decoded = decode_message(payload, SampleSpec((5, 3), (2,)), FORMATS[fmt].content_type)
     np.testing.assert_array_equal(decoded.chunk.x, x)
     np.testing.assert_array_equal(decoded.chunk.y, y)
     np.testing.assert_array_equal(decoded.chunk.w, w)
