@@ -182,7 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
         from livefit.server.runtime.training_process import run_training
 
         _exit_stopped(run_training(settings, training))
-    from livefit.server.runtime.serve import run_server
+    from livefit.server.runtime.http_server import run_server
 
     if slot is not None:  # one of a split learner's serving processes
         from livefit.server.runtime.learner_serving import LearnerServingRuntime
@@ -211,8 +211,8 @@ def _replica(args: argparse.Namespace) -> int:
             argv, workers, settings.http.host, settings.http.port, settings.http.worker_timeout_s
         )
     _with_tensorflow(settings, trains=False)
+    from livefit.server.runtime.http_server import run_server
     from livefit.server.runtime.replica import ReplicaRuntime
-    from livefit.server.runtime.serve import run_server
 
     if slot is not None:  # one of a worker group's processes
         instance = f"{socket.gethostname()}-{settings.http.port}-w{slot.index}"

@@ -16,15 +16,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def main() -> int:
-    from livefit.server.runtime.serve import run_server
+    from livefit.server.runtime.http_server import run_server
     from tests.stub_runtime import StubRuntime
 
     http = {**json.loads(sys.argv[2]), "port": int(sys.argv[1])}
     runtime = StubRuntime(http=http)
     if len(sys.argv) > 3:
-        served = runtime.served()["m"]
-        serve = served.settings.serve.model_copy(update=json.loads(sys.argv[3]))
-        served.settings = served.settings.model_copy(update={"serve": serve})
+        endpoint = runtime.endpoints()["m"]
+        serve = endpoint.settings.serve.model_copy(update=json.loads(sys.argv[3]))
+        endpoint.settings = endpoint.settings.model_copy(update={"serve": serve})
     runtime.publish(1)
     return run_server(runtime.settings, runtime)
 

@@ -13,7 +13,8 @@ from livefit.models.builders import build_model
 from livefit.server.base.metrics import Metrics
 from livefit.server.config.model import ModelSettings
 from livefit.server.config.settings import Settings
-from livefit.server.serve.serving import ServedModel, ServingModel
+from livefit.server.serve.endpoint import ModelEndpoint
+from livefit.server.serve.serving import ServingModel
 from livefit.server.weights.format import (
     WeightsMeta,
     architecture_fingerprint,
@@ -63,7 +64,7 @@ class StubRuntime:
             "/CPU:0",
         )
         self.store = WeightStore(keep=4)
-        self._served = {"m": ServedModel("m", self.model_settings, self.serving)}
+        self._endpoints = {"m": ModelEndpoint("m", self.model_settings, self.serving)}
 
     def start(self) -> None:
         self.serving.warm_up()
@@ -74,8 +75,8 @@ class StubRuntime:
     def ready(self) -> bool:
         return self.slot.latest is not None
 
-    def served(self) -> dict[str, ServedModel]:
-        return self._served
+    def endpoints(self) -> dict[str, ModelEndpoint]:
+        return self._endpoints
 
     def weight_store(self, name: str) -> WeightStore | None:
         return self.store if name == "m" else None
@@ -83,7 +84,7 @@ class StubRuntime:
     def publish(self, version: int) -> None:
         snapshot = Snapshot("m", version, self.weights, time.time(), 0)
         self.slot.publish(snapshot)
-        self._served["m"].snapshot_arrived()
+        self._endpoints["m"].snapshot_arrived()
         names = [f"w{i}" for i in range(len(self.weights))]
         meta = WeightsMeta("m", version, 0, snapshot.created_at, None,
                            architecture_fingerprint(names, self.weights))  # fmt: skip

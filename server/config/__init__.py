@@ -7,5 +7,5 @@ processes an unset ``http.workers`` means).
 Imports ``livefit.models.names`` (builder and Keras names, checked without TensorFlow) and
 ``base``. ``machine`` moved here from the processes: a setting's default is the config's to
 compute; the uvicorn protocol class that ``http`` settings used to build is built by
-``runtime.serve`` from ``http.connections`` instead.
+``runtime.http_server`` from ``http.connections`` instead.
 """

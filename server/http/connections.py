@@ -259,7 +259,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
 def protocol_class(http: HttpSettings, runtime: Any = None) -> type[asyncio.Protocol]:
     """A protocol class for one uvicorn server (``uvicorn.Config(http=...)``), with its own
-    table of connections; with a ``runtime`` (its ``served()`` models and ``metrics``), it
+    table of connections; with a ``runtime`` (its ``endpoints()`` models and ``metrics``), it
     also refuses prediction requests from their heads (``EarlyAdmission``)."""
     metrics = getattr(runtime, "metrics", None)
     admission = None
@@ -269,6 +269,6 @@ def protocol_class(http: HttpSettings, runtime: Any = None) -> type[asyncio.Prot
 
         token = http.token_bytes() if http.protect_predictions else None
         guard = TokenGuard(token).check if token is not None else None
-        admission = EarlyAdmission(runtime.served, metrics, token, guard, http.body_timeout_s)
+        admission = EarlyAdmission(runtime.endpoints, metrics, token, guard, http.body_timeout_s)
     table = ConnectionTable(ConnectionLimits.from_settings(http), metrics, admission)
     return type("LivefitHttpProtocol", (LimitedHttpProtocol,), {"table": table})

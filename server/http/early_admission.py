@@ -19,9 +19,10 @@ from starlette.types import Receive, Scope, Send
 
 from ..base.metrics import Metrics
 from ..serve.admission import Reservation, retry_after
+from ..serve.endpoint import ModelEndpoint
 from ..serve.metrics import ServingMetrics
-from ..serve.serving import ServedModel
-from .predict_handlers import PredictHandlers, Served
+from .model_lookup import Endpoints
+from .predict_handlers import PredictHandlers
 from .predict_request import (
     Formatter,
     Guard,
@@ -80,19 +81,19 @@ class EarlyAdmission:
     """
 
     def __init__(
-        self, served: Served, metrics: Metrics, token: bytes | None = None,
+        self, endpoints: Endpoints, metrics: Metrics, token: bytes | None = None,
         guard: Guard | None = None, body_timeout_s: float = 10.0,
     ) -> None:  # fmt: skip
-        self.served = served
+        self.endpoints = endpoints
         self.metrics = metrics
         self.token = token
         metrics.group(ServingMetrics)
         # The same endpoints the app routes to (its own instance), called without the app's
         # middleware and routing: an admitted prediction's ASGI work drops by about half.
-        self._handlers = PredictHandlers(served, metrics, guard, body_timeout_s)
+        self._handlers = PredictHandlers(endpoints, metrics, guard, body_timeout_s)
         self._counted: dict[str, Any] = {}
         self._answers: dict[tuple[str, str, int], bytes] = {}
-        self._models: dict[bytes, ServedModel] = {}
+        self._models: dict[bytes, ModelEndpoint] = {}
 
     def __call__(
         self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]
@@ -113,7 +114,7 @@ class EarlyAdmission:
             return None
         model = self._models.get(name)
         if model is None:  # first request for it, or no such model
-            model = self.served().get(name.decode("latin-1"))
+            model = self.endpoints().get(name.decode("latin-1"))
             if model is not None:
                 self._models[name] = model
         batcher = model.batcher if model is not None else None

@@ -15,25 +15,25 @@ predictions.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
 from ..labels.recorder import NotPublished, PublishRefused
-from ..serve.serving import ServedModel
+from ..serve.endpoint import ModelEndpoint
 from ..wire.codec import SampleSpec
 from ..wire.labels import decode_labels
 from ..wire.rejection import Rejection
-from .predict_request import ApiError, error_response
+from .model_lookup import Endpoints, find_model
+from .predict_request import ApiError, Guard, error_response
 
 PUBLISH_TIMEOUT_S = 10.0
 
 
 def build_labels_router(
-    served: Callable[[], Mapping[str, ServedModel]],
-    guard: Callable[[Request], None] | None = None,
+    endpoints: Endpoints,
+    guard: Guard | None = None,
     body_timeout_s: float = 10.0,
 ) -> APIRouter:
     router = APIRouter()
@@ -43,12 +43,7 @@ def build_labels_router(
         """Labels for earlier predictions (README "Delayed labels"); 202 once the broker has
         them."""
         try:
-            if guard is not None:
-                guard(request)
-            model = served().get(name)
-            if model is None:
-                known = ", ".join(sorted(served())) or "none"
-                raise ApiError(404, f"unknown model {name!r}; this server has: {known}")
+            model = find_model(endpoints, name, request, guard)
             return await _accept(model, request, body_timeout_s)
         except ApiError as exc:
             return error_response(exc.status, exc.message, exc.headers)
@@ -56,7 +51,7 @@ def build_labels_router(
     return router
 
 
-async def _accept(model: ServedModel, request: Request, body_timeout_s: float) -> JSONResponse:
+async def _accept(model: ModelEndpoint, request: Request, body_timeout_s: float) -> JSONResponse:
     s = model.settings
     limit = s.max_message_bytes
     declared = request.headers.get("content-length", "")

@@ -31,7 +31,8 @@ from starlette.routing import Route
 from livefit import __version__
 
 from ..base.metrics import Metrics
-from ..serve.serving import ServedModel
+from ..serve.endpoint import ModelEndpoint
+from .model_lookup import Endpoints
 from .oip import oip_model_metadata, triton_model_config
 from .openapi_docs import (
     BINARY_HEADER_PARAM,
@@ -42,7 +43,7 @@ from .openapi_docs import (
     TFSERVING_RESPONSE,
     predict_openapi,
 )
-from .predict_handlers import PredictHandlers, Served
+from .predict_handlers import PredictHandlers
 from .predict_request import Guard, error_response, format_tf, format_v2, parse_tf, parse_v2
 from .tfserving import tfserving_model_status
 
@@ -59,14 +60,14 @@ async def _post_only(request: Request) -> Response:
 
 
 def build_predict_router(
-    served: Served, metrics: Metrics, guard: Guard | None = None, body_timeout_s: float = 10.0
+    endpoints: Endpoints, metrics: Metrics, guard: Guard | None = None, body_timeout_s: float = 10.0
 ) -> APIRouter:
-    """The v1 and v2 prediction and model-metadata routes over the models ``served()`` returns.
+    """The v1 and v2 prediction and model-metadata routes over the models ``endpoints()`` returns.
 
     ``guard(request)`` raises a 401 ApiError when a request is not allowed.
     """
     router = APIRouter()
-    handlers = PredictHandlers(served, metrics, guard, body_timeout_s)
+    handlers = PredictHandlers(endpoints, metrics, guard, body_timeout_s)
     _tfserving_routes(router, handlers)
     _oip_routes(router, handlers)
     _direct_routes(router, handlers)
@@ -149,35 +150,35 @@ def _direct_routes(router: APIRouter, handlers: PredictHandlers) -> None:
     ]
 
 
-def _tfserving_status(model: ServedModel) -> JSONResponse:
+def _tfserving_status(model: ModelEndpoint) -> JSONResponse:
     return JSONResponse(tfserving_model_status(_version(model), model.ready()))
 
 
-def _index_entry(model: ServedModel) -> dict[str, Any]:
+def _index_entry(model: ModelEndpoint) -> dict[str, Any]:
     version = _version(model)
     return {"name": model.name, "version": None if version is None else str(version),
             "ready": model.ready()}  # fmt: skip
 
 
-def _readiness(model: ServedModel) -> JSONResponse:
+def _readiness(model: ModelEndpoint) -> JSONResponse:
     ready = model.ready()
     return JSONResponse({"name": model.name, "ready": ready}, status_code=200 if ready else 503)
 
 
-def _metadata(model: ServedModel) -> JSONResponse:
+def _metadata(model: ModelEndpoint) -> JSONResponse:
     version = _version(model)
     s = model.settings
     versions = [] if version is None else [str(version)]
     return JSONResponse(oip_model_metadata(model.name, versions, s.input_shape, s.output_shape))
 
 
-def _config(model: ServedModel) -> JSONResponse:
+def _config(model: ModelEndpoint) -> JSONResponse:
     s = model.settings
     return JSONResponse(
         triton_model_config(model.name, s.input_shape, s.output_shape, s.serve.max_request_rows)
     )
 
 
-def _version(model: ServedModel) -> int | None:
+def _version(model: ModelEndpoint) -> int | None:
     latest = model.serving.source()
     return latest.version if latest is not None else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -21,8 +21,10 @@ from fastapi.responses import JSONResponse, Response
 from ..base.metrics import Metrics
 from ..serve.admission import QueueFull, Reservation
 from ..serve.batch_types import DeadlineExceeded
+from ..serve.endpoint import ModelEndpoint
 from ..serve.metrics import ServingMetrics
-from ..serve.serving import NotReady, ServedModel
+from ..serve.serving import NotReady
+from .model_lookup import Endpoints, find_model
 from .predict_request import (
     DEADLINE_HEADER,
     ApiError,
@@ -43,20 +45,19 @@ from .protocol_common import ParsedRequest, RequestError, checked_outputs
 log = logging.getLogger(__name__)
 UNKNOWN_MODEL = "unknown"  # the model label of requests naming no model this server has
 
-Served = Callable[[], Mapping[str, ServedModel]]
-
 
 class PredictHandlers:
-    """What the prediction and model-metadata routes do, over the models ``served()`` returns.
+    """What the prediction and model-metadata routes do, over the models ``endpoints()``
+    returns.
 
     ``guard(request)`` raises a 401 ApiError when a request is not allowed. Every prediction
     request is counted and timed under its status, whatever happens.
     """
 
     def __init__(
-        self, served: Served, metrics: Metrics, guard: Guard | None, body_timeout_s: float
+        self, endpoints: Endpoints, metrics: Metrics, guard: Guard | None, body_timeout_s: float
     ) -> None:
-        self.served = served
+        self.endpoints = endpoints
         self.metrics = metrics
         self.guard = guard
         metrics.group(ServingMetrics)
@@ -66,7 +67,7 @@ class PredictHandlers:
     def observe(self, name: str, code: int, seconds: float) -> None:
         """Count and time a request; a name that is no model is counted as ``"unknown"``, so
         clients cannot create series at will. The labelled children are looked up once."""
-        if name not in self.served():
+        if name not in self.endpoints():
             name = UNKNOWN_MODEL
         children = self._observed.get((name, code))
         if children is None:
@@ -78,16 +79,6 @@ class PredictHandlers:
             )
         children[0].inc()
         children[1].observe(seconds)
-
-    def lookup(self, request: Request, name: str) -> ServedModel:
-        """The model ``name``, once the guard lets ``request`` through; else 401 or 404."""
-        if self.guard is not None:
-            self.guard(request)
-        model = self.served().get(name)
-        if model is None:
-            known = ", ".join(sorted(self.served())) or "none"
-            raise ApiError(404, f"unknown model {name!r}; this server has: {known}")
-        return model
 
     async def predict(
         self, request: Request, name: str, parse: Parser, fmt: Formatter,
@@ -118,7 +109,7 @@ class PredictHandlers:
         if reservation is not None:
             reservation.start()  # admitted from its head; the event loop has reached it
         try:
-            model = self.lookup(request, name)
+            model = find_model(self.endpoints, name, request, self.guard)
             if reservation is None:  # not admitted from its head (server/http/connections.py)
                 reservation = _shed_early(model, request)
             limit = model.settings.serve.max_request_bytes
@@ -141,17 +132,17 @@ class PredictHandlers:
         return response
 
     def about(
-        self, name: str, request: Request, answer: Callable[[ServedModel], JSONResponse]
+        self, name: str, request: Request, answer: Callable[[ModelEndpoint], JSONResponse]
     ) -> JSONResponse:
         """``answer(model)``, or the error (401, 404) that stands in its way."""
         try:
-            model = self.lookup(request, name)
+            model = find_model(self.endpoints, name, request, self.guard)
         except ApiError as exc:
             return error_response(exc.status, exc.message, exc.headers)
         return answer(model)
 
     def index(
-        self, request: Request, entry: Callable[[ServedModel], dict[str, Any]]
+        self, request: Request, entry: Callable[[ModelEndpoint], dict[str, Any]]
     ) -> JSONResponse:
         """``{"models": [entry(model), ...]}`` by name, or the 401 the guard answers."""
         try:
@@ -159,8 +150,8 @@ class PredictHandlers:
                 self.guard(request)
         except ApiError as exc:
             return error_response(exc.status, exc.message, exc.headers)
-        served = self.served()
-        return JSONResponse({"models": [entry(served[name]) for name in sorted(served)]})
+        models = self.endpoints()
+        return JSONResponse({"models": [entry(models[name]) for name in sorted(models)]})
 
     async def serve_tf(self, request: Request) -> Response:
         """The TF Serving ``:predict`` route's endpoint (the model named in the path)."""
@@ -172,7 +163,7 @@ class PredictHandlers:
 
 
 async def _run(
-    model: ServedModel, parsed: ParsedRequest, timeout_s: float, reservation: Reservation | None
+    model: ModelEndpoint, parsed: ParsedRequest, timeout_s: float, reservation: Reservation | None
 ) -> tuple[Any, int]:
     if not model.ready() or model.batcher is None:
         raise ApiError(503, f"model {model.name} is not ready yet (no weights); retry shortly",
@@ -191,7 +182,7 @@ async def _run(
     return prediction.outputs, prediction.version
 
 
-def _shed_early(model: ServedModel, request: Request) -> Reservation | None:
+def _shed_early(model: ModelEndpoint, request: Request) -> Reservation | None:
     """429 before reading or parsing the body when even a one-row request could not be
     admitted now (expected wait, deadline from the model default or ``X-Deadline-Ms``, queued
     rows): under overload, refusing must cost far less than serving, or the refused starve the

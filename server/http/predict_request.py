@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from ..serve.serving import ServedModel
+from ..serve.endpoint import ModelEndpoint
 from .oip import format_oip, parse_oip
 from .openapi_docs import BYTE_COUNT_PATTERN, DECIMAL_PATTERN
 from .protocol_common import ParsedRequest
@@ -35,8 +35,8 @@ CLIENT_GONE = 499  # counted (as nginx logs it), never sent: the client disconne
 _BYTE_COUNT = re.compile(BYTE_COUNT_PATTERN)  # used with fullmatch
 _DECIMAL = re.compile(DECIMAL_PATTERN)
 _MAX_TIMEOUT_US = 2**63 - 1  # the OIP timeout is an int64 (Triton: uint64) of microseconds
-Parser = Callable[[bytes, ServedModel, Request], ParsedRequest]
-Formatter = Callable[[ParsedRequest, ServedModel, Any, int], dict[str, Any]]
+Parser = Callable[[bytes, ModelEndpoint, Request], ParsedRequest]
+Formatter = Callable[[ParsedRequest, ModelEndpoint, Any, int], dict[str, Any]]
 Guard = Callable[[Request], None]
 
 
@@ -67,20 +67,20 @@ def positive_decimal(text: str) -> float | None:
     return number if number > 0 else None
 
 
-def parse_tf(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
+def parse_tf(body: bytes, model: ModelEndpoint, request: Request) -> ParsedRequest:
     """The TF Serving ``Parser``: a ``:predict`` body for ``model``."""
     s = model.settings
     return parse_tfserving(body, s.input_shape, s.serve.max_request_rows)
 
 
 def format_tf(
-    parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
+    parsed: ParsedRequest, model: ModelEndpoint, outputs: Any, version: int
 ) -> dict[str, Any]:
     """The TF Serving ``Formatter``: the ``:predict`` answer."""
     return format_tfserving(parsed, outputs, version)
 
 
-def parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest:
+def parse_v2(body: bytes, model: ModelEndpoint, request: Request) -> ParsedRequest:
     """The OIP ``Parser``: an ``/infer`` body for ``model``, its binary part split off by the
     Inference-Header-Content-Length header."""
     s = model.settings
@@ -100,7 +100,7 @@ def parse_v2(body: bytes, model: ServedModel, request: Request) -> ParsedRequest
 
 
 def format_v2(
-    parsed: ParsedRequest, model: ServedModel, outputs: Any, version: int
+    parsed: ParsedRequest, model: ModelEndpoint, outputs: Any, version: int
 ) -> dict[str, Any]:
     """The OIP ``Formatter``: the ``/infer`` answer."""
     return format_oip(parsed, outputs, model.name, version)
@@ -127,7 +127,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return b"".join(chunks)
 
 
-def deadline_s(request: Request, parsed: ParsedRequest, model: ServedModel) -> float:
+def deadline_s(request: Request, parsed: ParsedRequest, model: ModelEndpoint) -> float:
     """The request's deadline: the model default, shortened by X-Deadline-Ms or OIP ``timeout``.
 
     Like Triton, a request may only shorten the configured default, never lengthen it.

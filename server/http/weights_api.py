@@ -35,6 +35,7 @@ from livefit.models.export import ONNX_CONTENT_TYPE, ExportUnavailable
 from ..weights.format import WEIGHTS_CONTENT_TYPE, payload_description
 from ..weights.store import EncodedWeights, WeightStore
 from .export_cache import EXPORTERS, ExportCache
+from .model_lookup import Endpoints, find_model
 from .predict_request import ApiError, Guard, error_response
 
 StoreLookup = Callable[[str], WeightStore | None]
@@ -44,7 +45,7 @@ POLL_S = 0.02
 
 def build_weights_router(
     store_for: StoreLookup,
-    models: Callable[[], list[str]],
+    endpoints: Endpoints,
     guard: Guard | None = None,
     wait_newer_s: float = 0.0,
 ) -> APIRouter:
@@ -54,15 +55,10 @@ def build_weights_router(
 
     async def kept(name: str, request: Request, version: int | None) -> EncodedWeights | Response:
         """The kept snapshot a request names, or the error response that says why not."""
-        if guard is not None:
-            try:
-                guard(request)
-            except ApiError as exc:
-                return error_response(exc.status, exc.message, exc.headers)
-        if name not in models():
-            return error_response(
-                404, f"unknown model {name!r}; this server has: {', '.join(models())}"
-            )
+        try:
+            find_model(endpoints, name, request, guard)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
         store = store_for(name)
         item = store.get(version) if store is not None else None
         if (

@@ -45,8 +45,8 @@ from ..labels.joiner import LabelJoiner
 from ..labels.recorder import recorder_for
 from ..mqtt.connection import MqttConnection
 from ..mqtt.probe import for_broker
+from ..serve.endpoint import ModelEndpoint
 from ..serve.metrics import ServingMetrics
-from ..serve.serving import ServedModel
 from ..storage.checkpoint import CheckpointStore
 from ..storage.health import StorageHealth
 from ..storage.lock import StorageLock
@@ -69,7 +69,7 @@ from ..wire.codec import SampleSpec
 from ..wire.snapshot import SnapshotSlot
 from .broker import ManagedBroker, resolve_broker
 from .learner_log import LearnerLog
-from .process_runtime import serving_half, start_all_or_none
+from .process_runtime import build_endpoint, start_all_or_none
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class ModelRuntime:
     queue: SampleQueue
     slot: SnapshotSlot
     trainer: Trainer | None = None
-    served: ServedModel | None = None
+    endpoint: ModelEndpoint | None = None
     store: WeightStore | None = None
     publisher: WeightPublisher | None = None
     dedup: SequenceTracker | None = None  # (source, seq) numbers: dedup, or only counting gaps
@@ -184,8 +184,8 @@ class LearnerRuntime:
             runtime.connection.add_subscription(self.settings.predictions_topic(name), qos=1)
             route = self._route(runtime, subscription)
             routes.append(route)
-            if runtime.served is not None:  # a split learner serves from other processes
-                runtime.served.recorder = recorder_for(
+            if runtime.endpoint is not None:  # a split learner serves from other processes
+                runtime.endpoint.recorder = recorder_for(
                     self.settings, name, nodes, self.metrics,
                     f"{self.settings.broker.client_id}-{name}-predictions", broker.protocol,
                 )  # fmt: skip
@@ -223,7 +223,7 @@ class LearnerRuntime:
         )
         runtime.trainer.on_checkpoint(self.learner_log.truncate)
         runtime.labels = self._label_joiner(runtime)
-        runtime.served = self._build_served(name, settings, device, runtime.slot)
+        runtime.endpoint = self._build_endpoint(name, settings, device, runtime.slot)
         log.info("model %s built (%s builder): trains on %s, serves on %s", name,
                  settings.builder, ", ".join(placement.devices), device)  # fmt: skip
         return runtime
@@ -259,13 +259,13 @@ class LearnerRuntime:
     def _hooks(self, runtime: ModelRuntime) -> TrainerHooks:
         return LearnerHooks(self, runtime)
 
-    def _build_served(
+    def _build_endpoint(
         self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
-    ) -> ServedModel | None:
-        """Model ``name``'s serving half in this process (None: served elsewhere)."""
+    ) -> ModelEndpoint | None:
+        """Model ``name``'s endpoint in this process (None: served elsewhere)."""
         self.metrics.group(ServingMetrics)
         version_gauge = self.metrics.group(ServingMetrics).serving_version.labels(model=name)
-        return serving_half(
+        return build_endpoint(
             name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version)
         )
 
@@ -293,8 +293,8 @@ class LearnerRuntime:
         )
         runtime.publisher.watch_topic()  # the connection starts after this
         runtime.slot.subscribe(runtime.publisher.offer)
-        if runtime.served is not None:
-            runtime.slot.subscribe(runtime.served.snapshot_arrived)
+        if runtime.endpoint is not None:
+            runtime.slot.subscribe(runtime.endpoint.snapshot_arrived)
         runtime.publisher.start()
         if runtime.slot.latest is not None:
             runtime.publisher.offer(runtime.slot.latest)
@@ -392,9 +392,9 @@ class LearnerRuntime:
         runtime = self.models.get(name)
         return runtime.store if runtime is not None else None
 
-    def served(self) -> dict[str, ServedModel]:
-        """The models the prediction API answers for."""
-        return {name: m.served for name, m in self.models.items() if m.served is not None}
+    def endpoints(self) -> dict[str, ModelEndpoint]:
+        """The models the HTTP API answers for, by name."""
+        return {name: m.endpoint for name, m in self.models.items() if m.endpoint is not None}
 
     def ready(self) -> bool:
         """True when every model is warmed up, connected, learning, and storage works."""
@@ -434,9 +434,9 @@ class LearnerRuntime:
             if runtime.publisher is not None:
                 runtime.publisher.stop()
                 runtime.publisher = None
-            if runtime.served is not None and runtime.served.recorder is not None:
-                runtime.served.recorder.stop()
-                runtime.served.recorder = None
+            if runtime.endpoint is not None and runtime.endpoint.recorder is not None:
+                runtime.endpoint.recorder.stop()
+                runtime.endpoint.recorder = None
         for runtime in self.models.values():
             if runtime.connection is not None:
                 runtime.connection.stop()
@@ -460,8 +460,8 @@ class LearnerHooks(TrainerHooks):
         self.runtime = runtime
 
     def predictions_waiting(self) -> bool:
-        served = self.runtime.served
-        return served is not None and served.busy()
+        endpoint = self.runtime.endpoint
+        return endpoint is not None and endpoint.busy()
 
     def log_frontier(self, trained_position: int) -> int:
         return self.learner.learner_log.frontier(self.runtime.name, trained_position)

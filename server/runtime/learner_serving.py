@@ -65,7 +65,7 @@ class LearnerServingRuntime(ReplicaRuntime):
         for replica_model in self.models.values():
             replica_model.receiver = self._verifier(replica_model, auth[replica_model.name])
             replica_model.receiver.start()
-            replica_model.served.on_queue_change = self._marker(replica_model.name)
+            replica_model.endpoint.on_queue_change = self._marker(replica_model.name)
         self.source = LocalWeightSource(
             self.training.ready_marker(),
             {name: m.receiver.submit for name, m in self.models.items() if m.receiver},
@@ -91,7 +91,7 @@ class LearnerServingRuntime(ReplicaRuntime):
         nodes, _ = resolve_broker(self.settings.broker.url, storage, allow=("existing",))
         broker = for_broker(nodes, self.settings.broker)
         for replica_model in self.models.values():
-            replica_model.served.recorder = recorder_for(
+            replica_model.endpoint.recorder = recorder_for(
                 self.settings, replica_model.name, nodes, self.metrics,
                 f"{self.settings.broker.client_id}-{replica_model.name}-predictions-"
                 f"w{self.slot.index}", broker.protocol,

@@ -1,6 +1,6 @@
 """The listening socket every serving process (or a worker group's parent) binds first.
 
-Kept apart from ``serve`` so that a worker group's parent, which only supervises, binds its
+Kept apart from ``http_server`` so that a worker group's parent, which only supervises, binds its
 port without importing uvicorn's app, the models or TensorFlow.
 """
 

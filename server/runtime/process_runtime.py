@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config.model import ModelSettings
-from ..serve.serving import ServedModel, ServingModel
+from ..serve.endpoint import ModelEndpoint
+from ..serve.serving import ServingModel
 from ..train.modeling import build_uncompiled
 from ..wire.snapshot import Snapshot, SnapshotSlot
 
@@ -21,11 +22,11 @@ def start_all_or_none(start: Callable[[], None], stop: Callable[[], None]) -> No
         raise
 
 
-def serving_half(
+def build_endpoint(
     name: str, settings: ModelSettings, device: str, slot: SnapshotSlot,
     on_swap: Callable[[Snapshot], None],
-) -> ServedModel:  # fmt: skip
-    """Model ``name`` served from the newest snapshot in ``slot``: its own inference copy of
+) -> ModelEndpoint:  # fmt: skip
+    """Model ``name``'s endpoint, served from the newest snapshot in ``slot``: its own copy of
     the network, warmed up at every batch size; ``on_swap`` hears each version it swaps in."""
     serving = ServingModel(
         name,
@@ -38,4 +39,4 @@ def serving_half(
         runtime=settings.serve.runtime,
     )
     serving.warm_up()
-    return ServedModel(name, settings, serving)
+    return ModelEndpoint(name, settings, serving)

@@ -41,8 +41,8 @@ from ..config.settings import ConfigError, Settings
 from ..http.auth import TokenGuard
 from ..labels.recorder import recorder_for
 from ..mqtt.probe import for_broker
+from ..serve.endpoint import ModelEndpoint
 from ..serve.metrics import ServingMetrics
-from ..serve.serving import ServedModel
 from ..storage.health import LogLimiter
 from ..train.modeling import enable_gpu_memory_growth, network_description, resolve_device
 from ..weights.format import architecture_fingerprint, description_sha256, sha256_hex
@@ -54,7 +54,7 @@ from ..weights.verifier import OUTCOMES, ReceivedWeights, WeightVerifier
 from ..weights.version_log import VersionLog
 from ..wire.snapshot import Snapshot, SnapshotSlot
 from .broker import resolve_broker
-from .process_runtime import serving_half, start_all_or_none
+from .process_runtime import build_endpoint, start_all_or_none
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ReplicaModel:
     name: str
     settings: ModelSettings
     slot: SnapshotSlot
-    served: ServedModel
+    endpoint: ModelEndpoint
     store: WeightStore
     receiver: WeightVerifier | None = None  # a WeightReceiver on a replica
     description_sha256: str = ""  # of the network this config builds ("": not describable)
@@ -105,7 +105,7 @@ class ReplicaRuntime:
                 replica_model, nodes, broker, auth[replica_model.name]
             )
             replica_model.receiver.start()
-            replica_model.served.recorder = recorder_for(
+            replica_model.endpoint.recorder = recorder_for(
                 self.settings, replica_model.name, nodes, self.metrics,
                 f"{self.settings.broker.client_id}-replica-{self.instance}-"
                 f"{replica_model.name}-predictions", broker.protocol,
@@ -139,11 +139,11 @@ class ReplicaRuntime:
                 model=name, outcome=outcome
             )
         slot = SnapshotSlot()
-        served = serving_half(
+        endpoint = build_endpoint(
             name, settings, device, slot, lambda snapshot: self._swapped(name, snapshot)
         )
-        serving = served.serving
-        slot.subscribe(served.snapshot_arrived)
+        serving = endpoint.serving
+        slot.subscribe(endpoint.snapshot_arrived)
         age = self.metrics.group(WeightsReceivedMetrics).weights_age.labels(model=name)
         # the learner's clock stamped created_at: never a negative age (_swapped counts those)
         age.set_function(
@@ -153,7 +153,7 @@ class ReplicaRuntime:
         self.metrics.model_ready.labels(model=name).set(1)
         description = network_description(serving.model, settings)
         return ReplicaModel(
-            name, settings, slot, served, WeightStore(settings.weights.keep_versions),
+            name, settings, slot, endpoint, WeightStore(settings.weights.keep_versions),
             description_sha256=description_sha256(description),
         )  # fmt: skip
 
@@ -200,7 +200,7 @@ class ReplicaRuntime:
     def _verification(self, replica_model: ReplicaModel, auth: Authenticator) -> dict[str, Any]:
         """What a verifier of ``replica_model``'s weights needs, whatever carries them."""
         name = replica_model.name
-        model = replica_model.served.serving.model
+        model = replica_model.endpoint.serving.model
         names = weight_names(model)
         counter = self.metrics.group(WeightsReceivedMetrics).weights_received
         weights = replica_model.settings.weights
@@ -308,8 +308,9 @@ class ReplicaRuntime:
                 found.append(f"model {name}: {refusing}")
         return found
 
-    def served(self) -> dict[str, ServedModel]:
-        return {name: m.served for name, m in self.models.items()}
+    def endpoints(self) -> dict[str, ModelEndpoint]:
+        """The models the HTTP API answers for, by name."""
+        return {name: m.endpoint for name, m in self.models.items()}
 
     def weight_store(self, name: str) -> WeightStore | None:
         replica_model = self.models.get(name)
@@ -320,9 +321,9 @@ class ReplicaRuntime:
             if replica_model.receiver is not None:
                 replica_model.receiver.stop()
                 replica_model.receiver = None
-            if replica_model.served.recorder is not None:
-                replica_model.served.recorder.stop()
-                replica_model.served.recorder = None
+            if replica_model.endpoint.recorder is not None:
+                replica_model.endpoint.recorder.stop()
+                replica_model.endpoint.recorder = None
         for versions in self._version_logs.values():
             versions.flush()
         self.started = False

@@ -30,7 +30,7 @@ from ..config.machine import training_cpus
 from ..config.model import ModelSettings
 from ..config.settings import Settings
 from ..serve.busy_board import BusyBoard
-from ..serve.serving import ServedModel
+from ..serve.endpoint import ModelEndpoint
 from ..storage.lock import StorageLocked
 from ..train.hooks import TrainerHooks
 from ..weights.local_feed import (
@@ -76,9 +76,9 @@ class TrainingRuntime(LearnerRuntime):
             self.local.append(local)
         self.send_status()  # queued until the feed starts (run_training, at full priority)
 
-    def _build_served(
+    def _build_endpoint(
         self, name: str, settings: ModelSettings, device: str, slot: SnapshotSlot
-    ) -> ServedModel | None:
+    ) -> ModelEndpoint | None:
         return None
 
     def _hooks(self, runtime: ModelRuntime) -> TrainerHooks:

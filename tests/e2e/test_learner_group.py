@@ -368,7 +368,7 @@ def test_sighup_stops_every_process_of_the_group_as_sigterm_does(
     for said in (
         "livefit.server.runtime.workers: SIGHUP: stopping the learner",
         "[training] livefit.server.runtime.training_process: SIGHUP: stopping the training",
-        "[worker 0] livefit.server.runtime.serve: SIGHUP: stopping, as on SIGTERM",
+        "[worker 0] livefit.server.runtime.http_server: SIGHUP: stopping, as on SIGTERM",
     ):
         assert said in log, log[-3000:]
     hangup = log.index("SIGHUP")

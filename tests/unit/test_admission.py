@@ -24,7 +24,7 @@ from livefit.server.serve.admission import QueueFull, Reservation
 from livefit.server.serve.batch_cost import BatchCost
 from livefit.server.serve.batch_types import DeadlineExceeded, Prediction
 from livefit.server.serve.batcher import RequestBatcher
-from livefit.server.serve.serving import ServedModel
+from livefit.server.serve.endpoint import ModelEndpoint
 
 
 class TimedModel:
@@ -45,7 +45,7 @@ class TimedModel:
 
 
 class FakeServing:
-    """What ``ServedModel`` needs from a serving model: ``predict`` and a snapshot source."""
+    """What ``ModelEndpoint`` needs from a serving model: ``predict`` and a snapshot source."""
 
     def __init__(self, model: TimedModel) -> None:
         self.predict = model
@@ -189,7 +189,7 @@ def test_open_loop_overload_keeps_the_queue_short_and_never_times_out() -> None:
         settings = ModelSettings.model_validate(
             {"input_shape": [2], "output_shape": [1], "serve": {"max_batch_size": 8}}
         )
-        served = ServedModel("m", settings, FakeServing(model))  # type: ignore[arg-type]
+        served = ModelEndpoint("m", settings, FakeServing(model))  # type: ignore[arg-type]
         depths: list[int] = []
         served.start_batching(Metrics())
         batcher = served.batcher

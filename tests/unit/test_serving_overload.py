@@ -30,9 +30,9 @@ def stub() -> Iterator[tuple[StubRuntime, InProcessServer]]:
 
 def serve_settings(runtime: StubRuntime, **serve: object) -> None:
     """Change the stub model's serve settings (before its batcher starts with the server)."""
-    served = runtime.served()["m"]
-    served.settings = served.settings.model_copy(
-        update={"serve": served.settings.serve.model_copy(update=serve)}
+    endpoint = runtime.endpoints()["m"]
+    endpoint.settings = endpoint.settings.model_copy(
+        update={"serve": endpoint.settings.serve.model_copy(update=serve)}
     )
 
 
@@ -87,7 +87,7 @@ def test_full_queue_answers_429_with_retry_after(
     for thread in queued:
         thread.start()
     deadline = time.monotonic() + 10
-    while runtime.served()["m"].batcher.queued_rows < 4 and time.monotonic() < deadline:  # type: ignore[union-attr]
+    while runtime.endpoints()["m"].batcher.queued_rows < 4 and time.monotonic() < deadline:  # type: ignore[union-attr]
         time.sleep(0.01)
     rejected = predict(server)
     assert rejected.status_code == 429
@@ -122,7 +122,7 @@ def test_429_comes_before_the_body_when_the_expected_wait_is_too_long(
     threads.append(threading.Thread(target=lambda: results.append(predict(server))))
     threads[1].start()
     deadline = time.monotonic() + 10
-    while runtime.served()["m"].batcher.queued_rows < 2 and time.monotonic() < deadline:  # type: ignore[union-attr]
+    while runtime.endpoints()["m"].batcher.queued_rows < 2 and time.monotonic() < deadline:  # type: ignore[union-attr]
         time.sleep(0.01)
     time.sleep(0.3)  # the stuck batch is now far past its predicted time
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:

@@ -131,7 +131,7 @@ def test_an_unknown_runtime_is_refused() -> None:
 
 def _served(runtime: str, current: dict[str, Snapshot]):
     from livefit.server.config.model import ModelSettings
-    from livefit.server.serve.serving import ServedModel
+    from livefit.server.serve.endpoint import ModelEndpoint
 
     settings = ModelSettings.model_validate(
         {"builder": "mlp", "input_shape": [8], "output_shape": [1],
@@ -144,7 +144,7 @@ def _served(runtime: str, current: dict[str, Snapshot]):
         runtime=runtime,
     )  # fmt: skip
     serving.warm_up()
-    return ServedModel("m", settings, serving)
+    return ModelEndpoint("m", settings, serving)
 
 
 @pytest.mark.parametrize("runtime", ["numpy", "keras"])
