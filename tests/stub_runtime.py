@@ -43,6 +43,9 @@ class HeldServingModel(ServingModel):
 class StubRuntime:
     """One served model, no training: the app's Runtime protocol and nothing more."""
 
+    role = "replica"
+    wait_newer_weights_s = 0.0
+
     def __init__(self, http: dict[str, Any] | None = None) -> None:
         self.metrics = Metrics()
         self.settings = Settings.model_validate(
@@ -66,6 +69,9 @@ class StubRuntime:
         self.store = WeightStore(keep=4)
         self._endpoints = {"m": ModelEndpoint("m", self.model_settings, self.serving)}
 
+    def preflight(self) -> None:
+        pass
+
     def start(self) -> None:
         self.serving.warm_up()
 
@@ -74,6 +80,9 @@ class StubRuntime:
 
     def ready(self) -> bool:
         return self.slot.latest is not None
+
+    def problems(self) -> list[str]:
+        return [] if self.ready() else ["model m: no weights yet"]
 
     def endpoints(self) -> dict[str, ModelEndpoint]:
         return self._endpoints

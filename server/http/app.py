@@ -39,15 +39,30 @@ log = logging.getLogger(__name__)
 
 
 class Runtime(Protocol):
-    """What the app needs from a process's background parts (learner or replica)."""
+    """What the app (and ``runtime.http_server``) needs from a process's background parts: a
+    learner's, a replica's or a split learner's serving process's. Every member is required;
+    a runtime with nothing to say implements the plain answer (no checks, no problems)."""
 
     metrics: Metrics
     settings: Settings
+    role: str  # "learner" or "replica": the dashboard's title
+    # A pull of a weight version newer than any kept waits this long for it (``weights_api``);
+    # 0 everywhere but a split learner's serving process, fed a moment after the manifest.
+    wait_newer_weights_s: float
+
+    def preflight(self) -> None:
+        """The cheap checks before the socket is bound and anything starts (may raise)."""
 
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def ready(self) -> bool: ...
-    def endpoints(self) -> Mapping[str, ModelEndpoint]: ...
+
+    def problems(self) -> list[str]:
+        """Why the process is not ready, one line each (empty when it is)."""
+
+    def endpoints(self) -> Mapping[str, ModelEndpoint]:
+        """The models this process answers for, by name."""
+
     def weight_store(self, name: str) -> WeightStore | None: ...
 
 
@@ -92,15 +107,16 @@ def create_app(
     )
     # a label trains the model: it needs the token whenever one is set, like the weights
     app.include_router(build_labels_router(runtime.endpoints, guard.check, http.body_timeout_s))
-    wait_newer = getattr(runtime, "wait_newer_weights_s", 0.0)  # a split learner's serving
     app.include_router(
-        build_weights_router(runtime.weight_store, runtime.endpoints, guard.check, wait_newer)
+        build_weights_router(
+            runtime.weight_store, runtime.endpoints, guard.check, runtime.wait_newer_weights_s
+        )
     )
     app.include_router(
         build_dashboard_router(
             runtime.metrics,
             lambda: list(runtime.endpoints()),
-            getattr(runtime, "role", "learner"),
+            runtime.role,
             lambda: _problems(runtime),
             group.exposition if group is not None else None,
         )
@@ -135,9 +151,8 @@ def create_app(
 
 
 def _problems(runtime: Runtime) -> list[str]:
-    """Why ``runtime`` is not ready (empty when it is, or when it cannot say)."""
-    problems = getattr(runtime, "problems", None)
-    return list(problems()) if problems is not None and not runtime.ready() else []
+    """Why ``runtime`` is not ready (empty when it is)."""
+    return [] if runtime.ready() else list(runtime.problems())
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -62,9 +62,7 @@ def run_server(settings: Settings, runtime: Runtime, worker: WorkerSlot | None =
     from ..storage.lock import StorageLocked
 
     try:
-        preflight = getattr(runtime, "preflight", None)
-        if preflight is not None:
-            preflight()
+        runtime.preflight()
         if worker is not None:
             sock = worker.listening_socket()
         else:

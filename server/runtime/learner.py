@@ -98,6 +98,7 @@ class LearnerRuntime:
     session, ingest worker, trainer, weight stream and serving half)."""
 
     role = "learner"
+    wait_newer_weights_s = 0.0  # every version is published from here: none is on its way
 
     def __init__(
         self,

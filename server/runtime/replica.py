@@ -76,6 +76,7 @@ class ReplicaRuntime:
     """Receives weights for every configured model and serves them."""
 
     role = "replica"
+    wait_newer_weights_s = 0.0  # pulls for a version not held are 404 at once
 
     def __init__(
         self, settings: Settings, registry: CollectorRegistry | None = None, instance: str = ""
@@ -281,6 +282,9 @@ class ReplicaRuntime:
         if versions is None:
             versions = self._version_logs.setdefault(name, VersionLog(log, name, "served"))
         versions.record(snapshot.version, f"{name} now serves version {snapshot.version}")
+
+    def preflight(self) -> None:
+        """Nothing to check before the socket is bound: a replica holds no storage lock."""
 
     def ready(self) -> bool:
         """Connected to the weight stream and holding a version of every model."""
