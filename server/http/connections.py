@@ -55,6 +55,7 @@ from .connection_table import ConnectionTable
 if TYPE_CHECKING:
     from ..config.sections import HttpSettings
     from ..serve.admission import Reservation
+    from .app import Runtime
 
 NO_DEADLINE = math.inf
 HEAD, DRAIN, IDLE = 1, 2, 3  # what a connection's deadline is for
@@ -257,18 +258,20 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_class(http: HttpSettings, runtime: Any = None) -> type[asyncio.Protocol]:
+def protocol_class(http: HttpSettings, runtime: Runtime | None = None) -> type[asyncio.Protocol]:
     """A protocol class for one uvicorn server (``uvicorn.Config(http=...)``), with its own
     table of connections; with a ``runtime`` (its ``endpoints()`` models and ``metrics``), it
     also refuses prediction requests from their heads (``EarlyAdmission``)."""
-    metrics = getattr(runtime, "metrics", None)
+    metrics = runtime.metrics if runtime is not None else None
     admission = None
-    if runtime is not None and metrics is not None:
+    if runtime is not None:
         from .auth import TokenGuard
         from .early_admission import EarlyAdmission
 
         token = http.token_bytes() if http.protect_predictions else None
         guard = TokenGuard(token).check if token is not None else None
-        admission = EarlyAdmission(runtime.endpoints, metrics, token, guard, http.body_timeout_s)
+        admission = EarlyAdmission(
+            runtime.endpoints, runtime.metrics, token, guard, http.body_timeout_s
+        )
     table = ConnectionTable(ConnectionLimits.from_settings(http), metrics, admission)
     return type("LivefitHttpProtocol", (LimitedHttpProtocol,), {"table": table})
