@@ -7,7 +7,7 @@ a NumPy array, and that reads the weights it was last given. Three exist:
   function (TensorFlow's graph executor); every model works.
 - ``xla``: the same trace compiled by XLA (``jit_compile=True``), once per padded batch size at
   warm-up; 1-row calls of the benchmark MLP and LSTM took about half and a third of the graph's
-  time (bench/prose/runtimes.md).
+  time (docs/benchmarks/runtimes.md).
 - ``numpy``: a plain NumPy forward pass generated from a chain of Dense-type layers (input and
   target scaling, Dense, Dropout, Flatten, Reshape, Activation; the experts' mixture of such
   chains), the same float32 operations in the same order; a 1-row call of the benchmark MLP
@@ -17,7 +17,7 @@ a NumPy array, and that reads the weights it was last given. Three exist:
 ``auto`` takes ``numpy`` where the model is such a chain on a CPU, else ``keras``: XLA's faster
 calls did not show as a steady gain end to end (over HTTP, on 2 busy cores, its LSTM answered a
 lone client faster in one round and slower in the other) and cost seconds of compilation at
-start (bench/prose/runtimes.md). A runtime that cannot take a model (``numpy`` for an LSTM,
+start (docs/benchmarks/runtimes.md). A runtime that cannot take a model (``numpy`` for an LSTM,
 ``xla`` for an op XLA lacks) falls back to ``keras`` with one log line; outputs agree with
 Keras within ``AGREEMENT_TOLERANCE`` (checked on a probe batch before a runtime is used, and by
 a unit test per runtime and model).

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 SnapshotSource = Callable[[], Snapshot | None]
 # A model call cheaper than this runs on the event loop (``RequestBatcher(inline=True)``): the
 # hand-over to the model thread and back cost 0.1-0.3 ms of a 1-row request on 2 busy cores
-# (bench/prose/serving.md), a NumPy forward pass of the 64x64 MLP 12-25 us at 1-64 rows.
+# (docs/benchmarks/serving.md), a NumPy forward pass of the 64x64 MLP 12-25 us at 1-64 rows.
 INLINE_MAX_CALL_S = 0.5e-3
 
 
