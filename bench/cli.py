@@ -247,16 +247,20 @@ def _render(json_path: Path, md_path: Path, console: Console) -> int:
     doc = json.loads(json_path.read_text())
     figures_path = json_path.with_name(f"{json_path.stem}.figures.md")
     md_path.parent.mkdir(parents=True, exist_ok=True)
-    source = json_path.resolve()
-    shown = str(source.relative_to(REPO) if source.is_relative_to(REPO) else source)
 
-    def link(target: Path, page: Path) -> str:
-        return os.path.relpath(target.resolve(), page.resolve().parent)
+    def shown(path: Path) -> str:
+        """A path as the report links it: from the repository's root (where BENCHMARKS.md is)
+        when it lies inside, else absolute, so the report reads the same wherever it is."""
+        path = path.resolve()
+        return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
 
-    md_path.write_text(
-        render(doc, shown, link(figures_path, md_path), link(NOTES, md_path)),
+    notes_from_figures = (
+        os.path.relpath(NOTES, figures_path.resolve().parent)
+        if figures_path.resolve().is_relative_to(REPO)
+        else str(NOTES)
     )
-    figures_path.write_text(render_figures(doc, shown, link(NOTES, figures_path)))
+    md_path.write_text(render(doc, shown(json_path), shown(figures_path), shown(NOTES)))
+    figures_path.write_text(render_figures(doc, shown(json_path), notes_from_figures))
     console.log(f"wrote {md_path} and {figures_path} from {json_path}")
     return 0
 

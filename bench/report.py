@@ -31,7 +31,8 @@ def render(
     notes: str = "docs/benchmarks",
 ) -> str:
     """The report (BENCHMARKS.md) for a results document read from ``source``; ``figures``
-    and ``notes`` are the paths of every figure and of the notes, relative to the report."""
+    and ``notes`` are the paths of every figure and of the notes as the report links them
+    (from the repository's root, where BENCHMARKS.md is)."""
     benches = doc.get("benchmarks", {})
     names = _names(benches)
     parts = [_intro(source, figures, notes), _summary(benches, names), _running()]
