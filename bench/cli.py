@@ -1,8 +1,9 @@
 """``python -m bench [--quick] [--only NAME] [--soak]``: run, write JSON, render Markdown.
 
-Full runs write ``bench/results/latest.json`` and regenerate ``BENCHMARKS.md``; ``--only`` merges
-its benchmarks into the existing JSON. ``--quick`` (tiny sizes: checks the harness works, not the
-speed) writes ``bench/results/quick.json`` and ``bench/results/quick.md`` so that it never
+Full runs write ``bench/results/latest.json`` and regenerate ``BENCHMARKS.md`` (the report) and
+``bench/results/latest.figures.md`` (every figure); ``--only`` merges its benchmarks into the
+existing JSON. ``--quick`` (tiny sizes: checks the harness works, not the speed) writes
+``bench/results/quick.json``, ``quick.md`` and ``quick.figures.md`` beside it, so that it never
 replaces the committed figures. A benchmark that fails is recorded with its error, the others
 still run, and the exit status is 1.
 """
@@ -236,16 +237,31 @@ def _write(path: Path, doc: dict[str, Any]) -> None:
 
 
 def _render(json_path: Path, md_path: Path, console: Console) -> int:
-    from bench.report import render
+    """The report at ``md_path`` and every figure beside the JSON (``<stem>.figures.md``)."""
+    from bench.harness import NOTES
+    from bench.report import render, render_figures
 
     if not json_path.exists():
         console.print(f"[red]no results at {json_path}; run the benchmarks first")
         return 1
+    doc = json.loads(json_path.read_text())
+    figures_path = json_path.with_name(f"{json_path.stem}.figures.md")
     md_path.parent.mkdir(parents=True, exist_ok=True)
-    source = json_path.resolve()
-    shown = source.relative_to(REPO) if source.is_relative_to(REPO) else source
-    md_path.write_text(render(json.loads(json_path.read_text()), str(shown)))
-    console.log(f"wrote {md_path} from {json_path}")
+
+    def shown(path: Path) -> str:
+        """A path as the report links it: from the repository's root (where BENCHMARKS.md is)
+        when it lies inside, else absolute, so the report reads the same wherever it is."""
+        path = path.resolve()
+        return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
+
+    notes_from_figures = (
+        os.path.relpath(NOTES, figures_path.resolve().parent)
+        if figures_path.resolve().is_relative_to(REPO)
+        else str(NOTES)
+    )
+    md_path.write_text(render(doc, shown(json_path), shown(figures_path), shown(NOTES)))
+    figures_path.write_text(render_figures(doc, shown(json_path), notes_from_figures))
+    console.log(f"wrote {md_path} and {figures_path} from {json_path}")
     return 0
 
 

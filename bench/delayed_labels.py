@@ -301,5 +301,12 @@ def to_bench_result(results: dict[str, Any]) -> BenchResult:
 BENCHMARK = Benchmark(
     name="delayed_labels",
     summary="served score with labels delayed, through predictions and labels, vs river",
+    columns=(
+        "livefit",
+        "river's best, same delay",
+        "livefit - river's best (accuracy points)",
+        "livefit ÷ river's best (MAE)",
+        "labels joined ÷ sent",
+    ),
     run=suite_run,
 )

@@ -106,6 +106,11 @@ def main() -> None:
 BENCHMARK = Benchmark(
     name="devices",
     summary="livefit's trainer on one device and mirrored on two (logical CPU devices)",
+    columns=(
+        "1 device samples/s",
+        "2 devices samples/s",
+        "2 devices ÷ 1 device",
+    ),
     run=run,
     sizes=Sizes(
         quick={"batch_sizes": [64], "rounds": 1, "samples": 2_000},

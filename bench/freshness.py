@@ -178,6 +178,10 @@ def _percentile(values: list[float], q: float) -> Spread:
 BENCHMARK = Benchmark(
     name="freshness",
     summary="publish of a sample -> a replica serving weights trained on it",
+    columns=(
+        "p50 s",
+        "p99 s",
+    ),
     run=run,
     sizes=Sizes(
         quick={"probes": 6},

@@ -3,7 +3,8 @@
 A benchmark measures livefit and its comparisons side by side in one run, repeated and
 interleaved, and reports medians with their spread (min-max over the repeats) and the ratios of
 paired repeats, never one absolute time. A result is plain JSON (``BenchResult.to_json``), so
-``BENCHMARKS.md`` can be regenerated from ``bench/results/latest.json`` alone.
+``BENCHMARKS.md`` can be regenerated from ``bench/results/latest.json`` and the notes written by
+hand in ``docs/benchmarks/``.
 """
 
 from __future__ import annotations
@@ -26,13 +27,23 @@ if TYPE_CHECKING:
 Mode = Literal["quick", "full", "soak"]
 Op = Literal[">=", "<=", "<"]
 REPO = Path(__file__).resolve().parent.parent
-PROSE = REPO / "bench" / "prose"
+NOTES = REPO / "docs" / "benchmarks"
 
 
 def prose(name: str) -> str:
-    """The measured prose ``bench/prose/<name>.md``: findings written by hand next to the
-    figures, which the report includes (trailing newlines dropped)."""
-    return (PROSE / f"{name}.md").read_text().rstrip("\n")
+    """The notes ``docs/benchmarks/<name>.md``, written by hand, whole (trailing newlines
+    dropped): the learning benchmark's fragments, which its report includes."""
+    return (NOTES / f"{name}.md").read_text().rstrip("\n")
+
+
+def lead(name: str) -> str | None:
+    """The lead of ``docs/benchmarks/<name>.md``: the paragraphs between its title and its
+    first ``## `` heading, in one line each; None when the benchmark has no notes."""
+    path = NOTES / f"{name}.md"
+    if not path.exists():
+        return None
+    body = path.read_text().split("\n## ", 1)[0].split("\n", 1)[1]
+    return "\n\n".join(" ".join(p.split()) for p in body.strip().split("\n\n"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,16 +311,17 @@ class Benchmark:
 
     ``sizes`` are read by ``run`` as ``ctx.sizes``; a benchmark whose quick run is another plan
     rather than smaller numbers (fewer sides, fewer streams) reads ``ctx.quick`` instead.
-    ``section``: None for the standard section (``bench.report``). ``explained_always``: its
-    prose (``bench/prose/<name>.md``) is shown even when every target passes."""
+    ``columns``: the figures and ratios its table in BENCHMARKS.md shows (default: those its
+    targets judge); ``table``: that table's renderer instead, when the standard one does not
+    fit. ``section``: its section of ``bench/results/latest.figures.md``, every figure (None:
+    the standard one, ``bench.report``). ``explained_always``: the lead of its notes
+    (``docs/benchmarks/<name>.md``) is shown even when every target passes."""
 
     name: str
     summary: str
     run: Callable[[Context], BenchResult]
     sizes: Sizes = field(default_factory=Sizes)
+    columns: tuple[str, ...] = ()
+    table: Callable[[dict[str, Any]], list[str]] | None = None
     section: Callable[[dict[str, Any]], str] | None = None
     explained_always: bool = False
-
-    def analysis(self) -> str | None:
-        """The measured prose about this benchmark, if any is written."""
-        return prose(self.name) if (PROSE / f"{self.name}.md").exists() else None

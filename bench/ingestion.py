@@ -216,6 +216,11 @@ def _rejected(learner: LivefitProcess) -> float:
 BENCHMARK = Benchmark(
     name="ingestion",
     summary="MQTT publish -> trained, vs a bare paho subscriber that only decodes",
+    columns=(
+        "livefit samples/s",
+        "bare subscriber samples/s",
+        "livefit ÷ bare",
+    ),
     run=run,
     sizes=Sizes(
         quick={"rounds": 1, "counts": {1: 500, 100: 5_000}},

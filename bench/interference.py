@@ -372,6 +372,12 @@ def _training_labels(learner: LivefitProcess) -> dict[str, str]:
 BENCHMARK = Benchmark(
     name="interference",
     summary="prediction p99 with the trainer saturated vs idle",
+    columns=(
+        "idle p99 ms",
+        "saturated p99 ms",
+        "saturated ÷ idle (p99)",
+        "training kept",
+    ),
     run=run,
     sizes=Sizes(
         # publish_samples: what a saturating publisher sends at most. Quick: enough to keep the

@@ -314,6 +314,11 @@ def _mib(size: float) -> float:
 BENCHMARK = Benchmark(
     name="memory",
     summary="learner RSS growth (all its processes) over a long run, one process and split",
+    columns=(
+        "RSS after warm-up MiB",
+        "RSS at end MiB",
+        "growth %",
+    ),
     run=run,
     sizes=Sizes(
         quick={"samples": 20_000, "requests": 2_000},

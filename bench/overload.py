@@ -620,6 +620,15 @@ def _row(
 BENCHMARK = Benchmark(
     name="overload",
     summary="goodput, 429 latency and recovery at 1x-3x capacity, open loop",
+    columns=(
+        "goodput ÷ capacity",
+        "429 p99 ms",
+        "200 p99 ÷ capacity p99",
+        "recovery s",
+        "RSS growth MiB",
+        "req/s ÷ capacity",
+        "descriptors held",
+    ),
     run=run,
     sizes=Sizes(
         quick={

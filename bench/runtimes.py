@@ -149,6 +149,10 @@ def _rss_mb() -> float:
 BENCHMARK = Benchmark(
     name="runtimes",
     summary="one serving model call per serve.runtime: keras (before), xla, numpy",
+    columns=(
+        "us per call",
+        "keras ÷ this (time)",
+    ),
     run=run,
     sizes=Sizes(
         quick={"models": [MLP], "rounds": 1, "seconds": 0.1},

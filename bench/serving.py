@@ -51,7 +51,7 @@ SIDES = (
         f"`livefit serve`, default settings: batches of up to "
         f"{MAX_BATCH} rows, {TIMEOUT_MS:g} ms batch timeout, `serve.runtime = "
         f'"{_SERVE_DEFAULTS.runtime}"` (NumPy for the MLP; XLA for the LSTM in the run of '
-        "2026-11-26, whose `auto` took it then, keras since: bench/prose/runtimes.md), TF "
+        "2026-11-26, whose `auto` took it then, keras since: docs/benchmarks/runtimes.md), TF "
         "Serving REST endpoint",
     ),
     Side(
@@ -340,6 +340,12 @@ def rotate(items: list[str], by: int) -> list[str]:
 BENCHMARK = Benchmark(
     name="serving",
     summary="HTTP predictions vs FastAPI+Keras, LitServe and the HTTP ceiling",
+    columns=(
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "livefit ÷ this (req/s)",
+    ),
     run=run,
     sizes=Sizes(
         quick={"models": [MLP], "clients": [TARGET_CLIENTS], "rounds": 1, "duration": 1.0},

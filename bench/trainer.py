@@ -40,7 +40,7 @@ In one process, on the same MLP (same builder, seed, optimizer and loss), for ea
   of their own sized as this one but with one intra-op thread, so that the trainer's thread has
   a core of its own beside TensorFlow's; its livefit figure beside this process's raw step (the
   one the target is against) and its own. Not livefit's default: on a wide model it halves the
-  step (bench/prose/trainer.md).
+  step (docs/benchmarks/trainer.md).
 * **before #29**: the same ``Trainer`` measurement (1-sample chunks) and raw step on the code as
   it was before issue #29 (commit 409e868, ``BEFORE_29``, unpacked from this repository's
   history into the work directory), in a process of its own each round: its ratio to its own
@@ -654,6 +654,13 @@ def _pipelined_rate(
 BENCHMARK = Benchmark(
     name="trainer",
     summary="livefit's trainer vs the raw compiled step and per-message train_on_batch",
+    columns=(
+        "livefit samples/s",
+        "raw step samples/s",
+        "livefit ÷ raw step",
+        "livefit ÷ no experts",
+        "livefit ÷ per-message",
+    ),
     run=run,
     sizes=Sizes(
         quick={"batch_sizes": [256], "rounds": 1, "seconds": 0.15},  # 256: rows with targets

@@ -178,6 +178,12 @@ def _row(n: int, w: int, runs: dict[str, list[LoadResult]], side: str = "livefit
 BENCHMARK = Benchmark(
     name="workers",
     summary="replica and split learner --workers 1 and 2 against an HTTP ceiling",
+    columns=(
+        "livefit req/s",
+        "ceiling req/s",
+        "livefit p50 ms",
+        "livefit ÷ ceiling (req/s)",
+    ),
     run=run,
     sizes=Sizes(
         quick={"workers": (1,), "clients": [64], "rounds": 1, "duration": 1.0},

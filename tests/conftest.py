@@ -28,7 +28,7 @@ SPLIT_RUN = re.compile(r"\[(?:[^\]]*-)?split(?:-[^\]]*)?\]$")
 
 
 # The end-to-end files of a minute or more on a loaded 2-core CI machine, longest first (CI runs
-# of 2026-11-26: docs/testing.md). Alphabetical order put three of them near the end of the
+# of 2026-11-26: bench/results/ci_runs.md). Alphabetical order put three of them near the end of the
 # end-to-end files, where one of them could run alone on a worker while the other had finished.
 LONGEST_FIRST = (
     "test_bench_quick.py",

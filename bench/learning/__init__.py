@@ -5,7 +5,7 @@ what livefit is measured on and against; ``knobs`` are the settings under test; 
 livefit in a bench fleet (``bench.fleet``), ``inprocess`` runs the server's trainer without
 MQTT; ``sweep`` searches the defaults; ``run`` is the benchmark start to end, ``results`` its
 JSON and BenchResult, ``report`` and ``tables`` its Markdown section. Findings written by hand
-live in ``bench/prose/learning*.md``.
+live in ``docs/benchmarks/learning*.md``.
 """
 
 from bench.learning.knobs import DEFAULTS, MODEL_SEED, Knobs, describe

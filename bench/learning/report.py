@@ -1,4 +1,5 @@
-"""The "Learning quality" section of BENCHMARKS.md, from the benchmark's JSON alone."""
+"""The "Learning quality" sections of BENCHMARKS.md (a table) and of every figure
+(``bench/results/latest.figures.md``), from the benchmark's JSON alone."""
 
 from __future__ import annotations
 
@@ -25,15 +26,26 @@ from bench.learning.tables import (
 
 
 def section(bench: dict[str, Any]) -> str:
-    """The section of BENCHMARKS.md for the suite's entry (``to_bench_result``'s JSON)."""
+    """The section of every figure (``bench/results/latest.figures.md``) for the suite's entry
+    (``to_bench_result``'s JSON)."""
     return markdown(bench["extra"]["learning"])
 
 
+def table(bench: dict[str, Any]) -> list[str]:
+    """The table of BENCHMARKS.md for the suite's entry: livefit against river's best per
+    stream, and what the user's configuration gets in words."""
+    results = bench["extra"]["learning"]
+    return [*_md_summary(results).splitlines(), "", *_md_verdict(results).splitlines()]
+
+
 def markdown(results: dict[str, Any]) -> str:
-    """The "Learning quality" section of BENCHMARKS.md for ``results`` (from ``run``)."""
+    """The whole "Learning quality" section for ``results`` (from ``run``)."""
     parts = [_md_intro(results), _md_summary(results), _md_user_config(results)]
     if results["mode"] != "quick":
-        parts.append(prose("learning") + "\n")
+        parts.append(
+            "How the update defaults were found, and what else was tried:"
+            " [docs/benchmarks/learning.md](../../docs/benchmarks/learning.md).\n"
+        )
     parts += [stream_section(stream) for stream in results["streams"].values()]
     parts.append(model_seeds_table(results))
     parts.append(start_and_recovery_table(results))
@@ -110,11 +122,20 @@ def _gap(value: float, best: dict[str, Any], metric: str) -> str:
 
 def _md_user_config(results: dict[str, Any]) -> str:
     """What the user's configuration gets, in words, from this run's figures."""
+    verdict = _md_verdict(results)
+    if not verdict:
+        return ""
+    words = [_regression_words(r) for r in results["streams"].values() if r["metric"] == "mae"]
+    return verdict + "".join(words).rstrip() + ("\n" if any(words) else "")
+
+
+def _md_verdict(results: dict[str, Any]) -> str:
+    """The streams where livefit meets its target and where it misses, and what a model is."""
     judged = [r for r in results["streams"].values() if r["pass"] is not None]
     missed = [r["title"] for r in judged if not r["pass"]]
     if not judged:
         return ""
-    text = (
+    return (
         "**Against the target** (above): livefit meets it on "
         f"{len(judged) - len(missed)} of {len(judged)} streams"
         + (f"; it misses on {', '.join(missed)}" if missed else "")
@@ -124,8 +145,6 @@ def _md_user_config(results: dict[str, Any]) -> str:
         "configured network and a linear expert, mixed by their recent errors "
         "(docs/design.md, Experts).\n"
     )
-    words = [_regression_words(r) for r in results["streams"].values() if r["metric"] == "mae"]
-    return text + "".join(words).rstrip() + ("\n" if any(words) else "")
 
 
 def _regression_words(r: dict[str, Any]) -> str:

@@ -23,7 +23,7 @@ from bench.learning.knobs import BEFORE_RECOVERY, DEFAULTS
 from bench.learning.peers import peer_scores
 from bench.learning.protocol import batch_scores
 from bench.learning.recovery import after_drift, recovery_samples
-from bench.learning.report import markdown, section
+from bench.learning.report import markdown, section, table
 from bench.learning.results import (
     MODEL_SEEDS,
     QUICK_MODEL_SEEDS,
@@ -268,5 +268,6 @@ BENCHMARK = Benchmark(
     name="learning",
     summary="prequential accuracy through the server vs river's per-sample learners",
     run=suite_run,
+    table=table,
     section=section,
 )

@@ -59,7 +59,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "wd05": {"module": {"WEIGHT_DECAY": 0.05}},
     "wd2": {"module": {"WEIGHT_DECAY": 0.2}},
     "ch95s29": {"train": {"weight_average": 0.95}, "module": {"AVERAGE_START": 29.0}},
-    # The two probes that helped Waveform most (bench/prose/learning.md, "What the fast start
+    # The two probes that helped Waveform most (docs/benchmarks/learning.md, "What the fast start
     # buys"), over every stream (bench/results/waveform_probes.jsonl): one hidden layer of 32
     # units, and half the learning rate.
     "h32": {"": {"builder_options": {"hidden_units": [32]}}},
@@ -87,7 +87,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "linsgd01": {"": {"builder": "linear", "optimizer": "sgd", "learning_rate": 0.1}},
     # The learning rate scaled by rows / 25 for a batch of fewer than 25 rows (not in livefit:
     # ``_set_small_batch_rate``), measured with --chunk 1, every sample its own batch, as
-    # delayed labels arrive (bench/prose/delayed_labels.md)
+    # delayed labels arrive (docs/benchmarks/delayed_labels.md)
     "rate25": {"module": {"SMALL_BATCH_ROWS": 25}},
 }
 

@@ -13,8 +13,8 @@ import tensorflow as tf
 
 def flat_caller(concrete: Any) -> Callable[[list[object]], list[tf.Tensor]] | None:
     """Call the traced graph with tensors in signature order, skipping the argument binding
-    and casting that ``ConcreteFunction.__call__`` repeats on every call (0.1 ms a step,
-    about 10 %, measured at batch 256 and 1024).
+    and casting that ``ConcreteFunction.__call__`` repeats on every call (a tenth of a small
+    model's training step: docs/benchmarks/defaults.md).
 
     ``_call_flat`` is TensorFlow's own internal entry point (what ``__call__`` ends in), not a
     public API: when a TensorFlow version lacks it, None, and the public call is used.

@@ -4,10 +4,10 @@ serving processes ``livefit serve`` starts when ``http.workers`` is unset.
 Decision (issue #18): an unset ``http.workers`` splits the learner into a training process and
 ``default_serving_processes()`` serving processes: one core is left to training, each other
 usable core gets a serving process, at most ``MAX_DEFAULT_SERVING``. The cap is there because
-each serving process is a TensorFlow process of its own (about 300 MiB PSS, 600 MiB RSS on
-the benchmark model, BENCHMARKS.md "memory"); a machine that wants more sets ``http.workers``.
-On 2 cores that is 1, measured better than one process at the defaults (BENCHMARKS.md
-"workers", "interference"). Imports nothing of TensorFlow: the supervising parent calls it.
+each serving process is a TensorFlow process of its own (BENCHMARKS.md, "Memory"); a machine
+that wants more sets ``http.workers``. On 2 cores that is 1, which serves and trains better than
+one process (BENCHMARKS.md, "Serving workers"; the figures: docs/benchmarks/defaults.md).
+Imports nothing of TensorFlow: the supervising parent calls it.
 
 Decision (issue #29): the training process of a split learner runs on ``training_cpus()``: by
 default the usable cores less one per serving process, at least 1 (on 2 cores: 1 core), and

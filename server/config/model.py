@@ -110,20 +110,20 @@ class ModelSettings(Section):
             "matters); checked when the file loads"
         ),
     )
-    # nadam at 0.01: the learning-quality sweep's choice (BENCHMARKS.md#defaults-sweep)
+    # why: nadam at 0.01 is the learning-quality sweep's choice (BENCHMARKS.md#learning-quality)
     optimizer: str = Field(
         "nadam",
         description=(
             "any Keras optimizer name (any case; checked when the file loads); the default was "
-            "chosen by the learning-quality benchmark (BENCHMARKS.md)"
+            "chosen by the [learning-quality benchmark](../BENCHMARKS.md#learning-quality)"
         ),
     )
     learning_rate: float = Field(
         0.01,
         gt=0,
         description=(
-            "likewise measured: nadam at 0.01 beat adam at 0.001 on all three streams (adam at "
-            "0.001 trailed logistic regression by 5.8, 0.8 and 2.2 points on 2026-11-22)"
+            "chosen with the optimizer: nadam at 0.01 beat adam at 0.001 on every stream of the "
+            "[learning-quality benchmark](../BENCHMARKS.md#learning-quality)"
         ),
     )
     metrics: list[str] = Field(

@@ -43,24 +43,24 @@ class TrainSettings(Section):
             "broker holds the rest"
         ),
     )
-    # Unset: by the loss (BENCHMARKS.md#learning-quality, "Regression's own update defaults")
+    # why: regression gains from more steps than classification (docs/benchmarks/learning.md)
     steps_per_batch: int | None = Field(
         None,
         ge=1,
         le=100,
         description=(
             "gradient steps on each minibatch (each a version); the default depends on the loss "
-            "(measured: BENCHMARKS.md, learning quality); see `extras_when`"
+            "([learning quality](../BENCHMARKS.md#learning-quality)); see `extras_when`"
         ),
         json_schema_extra={"unset": "4 for `mse`, `mae`, `huber`, `log_cosh`; else 2"},
     )
-    # Unset: by the loss (BENCHMARKS.md#learning-quality, "Regression's own update defaults")
+    # why: regression gains from a longer replay window (docs/benchmarks/learning.md)
     replay_capacity: int | None = Field(
         None,
         ge=0,
         description=(
             "samples kept for replay (0: off); memory is this many samples (the default depends on "
-            "the loss, measured: BENCHMARKS.md, learning quality)"
+            "the loss: [learning quality](../BENCHMARKS.md#learning-quality))"
         ),
         json_schema_extra={
             "unset": (
@@ -93,8 +93,8 @@ class TrainSettings(Section):
             "wait; a batch taken from a backlog, or while prediction requests wait for the model, "
             "gets one step on its own samples, so a fast stream trains at the plain step's rate "
             "and predictions go first. `always`: every batch. The defaults of these five settings, "
-            "with tanh and nadam at 0.01, were measured on three public streams against river's "
-            "per-sample logistic regression (BENCHMARKS.md, learning quality)"
+            "with tanh and nadam at 0.01, close the gap to river's per-sample learners "
+            "([learning quality](../BENCHMARKS.md#learning-quality))"
         ),
     )
     yield_to_serving_ms: float = Field(
@@ -115,8 +115,8 @@ class TrainSettings(Section):
             "test, scaling, metrics) overlaps TensorFlow's work; where the step before was rolled "
             "back or brought a drift reaction, the early step is rewound and run again, so the "
             "result is that of one batch after the other (`livefit_train_rewinds_total`; "
-            "[design](design.md#the-pipelined-trainer)). Measured: 1.14-1.83x the trainer's "
-            "samples/s on 2 cores, 25-30 % slower on one (BENCHMARKS.md, trainer). `auto`: on in a "
+            "[design](design.md#the-pipelined-trainer)); faster on 2 or more cores, slower on "
+            "one ([trainer](../BENCHMARKS.md#trainer-throughput)). `auto`: on in a "
             "process that may use 2 or more CPUs and serves no predictions (a split learner's "
             "training process with 2 or more training cores); `on`: also in a one-process learner; "
             "`off`. Never with several devices or model selection"
@@ -144,7 +144,7 @@ class TrainSettings(Section):
             "would pass for new levels)"
         ),
     )
-    # 2 over 300 steps: the safest boost (BENCHMARKS.md#learning-quality, "Drift recovery")
+    # why: 2 over 300 steps was the safest boost (docs/benchmarks/learning.md, "Drift recovery")
     start_lr_factor: float = Field(
         2.0,
         ge=1,
@@ -156,7 +156,7 @@ class TrainSettings(Section):
             "not fresh: no boost). `1`: no start boost (the behaviour before the setting)"
         ),
     )
-    # Unset: on for regression only (BENCHMARKS.md#learning-quality, "What the fast start buys")
+    # why: it helps regression only (docs/benchmarks/learning.md, "What the fast start buys")
     fast_start_samples: int | None = Field(
         None,
         ge=0,
@@ -169,14 +169,9 @@ class TrainSettings(Section):
             "where a full-size one would have (`extras_when`). The count of samples learned is the "
             "model's own and checkpoints keep it: a model restored before the limit goes on with "
             "it, one restored past it does not start again. `0`: off. The default depends on the "
-            "loss, measured over 15 streams and 4 model seeds (BENCHMARKS.md, learning quality): "
-            "53 % and 6 % lower prequential MAE on TrumpApproval and ChickWeights, most of it the "
-            "first message's own score (its later batches are scored by a model that learned its "
-            "earlier ones; the clients of that message were answered before it came); after the "
-            "first message, what clients are served, 0.03 to 3.7 % lower MAE on the five "
-            "regression streams on the mean over seeds (some seeds worse on four of them), but "
-            "lower accuracy on eight of the ten classification streams (Phishing on every seed, "
-            "-0.69 points on the mean; Waveform +0.23), so classifiers start without it"
+            "loss: it lowers regression's error, most of all on its first message, but after the "
+            "first message it costs most classifiers accuracy, so they start without it "
+            "([learning quality](../BENCHMARKS.md#learning-quality))"
         ),
         json_schema_extra={"unset": "100 for `mse`, `mae`, `huber`, `log_cosh`; else 0"},
     )
@@ -186,7 +181,7 @@ class TrainSettings(Section):
         le=1_000_000,
         description="training steps the start boost takes to decay",
     )
-    # 0.95 gained more than 0.9 (BENCHMARKS.md#learning-quality, "Weight averaging")
+    # why: 0.95 gained more than 0.9 (docs/benchmarks/learning.md, "Weight averaging")
     weight_average: float = Field(
         0.95,
         ge=0,
@@ -209,10 +204,9 @@ class TrainSettings(Section):
             "pass per step: over the batch's own samples (not the replayed ones) where the "
             "averaged weights are served, else over the compared ones only, none in a batch not "
             "compared (on several devices, over every row). `0`: no averaging (the behaviour "
-            "before the setting). 0.95: measured over 15 streams and 4 model seeds (BENCHMARKS.md, "
-            "learning quality): about 1 point more accuracy on the noisy Waveform and LED streams "
-            "and 3 to 5 % lower MAE on Friedman, Planes2D and Mv; always serving the average "
-            "instead cost up to 6 points on Moving RBF"
+            "before the setting). 0.95: it helps the noisy and the regression streams, and serving "
+            "the average only while it scores better keeps it from costing the drifting ones "
+            "([learning quality](../BENCHMARKS.md#learning-quality))"
         ),
     )
 
@@ -251,7 +245,7 @@ class DriftSettings(Section):
             "Page-Hinkley threshold in standardised loss units (lower: faster, more false alarms)"
         ),
     )
-    # flush_replay: the best of the five (BENCHMARKS.md#learning-quality, "Drift recovery")
+    # why: flush_replay recovered best of the five (docs/benchmarks/learning.md)
     reaction: Literal["none", "reset_optimizer", "boost_lr", "flush_replay", "recover"] = Field(
         "flush_replay",
         description=(
@@ -342,8 +336,8 @@ class SelectionSettings(Section):
         description=(
             "online model selection: the configured model and each of `candidates` train on the "
             "same minibatches; the one with the lowest recent prequential loss is served "
-            "(snapshots, weight stream, checkpoints' served copy). Off: measured cost and gain in "
-            "[online model selection](design.md#online-model-selection)"
+            "(snapshots, weight stream, checkpoints' served copy). Off: its gain did not pay "
+            "for its cost ([online model selection](design.md#online-model-selection))"
         ),
     )
     candidates: list[CandidateSettings] = Field(
@@ -356,7 +350,7 @@ class SelectionSettings(Section):
             "afresh after a restart"
         ),
     )
-    # Faster switching gained only on Agrawal (BENCHMARKS.md#learning-quality, "remeasured")
+    # why: faster switching gained only on Agrawal (docs/benchmarks/learning.md, "remeasured")
     window: int = Field(
         500,
         ge=10,
@@ -400,26 +394,25 @@ class ServeSettings(Section):
     """Request batching and limits for the prediction API."""
 
     max_batch_size: int = Field(64, ge=1, le=65536, description="rows per model call at most")
-    # 0, as Triton's default; "auto" gained nothing (BENCHMARKS.md#batch-timeout-0-fixed-auto)
+    # why: 0, as Triton's; "auto" gained nothing here (BENCHMARKS.md#batch-timeout-0-fixed-auto)
     batch_timeout_ms: float | Literal["auto"] = Field(
         0.0,
         description=(
             "a batch fires this long after its oldest request arrived, or when full. `0`: as soon "
             "as the model is free, with every request that queued meanwhile (requests queue while "
-            "the previous batch runs, so batches still grow with load); measured 3.3x the "
-            "requests/s of 2 ms at 1 client and the same or better at 64. Raise it for models "
+            "the previous batch runs, so batches still grow with load), and a lone client never "
+            "waits for company. Raise it for models "
             'whose cost hardly grows with the batch (GPU). `"auto"`: chosen for each batch from '
-            "the measured arrival rate λ (rows/s) and the model call's cost `per_batch + per_row * "
+            "the arrival rate λ (rows/s) and the model call's cost `per_batch + per_row * "
             "rows`, fitted online (timed by the model thread's CPU time on a CPU, wall time on a "
             "GPU): a batch on an idle model waits for more rows only while the next row is worth "
             "waiting for, up to K = (λ·per_batch - 1) / (1 + λ·per_row) rows, i.e. (K - 1)/λ "
             "seconds; 0 when λ·(per_batch - per_row) ≤ 2 (a lone client, or a model whose call "
             "costs little next to the gap between requests); exported as "
-            "`livefit_predict_batch_timeout_seconds`. Not the default yet: on this repository's "
-            "CPU benchmark model it chooses 0 at 1 and 16 clients and under 1 ms at 64, and "
-            "measured within noise of `0` (an A/A pair in the same run), so there it gains "
-            "nothing; the models it is for (a call that costs much more than the gap between "
-            "requests, e.g. on a GPU) were not measured (BENCHMARKS.md, batch timeout)"
+            "`livefit_predict_batch_timeout_seconds`. Not the default yet: on the CPU benchmark "
+            "model it gained nothing over `0`, and the models it is for (a call that costs much "
+            "more than the gap between requests, e.g. on a GPU) were not benchmarked "
+            "([batch timeout](../BENCHMARKS.md#batch-timeout-0-fixed-auto))"
         ),
     )
     max_batch_timeout_ms: float = Field(
@@ -469,7 +462,7 @@ class ServeSettings(Section):
         ge=1024,
         description="request body bytes at most (413)",
     )
-    # xla is opt-in: its gain did not hold over HTTP (BENCHMARKS.md#serving-runtimes-one-model-call)
+    # why xla is opt-in: no gain over HTTP (BENCHMARKS.md#serving-runtimes-one-model-call)
     runtime: Literal["auto", "keras", "xla", "numpy"] = Field(
         "auto",
         description=(
@@ -540,10 +533,8 @@ class WeightsSettings(Section):
             "the trainer hands a snapshot (when the weights changed) to the learner's own serving "
             "this often: its in-process model, or a split learner's serving processes. Stretched "
             "to 20 times what copying the weights took, so a large model's copies take at most "
-            'about 5 % of the trainer\'s time. Measured on 2 cores (BENCHMARKS.md "freshness", '
-            '"interference"): at 0.05 s a split learner served a sample 41 ms after it was '
-            "published (p99) but trained 25 % fewer samples/s under saturation; at 0.5 s (the "
-            "weight topic's interval) 417 ms; 0.15 s is the default between them"
+            "about 5 % of the trainer's time. 0.15 s: between fresher weights and the training "
+            "each snapshot costs ([freshness](../BENCHMARKS.md#freshness-publish-to-served))"
         ),
     )
     topic: str | None = Field(
@@ -739,7 +730,7 @@ class ExpertsSettings(Section):
             "(0.998: about the last 500 samples), so the mixture follows a drift"
         ),
     )
-    # 0.3: the best of 0.1, 0.3, 0.5, 1 and 3 over 15 streams (BENCHMARKS.md#learning-quality)
+    # why: 0.3 lost least against the network alone (docs/benchmarks/defaults.md)
     rate: float = Field(
         0.3,
         gt=0,

@@ -253,15 +253,13 @@ class HttpSettings(Section):
             "serving process per usable core beside the training process's (the CPUs of its "
             "affinity mask, capped by a cgroup CPU quota), at least 1 and at most 4 (each is a "
             "TensorFlow process of its own: about 300 MB PSS); 0, the whole learner in one "
-            "process, predictions served beside training. Measured on 2 cores (BENCHMARKS.md "
-            '"workers", "interference", "memory", "freshness"): the split at 1 serving '
-            "process answers 1.0-1.2x the requests/s of one process at 64 clients, its p99 while "
-            "training is 1.2-1.4x lower, it trains 1.2-1.7x the samples/s while serving, its own "
-            "serving process answers with a new version 42-52 ms (p99) after the sample's publish; "
-            "it costs about 315 MB more PSS (a second TensorFlow process) and takes longer to be "
-            "ready (16 s against 10 s for a small MLP on this 2-core host: the serving process "
-            "starts once the training process feeds weights). On 1 core it is still 1 serving "
-            "process (not measured there; `--workers 0` if memory is short). "
+            "process, predictions served beside training. On 2 cores the split at 1 serving "
+            "process answers more, keeps a lower p99 while training and trains more than one "
+            "process, for a second TensorFlow process's memory and a slower start "
+            "([workers](../BENCHMARKS.md#serving-workers-replica-and-learner---"
+            "workers-n-against-the-http-ceiling)). "
+            "On 1 core it is still 1 serving process (not benchmarked there; `--workers 0` if "
+            "memory is short). "
             "`tests/unit/test_machine_defaults.py` checks the count"
         ),
         json_schema_extra={
@@ -405,7 +403,7 @@ class TensorFlowSettings(Section):
             "one per core)"
         ),
     )
-    # 0 lets a split learner's training process take 1: BENCHMARKS.md#trainer-throughput
+    # why: 0 lets a split learner's training process take 1 (BENCHMARKS.md#trainer-throughput)
     inter_op_threads: int = Field(
         0,
         ge=0,
@@ -413,8 +411,8 @@ class TensorFlowSettings(Section):
         description=(
             "ops TensorFlow runs at once (`0`: its default, one per core; a split learner's "
             "training process that trains one model on the CPU then takes 1: it serves nothing, "
-            "and its pipelined trainer measured 1.11-1.40x faster at batch 256 and 1,024 on 2 "
-            'cores, BENCHMARKS.md "trainer")'
+            "and idle pool threads would take the cores its trainer needs: "
+            "[trainer](../BENCHMARKS.md#trainer-throughput))"
         ),
     )
     devices: Literal["auto"] | list[str] = Field(
@@ -462,7 +460,7 @@ class TensorFlowSettings(Section):
 class ProcessSettings(Section):
     """Operating-system settings of a split learner's processes (``http.workers`` >= 1)."""
 
-    # 0: at 10, training starves under load (BENCHMARKS.md#interference-predictions-while-training)
+    # why 0: at 10 training starved (BENCHMARKS.md#interference-predictions-while-training)
     training_niceness: int = Field(
         0,
         ge=0,
@@ -472,14 +470,12 @@ class ProcessSettings(Section):
             "threads that train (ingestion, trainers, TensorFlow's pools, checkpoint and weight "
             "writers; not its main thread, which sends its status and answers its metrics), so "
             "that when training and serving both want the cores the kernel gives them to the "
-            "serving processes first. Measured on 2 cores with predictions saturating the machine "
-            '(BENCHMARKS.md "interference"): at 10, 1.20x the requests/s of 0 and a p99 1.69x '
-            "idle against 1.90x, while training gets about a third of the samples/s (10,600 "
-            "against 34,000). Not the default: at 10 training starves whenever anything else "
-            "saturates the machine"
+            "serving processes first. Not the default: at 10 serving gains a little, and training "
+            "starves whenever anything else saturates the machine "
+            "([interference](../BENCHMARKS.md#interference-predictions-while-training))"
         ),
     )
-    # "auto" leaves serving a core: BENCHMARKS.md#interference-predictions-while-training
+    # why: "auto" leaves serving a core (BENCHMARKS.md#interference-predictions-while-training)
     training_cores: Literal["auto"] | int = Field(
         "auto",
         description=(
@@ -490,10 +486,11 @@ class ProcessSettings(Section):
             "highest-numbered cores of the process's CPU mask and sizes TensorFlow's intra-op pool "
             "to them unless `tensorflow.intra_op_threads` is set; the serving processes keep every "
             "core, so queued predictions find a core training cannot take (unless "
-            '`processes.serving_cores` is "others"). Measured in BENCHMARKS.md "interference"'
+            '`processes.serving_cores` is "others"; '
+            "[interference](../BENCHMARKS.md#interference-predictions-while-training))"
         ),
     )
-    # "all": "others" was never better (BENCHMARKS.md#interference-predictions-while-training)
+    # why "all": "others" was never better (BENCHMARKS.md#interference-predictions-while-training)
     serving_cores: Literal["all", "others"] = Field(
         "all",
         description=(
@@ -501,10 +498,9 @@ class ProcessSettings(Section):
             'training process\'s too; `"others"`: the cores `processes.training_cores` leaves '
             "(every core when training is not pinned), so a saturated training process never "
             "shares a core with an event loop, at the cost of the serving processes never using "
-            "the training cores when training is idle. Set before any thread starts. Measured side "
-            'by side in BENCHMARKS.md "interference": on 2 cores it served more requests under '
-            'load, but with the worst p99 on one host (6.95x idle against 2.86x for "all", '
-            "2026-11-26) and a level one on another (3.04x against 3.02x, 2026-11-27)"
+            "the training cores when training is idle. Set before any thread starts. Not the "
+            "default: on 2 cores it served more requests under load, never with a better p99 "
+            "([interference](../BENCHMARKS.md#interference-predictions-while-training))"
         ),
     )
 

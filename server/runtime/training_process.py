@@ -165,14 +165,12 @@ def cpus_for_training(settings: Settings, slot: TrainingSlot) -> list[int] | Non
 
 # The inter-op pool of a training process that trains one model on the CPU, unless
 # ``tensorflow.inter_op_threads`` is set. It serves no predictions and runs one trainer, so
-# nothing else waits on the pool. Measured on 2 cores (BENCHMARKS.md "trainer", the side
-# "default pools"): the pipelined trainer trained 1.11-1.40x the samples/s at batch 256 and
-# 1,024 over three runs with one inter-op thread instead of TensorFlow's default (one per
-# core), whose idle threads compete with the trainer's own thread for the cores; its raw step
-# ran 0.98-1.08x as fast. Intel's guidance for
-# TensorFlow on CPUs likewise sets it to the sockets. Not taken with several models (their
-# steps would share the one thread) or a GPU (not measured); TensorFlow has open reports of
-# hangs with one inter-op thread in TF1-style graphs (tensorflow#38969), none seen here.
+# nothing else waits on the pool. why: TensorFlow's default (one per core) leaves idle threads
+# that compete with the trainer's own for the cores (BENCHMARKS.md#trainer-throughput, the side
+# "default pools"). Intel's guidance for TensorFlow on CPUs likewise sets it to the sockets.
+# Not taken with several models (their steps would share the one thread) or a GPU (not
+# benchmarked); TensorFlow has open reports of hangs with one inter-op thread in TF1-style
+# graphs (tensorflow#38969), none seen here.
 TRAINING_INTER_OP_THREADS = 1
 
 

@@ -6,8 +6,8 @@ a NumPy array, and that reads the weights it was last given. Three exist:
 - ``keras``: the Keras model traced once by ``tf.function`` and called through its concrete
   function (TensorFlow's graph executor); every model works.
 - ``xla``: the same trace compiled by XLA (``jit_compile=True``), once per padded batch size at
-  warm-up; 1-row calls of the benchmark MLP and LSTM took about half and a third of the graph's
-  time (bench/prose/runtimes.md).
+  warm-up; faster calls than the graph's, for seconds of compilation
+  (BENCHMARKS.md#serving-runtimes-one-model-call).
 - ``numpy``: a plain NumPy forward pass generated from a chain of Dense-type layers (input and
   target scaling, Dense, Dropout, Flatten, Reshape, Activation; the experts' mixture of such
   chains), the same float32 operations in the same order; a 1-row call of the benchmark MLP
@@ -17,7 +17,7 @@ a NumPy array, and that reads the weights it was last given. Three exist:
 ``auto`` takes ``numpy`` where the model is such a chain on a CPU, else ``keras``: XLA's faster
 calls did not show as a steady gain end to end (over HTTP, on 2 busy cores, its LSTM answered a
 lone client faster in one round and slower in the other) and cost seconds of compilation at
-start (bench/prose/runtimes.md). A runtime that cannot take a model (``numpy`` for an LSTM,
+start (docs/benchmarks/runtimes.md). A runtime that cannot take a model (``numpy`` for an LSTM,
 ``xla`` for an op XLA lacks) falls back to ``keras`` with one log line; outputs agree with
 Keras within ``AGREEMENT_TOLERANCE`` (checked on a probe batch before a runtime is used, and by
 a unit test per runtime and model).
@@ -85,9 +85,9 @@ def _flat_call(
     function: tf.types.experimental.ConcreteFunction, input_shape: tuple[int, ...]
 ) -> Callable[[np.ndarray], tf.Tensor]:
     """``function`` as a call on one float32 array of shape (N, *input_shape), through its
-    flat entry (``flat_call``: 65-80 us of a 210-280 us 1-row call of the 64x64 MLP saved,
-    measured side by side). Anything else (another dtype or shape, or a TensorFlow without
-    that entry) goes through the public call, which checks it."""
+    flat entry (``flat_call``: it skips the argument binding, a third of a small model's
+    1-row call: docs/benchmarks/defaults.md). Anything else (another dtype or shape, or a
+    TensorFlow without that entry) goes through the public call, which checks it."""
     flat = flat_caller(function)
     if flat is None:  # a TensorFlow whose private entry moved: the public call, slower
         return function

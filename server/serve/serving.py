@@ -28,9 +28,9 @@ from .runtimes import build_runtime
 log = logging.getLogger(__name__)
 
 SnapshotSource = Callable[[], Snapshot | None]
-# A model call cheaper than this runs on the event loop (``RequestBatcher(inline=True)``): the
-# hand-over to the model thread and back cost 0.1-0.3 ms of a 1-row request on 2 busy cores
-# (bench/prose/serving.md), a NumPy forward pass of the 64x64 MLP 12-25 us at 1-64 rows.
+# A model call cheaper than this runs on the event loop (``RequestBatcher(inline=True)``). why:
+# the hand-over to the model thread and back costs more than a NumPy forward pass of a small
+# MLP (BENCHMARKS.md#serving-throughput-and-latency; figures: docs/benchmarks/defaults.md).
 INLINE_MAX_CALL_S = 0.5e-3
 
 

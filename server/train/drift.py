@@ -11,32 +11,22 @@ cumulative sums. With ``standardize=False, clip=None, mode="up"`` and River's nu
 (``delta=0.005, threshold=50, alpha=1 - 1e-4``) ours signals exactly where
 ``river.drift.PageHinkley(mode="up")`` does (the tests check this).
 
-Our defaults differ from River's, for three reasons measured on synthetic loss streams:
+Our defaults differ from River's, for three reasons:
 - ``standardize=True``: deviations from the running mean are measured in running standard
   deviations (both since the last detection), so ``delta`` and ``threshold`` mean the same for
   a loss of order 0.01 and one of order 1000; River's are in loss units.
-- ``alpha=1`` (no fading): in standard units River's fading factor 1 - 1e-4 lets the sum settle
-  near -delta / (1 - alpha) with a spread of ~70 > threshold, about one false alarm per 10,000
-  samples.
+- ``alpha=1`` (no fading): in standard units River's fading factor lets the sum settle with a
+  spread beyond the threshold, so stationary losses raise false alarms.
 - ``clip=5`` (standard deviations): heavy-tailed losses (log-normal, cross-entropy) otherwise
   raise false alarms from a few outliers close together.
-Measured with the defaults (``delta=0.2, threshold=50, min_instances=30``, batches of 128-256):
-no false alarm in 5 million stationary samples of each of six loss distributions (half-normal,
-exponential, two log-normal, Pareto(3), cross-entropy-like); a jump from |N(0.1, 0.05)| to
-|N(1, 0.2)| after 5,000 samples is found 9-10 samples later, a shift of one standard deviation
-(0.10 -> 0.15) 47-69 samples later, a linear ramp to 1.0 over 20,000 samples 496-612 samples
-after it starts (10 seeds each). ``mode="up"``: a model that gets better is not drift.
-A model learning a noiseless stream is not drift either: its loss falls by orders of magnitude
-and the deviations from the running mean (which keeps the early, larger losses) stay negative.
-Measured with the trainer's default network and optimizer on noiseless linear streams
-(regression and classification, 60,000 samples in minibatches of 25, 3 seeds each): no
-detection (``tests/unit/test_update_policy.py`` keeps a 30,000-sample version). Remeasured on an
-AVX-512 CPU (other float rounding, so other trajectories), 30,000 samples, seeds 0-7 of each
-loss: 15 of 16 runs had no detection; one regression run (seed 5) had two, each at a transient
-20x rise of the loss (5e-4 to 1e-2 over ~10 minibatches) after an Adam overshoot. That is a
-real rise of the loss and is reported as one; the default reaction (``flush_replay``) then
-empties the replay buffer, which costs the next few steps their replayed samples and nothing
-else.
+With the defaults (``delta=0.2, threshold=50, min_instances=30``) stationary losses of six
+distributions raise no false alarm while a jump is found within a batch or two; the probes are in
+docs/benchmarks/defaults.md ("Drift detector"). ``mode="up"``: a model that gets better is not
+drift. A model learning a noiseless stream is not drift either: its loss falls by orders of
+magnitude and the deviations from the running mean (which keeps the early, larger losses) stay
+negative (``tests/unit/test_update_policy.py`` checks it on a 30,000-sample stream). A transient
+rise of the loss after an optimizer's overshoot is a real rise and is reported as one; the
+default reaction (``flush_replay``) then costs the next few steps their replayed samples only.
 """
 
 from __future__ import annotations
@@ -130,10 +120,10 @@ class PageHinkley:
         """Advance over ``x``; on a detection return its index (state is then stale).
 
         Runs once per training step, so it is written for few numpy calls, in place where an
-        array is not needed again: 36 -> 28 us for 256 values, 58 -> 44 us for 1,024
-        (measured). Each value goes through the same operations in the same order as before
-        that rewrite, so detections and state are the same to the bit (checked on 12,000
-        random batches of 1 to 3,000 values, every mode, with and without standardizing).
+        array is not needed again (the gain: docs/benchmarks/trainer.md). Each value goes
+        through the same operations in the same order as before that rewrite, so detections and
+        state are the same to the bit (checked on 12,000 random batches of 1 to 3,000 values,
+        every mode, with and without standardizing).
         """
         s = self._s
         n = len(x)

@@ -292,7 +292,7 @@ class LevelShiftWatch:
         ``window`` rows are converted and compared (not 256-1,024 rows a batch). While no kept
         target lies beyond the bound (the usual case), nothing is kept: only targets beyond it
         count towards a run or its statistics, so a batch with none beyond it costs one
-        comparison (a third of the full pass, measured in the trainer's loop).
+        comparison, not the full pass (docs/benchmarks/defaults.md).
         """
         recent = np.asarray(y)[-self.window :]
         rows = np.asarray(recent, dtype=np.float64).reshape(len(recent), -1)
