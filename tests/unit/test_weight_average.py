@@ -158,8 +158,9 @@ def test_a_restart_serves_what_the_checkpoint_served(tmp_path: Path) -> None:
     t.checkpointing.save_if_due(final=True)
     restored = trainer(tmp_path, **settings)
     assert restored.step.serve_average
-    assert restored._last_snapshot is not None  # what warm_up handed to serving
-    for got, want in zip(restored._last_snapshot.weights, served, strict=True):
+    handed = restored.slot.latest  # what warm_up handed to serving
+    assert handed is not None
+    for got, want in zip(handed.weights, served, strict=True):
         np.testing.assert_array_equal(got, want)
     # A batch on which the trained weights do better: alone it would switch to them, with
     # the restored window (4 L + 6 against 4 L + 5.2) the average stays served.
