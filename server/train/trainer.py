@@ -127,7 +127,9 @@ class Trainer:
         self.accounting = Accounting(
             name, self.progress, scores, self.policy, self.candidates, queue, self.hooks, metrics
         )
+        # The policy reports drift to the accounting, which reads the policy (built first)
         self.policy.on_drift = self.accounting.found_drift
+        # Runs the steps where ``pipelined`` (``_run_pipelined``); idle otherwise
         self.pipeline = StepPipeline(name, self.policy, self.accounting.account, self.hooks,
                                      metrics)  # fmt: skip
         self.snapshots = Snapshots(
