@@ -3,9 +3,10 @@ mark does not cover.
 
 A restart continues above the mark, so no version is ever handed out twice, even by a learner
 killed long after its last checkpoint (versions may jump instead). Versions are claimed a block
-(``VERSION_BLOCK``) at a time; while the mark cannot be written (a full disk) nothing above it
-leaves, and the write is tried again on a back-off. After a clean stop the exact version is
-recorded, so that a restart continues right there without a jump.
+(``VERSION_BLOCK``) at a time; while the mark cannot be written (a full disk) training goes on
+but nothing above it leaves (readiness names ``version_mark``), and the write is tried again on a
+back-off. After a clean stop the exact version is recorded, so that a restart continues right
+there without a jump.
 """
 
 from __future__ import annotations
