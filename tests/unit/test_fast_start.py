@@ -91,7 +91,7 @@ def test_a_backlog_at_the_start_is_still_taken_as_a_backlog() -> None:
 def test_a_model_that_has_learned_enough_takes_full_batches() -> None:
     """The count of samples learned decides (a restored model's is its checkpoint's)."""
     trainer = _trainer()
-    trainer.samples_seen = 100
+    trainer.progress.samples_seen = 100
     _put(trainer, 60)
     assert _drain(trainer) == [(60, 0)]
 

@@ -21,7 +21,8 @@ from livefit.server.config.model import ModelSettings
 from livefit.server.ingest.sample_queue import SampleQueue
 from livefit.server.storage.checkpoint import Checkpoint, CheckpointStore
 from livefit.server.storage.metrics import StorageMetrics
-from livefit.server.train.trainer import VERSION_BLOCK, Trainer
+from livefit.server.train.trainer import Trainer
+from livefit.server.train.version_mark import VERSION_BLOCK
 from livefit.server.wire.samples import SampleChunk
 from livefit.server.wire.snapshot import SnapshotSlot
 

@@ -161,7 +161,7 @@ def test_predictions_served_and_scored_are_probabilities() -> None:
     scores = t.scores.scores
     assert 0.5 < scores["accuracy"].cumulative <= 1.0
     assert 0.0 < scores["log_loss"].cumulative < np.log(4)  # better than a uniform guess
-    t._snapshot(force=True)
+    t.snapshots.take(force=True)
     snapshot = t.slot.latest
     assert snapshot is not None
     serving = ServingModel("m", build_uncompiled(t.settings, "/CPU:0"), [3], [1, 8],

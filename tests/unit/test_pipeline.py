@@ -159,7 +159,8 @@ def test_the_pipeline_learns_what_one_batch_after_the_other_does(case: str) -> N
     plain = _run("off", settings, x, y)
     piped = _run("on", settings, x, y)
     assert not plain.pipelined and piped.pipelined
-    assert piped.rewinds > 0  # the stream made it rewind (rolled-back steps, drift reactions)
+    # the stream made it rewind (rolled-back steps, drift reactions)
+    assert piped.pipeline.rewinds > 0
     _assert_same(_state(plain), _state(piped))
     # a rolled-back batch leaves nothing moved, batch normalisation's statistics included
     for trainer in (plain, piped):
@@ -235,7 +236,7 @@ def test_a_pipelined_switch_of_the_served_weights_rescores_the_next_batch(
     plain, piped = run("off"), run("on")
     assert counts["sampled"]["off"] > 0 and counts["unscored"]["off"] == 0
     assert counts["to averaged"]["off"] > 0 and counts["to trained"]["off"] > 0
-    assert piped.rewinds > 0  # the switches' rewinds: nothing else rewinds on this stream
+    assert piped.pipeline.rewinds > 0  # the switches' rewinds: nothing else rewinds on this stream
     _assert_same(_state(plain), _state(piped))
     for name in ("to averaged", "to trained"):
         assert counts[name]["on"] == counts[name]["off"], name
@@ -298,7 +299,7 @@ def test_a_backlog_compares_one_batch_in_eight(monkeypatch: pytest.MonkeyPatch) 
         assert counts[name]["on"] == counts[name]["off"] > 0, name
     # every switch to the averaged weights came from a backlog's batch (the last, caught-up
     # batch switches back) and rewound the batch started meanwhile; no switch back did
-    assert piped.rewinds == counts["to averaged"]["on"]
+    assert piped.pipeline.rewinds == counts["to averaged"]["on"]
     _assert_same(_state(plain), _state(piped))
 
 

@@ -123,15 +123,17 @@ def test_snapshots_carry_the_served_candidate_and_checkpoints_the_configured_one
     assert trainer.candidates is not None and trainer.candidates.served.name == "fast"
     fast = trainer.candidates.candidates["fast"].model.get_weights()
     configured = trainer.model.get_weights()
-    snapshot = trainer._snapshot(force=True)
+    snapshot = trainer.snapshots.take(force=True)
     assert snapshot is not None
     for served, expected in zip(snapshot.weights, fast, strict=True):
         np.testing.assert_array_equal(served, expected)
     # the scaling statistics are alike; the kernels are not
     assert not all(np.array_equal(a, b) for a, b in zip(snapshot.weights, configured, strict=True))
-    trainer._writer.start()
-    trainer._maybe_checkpoint(final=True)
-    trainer._writer.stop()
+    writer = trainer.checkpointing.writer
+    assert writer is not None
+    writer.start()
+    trainer.checkpointing.save_if_due(final=True)
+    writer.stop()
     restored = store.load_latest()
     assert restored is not None and restored.version == trainer.version
     for saved, expected in zip(restored.weights, configured, strict=True):

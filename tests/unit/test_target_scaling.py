@@ -104,7 +104,7 @@ def test_statistics_match_a_direct_computation_and_travel_in_the_weights() -> No
     assert names[-2:] == [f"{TARGET_SCALING_LAYER}/mean", f"{TARGET_SCALING_LAYER}/std"]
     assert names[:2] == ["standardize/mean", "standardize/std"]  # input scaling still there
     assert standardize_layer(t.model) is not None
-    t._snapshot(force=True)
+    t.snapshots.take(force=True)
     snapshot = t.slot.latest
     assert snapshot is not None
     np.testing.assert_allclose(snapshot.weights[-2], targets.mean(axis=0), rtol=1e-6)
@@ -115,7 +115,7 @@ def test_serving_copies_predict_in_the_users_units() -> None:
     rng = np.random.default_rng(2)
     for _ in range(60):
         t.train_batch(batch(*stream(rng, 25)))
-    t._snapshot(force=True)
+    t.snapshots.take(force=True)
     snapshot = t.slot.latest
     assert snapshot is not None
     serving = ServingModel("m", build_uncompiled(t.settings, "/CPU:0"), [3], [1, 16],
@@ -148,7 +148,7 @@ def test_target_statistics_survive_a_checkpoint(tmp_path: Path) -> None:
     t = trainer(tmp_path)
     x, y = stream(np.random.default_rng(4), 100)
     t.train_batch(batch(x, y))
-    t._maybe_checkpoint(final=True)
+    t.checkpointing.save_if_due(final=True)
     restored = trainer(tmp_path)
     assert restored.policy.scaling.target_scaler is not None
     assert restored.policy.scaling.target_scaler.count == 100

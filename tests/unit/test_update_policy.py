@@ -349,7 +349,7 @@ def test_no_start_boost_by_setting_or_after_a_restore(tmp_path: Path) -> None:
     assert plain.policy.rate.current == pytest.approx(0.01)
     t = trainer(tmp_path, learning_rate=0.01, train={"start_lr_factor": 4.0})
     t.train_batch(batch(np.ones((4, 3))))
-    t._maybe_checkpoint(final=True)
+    t.checkpointing.save_if_due(final=True)
     restored = trainer(tmp_path, learning_rate=0.01, train={"start_lr_factor": 4.0})
     assert restored.policy.rate.factor == 1.0
     assert restored.policy.rate.current == pytest.approx(0.01)
@@ -374,7 +374,7 @@ def test_scaler_state_survives_a_checkpoint(tmp_path: Path) -> None:
     t = trainer(tmp_path)
     x = np.random.default_rng(3).normal(loc=50, scale=4, size=(100, 3))
     t.train_batch(batch(x))
-    t._maybe_checkpoint(final=True)
+    t.checkpointing.save_if_due(final=True)
     restored = trainer(tmp_path)
     assert (
         restored.policy.scaling.scaler is not None and restored.policy.scaling.scaler.count == 100

@@ -28,7 +28,7 @@ def test_on_by_default_and_off_serves_the_trained_weights() -> None:
     assert ModelSettings(input_shape=[3], output_shape=[1]).train.weight_average == 0.95
     t = trainer(train={"weight_average": 0.0})
     t.train_batch(batch(np.ones((4, 3))))
-    snapshot = t._snapshot(force=True)
+    snapshot = t.snapshots.take(force=True)
     assert snapshot is not None
     for served, trained in zip(snapshot.weights, t.model.get_weights(), strict=True):
         np.testing.assert_array_equal(served, trained)
@@ -52,7 +52,7 @@ def test_served_average_is_in_snapshots_and_scores() -> None:
         trajectory.append([np.array(v.numpy()) for v in t.model.trainable_variables])
     expected = debiased_average(trajectory, start, 0.5)
     t.step.serve_average = True  # as if the average had done better (see the next test)
-    snapshot = t._snapshot(force=True)
+    snapshot = t.snapshots.take(force=True)
     assert snapshot is not None
     served = [snapshot.weights[i] for i, v in enumerate(t.model.weights) if v.trainable]
     for got, want in zip(served, expected, strict=True):
@@ -86,7 +86,7 @@ def test_the_weights_with_the_lower_windowed_loss_are_served() -> None:
     np.testing.assert_array_equal(second.predictions, np.ones((4, 1)))  # the average's
     np.testing.assert_array_equal(second.prequential_losses, np.full(4, 2.0))
     assert not t.step.serve_average  # windowed means: 1.25 (averaged) against 1.0
-    served = t._snapshot(force=True)
+    served = t.snapshots.take(force=True)
     assert served is not None
     for got, want in zip(served.weights, t.model.get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
@@ -100,8 +100,8 @@ def test_checkpoints_keep_trained_weights_and_the_average(tmp_path: Path) -> Non
         t.train_batch(batch(rng.normal(size=(8, 3))))
     trained = t.model.get_weights()
     t.step.serve_average = True
-    served = t._snapshot(force=True).weights  # type: ignore[union-attr]
-    t._maybe_checkpoint(final=True)
+    served = t.snapshots.take(force=True).weights  # type: ignore[union-attr]
+    t.checkpointing.save_if_due(final=True)
     restored = trainer(tmp_path, **settings)
     for got, want in zip(restored.model.get_weights(), trained, strict=True):
         np.testing.assert_array_equal(got, want)
@@ -114,7 +114,7 @@ def test_checkpoints_keep_trained_weights_and_the_average(tmp_path: Path) -> Non
 def test_a_checkpoint_without_an_average_restarts_it_from_the_weights(tmp_path: Path) -> None:
     t = trainer(tmp_path, train={"weight_average": 0.0})
     t.train_batch(batch(np.ones((4, 3))))
-    t._maybe_checkpoint(final=True)
+    t.checkpointing.save_if_due(final=True)
     restored = trainer(tmp_path, train={"weight_average": 0.9})
     restored.step.serve_average = True
     for got, want in zip(restored.step.served_weights(), t.model.get_weights(), strict=True):
@@ -139,7 +139,7 @@ def test_without_averaging_a_drift_reaction_and_a_restore_work(tmp_path: Path) -
     t.policy.drift._detector.update = lambda losses: [0]  # type: ignore[method-assign]
     t.train_batch(batch(np.ones((4, 3))))
     assert t.policy.drift.detections == 1
-    t._maybe_checkpoint(final=True)
+    t.checkpointing.save_if_due(final=True)
     restored = trainer(tmp_path)
     assert restored.restored_from is not None
 
@@ -154,12 +154,13 @@ def test_a_restart_serves_what_the_checkpoint_served(tmp_path: Path) -> None:
     t.train_batch(batch(np.ones((4, 3))))  # the first step: both weights score alike (L)
     t.policy.choice.choose(result(1.0, 0.5))  # windows: trained 4 L + 4, averaged 4 L + 2
     assert t.step.serve_average
-    served = t._snapshot(force=True).weights  # type: ignore[union-attr]
-    t._maybe_checkpoint(final=True)
+    served = t.snapshots.take(force=True).weights  # type: ignore[union-attr]
+    t.checkpointing.save_if_due(final=True)
     restored = trainer(tmp_path, **settings)
     assert restored.step.serve_average
-    assert restored._last_snapshot is not None  # what warm_up handed to serving
-    for got, want in zip(restored._last_snapshot.weights, served, strict=True):
+    handed = restored.slot.latest  # what warm_up handed to serving
+    assert handed is not None
+    for got, want in zip(handed.weights, served, strict=True):
         np.testing.assert_array_equal(got, want)
     # A batch on which the trained weights do better: alone it would switch to them, with
     # the restored window (4 L + 6 against 4 L + 5.2) the average stays served.
@@ -217,7 +218,7 @@ def test_a_checkpoint_with_an_unreadable_choice_restores_and_serves_the_trained_
         return arrays
 
     t.policy.state = hostile_state  # type: ignore[method-assign]
-    t._maybe_checkpoint(final=True)
+    t.checkpointing.save_if_due(final=True)
     restored = trainer(tmp_path, **settings)
     assert restored.restored_from is not None
     assert not restored.step.serve_average
