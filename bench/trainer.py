@@ -624,7 +624,8 @@ def _pipelined_rate(
     stats: list[Any], bs: int, seconds: float,
 ) -> float:  # fmt: skip
     """``step_rate``'s pipelined side: one step always queued behind the one whose scores
-    are read, in an asynchronous executor (as ``Trainer._run_pipelined`` sets it up)."""
+    are read, in an asynchronous executor (as ``step_pipeline.asynchronous_executor`` sets
+    it up)."""
     from tensorflow.python.eager import context
 
     ctx = context.context()

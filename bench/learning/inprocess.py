@@ -33,7 +33,7 @@ def learn_inprocess(stream: Stream, knobs: Knobs | Any, chunk: int = CHUNK) -> S
     started = time.perf_counter()
     with (
         _quiet("livefit.server.train.update_policy"),  # a warning per detected drift
-        _quiet("livefit.server.train.trainer"),  # a line per selection switch
+        _quiet("livefit.server.train.accounting"),  # a line per selection switch
     ):
         for start in range(0, len(stream), chunk):
             x, y = stream.x[start : start + chunk], stream.y[start : start + chunk]

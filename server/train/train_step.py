@@ -272,9 +272,9 @@ class TrainStep:
     ) -> Dispatched:
         """Start the step (arguments as ``__call__``'s); ``collect`` its result. In a thread
         whose TensorFlow executor is asynchronous (the pipelined trainer's,
-        ``Trainer._run_pipelined``) this returns before the step has run, so the caller can do
-        other work meanwhile; the arrays must then stay unchanged until ``collect`` (the
-        trainer's batches are never written again)."""
+        ``step_pipeline.asynchronous_executor``) this returns before the step has run, so the
+        caller can do other work meanwhile; the arrays must then stay unchanged until
+        ``collect`` (the trainer's batches are never written again)."""
         rows = len(x)
         replicas = self.placement.replicas
         args: list[object] = [x, y, w]
