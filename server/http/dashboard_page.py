@@ -100,7 +100,7 @@ const PANELS = [
 ];
 const TOTALS = [
   ["train_samples_total", "samples trained", ["learner"]],
-  ["train_steps_total", "training steps", ["learner"]],
+  ["train_steps_total", "gradient steps", ["learner"]],
   ["predict_requests_total", "predictions", ["learner", "replica"]],
   ["predict_server_errors_total", "server errors (5xx)", ["learner", "replica"]],
   ["predict_refused_total", "refused, to retry (429, 503, 504)", ["learner", "replica"]],

@@ -171,7 +171,8 @@ class Accounting:
         series["steps"].inc(learned.steps)
         series["samples"].inc(len(batch))
         series["batch_size"].observe(len(batch))
-        series["step_seconds"].observe(elapsed)
+        series["batch_seconds"].observe(elapsed)
+        series["step_seconds"].observe(elapsed)  # the deprecated alias
         series["loss"].set(learned.first.loss)
         scores = self.scores.scores
         series["prequential_loss"].set(scores["loss"].value)
@@ -206,6 +207,7 @@ class Accounting:
             "steps": m.train_steps.labels(model=name),
             "samples": m.train_samples.labels(model=name),
             "batch_size": m.train_batch_size.labels(model=name),
+            "batch_seconds": m.train_batch_seconds.labels(model=name),
             "step_seconds": m.train_step_seconds.labels(model=name),
             "loss": m.train_loss.labels(model=name),
             "prequential_loss": m.prequential_loss.labels(model=name),

@@ -14,7 +14,8 @@ class TrainingMetrics(MetricGroup):
         super().__init__(registry)
         self.train_steps = Counter(
             "livefit_train_steps_total",
-            "Training steps (minibatches) run",
+            "Gradient steps applied (a minibatch gets one or train.steps_per_batch; rolled-back "
+            "steps are not counted)",
             ["model"],
             registry=registry,
         )
@@ -22,19 +23,31 @@ class TrainingMetrics(MetricGroup):
             "livefit_train_samples_total", "Samples trained on", ["model"], registry=registry
         )
         self.train_batch_size = Histogram(
-            "livefit_train_batch_size", "Samples per training step", ["model"],
+            "livefit_train_batch_size",
+            "New samples per minibatch (not counting the replayed ones its steps add)", ["model"],
             buckets=SIZE_BUCKETS, registry=registry,
         )  # fmt: skip
         self.train_yield_seconds = Counter(
             "livefit_train_yield_seconds", "Time the trainer waited for queued predictions",
             ["model"], registry=registry,
         )  # fmt: skip
+        self.train_batch_seconds = Histogram(
+            "livefit_train_batch_seconds",
+            "Wall time of one minibatch: its prequential scores and every step on it",
+            ["model"], buckets=STEP_BUCKETS, registry=registry,
+        )  # fmt: skip
+        # the name before "step" meant one gradient step: kept, deprecated, for one release
         self.train_step_seconds = Histogram(
-            "livefit_train_step_seconds", "Wall time of one training step (predict + train)",
+            "livefit_train_step_seconds",
+            "Deprecated alias of livefit_train_batch_seconds (it times a minibatch, not a "
+            "gradient step); removed after livefit 0.1",
             ["model"], buckets=STEP_BUCKETS, registry=registry,
         )  # fmt: skip
         self.train_loss = Gauge(
-            "livefit_train_loss", "Training loss of the last step", ["model"], registry=registry
+            "livefit_train_loss",
+            "Training loss of the last minibatch (its first step, before the update)",
+            ["model"],
+            registry=registry,
         )
         self.prequential_loss = Gauge(
             "livefit_prequential_loss",

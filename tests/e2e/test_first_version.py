@@ -14,7 +14,7 @@ first model gets a delayed label for a prediction it answered, the second a plai
 message. For each, the first answer naming a version >= 1 must come at most ``BOUND_S`` later
 after its publish than a later version comes after its own (the median of ``LATER`` more
 messages, each ``PAUSE_S`` after the one before, in the same run). The first step's own
-duration (``livefit_train_step_seconds``) is in the failure message.
+duration (``livefit_train_batch_seconds``) is in the failure message.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def test_the_first_trained_version_is_served_as_soon_as_later_ones(
             step_s: dict[str, float] = {}
             for model, send in sends.items():
                 first[model] = latency(predictor, model, send)
-                step_s[model] = metric(learner, "livefit_train_step_seconds_sum", model=model)
+                step_s[model] = metric(learner, "livefit_train_batch_seconds_sum", model=model)
             later: dict[str, list[float]] = {model: [] for model in sends}
             for _ in range(LATER):
                 for model, send in sends.items():
