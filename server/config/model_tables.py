@@ -27,7 +27,11 @@ class TrainSettings(Section):
         256,
         ge=1,
         le=65536,
-        description="samples per training step at most",
+        description=(
+            "new samples per minibatch at most (the samples the trainer takes from its queue "
+            "at once); each gradient step on it adds replayed ones (`replay_share`), so a step "
+            "computes on up to max_batch_size / (1 - replay_share) rows"
+        ),
     )
     max_wait_ms: float = Field(
         0.0,
@@ -851,7 +855,8 @@ class LabelsSettings(Section):
             "how long the trainer waits for more joined labels when every sample it took was "
             "made by the label join and the batch is not full: labels that fall due one by one "
             "are learned as one minibatch, as samples in a message are (0: each as it comes; "
-            "train.max_wait_ms where that is longer)"
+            "train.max_wait_ms where that is longer). Not at version 0: an untrained model "
+            "learns its first labels at once, as whatever it learns beats serving it"
         ),
     )
     topic: str | None = Field(

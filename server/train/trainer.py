@@ -293,11 +293,12 @@ class Trainer:
     def next_batch(self, max_wait_s: float = 0.0, timeout: float | None = None) -> Batch | None:
         """The next minibatch from the queue (``SampleQueue.next_batch``) within
         ``batch_limit``, lingering ``labels.batch_window_ms`` for more joined labels where it
-        holds only those; a batch cut short by the fast start counts as a full-size batch
-        would (its ``backlog``: the samples a ``train.max_batch_size`` batch would have left),
-        so that the fast start alone does not make it a batch taken from a backlog."""
+        holds only those (not at version 0: an untrained model's first labels go at once); a
+        batch cut short by the fast start counts as a full-size batch would (its ``backlog``:
+        the samples a ``train.max_batch_size`` batch would have left), so that the fast start
+        alone does not make it a batch taken from a backlog."""
         limit = self.batch_limit()
-        joined_wait_s = self.settings.labels.batch_window_ms / 1000.0
+        joined_wait_s = self.settings.labels.batch_window_ms / 1000.0 if self.version else 0.0
         batch = self.queue.next_batch(limit, max_wait_s, timeout, joined_wait_s)
         full = self.settings.train.max_batch_size
         if batch is None or limit == full or not batch.backlog:

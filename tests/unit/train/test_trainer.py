@@ -1,9 +1,11 @@
-"""The trainer's snapshots at a start: the first version trained after a fresh start or a
-restart goes out at once, later ones at most every ``weights.serve_interval_s``."""
+"""The trainer at a start: the first version trained after a fresh start or a restart goes
+out at once, later ones at most every ``weights.serve_interval_s``; an untrained model learns
+its first joined labels without lingering for more."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -68,3 +70,31 @@ def test_the_first_version_trained_after_a_start_or_restart_is_snapshotted_at_on
     restarted, first_again, _ = first_trained_snapshot(tmp_path)
     assert restarted.version == trainer.version  # restored from the final checkpoint
     assert first_again.version > restarted.version
+
+
+def joined() -> SampleChunk:
+    """Four samples as the label join makes them."""
+    return replace(chunk(), joined=True)
+
+
+def test_an_untrained_model_learns_its_first_labels_without_lingering_then_lingers() -> None:
+    """``labels.batch_window_ms`` gathers joined labels into a minibatch, but not at version
+    0: serving an untrained model while it waits costs more than a one-label batch."""
+    window_s = 1.5
+    settings = SETTINGS.model_copy(
+        update={"labels": SETTINGS.labels.model_copy(update={"batch_window_ms": window_s * 1000})}
+    )
+    trainer = Trainer("m", settings, SampleQueue(1000), SnapshotSlot(), Metrics(), "/CPU:0")
+    trainer.warm_up()
+    assert trainer.version == 0
+    trainer.queue.put(joined())
+    started = time.monotonic()
+    first = trainer.next_batch(timeout=5.0)
+    # lingering would have waited the window out (nothing else arrives)
+    assert first is not None and time.monotonic() - started < window_s
+    trainer.train_batch(first)
+    assert trainer.version >= 1
+    trainer.queue.put(joined())
+    started = time.monotonic()
+    second = trainer.next_batch(timeout=5.0)
+    assert second is not None and time.monotonic() - started >= window_s * 0.9
