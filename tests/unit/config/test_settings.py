@@ -17,6 +17,7 @@ from livefit.server.config import settings as config
 from livefit.server.config.model import ModelSettings
 from livefit.server.config.model_tables import ServeSettings
 from livefit.server.config.settings import ConfigError, Settings, load_settings
+from tests.configs import learner_config
 
 MINIMAL = """
 [models.demo]
@@ -649,3 +650,19 @@ def test_booleans_still_set_the_boolean_settings(tmp_path: Path) -> None:
     text = "[storage]\nwal = false\n" + MINIMAL + "dedup = true\n"
     settings = load_settings(write(tmp_path, text), environ={})
     assert (settings.storage.wal, settings.models["demo"].dedup) == (False, True)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("LIVEFIT_MODELS__DEMO__WEIGHTS__PULL_URL", "http://u:SECRET@learner:8000"),
+        ("LIVEFIT_HTTP__PUBLIC_URL", "http://u:SECRET@learner:8000"),
+    ],
+)
+def test_pull_urls_carry_no_password(tmp_path: Path, key: str, value: str) -> None:
+    """A replica logs its pull origin at start; before, a password in it was logged with it."""
+    config = tmp_path / "c.toml"
+    config.write_text(learner_config("mqtt://x:1", tmp_path / "data", "env-nodes"))
+    with pytest.raises(ConfigError, match="no user or password") as refused:
+        load_settings(config, environ={key: value})
+    assert "SECRET" not in str(refused.value)

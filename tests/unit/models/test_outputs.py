@@ -215,8 +215,8 @@ class _Recorder(logging.Handler):
     [
         ("tests.custom_builder:build", "binary_crossentropy", "output activation is 'linear'"),
         ("tests.custom_builder:build", "mse", None),
-        ("tests.unit.test_outputs:sigmoid_builder", "binary_crossentropy", None),
-        ("tests.unit.test_outputs:sigmoid_builder", "mse", "bounded"),
+        ("tests.unit.models.test_outputs:sigmoid_builder", "binary_crossentropy", None),
+        ("tests.unit.models.test_outputs:sigmoid_builder", "mse", "bounded"),
     ],
 )
 def test_custom_builder_whose_output_does_not_fit_the_loss_is_warned_about(

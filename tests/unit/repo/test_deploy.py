@@ -27,7 +27,7 @@ from livefit.server.config.broker_urls import parse_broker_url
 from livefit.server.config.settings import Settings, load_settings
 from tests.metric_groups import every_family
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 CONFIG = ROOT / "deploy" / "livefit.toml"

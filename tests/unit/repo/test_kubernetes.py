@@ -32,7 +32,7 @@ from livefit.server.runtime.learner_group import TRAINING_GRACE_S
 from livefit.server.runtime.workers import STOP_GRACE_S
 from tests.stub_runtime import StubRuntime
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "kubernetes"
 MONITORING = K8S / "monitoring"
 DOCKERFILE = ROOT / "Dockerfile"

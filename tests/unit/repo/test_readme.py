@@ -21,7 +21,7 @@ from livefit.server.config.model import ModelSettings
 from livefit.server.config.settings import Settings, load_settings
 from tests.metric_groups import every_family
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
 CONFIGURATION = (DOCS / "configuration.md").read_text()

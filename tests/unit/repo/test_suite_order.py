@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from tests.conftest import E2E, LONGEST_FIRST, _order
 
-UNIT = Path(__file__).resolve().parent
+UNIT = Path(__file__).resolve().parents[1]
 
 
 def test_every_long_file_named_exists() -> None:
@@ -19,9 +19,10 @@ def test_every_long_file_named_exists() -> None:
 
 
 def test_long_end_to_end_files_first_then_the_others_then_unit_files() -> None:
-    names = [UNIT / "test_config.py", E2E / "test_lint.py", E2E / LONGEST_FIRST[-1],
+    unit_file = UNIT / "config" / "test_settings.py"
+    names = [unit_file, E2E / "test_lint.py", E2E / LONGEST_FIRST[-1],
              E2E / "test_batch_timeout_serve.py", E2E / LONGEST_FIRST[0]]  # fmt: skip
     items = [SimpleNamespace(path=path) for path in names]
     ordered = [item.path for item in sorted(items, key=_order)]  # type: ignore[arg-type]
     assert ordered == [E2E / LONGEST_FIRST[0], E2E / LONGEST_FIRST[-1], E2E / "test_lint.py",
-                       E2E / "test_batch_timeout_serve.py", UNIT / "test_config.py"]  # fmt: skip
+                       E2E / "test_batch_timeout_serve.py", unit_file]  # fmt: skip

@@ -1,7 +1,7 @@
 """Admission by expected wait: the batcher refuses at once what it cannot serve in time.
 
 The model here is a stand-in whose calls take a known time (a sleep of ``per_batch + per_row *
-rows``), so the batch cost the batcher fits online has a known answer. No test asserts how fast
+rows``), so the batch cost the batcher fits online (``test_batch_cost.py``) has a known answer. No test asserts how fast
 anything ran: they check what was admitted, how deep the queue got (in rows, which does not
 depend on the machine's speed: the wait bound is a number of batch times) and that refusals
 happen before the request ever waits.
@@ -92,36 +92,6 @@ async def started(
     finally:
         model.gate.set()
         await batcher.stop()
-
-
-def test_cost_model_fits_per_row_and_per_batch_cost() -> None:
-    cost = BatchCost(per_row_s=0.0, per_batch_s=0.0, memory=64)
-    rng = np.random.default_rng(0)
-    for _ in range(400):
-        n = int(rng.integers(1, 65))
-        cost.observe(n, 0.002 + 0.0001 * n + float(rng.normal(0, 1e-5)))
-    assert cost.per_row_s == pytest.approx(0.0001, rel=0.05)
-    assert cost.per_batch_s == pytest.approx(0.002, rel=0.05)
-    assert cost.predict(64) == pytest.approx(0.0084, rel=0.02)
-
-
-def test_cost_model_with_one_batch_size_keeps_a_sane_slope() -> None:
-    """Under steady load every batch is full: the fit must still predict that size exactly and
-    never go negative for smaller ones."""
-    cost = BatchCost(per_row_s=1e-5, per_batch_s=5e-4, memory=32)
-    for _ in range(500):
-        cost.observe(64, 0.02)
-    assert cost.predict(64) == pytest.approx(0.02, rel=0.02)
-    assert 0 <= cost.predict(1) <= 0.02 and cost.per_row_s >= 0 and cost.per_batch_s >= 0
-
-
-def test_cost_model_follows_a_change_of_speed() -> None:
-    cost = BatchCost(per_row_s=1e-5, per_batch_s=5e-4, memory=32)
-    for n in range(1, 400):
-        cost.observe(1 + n % 64, 0.001 + 1e-5 * (1 + n % 64))
-    for n in range(1, 400):
-        cost.observe(1 + n % 64, 0.01 + 1e-4 * (1 + n % 64))  # the machine got 10x slower
-    assert cost.predict(32) == pytest.approx(0.01 + 32e-4, rel=0.1)
 
 
 def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once() -> None:

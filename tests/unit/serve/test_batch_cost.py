@@ -1,18 +1,14 @@
-"""``serve.batch_timeout_ms = "auto"``: the controller on a synthetic clock, then the batcher
-with it (a real ``livefit serve`` exporting the chosen value:
+"""What a batch costs and how long to wait for one (``serve.batch_cost``): the cost model fitted
+online, and the ``serve.batch_timeout_ms = "auto"`` controller on a synthetic clock (the batcher
+with it: ``test_batcher.py``; a real ``livefit serve`` exporting the chosen value:
 ``tests/e2e/test_batch_timeout_serve.py``)."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
 import numpy as np
 import pytest
 
-from livefit.server.config.model_tables import ServeSettings
 from livefit.server.serve.batch_cost import ArrivalRate, AutoTimeout, BatchCost
-from livefit.server.serve.batcher import RequestBatcher
 
 
 def cost(per_row_s: float, per_batch_s: float) -> BatchCost:
@@ -92,102 +88,31 @@ def test_adapts_as_the_rate_changes() -> None:
     assert controller.choose(end)[0] == 0.0
 
 
-def test_the_setting_accepts_auto_and_numbers_only() -> None:
-    assert ServeSettings(batch_timeout_ms="auto").batch_timeout_ms == "auto"
-    assert ServeSettings(batch_timeout_ms="5").batch_timeout_ms == 5.0
-    for bad in (-1, 10_001, "soon", float("nan")):
-        with pytest.raises(ValueError, match="batch_timeout_ms"):
-            ServeSettings(batch_timeout_ms=bad)
+def test_cost_model_fits_per_row_and_per_batch_cost() -> None:
+    cost = BatchCost(per_row_s=0.0, per_batch_s=0.0, memory=64)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        n = int(rng.integers(1, 65))
+        cost.observe(n, 0.002 + 0.0001 * n + float(rng.normal(0, 1e-5)))
+    assert cost.per_row_s == pytest.approx(0.0001, rel=0.05)
+    assert cost.per_batch_s == pytest.approx(0.002, rel=0.05)
+    assert cost.predict(64) == pytest.approx(0.0084, rel=0.02)
 
 
-class Model:
-    """Doubles its input and records each call's rows."""
-
-    def __init__(self) -> None:
-        self.calls: list[int] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
-        with self.lock:
-            self.calls.append(int(rows.shape[0]))
-        return rows * 2.0, 1
+def test_cost_model_with_one_batch_size_keeps_a_sane_slope() -> None:
+    """Under steady load every batch is full: the fit must still predict that size exactly and
+    never go negative for smaller ones."""
+    cost = BatchCost(per_row_s=1e-5, per_batch_s=5e-4, memory=32)
+    for _ in range(500):
+        cost.observe(64, 0.02)
+    assert cost.predict(64) == pytest.approx(0.02, rel=0.02)
+    assert 0 <= cost.predict(1) <= 0.02 and cost.per_row_s >= 0 and cost.per_batch_s >= 0
 
 
-def one_row(value: float) -> np.ndarray:
-    return np.full((1, 2), value, dtype=np.float32)
-
-
-class Steady(ArrivalRate):
-    """A rate that reads the same at every instant (the test's synthetic arrivals)."""
-
-    def __init__(self, rows_per_s: float) -> None:
-        super().__init__()
-        self.fixed = rows_per_s
-
-    def add(self, rows: int, now: float) -> None:
-        pass
-
-    def rate(self, now: float) -> float:
-        return self.fixed
-
-
-def test_batcher_with_auto_answers_a_lone_request_at_once() -> None:
-    async def main() -> None:
-        model = Model()
-        batcher = RequestBatcher("m", model, max_batch_size=8, batch_timeout_ms="auto",
-                                 max_queue_rows=100)  # fmt: skip
-        batcher.start()
-        try:
-            for i in range(5):
-                result = await batcher.submit(one_row(i), 10)
-                assert result.outputs[0, 0] == 2.0 * i
-            assert model.calls == [1] * 5 and batcher.timeout_s() == 0.0
-        finally:
-            await batcher.stop()
-
-    asyncio.run(main())
-
-
-def test_batcher_with_auto_waits_for_its_target_then_fires_at_once() -> None:
-    async def main() -> None:
-        model = Model()
-        # 0.5 s a batch, 10 rows/s: K = (5 - 1) / 1 = 4 rows, w = 3 / 10 = 0.3 s
-        batcher = RequestBatcher("m", model, max_batch_size=16, batch_timeout_ms="auto",
-                                 max_queue_rows=100, cost=cost(0.0, 0.5),
-                                 max_batch_timeout_ms=60_000)  # fmt: skip
-        assert batcher.auto is not None
-        batcher.auto.rate = Steady(10.0)
-        batcher.start()
-        try:
-            first = [asyncio.create_task(batcher.submit(one_row(i), 60)) for i in range(3)]
-            done, _ = await asyncio.wait(first, timeout=0.1)
-            assert not done and model.calls == []  # 3 rows < K and well within 0.3 s
-            assert batcher.timeout_s() == pytest.approx(0.3, rel=0.01)
-            last = asyncio.create_task(batcher.submit(one_row(3), 60))
-            done, _ = await asyncio.wait([*first, last], timeout=0.25)
-            assert len(done) == 4 and model.calls == [4]  # the 4th row fired it, not the timer
-        finally:
-            await batcher.stop()
-
-    asyncio.run(main())
-
-
-def test_batcher_times_the_model_call_for_auto_by_its_clock() -> None:
-    """On a CPU the caller passes the model thread's CPU clock: "auto" fits what it reads, while
-    the admission's costs keep wall time."""
-    ticks = iter(range(0, 1000, 2))  # every call of the clock is 2 "seconds" later
-
-    async def main() -> None:
-        batcher = RequestBatcher("m", Model(), max_batch_size=8, batch_timeout_ms="auto",
-                                 max_queue_rows=100, auto_clock=lambda: float(next(ticks)))  # fmt: skip
-        assert batcher.auto is not None
-        batcher.start()
-        try:
-            for i in range(20):
-                await batcher.submit(one_row(i), 10)
-        finally:
-            await batcher.stop()
-        assert batcher.auto.cost.predict(1) > 1.0  # fitted from the 2 s the clock said
-        assert batcher.model_cost.predict(1) < 1.0  # wall time: a doubling takes microseconds
-
-    asyncio.run(main())
+def test_cost_model_follows_a_change_of_speed() -> None:
+    cost = BatchCost(per_row_s=1e-5, per_batch_s=5e-4, memory=32)
+    for n in range(1, 400):
+        cost.observe(1 + n % 64, 0.001 + 1e-5 * (1 + n % 64))
+    for n in range(1, 400):
+        cost.observe(1 + n % 64, 0.01 + 1e-4 * (1 + n % 64))  # the machine got 10x slower
+    assert cost.predict(32) == pytest.approx(0.01 + 32e-4, rel=0.1)

@@ -1,4 +1,5 @@
-"""The request batcher, deterministic: huge timeouts so only size decides, then exact checks."""
+"""The request batcher, deterministic: huge timeouts so only size decides, then exact checks;
+and the batcher with ``batch_timeout_ms = "auto"``, its arrival rate fixed by the test."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from livefit.server.serve.admission import QueueFull
+from livefit.server.serve.batch_cost import ArrivalRate, BatchCost
 from livefit.server.serve.batch_types import BatchStats, DeadlineExceeded, Prediction
 from livefit.server.serve.batcher import RequestBatcher
 
@@ -219,3 +221,100 @@ def test_inline_batch_cycle_counts_the_answers_loop_work_and_refuses_by_it() -> 
     assert all(o.reason == "wait" for o in refused)
     # 20 ms admits about 12 batches of 1.6 ms or more; the rest is refused at once
     assert 50 <= len(refused) <= 200 - 8
+
+
+def cost(per_row_s: float, per_batch_s: float) -> BatchCost:
+    return BatchCost(per_row_s=per_row_s, per_batch_s=per_batch_s)
+
+
+class Model:
+    """Doubles its input and records each call's rows."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
+        with self.lock:
+            self.calls.append(int(rows.shape[0]))
+        return rows * 2.0, 1
+
+
+def one_row(value: float) -> np.ndarray:
+    return np.full((1, 2), value, dtype=np.float32)
+
+
+class Steady(ArrivalRate):
+    """A rate that reads the same at every instant (the test's synthetic arrivals)."""
+
+    def __init__(self, rows_per_s: float) -> None:
+        super().__init__()
+        self.fixed = rows_per_s
+
+    def add(self, rows: int, now: float) -> None:
+        pass
+
+    def rate(self, now: float) -> float:
+        return self.fixed
+
+
+def test_batcher_with_auto_answers_a_lone_request_at_once() -> None:
+    async def main() -> None:
+        model = Model()
+        batcher = RequestBatcher("m", model, max_batch_size=8, batch_timeout_ms="auto",
+                                 max_queue_rows=100)  # fmt: skip
+        batcher.start()
+        try:
+            for i in range(5):
+                result = await batcher.submit(one_row(i), 10)
+                assert result.outputs[0, 0] == 2.0 * i
+            assert model.calls == [1] * 5 and batcher.timeout_s() == 0.0
+        finally:
+            await batcher.stop()
+
+    asyncio.run(main())
+
+
+def test_batcher_with_auto_waits_for_its_target_then_fires_at_once() -> None:
+    async def main() -> None:
+        model = Model()
+        # 0.5 s a batch, 10 rows/s: K = (5 - 1) / 1 = 4 rows, w = 3 / 10 = 0.3 s
+        batcher = RequestBatcher("m", model, max_batch_size=16, batch_timeout_ms="auto",
+                                 max_queue_rows=100, cost=cost(0.0, 0.5),
+                                 max_batch_timeout_ms=60_000)  # fmt: skip
+        assert batcher.auto is not None
+        batcher.auto.rate = Steady(10.0)
+        batcher.start()
+        try:
+            first = [asyncio.create_task(batcher.submit(one_row(i), 60)) for i in range(3)]
+            done, _ = await asyncio.wait(first, timeout=0.1)
+            assert not done and model.calls == []  # 3 rows < K and well within 0.3 s
+            assert batcher.timeout_s() == pytest.approx(0.3, rel=0.01)
+            last = asyncio.create_task(batcher.submit(one_row(3), 60))
+            done, _ = await asyncio.wait([*first, last], timeout=0.25)
+            assert len(done) == 4 and model.calls == [4]  # the 4th row fired it, not the timer
+        finally:
+            await batcher.stop()
+
+    asyncio.run(main())
+
+
+def test_batcher_times_the_model_call_for_auto_by_its_clock() -> None:
+    """On a CPU the caller passes the model thread's CPU clock: "auto" fits what it reads, while
+    the admission's costs keep wall time."""
+    ticks = iter(range(0, 1000, 2))  # every call of the clock is 2 "seconds" later
+
+    async def main() -> None:
+        batcher = RequestBatcher("m", Model(), max_batch_size=8, batch_timeout_ms="auto",
+                                 max_queue_rows=100, auto_clock=lambda: float(next(ticks)))  # fmt: skip
+        assert batcher.auto is not None
+        batcher.start()
+        try:
+            for i in range(20):
+                await batcher.submit(one_row(i), 10)
+        finally:
+            await batcher.stop()
+        assert batcher.auto.cost.predict(1) > 1.0  # fitted from the 2 s the clock said
+        assert batcher.model_cost.predict(1) < 1.0  # wall time: a doubling takes microseconds
+
+    asyncio.run(main())

@@ -1,32 +1,15 @@
-"""Compiled shapes stay bounded whatever batch sizes arrive: no retracing growth."""
+"""The serving model (``serve.serving``): compiled shapes stay bounded whatever batch sizes
+arrive (no retracing growth), and the traced graph gives the public call's outputs."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from livefit.models.builders import build_model
-from livefit.server.base.metrics import Metrics
-from livefit.server.config.model import ModelSettings
-from livefit.server.ingest.sample_queue import SampleQueue
 from livefit.server.serve.serving import ServingModel
-from livefit.server.train.trainer import Trainer
-from livefit.server.wire.samples import Batch
-from livefit.server.wire.snapshot import Snapshot, SnapshotSlot
+from livefit.server.wire.snapshot import Snapshot
 
 SIZES = (1, 3, 17, 64, 5, 255, 256, 2, 100)
-
-
-def test_train_step_is_traced_once() -> None:
-    settings = ModelSettings.model_validate(
-        {"builder": "mlp", "input_shape": [6], "output_shape": [2]}
-    )
-    trainer = Trainer("m", settings, SampleQueue(10), SnapshotSlot(), Metrics(), "/CPU:0")
-    trainer.warm_up()
-    rng = np.random.default_rng(0)
-    for n in SIZES:
-        x = rng.normal(size=(n, 6)).astype(np.float32)
-        trainer.train_batch(Batch(x, x[:, :2].copy(), np.ones(n, np.float32), 1, None, None))
-    assert trainer.step.traces == 1
 
 
 def test_serving_function_is_traced_once_and_padding_never_leaks() -> None:

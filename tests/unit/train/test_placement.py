@@ -16,7 +16,7 @@ from livefit.server.config.sections import TensorFlowSettings
 from livefit.server.config.settings import ConfigError, load_settings
 from livefit.server.train.modeling import check_devices, training_placement
 from livefit.server.train.placement import Placement, pad_rows
-from tests.unit.test_config import MINIMAL, write
+from tests.unit.config.test_settings import MINIMAL, write
 
 
 def test_pad_rows_appends_zero_weight_rows_up_to_a_multiple() -> None:

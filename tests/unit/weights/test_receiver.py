@@ -1,4 +1,6 @@
-"""Authenticated weights: the envelope format, keys, the verification policy and freshness.
+"""Authenticated weights at the receiver (``weights.receiver``): the envelope format, the
+verification policy and freshness, refusals logged and counted, pulls. The keys:
+``test_keys.py`` and ``test_receiver_auth.py``; the payload: ``test_format.py``.
 
 These run a ``WeightReceiver``'s checks on crafted messages, in process and without a network
 (the same code replicas and ``WeightSubscriber`` run on every message they receive). The
@@ -11,37 +13,24 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import stat
 import struct
 import threading
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from livefit.server.config.broker_urls import parse_broker_url
-from livefit.server.config.model_tables import WeightsSettings
-from livefit.server.config.settings import ConfigError, Settings
 from livefit.server.weights.format import (
     MAGIC,
     SIGNING_CONTEXT,
-    WeightsMeta,
-    decode_weights,
-    encode_weights,
     open_envelope,
 )
 from livefit.server.weights.keys import (
     SigningKey,
-    default_key_path,
-    default_public_path,
-    ensure_signing_key,
-    learner_signing_key,
-    parse_verify_key,
 )
 from livefit.server.weights.receiver import WeightReceiver
-from livefit.server.weights.receiver_auth import Authenticator, receiver_authenticator
+from livefit.server.weights.receiver_auth import Authenticator
 from livefit.server.weights.verifier import ReceivedWeights
 from tests.weight_envelopes import Weights, envelope, forged, payload, signed_for
 
@@ -337,118 +326,3 @@ def test_a_pull_the_learner_refuses_names_the_token_setting(
         server.shutdown()
         server.server_close()
         thread.join(10)
-
-
-# ---------------------------------------------------------------------------------------------
-# keys and configuration
-
-
-def settings(tmp_path: Path, **weights: object) -> Settings:
-    return Settings.model_validate({
-        "storage": {"dir": str(tmp_path / "data")},
-        "models": {"demo": {"input_shape": [8], "output_shape": [1], "weights": weights}},
-    })  # fmt: skip
-
-
-def test_a_replica_without_a_key_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as error:
-        receiver_authenticator(settings(tmp_path), "demo")
-    message = str(error.value)
-    for needed in ("models.demo.weights.verify_key", "verify_key_file", "allow_unsigned = true"):
-        assert needed in message
-
-
-def test_a_replica_waits_briefly_for_a_learner_starting_beside_it(tmp_path: Path) -> None:
-    learner_keys: list[SigningKey] = []
-
-    def learner_starts() -> None:  # the learner's own code path, which writes atomically
-        time.sleep(0.5)
-        data = tmp_path / "data"
-        learner_keys.append(
-            ensure_signing_key(default_key_path(data), default_public_path(data))[0]
-        )
-
-    thread = threading.Thread(target=learner_starts)
-    thread.start()
-    try:
-        auth = receiver_authenticator(settings(tmp_path), "demo", wait_s=20)
-    finally:
-        thread.join()
-    assert auth.verify_key is not None and auth.verify_key.key_id == learner_keys[0].key_id
-    started = time.monotonic()
-    with pytest.raises(ConfigError):
-        receiver_authenticator(settings(tmp_path / "other"), "demo", wait_s=0.3)
-    assert 0.3 <= time.monotonic() - started < 5
-
-
-def test_allow_unsigned_warns_loudly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
-        auth = receiver_authenticator(settings(tmp_path, allow_unsigned=True), "demo")
-    assert auth.verify_key is None and auth.allow_unsigned
-    assert "NOT AUTHENTICATED" in caplog.text and "livefit/demo/weights" in caplog.text
-
-
-def test_verify_key_in_every_form(tmp_path: Path, signer: SigningKey) -> None:
-    key_id = signer.key_id
-    forms = [signer.public.base64(), signer.public.pem().decode(), signer.public.raw.hex()]
-    for form in forms:
-        auth = receiver_authenticator(settings(tmp_path, verify_key=form), "demo")
-        assert auth.verify_key is not None and auth.verify_key.key_id == key_id
-    file = tmp_path / "learner.pub"
-    file.write_bytes(signer.public.pem())
-    auth = receiver_authenticator(settings(tmp_path, verify_key_file=str(file)), "demo")
-    assert auth.verify_key is not None and auth.verify_key.key_id == key_id
-    with pytest.raises(ConfigError, match="verify_key"):
-        receiver_authenticator(settings(tmp_path, verify_key="not a key"), "demo")
-    with pytest.raises(ConfigError, match="cannot read"):
-        receiver_authenticator(settings(tmp_path, verify_key_file=str(tmp_path / "no")), "demo")
-    with pytest.raises(ValueError, match="not both"):
-        WeightsSettings(verify_key=forms[0], verify_key_file=str(file))
-
-
-def test_learner_creates_its_key_once_private_and_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    storage = tmp_path / "data"
-    with caplog.at_level(logging.INFO):
-        key = learner_signing_key(WeightsSettings(), storage, "demo")
-    assert key.path is not None and stat.S_IMODE(key.path.stat().st_mode) == 0o600
-    assert key.public.base64() in caplog.text and str(key.path) in caplog.text
-    assert "created in" in caplog.text
-    again = learner_signing_key(WeightsSettings(), storage, "demo")
-    assert again.key_id == key.key_id
-    # A replica sharing the storage dir finds the public key without any setting.
-    public = parse_verify_key(default_public_path(storage).read_bytes())
-    assert public.key_id == key.key_id
-    auth = receiver_authenticator(settings(tmp_path), "demo")
-    assert auth.verify_key is not None and auth.verify_key.key_id == key.key_id
-
-
-def test_configured_signing_key_file(tmp_path: Path, signer: SigningKey) -> None:
-    path = tmp_path / "k.pem"
-    path.write_bytes(signer.private_pem())
-    key = learner_signing_key(WeightsSettings(signing_key_file=str(path)), tmp_path, "demo")
-    assert key.key_id == signer.key_id
-    assert not (tmp_path / "keys").exists(), "no key is made when one is configured"
-    with pytest.raises(ConfigError, match="signing_key_file"):
-        learner_signing_key(WeightsSettings(signing_key_file=str(tmp_path / "none")), tmp_path, "m")
-
-
-def test_one_snapshot_always_encodes_to_the_same_bytes(weights: Weights) -> None:
-    """A split learner encodes each snapshot twice (the weight topic, its serving processes):
-    the payload a manifest signs must be the one its serving processes answer a pull with.
-    safetensors writes its metadata in hash-map order, so the header is made canonical."""
-    meta = WeightsMeta(model="demo", version=7, samples_seen=70, created_at=time.time(),
-                       newest_published_at=time.time(), fingerprint=weights.fingerprint,
-                       lineage=L1)  # fmt: skip
-    payloads = {encode_weights(weights.names, weights.arrays, meta) for _ in range(20)}
-    assert len(payloads) == 1
-    (data,) = payloads
-    size = int.from_bytes(data[:8], "little")
-    header = data[8 : 8 + size]
-    canonical = json.dumps(json.loads(header), sort_keys=True, separators=(",", ":"))
-    assert size % 8 == 0 and header.decode().rstrip(" ") == canonical
-    names, arrays, decoded = decode_weights(data)
-    assert names == list(weights.names) and decoded == meta
-    for got, want in zip(arrays, weights.arrays, strict=True):
-        np.testing.assert_array_equal(got, want)
