@@ -1,7 +1,7 @@
 """Configuration errors as a user meets them: a real ``livefit serve`` exits 2 with one line
 naming the key, before TensorFlow is imported and before anything is subscribed; TensorFlow's
 thread pools are sized from ``[tensorflow]`` in a fresh process. The settings themselves:
-``tests/unit/test_config.py``."""
+``tests/unit/config/test_settings.py``."""
 
 from __future__ import annotations
 

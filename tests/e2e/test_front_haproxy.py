@@ -3,7 +3,7 @@ front of a stand-in server on loopback that answers its readiness route and hold
 prediction: the front lets at most ``maxconn`` requests reach the server and refuses the rest
 with 429 and Retry-After after ``timeout queue``. Only the listening address and the servers
 are moved (the errorfile is copied beside the config, as compose mounts it); the check runs
-on the file as shipped, as users run it. The references between the files: ``tests/unit/test_deploy.py``.
+on the file as shipped, as users run it. The references between the files: ``tests/unit/repo/test_deploy.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ``SamplePublisher`` (every sample in order, the window, QoS 0, a silent broker, the rate) and
 ``livefit publish`` (in this process, and as a user runs it against a real ``livefit serve``
 and against a broker that speaks only MQTT 3.1.1). Encoding, sources and the command's
-options: ``tests/unit/test_publish.py``."""
+options: ``tests/unit/clients/``."""
 
 from __future__ import annotations
 
