@@ -3,7 +3,7 @@
 Every column comes from the models (``Settings``, ``ModelSettings``), so none can drift from
 the code: the key and the default from the field, the meaning from its
 ``Field(description=...)``, and what a setting whose default is None (unset) then does from
-``Field(json_schema_extra={"unset": ...})``. ``tests/unit/test_readme.py`` fails when
+``Field(json_schema_extra={"unset": ...})``. ``tests/unit/repo/test_readme.py`` fails when
 docs/configuration.md is not what this script writes, or when a setting has no description.
 After adding, removing or changing a setting or its description, run:
 

@@ -6,8 +6,8 @@ once with the key and the nearest valid names instead of a traceback once Tensor
 The lists are the string identifiers that ``keras.losses.get``, ``keras.optimizers.get`` (as
 ``livefit.server.train.modeling`` calls them) and ``keras.activations.get`` (what ``Dense`` and
 ``LSTM`` call) accept in the Keras version livefit pins, minus abstract base classes that cannot
-be built from a name alone; ``tests/unit/test_models.py`` compares them with the installed Keras'
-own tables and resolves every name through those functions, so the lists cannot drift.
+be built from a name alone; ``tests/unit/models/test_names.py`` compares them with the installed
+Keras' own tables and resolves every name through those functions, so the lists cannot drift.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ it builds a network, and ``livefit.server.train.modeling`` warns with them about
   predictions are probabilities. Training still works on logits: Keras' cross-entropies take
   the logits cached on a sigmoid or softmax output (``keras.activations`` keeps them) and use
   ``sigmoid_cross_entropy_with_logits`` / log-softmax, so a saturated wrong prediction keeps
-  its full gradient (``tests/unit/test_outputs.py`` checks this through the train step).
+  its full gradient (``tests/unit/models/test_outputs.py`` checks this through the train step).
 - **Regression.** Losses that commute with shifting and scaling the target (MSE, MAE, Huber,
   log-cosh) get online target standardization by default (``target_scaling``).
 """

@@ -1,5 +1,5 @@
 """The livefit server, one package per responsibility, imports flowing one way (bottom first;
-``tests/unit/test_layers.py`` holds the list and fails on an upward import or a cycle):
+``tests/unit/repo/test_layers.py`` holds the list and fails on an upward import or a cycle):
 
 - ``base``: generic parts that know nothing of livefit's data (logging, a newest-wins worker
   thread, liveness files, the metrics registry and its merge across processes).

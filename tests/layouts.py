@@ -11,7 +11,7 @@ default): it starts one TensorFlow process, not two, which keeps the suite insid
 parametrized with ``LAYOUTS`` (``in_both_layouts``, or a fixture with ``params=LAYOUTS``), ids
 ``[one-process]`` and ``[split]``; ``tests/conftest.py`` schedules a file's ``[split]`` tests
 apart from the rest of it, so the two halves run on different test workers.
-``test_learner_group.py``, ``test_machine_defaults.py`` and the tests that start ``livefit
+``test_learner_group.py``, ``unit/config/test_machine.py`` and the tests that start ``livefit
 serve`` from a config of their own (no ``http.workers``) run the default.
 
 A split learner's ``/metrics`` merges its processes' series under a ``worker`` label: the

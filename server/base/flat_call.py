@@ -18,7 +18,7 @@ def flat_caller(concrete: Any) -> Callable[[list[object]], list[tf.Tensor]] | No
 
     ``_call_flat`` is TensorFlow's own internal entry point (what ``__call__`` ends in), not a
     public API: when a TensorFlow version lacks it, None, and the public call is used.
-    ``tests/unit/test_train_step_paths.py`` checks both paths give the same results.
+    ``tests/unit/train/test_train_step_paths.py`` checks both paths give the same results.
 
     Numpy arguments become tensors through ``numpy_to_tensor`` (7 us against 17-22 us for
     ``tf.convert_to_tensor``, whose dispatch and conversion registry a step of 7 arguments

@@ -260,7 +260,7 @@ class HttpSettings(Section):
             "workers-n-against-the-http-ceiling)). "
             "On 1 core it is still 1 serving process (not benchmarked there; `--workers 0` if "
             "memory is short). "
-            "`tests/unit/test_machine_defaults.py` checks the count"
+            "`tests/unit/config/test_machine.py` checks the count"
         ),
         json_schema_extra={
             "unset": (

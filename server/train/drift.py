@@ -24,8 +24,8 @@ distributions raise no false alarm while a jump is found within a batch or two; 
 docs/benchmarks/defaults.md ("Drift detector"). ``mode="up"``: a model that gets better is not
 drift. A model learning a noiseless stream is not drift either: its loss falls by orders of
 magnitude and the deviations from the running mean (which keeps the early, larger losses) stay
-negative (``tests/unit/test_update_policy.py`` checks it on a 30,000-sample stream). A transient
-rise of the loss after an optimizer's overshoot is a real rise and is reported as one; the
+negative (``tests/unit/train/test_update_policy.py`` checks it on a 30,000-sample stream). A
+transient rise of the loss after an optimizer's overshoot is a real rise and is reported as one; the
 default reaction (``flush_replay``) then costs the next few steps their replayed samples only.
 """
 

@@ -213,8 +213,9 @@ class TrainStep:
         this run; docs/design.md, "Training step"). The NaN rate makes every updated value
         non-finite, so the step rolls itself back as it does any non-finite update: the
         weights, the optimizer's state and rate, the model's other variables and the average
-        are as before (``tests/unit/test_train_step_paths.py``). Only where the rate is an input of
-        the step (not a schedule) and on one device; elsewhere the first batch builds them."""
+        are as before (``tests/unit/train/test_train_step_paths.py``). Only where the rate is an
+        input of the step (not a schedule) and on one device; elsewhere the first batch builds
+        them."""
         if self._rate_variable is None or self.placement.replicas > 1 or self._rate is None:
             return
         rate = self._rate

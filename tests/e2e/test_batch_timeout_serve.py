@@ -1,6 +1,6 @@
 """``serve.batch_timeout_ms = "auto"`` in a real ``livefit serve``: it predicts with it and
 exports the timeout it chose (0 for one client at a time), a fixed model its setting. The
-controller and the batcher alone: ``tests/unit/test_batch_timeout.py``."""
+controller and the batcher alone: ``tests/unit/serve/test_batch_cost.py``, ``test_batcher.py``."""
 
 from __future__ import annotations
 

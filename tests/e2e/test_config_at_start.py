@@ -1,7 +1,7 @@
 """Configuration errors as a user meets them: a real ``livefit serve`` exits 2 with one line
 naming the key, before TensorFlow is imported and before anything is subscribed; TensorFlow's
 thread pools are sized from ``[tensorflow]`` in a fresh process. The settings themselves:
-``tests/unit/test_config.py``."""
+``tests/unit/config/test_settings.py``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from livefit.server.config.topic_filters import topic_problem
 from tests.configs import learner_config, model
-from tests.unit.test_config import MINIMAL, toml_string, write
+from tests.unit.config.test_settings import MINIMAL, toml_string, write
 
 
 def test_config_mistakes_stop_livefit_serve_in_one_line(tmp_path: Path) -> None:

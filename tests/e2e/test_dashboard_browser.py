@@ -1,7 +1,7 @@
 """The live dashboard in a real browser: the page of a real learner process and of a replica in
 headless Chromium, driven over the Chrome DevTools Protocol, while samples and predictions
 stream in; it must show no console error, and its numbers and charts must move. It saves
-screenshots to ``artifacts/``. The stats the page reads: ``tests/unit/test_dashboard.py``.
+screenshots to ``artifacts/``. The stats the page reads: ``tests/unit/http/test_dashboard.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from livefit.server.runtime.mosquitto import Mosquitto
 from tests import configs
 from tests.configs import SMALL_MLP, model
 from tests.inprocess import InProcessServer
-from tests.unit.test_dashboard import fill_metrics
+from tests.unit.http.test_dashboard import fill_metrics
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -1,7 +1,7 @@
 """The docker compose deployment's files run by the real programs, without a Docker engine:
 the Prometheus config and the dashboard's queries through promtool (Debian: prometheus), the
 broker's ACL on a real mosquitto, and the compose services started from their own commands
-in order. The references between the files: ``tests/unit/test_deploy.py``.
+in order. The references between the files: ``tests/unit/repo/test_deploy.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.local_process import LocalProcess, free_port, quiet_env, wait_listening
-from tests.unit.test_deploy import (
+from tests.unit.repo.test_deploy import (
     ACL,
     CONFIG,
     DOCKERFILE,

@@ -32,7 +32,7 @@ from livefit.server.runtime.local_process import quiet_env, stop_all
 from livefit.server.runtime.mosquitto import Mosquitto
 from livefit.server.weights.format import decode_weights
 from tests.configs import learner_config, model
-from tests.unit.test_config import write
+from tests.unit.config.test_settings import write
 
 TWO_DEVICES = '[tensorflow]\ndevices = ["CPU:0", "CPU:1"]\nlogical_cpu_devices = 2\n'
 # Float tolerance between one and two devices: the same sums in another order (measured: the

@@ -3,7 +3,7 @@ front of a stand-in server on loopback that answers its readiness route and hold
 prediction: the front lets at most ``maxconn`` requests reach the server and refuses the rest
 with 429 and Retry-After after ``timeout queue``. Only the listening address and the servers
 are moved (the errorfile is copied beside the config, as compose mounts it); the check runs
-on the file as shipped, as users run it. The references between the files: ``tests/unit/test_deploy.py``.
+on the file as shipped, as users run it. The references between the files: ``tests/unit/repo/test_deploy.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from livefit.server.runtime.local_process import LocalProcess, free_port, wait_listening
-from tests.unit.test_deploy import HAPROXY, HAPROXY_REFUSAL, ROOT, haproxy_lines
+from tests.unit.repo.test_deploy import HAPROXY, HAPROXY_REFUSAL, ROOT, haproxy_lines
 
 EXTRA = 10  # requests beyond maxconn: each must be refused
 

@@ -1,7 +1,7 @@
 """A worker group's liveness check on real processes (``WorkerGroup._kill_if_silent``): the
 parent kills a process that served and then went silent past the timeout, and no other (not
 one still starting, none while the check is off). The event loop's beat itself:
-``tests/unit/test_heartbeat.py``; the whole case (SIGSTOP of a split learner's serving
+``tests/unit/base/test_heartbeat.py``; the whole case (SIGSTOP of a split learner's serving
 process, killed and started again): ``test_learner_group.py``."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The Kubernetes manifests run by the real programs, without a cluster: ``kubectl kustomize``
 builds deploy/kubernetes as ``kubectl apply -k`` would (every object then validated against
-the Kubernetes schemas, and compared with what ``tests/unit/test_kubernetes.py`` reads), and
+the Kubernetes schemas, and compared with what ``tests/unit/repo/test_kubernetes.py`` reads), and
 the pods start from their own containers' arguments, environment and ConfigMaps: the broker
 with its init container's password file, both learner shards and a replica, each Secret made
 as docs/kubernetes.md makes it. The references between the files are checked in
-``tests/unit/test_kubernetes.py``.
+``tests/unit/repo/test_kubernetes.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import yaml
 
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.local_process import LocalProcess, free_port, quiet_env, wait_listening
-from tests.unit.test_kubernetes import (
+from tests.unit.repo.test_kubernetes import (
     K8S,
     KUBERNETES_VERSIONS,
     MONITORING,
@@ -191,7 +191,7 @@ def _on_read_only_root(argv: list[str], writable: list[Path]) -> list[str]:
 
 def _writable(container: dict[str, Any], paths: dict[str, Path]) -> list[Path]:
     """The directories here of the container's writable mounts, and /tmp: this test's own
-    files are there (every container has a /tmp volume: tests/unit/test_kubernetes.py)."""
+    files are there (every container has a /tmp volume: tests/unit/repo/test_kubernetes.py)."""
     mounts = container["volumeMounts"]
     return [Path("/tmp"), *(paths[m["mountPath"]] for m in mounts if not m.get("readOnly"))]
 

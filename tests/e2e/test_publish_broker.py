@@ -2,7 +2,7 @@
 ``SamplePublisher`` (every sample in order, the window, QoS 0, a silent broker, the rate) and
 ``livefit publish`` (in this process, and as a user runs it against a real ``livefit serve``
 and against a broker that speaks only MQTT 3.1.1). Encoding, sources and the command's
-options: ``tests/unit/test_publish.py``."""
+options: ``tests/unit/clients/``."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from livefit.clients.synthetic import LinearStream
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
 from livefit.server.wire.formats import FORMATS
-from tests.unit.test_publish import array_of, cli_args
+from tests.unit.clients.test_payloads import array_of
+from tests.unit.clients.test_publish import cli_args
 
 # ---------------------------------------------------------------------------------------------
 # A plain paho subscriber that records what arrives.

@@ -1,5 +1,5 @@
 """README's "Your own model" commands run as written, in bash (the static checks of README:
-``tests/unit/test_readme.py``). Three things differ, so that a test never touches what others
+``tests/unit/repo/test_readme.py``). Three things differ, so that a test never touches what others
 run on this machine: the learner gets the test's mosquitto and a free port (two lines added to
 ``my.toml``), ``localhost:8000`` is that port, and ``livefit publish`` gets ``--broker``.
 """

@@ -3,7 +3,7 @@ on its weight topic, then a learner signing with a rotated key. Through a real m
 real learner and a real replica: refusals are a few log lines however many messages come (each
 counted in ``livefit_weights_received_total``), and a replica that has refused every snapshot
 for ``weights.refused_unready_s`` says so in readiness while it keeps serving the last good
-weights. The verifier's rules in process: ``tests/unit/test_weight_auth.py``.
+weights. The verifier's rules in process: ``tests/unit/weights/test_receiver.py``.
 """
 
 from __future__ import annotations

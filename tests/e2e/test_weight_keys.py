@@ -2,7 +2,8 @@
 the services (made once, private, kept), four processes making a storage's key at once (one
 makes it, all end with it, nothing half-written), and a garbage key file in each place a key
 is read (one line naming it and exit 2, before anything starts). The envelope, keys and
-verification in process: ``tests/unit/test_weight_auth.py``.
+verification in process: ``tests/unit/weights/`` (``test_receiver.py``, ``test_keys.py``,
+``test_receiver_auth.py``).
 """
 
 from __future__ import annotations
