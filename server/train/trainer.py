@@ -103,7 +103,6 @@ class Trainer:
             sparse=settings.resolved_target_shape() == [],
         )
         self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
         self.model = build_compiled(settings, placement)
         self.pipelined = pipelining(settings, placement, self.hooks.serving_here)
         self.thread_cpu_s = 0.0  # CPU time of the trainer's thread, set when it ends
@@ -158,7 +157,6 @@ class Trainer:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop taking samples, train what is queued, publish a final snapshot, join."""
-        self._stopping.set()
         self.queue.close()
         stopped = True
         if self._thread is not None:
