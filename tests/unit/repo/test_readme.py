@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from livefit.server.base.metrics_merge import WORKERS_UNREACHABLE
 from livefit.server.config.model import ModelSettings
 from livefit.server.config.settings import Settings, load_settings
+from livefit.server.wire.formats import FORMATS
 from tests.metric_groups import every_family
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -72,6 +73,17 @@ def test_the_settings_tables_are_generated_from_the_models() -> None:
     )
     assert "| `models.<name>.train.max_batch_size` | `256` |" in CONFIGURATION
     assert "| `models.<name>.input_shape` | required |" in CONFIGURATION
+
+
+def test_every_sample_format_is_documented() -> None:
+    """docs/mqtt.md's "Samples" names every registered format and each content type it reads
+    (a format added to ``server/wire/formats.py`` is documented there, or this fails)."""
+    mqtt = (DOCS / "mqtt.md").read_text()
+    samples = mqtt[mqtt.index("## Samples") :].split("\n## ", 1)[0]
+    for fmt in FORMATS.values():
+        assert fmt.name.lower() in samples.lower(), f"docs/mqtt.md, Samples: no {fmt.name}"
+        for content_type in (fmt.content_type, *fmt.accepted_types):
+            assert f"`{content_type}`" in samples, f"docs/mqtt.md, Samples: no {content_type}"
 
 
 def test_every_metric_is_documented() -> None:
