@@ -247,7 +247,10 @@ def test_batches_beyond_the_comparison_rows_through_a_kill(
     counts = trained_window[:, 1]
     print(f"mean batch {largest:.0f}; the comparison's batches hold {counts.tolist()} rows")
     assert largest > 256  # batches beyond the comparison rows were trained
-    assert counts.max() == 256 and np.array_equal(counts, averaged_window[:, 1])
+    # None compared on more than 256 rows. The window holds the stream's last batches, which
+    # the trainer may take once it has caught up (fewer rows: 239, 138, 241 in one CI run);
+    # that a larger batch is compared on exactly 256 is train/test_weight_choice_average.py's.
+    assert counts.max() <= 256 and np.array_equal(counts, averaged_window[:, 1])
     chose_average = (
         averaged_window[:, 0].sum() / averaged_window[:, 1].sum()
         < trained_window[:, 0].sum() / trained_window[:, 1].sum()
