@@ -222,7 +222,7 @@ def test_batches_beyond_the_comparison_rows_through_a_kill(
     """Batches larger than ``COMPARISON_ROWS`` (``max_batch_size = 1024``, messages of 1,000
     published faster than the learner trains): the trained and averaged weights are compared
     on 256 rows of such a batch, through a real ``livefit serve``. Its checkpoint holds that
-    comparison (no batch of it over 256 rows, some at 256); SIGKILLed and restarted, the
+    comparison (no batch of it over 256 rows); SIGKILLed and restarted, the
     learner serves the weights the comparison chose, and trains every sample published since
     once."""
     storage = tmp_path / "data"
