@@ -14,6 +14,7 @@ import pytest
 from bench.harness import lead
 from bench.registry import BENCHMARKS
 from bench.report import render, render_figures
+from tests.unit.repo.test_readme import broken_links
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "bench" / "results"
@@ -77,17 +78,5 @@ def slug(heading: str) -> str:
 
 def test_links_of_the_report_and_the_notes_lead_somewhere() -> None:
     pages = [REPORT, FIGURES, RESULTS / "README.md", *sorted((ROOT / "docs/benchmarks").glob("*"))]
-    broken = []
-    for page in pages:
-        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
-            if re.match(r"[a-z]+://", target):
-                continue
-            path, _, anchor = target.partition("#")
-            file = (page.parent / path).resolve() if path else page
-            if not file.exists():
-                broken.append(f"{page.name}: {target} (no such file)")
-            elif anchor and file.suffix == ".md":
-                headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
-                if anchor not in {slug(h) for h in headings}:
-                    broken.append(f"{page.name}: {target} (no such heading)")
+    broken = broken_links(pages)
     assert not broken, broken

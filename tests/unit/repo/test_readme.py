@@ -266,10 +266,10 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_links_lead_somewhere() -> None:
-    """Every relative link of README and docs/ names a file that exists, and a heading of it."""
+def broken_links(pages: list[Path]) -> list[str]:
+    """The relative links of ``pages`` that name no file, or no heading of it."""
     broken = []
-    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+    for page in pages:
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
             if re.match(r"[a-z]+://", target):
                 continue
@@ -281,4 +281,10 @@ def test_links_lead_somewhere() -> None:
                 headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
                 if anchor not in {slug(h) for h in headings}:
                     broken.append(f"{page.name}: {target} (no such heading)")
+    return broken
+
+
+def test_links_lead_somewhere() -> None:
+    """Every relative link of README and docs/ names a file that exists, and a heading of it."""
+    broken = broken_links([ROOT / "README.md", *sorted(DOCS.glob("*.md"))])
     assert not broken, broken
