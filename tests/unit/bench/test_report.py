@@ -5,7 +5,6 @@ and one table per benchmark, a "why" under every missed target, every link leadi
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +68,6 @@ def test_every_measured_figure_is_in_the_figures(doc: dict[str, Any]) -> None:
         for row in bench["rows"]:
             for key in [*row["figures"], *row["ratios"]]:
                 assert f" {key} |" in figures, (name, key)
-
-
-def slug(heading: str) -> str:
-    """The anchor GitHub gives a Markdown heading."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def test_links_of_the_report_and_the_notes_lead_somewhere() -> None:
