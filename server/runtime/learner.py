@@ -69,7 +69,7 @@ from ..wire.codec import SampleSpec
 from ..wire.snapshot import SnapshotSlot
 from .broker import ManagedBroker, resolve_broker
 from .learner_log import LearnerLog
-from .process_runtime import build_endpoint, start_all_or_none
+from .process_runtime import build_endpoint, checkpoint_directory, start_all_or_none
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class LearnerRuntime:
             self.metrics,
             placement,
             checkpoints=CheckpointStore(
-                storage / "checkpoints" / name, name, settings.checkpoint.keep
+                checkpoint_directory(storage, name), name, settings.checkpoint.keep
             ),
             hooks=self._hooks(runtime),
             storage=self.storage_health,
@@ -267,8 +267,9 @@ class LearnerRuntime:
         self.metrics.group(ServingMetrics)
         version_gauge = self.metrics.group(ServingMetrics).serving_version.labels(model=name)
         return build_endpoint(
-            name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version)
-        )
+            name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version),
+            checkpoint_directory(Path(self.settings.storage.dir), name),
+        )  # fmt: skip
 
     def _start_weight_stream(self, runtime: ModelRuntime, connection: MqttConnection) -> None:
         """Serving swaps and MQTT publishing follow every snapshot from now on."""

@@ -27,6 +27,7 @@ from ..weights.receiver_auth import Authenticator
 from ..weights.verifier import WeightVerifier
 from .broker import resolve_broker
 from .learner_group import TrainingSlot
+from .process_runtime import checkpoint_directory
 from .replica import ReplicaModel, ReplicaRuntime
 from .workers import WorkerSlot
 
@@ -75,6 +76,11 @@ class LearnerServingRuntime(ReplicaRuntime):
         )
         self.source.start()
         self._start_recorders()
+
+    def _checkpoints(self, name: str) -> Path | None:
+        """The training process's checkpoints of ``name`` (the same storage dir) serve as past
+        versions here too."""
+        return checkpoint_directory(Path(self.settings.storage.dir), name)
 
     def _marker(self, name: str) -> Callable[[int], None]:
         board, index = self.board, self.slot.index

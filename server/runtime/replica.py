@@ -141,8 +141,9 @@ class ReplicaRuntime:
             )
         slot = SnapshotSlot()
         endpoint = build_endpoint(
-            name, settings, device, slot, lambda snapshot: self._swapped(name, snapshot)
-        )
+            name, settings, device, slot, lambda snapshot: self._swapped(name, snapshot),
+            self._checkpoints(name),
+        )  # fmt: skip
         serving = endpoint.serving
         slot.subscribe(endpoint.snapshot_arrived)
         age = self.metrics.group(WeightsReceivedMetrics).weights_age.labels(model=name)
@@ -157,6 +158,11 @@ class ReplicaRuntime:
             name, settings, slot, endpoint, WeightStore(settings.weights.keep_versions),
             description_sha256=description_sha256(description),
         )  # fmt: skip
+
+    def _checkpoints(self, name: str) -> Path | None:
+        """Where model ``name``'s checkpoints are to serve as past versions: nowhere for a
+        replica (its learner's disk is elsewhere, or another learner's)."""
+        return None
 
     def _authenticators(self) -> dict[str, Authenticator]:
         """Each model's verification policy; ConfigError (logged) names what to set."""
