@@ -92,7 +92,9 @@ def test_a_version_not_kept_is_a_404_naming_the_kept_ones(
     url, runtime = served
     for version in (10, 11, 12, 13):
         runtime.publish(version)
-    message = "version 10 of model m is not kept (expired, or never made); kept: 11-13 (recent snapshots)"
+    message = (
+        "version 10 of model m is not kept (expired, or never made); kept: 11-13 (recent snapshots)"
+    )
     for answer in (
         predict(url, "/v1/models/m/versions/10:predict"),
         infer(url, "/v2/models/m/versions/10/infer"),
