@@ -3,7 +3,8 @@
 then the name (404 listing the models), so the predictions, labels and weights routes answer a
 wrong token or an unknown model alike; and how a versioned path finds its version
 (``path_version``: 400 for what is no version number, ``kept_version``: 404 naming the kept
-versions, ``find_version``: the kept version's snapshot, a checkpoint read off the loop)."""
+versions, ``find_version``: the kept version's snapshot, a checkpoint read off the loop); and
+what a label or the serving record chose (``find_served``, ``label_version``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping
 from fastapi import Request
 
 from ..serve.endpoint import ModelEndpoint
-from ..serve.versions import VersionNotKept
+from ..serve.versions import VersionNotHere, VersionNotKept
 from ..wire.snapshot import Snapshot
 from .predict_request import ApiError, Guard
 
@@ -71,3 +72,33 @@ async def find_version(model: ModelEndpoint, text: str) -> Snapshot:
     if found is None:
         raise ApiError(404, str(versions.not_kept(version)))
     return found
+
+
+async def find_served(
+    model: ModelEndpoint, version: str | None, label: str | None
+) -> Snapshot | None:
+    """The kept snapshot a request is computed with: the path's version, else its label's, else
+    the one the serving record serves unversioned; None for the newest. ApiError 400 or 404
+    (naming the kept versions or the labels), 503 while a named version has not arrived."""
+    if version is not None:
+        return await find_version(model, version)
+    try:
+        return model.versions.labelled(label) if label is not None else model.versions.served()
+    except KeyError as exc:
+        raise ApiError(404, str(exc.args[0])) from None
+    except VersionNotHere as exc:
+        raise ApiError(503, str(exc), {"Retry-After": "1"}) from None
+
+
+def label_version(model: ModelEndpoint, label: str) -> int:
+    """The version ``label`` names now (``latest``: the newest); ApiError 404 naming the labels,
+    503 before any weights or while the version has not arrived."""
+    try:
+        found = model.versions.labelled(label) or model.versions.latest()
+    except KeyError as exc:
+        raise ApiError(404, str(exc.args[0])) from None
+    except VersionNotHere as exc:
+        raise ApiError(503, str(exc), {"Retry-After": "1"}) from None
+    if found is None:
+        raise ApiError(503, f"model {model.name} has no weights yet", {"Retry-After": "1"})
+    return found.version

@@ -110,6 +110,28 @@ def _tfserving_routes(router: APIRouter, handlers: PredictHandlers) -> None:
         kept versions."""
         return handlers.about_version(name, version, request, _tfserving_version_status)
 
+    @router.post(
+        "/v1/models/{name}/labels/{label}:predict",
+        openapi_extra=predict_openapi(
+            TFSERVING_REQUEST, TFSERVING_RESPONSE, (DEADLINE_HEADER_PARAM,)
+        ),
+    )
+    async def tfserving_predict_label(name: str, label: str, request: Request) -> JSONResponse:
+        """TensorFlow Serving REST predict with the version a label names (``latest``: the
+        newest); 404 naming the labels for an unknown one."""
+        return await handlers.predict(request, name, parse_tf, format_tf, label=label)
+
+    @router.get("/v1/models/{name}/labels/{label}")
+    async def tfserving_label_status(name: str, label: str, request: Request) -> JSONResponse:
+        """TensorFlow Serving status of the version a label names (one entry)."""
+        return handlers.about_label(name, label, request, _tfserving_version_status)
+
+    @router.get("/v1/models/{name}/labels/{label}/metadata")
+    async def tfserving_label_metadata(name: str, label: str, request: Request) -> JSONResponse:
+        """The model's metadata as the version a label names answers it: its version, the
+        kept versions, the tensors (OIP's metadata document)."""
+        return handlers.about_label(name, label, request, _labelled_metadata)
+
 
 def _oip_routes(router: APIRouter, handlers: PredictHandlers) -> None:
     """Open Inference Protocol: infer, model metadata, readiness, Triton's config, server
@@ -194,6 +216,7 @@ def _direct_routes(router: APIRouter, handlers: PredictHandlers) -> None:
     # bottleneck under load.
     tf_path, v2_path = "/v1/models/{name}:predict", "/v2/models/{name}/infer"
     tf_version = "/v1/models/{name}/versions/{version}:predict"
+    tf_label = "/v1/models/{name}/labels/{label}:predict"
     v2_version = "/v2/models/{name}/versions/{version}/infer"
     router.routes[:0] = [
         Route(tf_path, handlers.serve_tf, methods=["POST"], include_in_schema=False),
@@ -201,6 +224,8 @@ def _direct_routes(router: APIRouter, handlers: PredictHandlers) -> None:
         Route(v2_path, handlers.serve_v2, methods=["POST"], include_in_schema=False),
         Route(tf_version, handlers.serve_tf, methods=["POST"], include_in_schema=False),
         Route(tf_version, _post_only, include_in_schema=False),
+        Route(tf_label, handlers.serve_tf, methods=["POST"], include_in_schema=False),
+        Route(tf_label, _post_only, include_in_schema=False),
         Route(v2_version, handlers.serve_v2, methods=["POST"], include_in_schema=False),
     ]
 
@@ -246,6 +271,19 @@ def _config(model: ModelEndpoint) -> JSONResponse:
     )
 
 
+def _labelled_metadata(model: ModelEndpoint, version: int) -> JSONResponse:
+    s = model.settings
+    versions = [str(v) for v in model.versions.versions().all()]
+    document = oip_model_metadata(model.name, versions, s.input_shape, s.output_shape)
+    return JSONResponse({**document, "version": str(version)})
+
+
 def _version(model: ModelEndpoint) -> int | None:
-    latest = model.serving.source()
+    """The version the unversioned path serves: the pinned or default-labelled one, where the
+    serving record names one that is here, else the newest."""
+    try:
+        chosen = model.versions.served()
+    except LookupError:  # named, not arrived: the unversioned path answers 503 until it does
+        chosen = None
+    latest = chosen or model.serving.source()
     return latest.version if latest is not None else None

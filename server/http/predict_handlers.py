@@ -25,7 +25,7 @@ from ..serve.endpoint import ModelEndpoint
 from ..serve.metrics import ServingMetrics
 from ..serve.serving import NotReady
 from ..wire.snapshot import Snapshot
-from .model_lookup import Endpoints, find_model, find_version, kept_version
+from .model_lookup import Endpoints, find_model, find_served, kept_version, label_version
 from .predict_request import (
     DEADLINE_HEADER,
     ApiError,
@@ -84,15 +84,17 @@ class PredictHandlers:
     async def predict(
         self, request: Request, name: str, parse: Parser, fmt: Formatter,
         reservation: Reservation | None = None, version: str | None = None,
+        label: str | None = None,
     ) -> JSONResponse:  # fmt: skip
         """Answer one request and count it under its status, whatever happens: an exception
         nobody foresaw is a JSON 500, counted and logged in one line, never a bare
         uvicorn 500 that no metric sees. ``reservation``: the place the request holds since
         it was admitted from its head (``EarlyAdmission``), given back here in any case.
-        ``version``: the path's version (``/versions/N``); None for the newest."""
+        ``version``: the path's version (``/versions/N``), ``label`` its label
+        (``/labels/L``); neither: what the serving record serves (the newest by default)."""
         started = time.perf_counter()
         try:
-            response = await self._answer(request, name, parse, fmt, reservation, version)
+            response = await self._answer(request, name, parse, fmt, reservation, version, label)
         except Exception as exc:
             log.error(
                 "prediction request for model %r failed unexpectedly: %s: %s",
@@ -106,13 +108,13 @@ class PredictHandlers:
 
     async def _answer(
         self, request: Request, name: str, parse: Parser, fmt: Formatter,
-        reservation: Reservation | None, version: str | None,
+        reservation: Reservation | None, version: str | None, label: str | None,
     ) -> JSONResponse:  # fmt: skip
         if reservation is not None:
             reservation.start()  # admitted from its head; the event loop has reached it
         try:
             model = find_model(self.endpoints, name, request, self.guard)
-            pinned = None if version is None else await find_version(model, version)
+            pinned = await find_served(model, version, label)
             if reservation is None:  # not admitted from its head (server/http/connections.py)
                 reservation = _shed_early(model, request)
             limit = model.settings.serve.max_request_bytes
@@ -144,6 +146,19 @@ class PredictHandlers:
             return error_response(exc.status, exc.message, exc.headers)
         return answer(model)
 
+    def about_label(
+        self, name: str, label: str, request: Request,
+        answer: Callable[[ModelEndpoint, int], JSONResponse],
+    ) -> JSONResponse:  # fmt: skip
+        """``answer(model, version)`` for the version ``label`` names, or the error (401, 404
+        naming the labels, 503 while it has not arrived) that stands in its way."""
+        try:
+            model = find_model(self.endpoints, name, request, self.guard)
+            number = label_version(model, label)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        return answer(model, number)
+
     def about_version(
         self, name: str, version: str, request: Request,
         answer: Callable[[ModelEndpoint, int], JSONResponse],
@@ -174,8 +189,9 @@ class PredictHandlers:
         named in the path)."""
         params = request.path_params
         return await self.predict(
-            request, params["name"], parse_tf, format_tf, version=params.get("version")
-        )
+            request, params["name"], parse_tf, format_tf, version=params.get("version"),
+            label=params.get("label"),
+        )  # fmt: skip
 
     async def serve_v2(self, request: Request) -> Response:
         """The OIP ``/infer`` routes' endpoint (the model, and the version if any, named in

@@ -26,6 +26,7 @@ from ..weights.local_feed import LocalWeightSource
 from ..weights.receiver_auth import Authenticator
 from ..weights.verifier import WeightVerifier
 from .broker import resolve_broker
+from .control_socket import ControlClient
 from .learner_group import TrainingSlot
 from .process_runtime import checkpoint_directory
 from .replica import ReplicaModel, ReplicaRuntime
@@ -53,6 +54,7 @@ class LearnerServingRuntime(ReplicaRuntime):
         )
         self.slot = slot
         self.training = TrainingSlot(slot.directory, slot.count)
+        self.version_control = ControlClient(slot.directory)  # moves go to the training process
         self.source: LocalWeightSource | None = None
         self.board: BusyBoard | None = None
         self._training_problems: list[str] = ["training: no word from the training process yet"]

@@ -10,6 +10,7 @@ from ..config.model import ModelSettings
 from ..serve.endpoint import ModelEndpoint
 from ..serve.serving import ServingModel
 from ..serve.versions import CheckpointShelf, KeptVersions
+from ..storage.serving_record_file import ServingRecordFile
 from ..train.modeling import build_uncompiled
 from ..wire.snapshot import Snapshot, SnapshotSlot
 
@@ -51,6 +52,8 @@ def build_endpoint(
     use_shelf = checkpoints is not None and settings.versions.checkpoints
     shelf = CheckpointShelf(checkpoints) if use_shelf and checkpoints is not None else None
     versions = KeptVersions(name, settings.versions, serving.source, shelf)
+    if checkpoints is not None:  # the versions labels and the pin name, beside the checkpoints
+        versions.held_source = ServingRecordFile(checkpoints).load_held
     slot.subscribe(versions.add)  # before the endpoint's swap: a version is kept once it came
     if slot.latest is not None:
         versions.add(slot.latest)

@@ -11,6 +11,13 @@ when it was current: a snapshot carries the served weights, a checkpoint records
 ``add`` is a snapshot slot's listener (any thread); ``get`` and ``versions`` are cheap and may
 run on the event loop; ``load`` may read a checkpoint from disk and belongs off the loop
 (``asyncio.to_thread``).
+
+The serving record (``apply``: labels, the pin; ``wire.serving_record``) names versions that are
+*held*: kept outside the count and the byte budget for as long as the record names them, from
+memory where they are still there, else from their weight payload (``held_source``: the file
+beside the checkpoints on the learner's processes, the retained ``held`` topic on a replica),
+checked against the sha256 the signed record holds. ``served`` says which snapshot the
+unversioned path serves (None: the newest), ``labelled`` which one a label names.
 """
 
 from __future__ import annotations
@@ -30,15 +37,25 @@ from ..storage.checkpoint import (
     read_checkpoint,
     read_lineage,
 )
+from ..weights.format import WeightsRejected, decode_weights, sha256_hex
+from ..wire.serving_record import LATEST, ServingRecord
 from ..wire.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 SHOWN_VERSIONS = 12  # versions a 404 names one by one; more are summarised
 CHECKPOINTS_CACHED = 2  # checkpoints read from disk and held: a client asks for one many times
+PENDING_HELD = 16  # payloads a replica received before the record that names them
 
 
 class VersionNotKept(LookupError):
     """A version this server does not keep (expired or never made): HTTP 404, naming the kept."""
+
+
+class VersionNotHere(LookupError):
+    """A version the serving record names whose weights have not arrived here yet: HTTP 503."""
+
+
+HeldSource = Callable[[int, str], "bytes | None"]  # (version, sha256) -> its payload, if found
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +174,10 @@ class KeptVersions:
         self._snapshots: OrderedDict[int, Snapshot] = OrderedDict()  # oldest first
         self._bytes = 0
         self._lock = threading.Lock()
+        self.record: ServingRecord | None = None  # the operator's labels and pin (``apply``)
+        self._held: dict[int, Snapshot] = {}  # the versions the record names, found so far
+        self.held_source: HeldSource | None = None
+        self._pending: OrderedDict[int, bytes] = OrderedDict()  # payloads before their record
 
     @property
     def kept_bytes(self) -> int:
@@ -200,18 +221,20 @@ class KeptVersions:
         current = self.latest()
         if current is not None and current.version not in snapshots:
             snapshots.append(current.version)
+            snapshots += [v for v, s in self._held.items() if s.lineage == lineage]
         checkpoints = self.shelf.versions(lineage) if self.shelf is not None else []
-        return KeptList(tuple(sorted(snapshots, reverse=True)), tuple(checkpoints))
+        return KeptList(tuple(sorted(set(snapshots), reverse=True)), tuple(checkpoints))
 
     def get(self, version: int) -> Snapshot | None:
         """The snapshot of ``version`` held in memory (a kept snapshot, the current one, a
-        checkpoint read before), else None; reads nothing from disk."""
+        version the record names, a checkpoint read before), else None; reads nothing from
+        disk."""
         current = self.latest()
         if current is not None and current.version == version:
             return current
         lineage = current.lineage if current is not None else self.lineage()
         with self._lock:
-            kept = self._snapshots.get(version)
+            kept = self._snapshots.get(version) or self._held.get(version)
         if kept is not None and kept.lineage == lineage:
             return kept
         return self.shelf.cached(version, lineage) if self.shelf is not None else None
@@ -240,6 +263,114 @@ class KeptVersions:
             f"version {version} of model {self.name} is not kept (expired, or never made); "
             f"kept: {self.versions().describe()}"
         )
+
+    # the serving record ------------------------------------------------------------------------
+    def apply(self, record: ServingRecord) -> bool:
+        """Take ``record`` when it is newer than the one held (any thread): hold the versions
+        it names that can be found now (the rest as their payloads arrive), release the rest.
+        False when it was not newer."""
+        with self._lock:
+            if not record.newer_than(self.record):
+                return False
+            self.record = record
+        self._resolve()
+        return True
+
+    def held_arrived(self, version: int, payload: bytes) -> None:
+        """A named version's payload arrived (a replica's ``held`` topic): kept until the
+        record that names it, then checked against its sha256."""
+        with self._lock:
+            self._pending[version] = payload
+            self._pending.move_to_end(version)
+            while len(self._pending) > PENDING_HELD:
+                self._pending.popitem(last=False)
+        self._resolve()
+
+    def missing(self) -> list[int]:
+        """The versions the record names whose weights are not here yet."""
+        record = self.record
+        if record is None:
+            return []
+        with self._lock:
+            return sorted(v for v in record.named() if v not in self._held)
+
+    def served(self) -> Snapshot | None:
+        """The snapshot the unversioned path serves: None for the newest; ``VersionNotHere``
+        when the pinned or default-labelled version has not arrived."""
+        record = self.record
+        version = record.served() if record is not None else None
+        return None if version is None else self._named(version, "served")
+
+    def labelled(self, label: str) -> Snapshot | None:
+        """The snapshot ``label`` names (None: ``latest``, the newest); ``KeyError`` naming the
+        labels for an unknown one, ``VersionNotHere`` when its weights have not arrived."""
+        record = self.record
+        labels = dict(record.labels) if record is not None else {}
+        if label != LATEST and label not in labels:
+            known = ", ".join(sorted([LATEST, *labels]))
+            raise KeyError(f"model {self.name} has no label {label!r}; its labels: {known}")
+        version = labels.get(label)
+        return None if version is None else self._named(version, f"label {label!r}")
+
+    def _named(self, version: int, what: str) -> Snapshot:
+        with self._lock:
+            found = self._held.get(version)
+        if found is None:
+            raise VersionNotHere(
+                f"version {version} of model {self.name} ({what}) has not reached this server "
+                "yet; retry shortly"
+            )
+        return found
+
+    def _resolve(self) -> None:
+        """Hold every version the record names that is found (memory, then the payloads)."""
+        record = self.record
+        if record is None:
+            return
+        named = record.named()
+        with self._lock:
+            self._held = {v: s for v, s in self._held.items() if v in named}
+            wanted = [v for v in named if v not in self._held]
+        for version in wanted:
+            found = self._find(record, version)
+            if found is not None:
+                with self._lock:
+                    self._held[version] = found
+                    self._pending.pop(version, None)
+
+    def _find(self, record: ServingRecord, version: int) -> Snapshot | None:
+        current = self.latest()
+        if current is not None and current.version == version and current.lineage == record.lineage:
+            return current
+        with self._lock:
+            kept = self._snapshots.get(version)
+            pending = self._pending.get(version)
+        if kept is not None and kept.lineage == record.lineage:
+            return kept
+        sha256 = record.versions.get(version)
+        if sha256 is None:
+            return None
+        if pending is None and self.held_source is not None:
+            pending = self.held_source(version, sha256)
+        if pending is None or sha256_hex(pending) != sha256:
+            return None
+        return self._decoded(record, version, pending)
+
+    def _decoded(self, record: ServingRecord, version: int, payload: bytes) -> Snapshot | None:
+        try:
+            _, arrays, meta = decode_weights(payload)
+        except WeightsRejected as exc:
+            log.error("held weights v%d of %s not served: %s", version, self.name, exc)
+            return None
+        if (meta.model, meta.version, meta.lineage) != (self.name, version, record.lineage):
+            log.error("held weights of %s say %s v%d, the record v%d: not served", self.name,
+                      meta.model, meta.version, version)  # fmt: skip
+            return None
+        return Snapshot(
+            model=self.name, version=version, weights=tuple(arrays), created_at=meta.created_at,
+            samples_seen=meta.samples_seen, newest_published_at=meta.newest_published_at,
+            lineage=meta.lineage,
+        )  # fmt: skip
 
 
 def _nbytes(snapshot: Snapshot) -> int:

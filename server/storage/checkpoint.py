@@ -158,7 +158,7 @@ class CheckpointStore:
         }
         metadata["checksum"] = _checksum(metadata, tensors)
         path = checkpoint_path(self.directory, checkpoint.version)
-        _atomic_write(path, bytes(st_save(tensors, metadata=metadata)))
+        atomic_write(path, bytes(st_save(tensors, metadata=metadata)))
         self._prune()
         return path
 
@@ -212,7 +212,7 @@ class CheckpointStore:
     def write_high_water_mark(self, version: int) -> None:
         """Record that versions up to ``version`` may have been used (atomic and fsynced: it
         survives a process crash and a power loss)."""
-        _atomic_write(self._mark, str(version).encode())
+        atomic_write(self._mark, str(version).encode())
 
     def high_water_mark(self) -> int:
         try:
@@ -236,7 +236,7 @@ class CheckpointStore:
     def new_lineage(self) -> str:
         """Start a new lineage: a fresh random id, stored atomically; returns it."""
         value = new_lineage_id()
-        _atomic_write(self._lineage_file, value.encode())
+        atomic_write(self._lineage_file, value.encode())
         return value
 
 
@@ -336,7 +336,9 @@ def _digest(tensors: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a temporary file, fsynced, renamed, and
+    the directory fsynced (a crash leaves the old file or the new one, never half of one)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("wb") as handle:
