@@ -198,6 +198,9 @@ class KeptVersions:
                 return  # versions only move forward in a lineage (a slot refuses the rest)
             self._snapshots[snapshot.version] = snapshot
             self._bytes += _nbytes(snapshot)
+            if self._names(snapshot):  # named before it came (a replica's record goes first)
+                self._held[snapshot.version] = snapshot
+                self._pending.pop(snapshot.version, None)
             while len(self._snapshots) > 1 and (
                 len(self._snapshots) > self.keep or self._bytes > self.keep_bytes
             ):
@@ -221,6 +224,7 @@ class KeptVersions:
         current = self.latest()
         if current is not None and current.version not in snapshots:
             snapshots.append(current.version)
+        with self._lock:  # held past the count while the record names them
             snapshots += [v for v, s in self._held.items() if s.lineage == lineage]
         checkpoints = self.shelf.versions(lineage) if self.shelf is not None else []
         return KeptList(tuple(sorted(set(snapshots), reverse=True)), tuple(checkpoints))
@@ -275,6 +279,16 @@ class KeptVersions:
             self.record = record
         self._resolve()
         return True
+
+    def _names(self, snapshot: Snapshot) -> bool:
+        """Whether the record names ``snapshot`` and it is not held yet (under the lock)."""
+        record = self.record
+        return (
+            record is not None
+            and record.lineage == snapshot.lineage
+            and snapshot.version in record.named()
+            and snapshot.version not in self._held
+        )
 
     def held_arrived(self, version: int, payload: bytes) -> None:
         """A named version's payload arrived (a replica's ``held`` topic): kept until the
