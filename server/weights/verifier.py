@@ -25,9 +25,10 @@ failure:
    ``bad_description``).
 
 The serving record signed into the header (``serving``: labels, pin) goes to ``on_record``
-once the weights are accepted, and also from a ``refreshed`` or ``stale`` envelope of the
-lineage served (a move re-signs the newest snapshot; the receiver keeps only a record with a
-higher sequence, so an old envelope replayed moves nothing back).
+once the envelope is verified, before its weights are applied (a pin is in force before the
+newest version could be served unpinned), and also from a ``refreshed`` or ``stale`` envelope
+of the lineage served (a move re-signs the newest snapshot; the receiver keeps only a record
+with a higher sequence, so an old envelope replayed moves nothing back).
 
 Freshness. Versions are compared only within a lineage. A snapshot of the current lineage must
 have a newer version. A snapshot of another lineage (the learner restarted with new storage)
@@ -354,11 +355,13 @@ class WeightVerifier:
         except WeightsRejected as exc:
             self._refused(exc.outcome, str(exc))  # "<outcome>: <detail>"
             if exc.outcome in QUIET_OUTCOMES:  # signed, of the lineage served: its record counts
-                self._record_of(self._verified_header)
+                self._record_of(self._verified_header, self.lineage)
             return
         except Exception as exc:
             self._refused("bad_payload", f"bad_payload: could not be processed: {exc!r}", True)
             return
+        # The record before the weights: a late replica never serves the newest unpinned
+        self._record_of(self._verified_header, received.meta.lineage)
         try:
             self.on_weights(received)
         except WeightsRejected as exc:  # the receiver's own check (a subscriber's description)
@@ -369,13 +372,13 @@ class WeightVerifier:
             self._refused("bad_payload", f"bad_payload: {detail}", True)
             return
         self._accept(received)
-        self._record_of(self._verified_header)
 
-    def _record_of(self, header: EnvelopeHeader | None) -> None:
-        """Hand a verified envelope's serving record to ``on_record`` (never raises)."""
+    def _record_of(self, header: EnvelopeHeader | None, lineage: str | None) -> None:
+        """Hand a verified envelope's serving record to ``on_record`` when it is of
+        ``lineage`` (the one served, or the one being accepted); never raises."""
         if header is None or not header.serving or self.on_record is None:
             return
-        if header.lineage != self.lineage:
+        if header.lineage != lineage:
             return
         try:
             self.on_record(header.serving)
