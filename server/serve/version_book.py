@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from ..storage.serving_record_file import ServingRecordFile
 from ..wire.serving_record import (
     LATEST,
+    MAX_LABELS,
     RecordError,
     Rollback,
     ServingRecord,
@@ -113,6 +114,10 @@ class VersionBook:
         now = time.time()
         if move.action == "label":
             label, version = check_label(move.label or ""), self._version(move)
+            if label not in record.labels and len(record.labels) >= MAX_LABELS:
+                # one more would make a record no receiver (nor this book, restarted) reads
+                raise MoveRefused(409, f"model {self.name} has {MAX_LABELS} labels, the most a "
+                                       "record holds; remove one first")  # fmt: skip
             after = record.moved(now, labels={**record.labels, label: version})
         elif move.action == "unlabel":
             label = self._known_label(record, move.label)

@@ -16,7 +16,7 @@ from livefit.server.serve.version_book import Move, MoveRefused, VersionBook
 from livefit.server.serve.versions import KeptVersions
 from livefit.server.storage.serving_record_file import ServingRecordFile
 from livefit.server.weights.format import WeightsMeta, encode_weights
-from livefit.server.wire.serving_record import ServingRecord
+from livefit.server.wire.serving_record import MAX_LABELS, ServingRecord
 from livefit.server.wire.snapshot import Snapshot, SnapshotSlot
 
 LINEAGE = "L1"
@@ -122,3 +122,18 @@ def test_a_refused_move_changes_nothing(tmp_path: Path) -> None:
         assert refused.value.status == status, move
     assert b.book.record() == before
     assert ServingRecordFile(tmp_path).load() == before
+
+
+def test_labels_stop_at_what_a_record_may_hold(tmp_path: Path) -> None:
+    """One label past ``MAX_LABELS`` would make a record that neither a receiver nor this book,
+    restarted, reads (``ServingRecord.decode`` refuses it): refused, the record kept readable."""
+    b = Book(tmp_path)
+    b.slot.publish(snapshot(1))
+    for n in range(MAX_LABELS):
+        b.book.move(Move("label", f"l{n}", 1))
+    with pytest.raises(MoveRefused) as refused:
+        b.book.move(Move("label", "one-more", 1))
+    assert refused.value.status == 409 and "remove one first" in refused.value.message
+    b.book.move(Move("label", "l0", 1))  # moving one that exists is still fine
+    loaded = ServingRecordFile(tmp_path).load()
+    assert loaded is not None and len(loaded.labels) == MAX_LABELS
