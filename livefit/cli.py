@@ -1,4 +1,4 @@
-"""The ``livefit`` command: serve, publish, demo."""
+"""The ``livefit`` command: serve, replica, publish, versions, demo."""
 
 from __future__ import annotations
 
@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     pub = commands.add_parser("publish", help="stream samples to a model's MQTT topic")
     add_arguments(pub)
     pub.set_defaults(handler=publish.run)
+
+    from livefit.clients import versions
+
+    ver = commands.add_parser(
+        "versions", help="labels, the pin and rollbacks of a model on a learner (admin routes)"
+    )
+    versions.add_arguments(ver)
+    ver.set_defaults(handler=versions.run)
 
     from . import demo
 

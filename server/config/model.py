@@ -34,6 +34,7 @@ from .model_tables import (
     SelectionSettings,
     ServeSettings,
     TrainSettings,
+    VersionsSettings,
     WeightsSettings,
 )
 from .sections import Section
@@ -253,6 +254,7 @@ class ModelSettings(Section):
     drift: DriftSettings = DriftSettings()
     selection: SelectionSettings = SelectionSettings()
     experts: ExpertsSettings = ExpertsSettings()
+    versions: VersionsSettings = VersionsSettings()
 
     @field_validator("builder")
     @classmethod

@@ -1,7 +1,8 @@
 """A model's sub-tables: ``[models.<name>.train]`` (minibatches and the update policy),
 ``.drift``, ``.serve`` (request batching, admission and limits), ``.weights`` (the weight
-stream, signing and verification), ``.checkpoint``, ``.labels`` (delayed labels) and
-``.experts`` (the linear expert and the mixture).
+stream, signing and verification), ``.checkpoint``, ``.labels`` (delayed labels),
+``.experts`` (the linear expert and the mixture) and ``.versions`` (the past versions serving
+keeps).
 
 This module owns those tables; ``config.model`` puts them in ``ModelSettings`` and ``config``
 re-exports them.
@@ -792,6 +793,41 @@ class CheckpointSettings(Section):
             "used, with the log replayed from its position: the log is kept behind the oldest kept "
             "checkpoint for that: it holds the stream of the last `keep - 1` checkpoint intervals "
             "and more (with `keep = 1` there is no fallback)"
+        ),
+    )
+
+
+class VersionsSettings(Section):
+    """Which past versions a model's serving keeps, for the versioned prediction paths
+    (``/v1/models/<name>/versions/<N>:predict``, ``/v2/models/<name>/versions/<N>/infer``)."""
+
+    keep_snapshots: int = Field(
+        100,
+        ge=1,
+        le=100_000,
+        description=(
+            "the newest snapshots handed to serving that each serving process keeps (the newest "
+            "always); with `weights.serve_interval_s = 0.15`, at least the last 15 s of a busy "
+            "stream, longer when fewer steps come. A replica keeps the versions it received"
+        ),
+    )
+    keep_bytes: int = Field(
+        64 * 2**20,
+        ge=0,
+        description=(
+            "at most this many bytes of kept snapshots' weights per model and serving process "
+            "(64 MiB: 100 snapshots of a model up to 670 KB); the oldest go first, and the "
+            "newest is kept whatever its size"
+        ),
+    )
+    checkpoints: bool = Field(
+        True,
+        description=(
+            "(the learner) also serve the versions of the checkpoints on disk (the newest "
+            "`checkpoint.keep`, one every `checkpoint.interval_s`), read when first asked for. "
+            "A checkpoint written before livefit kept its served weights (with "
+            "`train.weight_average` or model selection, those may differ from the trained "
+            "ones) is not served. Replicas have no checkpoints"
         ),
     )
 

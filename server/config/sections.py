@@ -197,6 +197,15 @@ class HttpSettings(Section):
             "`LIVEFIT_HTTP__TOKEN`; never logged"
         ),
     )
+    admin_token: SecretStr | None = Field(
+        None,
+        description=(
+            "bearer token of the admin routes (`/v1/admin/...`: move labels, pin, roll back; "
+            "`livefit versions`), apart from `http.token` so that who may download weights or "
+            "send labels may not choose what is served. Unset: the admin routes answer 403, "
+            "whatever is sent. Prefer `LIVEFIT_HTTP__ADMIN_TOKEN`; never logged"
+        ),
+    )
     protect_predictions: bool = Field(
         False,
         description=(
@@ -315,6 +324,9 @@ class HttpSettings(Section):
 
     def token_bytes(self) -> bytes | None:
         return self.token.get_secret_value().encode() if self.token else None
+
+    def admin_token_bytes(self) -> bytes | None:
+        return self.admin_token.get_secret_value().encode() if self.admin_token else None
 
     def base_url(self) -> str:
         if self.public_url:

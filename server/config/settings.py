@@ -204,7 +204,7 @@ def _parse_env_value(raw: str) -> Any:
 
 def _shown_env_value(name: str, raw: str) -> str:
     """An environment value as an error may show it: secrets and URL credentials hidden."""
-    if name in ("token", "pull_token", "hmac_key", "password"):
+    if name in ("token", "admin_token", "pull_token", "hmac_key", "password"):
         return "***"
     shown = hide_credentials(raw)
     return shown if len(shown) <= 80 else shown[:77] + "..."

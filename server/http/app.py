@@ -28,6 +28,7 @@ from ..base.metrics_merge import WorkerMetrics
 from ..config.settings import Settings
 from ..serve.endpoint import ModelEndpoint
 from ..weights.store import WeightStore
+from .admin_api import AdminGuard, build_admin_router
 from .auth import TokenGuard
 from .dashboard import build_dashboard_router
 from .labels_api import build_labels_router
@@ -110,6 +111,13 @@ def create_app(
     app.include_router(
         build_weights_router(
             runtime.weight_store, runtime.endpoints, guard.check, runtime.wait_newer_weights_s
+        )
+    )
+    app.include_router(
+        build_admin_router(
+            runtime.endpoints,
+            AdminGuard(http.admin_token_bytes()),
+            getattr(runtime, "version_control", None),  # None: a replica (its moves are 409)
         )
     )
     app.include_router(

@@ -1,7 +1,7 @@
-"""What the prediction and model-metadata routes do (``PredictHandlers``): find the model,
-shed a request that cannot be served in time before its body is read (``_shed_early``), read
-and parse it, queue it on the model's batcher (``_run``), answer, and count and time every
-request under its status.
+"""What the prediction and model-metadata routes do (``PredictHandlers``): find the model (and
+the kept version a versioned path names), shed a request that cannot be served in time before
+its body is read (``_shed_early``), read and parse it, queue it on the model's batcher
+(``_run``; pinned to that version), answer, and count and time every request under its status.
 
 This module owns the handlers; the routes that call them are ``predict_api``'s and the early
 admission from the request head is ``early_admission``'s, which hands each request it admits
@@ -24,7 +24,8 @@ from ..serve.batch_types import DeadlineExceeded
 from ..serve.endpoint import ModelEndpoint
 from ..serve.metrics import ServingMetrics
 from ..serve.serving import NotReady
-from .model_lookup import Endpoints, find_model
+from ..wire.snapshot import Snapshot
+from .model_lookup import Endpoints, find_model, find_served, kept_version, label_version
 from .predict_request import (
     DEADLINE_HEADER,
     ApiError,
@@ -82,15 +83,18 @@ class PredictHandlers:
 
     async def predict(
         self, request: Request, name: str, parse: Parser, fmt: Formatter,
-        reservation: Reservation | None = None,
+        reservation: Reservation | None = None, version: str | None = None,
+        label: str | None = None,
     ) -> JSONResponse:  # fmt: skip
         """Answer one request and count it under its status, whatever happens: an exception
         nobody foresaw is a JSON 500, counted and logged in one line, never a bare
         uvicorn 500 that no metric sees. ``reservation``: the place the request holds since
-        it was admitted from its head (``EarlyAdmission``), given back here in any case."""
+        it was admitted from its head (``EarlyAdmission``), given back here in any case.
+        ``version``: the path's version (``/versions/N``), ``label`` its label
+        (``/labels/L``); neither: what the serving record serves (the newest by default)."""
         started = time.perf_counter()
         try:
-            response = await self._answer(request, name, parse, fmt, reservation)
+            response = await self._answer(request, name, parse, fmt, reservation, version, label)
         except Exception as exc:
             log.error(
                 "prediction request for model %r failed unexpectedly: %s: %s",
@@ -104,24 +108,25 @@ class PredictHandlers:
 
     async def _answer(
         self, request: Request, name: str, parse: Parser, fmt: Formatter,
-        reservation: Reservation | None,
+        reservation: Reservation | None, version: str | None, label: str | None,
     ) -> JSONResponse:  # fmt: skip
         if reservation is not None:
             reservation.start()  # admitted from its head; the event loop has reached it
         try:
             model = find_model(self.endpoints, name, request, self.guard)
+            pinned = await find_served(model, version, label)
             if reservation is None:  # not admitted from its head (server/http/connections.py)
                 reservation = _shed_early(model, request)
             limit = model.settings.serve.max_request_bytes
             body = await read_body(request, limit, self.body_timeout_s)
             parsed = parse(body, model, request)
             timeout_s = deadline_s(request, parsed, model)
-            outputs, version = await _run(model, parsed, timeout_s, reservation)
+            outputs, computed = await _run(model, parsed, timeout_s, reservation, pinned)
             outputs = checked_outputs(parsed, outputs)  # a non-finite one: 422, never recorded
             if parsed.ids is not None and model.recorder is not None:
-                model.recorder.record(parsed.ids, parsed.rows, outputs, version)
-            response = JSONResponse(fmt(parsed, model, outputs, version))
-            response.headers["X-Model-Version"] = str(version)
+                model.recorder.record(parsed.ids, parsed.rows, outputs, computed)
+            response = JSONResponse(fmt(parsed, model, outputs, computed))
+            response.headers["X-Model-Version"] = str(computed)
         except ApiError as exc:
             response = error_response(exc.status, exc.message, exc.headers)
         except RequestError as exc:
@@ -141,6 +146,32 @@ class PredictHandlers:
             return error_response(exc.status, exc.message, exc.headers)
         return answer(model)
 
+    def about_label(
+        self, name: str, label: str, request: Request,
+        answer: Callable[[ModelEndpoint, int], JSONResponse],
+    ) -> JSONResponse:  # fmt: skip
+        """``answer(model, version)`` for the version ``label`` names, or the error (401, 404
+        naming the labels, 503 while it has not arrived) that stands in its way."""
+        try:
+            model = find_model(self.endpoints, name, request, self.guard)
+            number = label_version(model, label)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        return answer(model, number)
+
+    def about_version(
+        self, name: str, version: str, request: Request,
+        answer: Callable[[ModelEndpoint, int], JSONResponse],
+    ) -> JSONResponse:  # fmt: skip
+        """``answer(model, version)`` for a kept version, or the error (400, 401, 404 naming
+        the kept versions) that stands in its way."""
+        try:
+            model = find_model(self.endpoints, name, request, self.guard)
+            number = kept_version(model, version)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        return answer(model, number)
+
     def index(
         self, request: Request, entry: Callable[[ModelEndpoint], dict[str, Any]]
     ) -> JSONResponse:
@@ -154,22 +185,32 @@ class PredictHandlers:
         return JSONResponse({"models": [entry(models[name]) for name in sorted(models)]})
 
     async def serve_tf(self, request: Request) -> Response:
-        """The TF Serving ``:predict`` route's endpoint (the model named in the path)."""
-        return await self.predict(request, request.path_params["name"], parse_tf, format_tf)
+        """The TF Serving ``:predict`` routes' endpoint (the model, and the version if any,
+        named in the path)."""
+        params = request.path_params
+        return await self.predict(
+            request, params["name"], parse_tf, format_tf, version=params.get("version"),
+            label=params.get("label"),
+        )  # fmt: skip
 
     async def serve_v2(self, request: Request) -> Response:
-        """The OIP ``/infer`` route's endpoint (the model named in the path)."""
-        return await self.predict(request, request.path_params["name"], parse_v2, format_v2)
+        """The OIP ``/infer`` routes' endpoint (the model, and the version if any, named in
+        the path)."""
+        params = request.path_params
+        return await self.predict(
+            request, params["name"], parse_v2, format_v2, version=params.get("version")
+        )
 
 
 async def _run(
-    model: ModelEndpoint, parsed: ParsedRequest, timeout_s: float, reservation: Reservation | None
-) -> tuple[Any, int]:
+    model: ModelEndpoint, parsed: ParsedRequest, timeout_s: float, reservation: Reservation | None,
+    pinned: Snapshot | None = None,
+) -> tuple[Any, int]:  # fmt: skip
     if not model.ready() or model.batcher is None:
         raise ApiError(503, f"model {model.name} is not ready yet (no weights); retry shortly",
                        {"Retry-After": "1"})  # fmt: skip
     try:
-        prediction = await model.batcher.submit(parsed.rows, timeout_s, reservation)
+        prediction = await model.batcher.submit(parsed.rows, timeout_s, reservation, pinned)
     except QueueFull as exc:
         raise ApiError(429, str(exc), {"Retry-After": str(exc.retry_after_s)}) from None
     except DeadlineExceeded as exc:

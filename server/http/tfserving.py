@@ -68,18 +68,27 @@ def format_tfserving(parsed: ParsedRequest, outputs: np.ndarray, version: int) -
     return answer
 
 
-def tfserving_model_status(version: int | None, ready: bool) -> dict[str, Any]:
-    """``GET /v1/models/{name}``: one version entry, AVAILABLE when ready, else LOADING.
+def tfserving_model_status(
+    version: int | None, ready: bool, kept: Sequence[int] = ()
+) -> dict[str, Any]:
+    """``GET /v1/models/{name}``: the served version's entry first, AVAILABLE when ready, else
+    LOADING; then the other ``kept`` versions (served by number: AVAILABLE), as TF Serving lists
+    every version it holds. ``GET /v1/models/{name}/versions/{N}``: ``version`` N alone.
 
     Before any weights exist (``version`` None) the entry reads version "0".
     """
     state = "AVAILABLE" if ready else "LOADING"
-    entry = {
-        "version": str(version if version is not None else 0),
+    entries = [_status_entry(version if version is not None else 0, state)]
+    entries += [_status_entry(v, "AVAILABLE") for v in kept if v != version]
+    return {"model_version_status": entries}
+
+
+def _status_entry(version: int, state: str) -> dict[str, Any]:
+    return {
+        "version": str(version),
         "state": state,
         "status": {"error_code": "OK", "error_message": ""},
     }
-    return {"model_version_status": [entry]}
 
 
 def _signature(document: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -46,10 +46,13 @@ from ..labels.recorder import recorder_for
 from ..mqtt.connection import MqttConnection
 from ..mqtt.probe import for_broker
 from ..serve.endpoint import ModelEndpoint
-from ..serve.metrics import ServingMetrics
+from ..serve.metrics import ServingMetrics, VersionRecordMetrics
+from ..serve.version_book import Move, MoveRefused, VersionBook
+from ..serve.versions import CheckpointShelf, KeptVersions
 from ..storage.checkpoint import CheckpointStore
 from ..storage.health import StorageHealth
 from ..storage.lock import StorageLock
+from ..storage.serving_record_file import ServingRecordFile
 from ..storage.watch import StorageWatch
 from ..train.hooks import TrainerHooks
 from ..train.metrics import TrainingStateMetrics
@@ -66,10 +69,11 @@ from ..weights.keys import learner_signing_key
 from ..weights.publisher import WeightPublisher
 from ..weights.store import WeightStore
 from ..wire.codec import SampleSpec
-from ..wire.snapshot import SnapshotSlot
+from ..wire.serving_record import ServingRecord
+from ..wire.snapshot import Snapshot, SnapshotSlot
 from .broker import ManagedBroker, resolve_broker
 from .learner_log import LearnerLog
-from .process_runtime import build_endpoint, start_all_or_none
+from .process_runtime import build_endpoint, checkpoint_directory, start_all_or_none
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,8 @@ class ModelRuntime:
     connection: MqttConnection | None = None
     ingest: IngestWorker | None = None
     labels: LabelJoiner | None = None  # joins its delayed labels to its predictions
+    book: VersionBook | None = None  # its serving record: labels, the pin, rollbacks
+    held_published: set[int] = field(default_factory=set)  # retained on the held topics
 
 
 class LearnerRuntime:
@@ -217,7 +223,7 @@ class LearnerRuntime:
             self.metrics,
             placement,
             checkpoints=CheckpointStore(
-                storage / "checkpoints" / name, name, settings.checkpoint.keep
+                checkpoint_directory(storage, name), name, settings.checkpoint.keep
             ),
             hooks=self._hooks(runtime),
             storage=self.storage_health,
@@ -267,8 +273,9 @@ class LearnerRuntime:
         self.metrics.group(ServingMetrics)
         version_gauge = self.metrics.group(ServingMetrics).serving_version.labels(model=name)
         return build_endpoint(
-            name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version)
-        )
+            name, settings, device, slot, lambda snapshot: version_gauge.set(snapshot.version),
+            checkpoint_directory(Path(self.settings.storage.dir), name),
+        )  # fmt: skip
 
     def _start_weight_stream(self, runtime: ModelRuntime, connection: MqttConnection) -> None:
         """Serving swaps and MQTT publishing follow every snapshot from now on."""
@@ -293,12 +300,93 @@ class LearnerRuntime:
             description=network_description(model, runtime.settings),
         )
         runtime.publisher.watch_topic()  # the connection starts after this
+        runtime.book = self._version_book(runtime)
+        record = runtime.book.restore()
+        runtime.publisher.serving_record = record.encode()
+        self._announce_held(runtime, record)
         runtime.slot.subscribe(runtime.publisher.offer)
         if runtime.endpoint is not None:
             runtime.slot.subscribe(runtime.endpoint.snapshot_arrived)
         runtime.publisher.start()
         if runtime.slot.latest is not None:
             runtime.publisher.offer(runtime.slot.latest)
+
+    def _version_book(self, runtime: ModelRuntime) -> VersionBook:
+        """Model ``runtime``'s serving record, checked against the versions this process keeps
+        (its endpoint's; a training process keeps its own over the same snapshots)."""
+        trainer, publisher = runtime.trainer, runtime.publisher
+        assert trainer is not None and publisher is not None
+        directory = checkpoint_directory(Path(self.settings.storage.dir), runtime.name)
+        versions = runtime.endpoint.versions if runtime.endpoint is not None else None
+        if versions is None:
+            shelf = CheckpointShelf(directory) if runtime.settings.versions.checkpoints else None
+            versions = KeptVersions(
+                runtime.name, runtime.settings.versions, lambda: runtime.slot.latest, shelf
+            )
+            runtime.slot.subscribe(versions.add)
+            if runtime.slot.latest is not None:
+                versions.add(runtime.slot.latest)
+
+        def continue_from(snapshot: Snapshot, timeout: float) -> int:
+            return trainer.continue_from(list(snapshot.weights), snapshot.version, timeout)
+
+        return VersionBook(
+            runtime.name, versions, ServingRecordFile(directory),
+            encode=lambda snapshot: publisher.encode(snapshot).payload,
+            lineage=lambda: trainer.lineage,
+            announce=lambda record, added, move: self._announce(runtime, record, added, move),
+            continue_from=continue_from,
+        )  # fmt: skip
+
+    @property
+    def version_control(self) -> LearnerRuntime:
+        """Who makes an operator's moves here: this learner (``move``)."""
+        return self
+
+    def move(self, name: str, move: Move) -> ServingRecord:
+        """Make ``move`` on model ``name``'s serving record (``VersionBook.move``)."""
+        runtime = self.models.get(name)
+        if runtime is None or runtime.book is None:
+            raise MoveRefused(404, f"model {name} is not trained here")
+        return runtime.book.move(move)
+
+    def _announce(
+        self, runtime: ModelRuntime, record: ServingRecord, added: dict[int, bytes], move: Move
+    ) -> None:
+        """A move is durable: the weight stream signs it in (and retains the newly named
+        payloads, deletes the released ones), the event topic and the metrics hear it."""
+        publisher = runtime.publisher
+        assert publisher is not None
+        for version, payload in added.items():
+            publisher.publish_held(version, payload)
+        for version in runtime.held_published - set(record.versions):
+            publisher.release_held(version)
+        runtime.held_published = set(record.versions)
+        publisher.announce(record.encode())
+        self._record_moved(runtime)
+        metrics = self.metrics.group(VersionRecordMetrics)
+        metrics.version_moves.labels(model=runtime.name, action=move.action).inc()
+        metrics.held(runtime.name, record.sequence, record.pinned)
+        self._publish_event(runtime.name, {
+            "event": "versions", "model": runtime.name, "action": move.action,
+            "label": move.label, "version": move.version, "mode": move.mode,
+            "labels": dict(record.labels), "default": record.default, "pinned": record.pinned,
+            "sequence": record.sequence, "time": record.moved_at,
+        })  # fmt: skip
+
+    def _announce_held(self, runtime: ModelRuntime, record: ServingRecord) -> None:
+        """At start: the payloads the restored record names go out again (a broker that lost
+        its retained messages, a replica that starts later)."""
+        assert runtime.publisher is not None and runtime.book is not None
+        for version in record.versions:
+            payload = runtime.book.file.load_held(version, record.versions[version])
+            if payload is not None:
+                runtime.publisher.publish_held(version, payload)
+        runtime.held_published = set(record.versions)
+        self.metrics.group(VersionRecordMetrics).held(runtime.name, record.sequence, record.pinned)
+
+    def _record_moved(self, runtime: ModelRuntime) -> None:
+        """The serving processes hear of a move (here: they are this process's endpoint)."""
 
     def _ingest_worker(self, runtime: ModelRuntime, route: Route) -> IngestWorker:
         assert runtime.connection is not None

@@ -26,7 +26,9 @@ from ..weights.local_feed import LocalWeightSource
 from ..weights.receiver_auth import Authenticator
 from ..weights.verifier import WeightVerifier
 from .broker import resolve_broker
+from .control_socket import ControlClient
 from .learner_group import TrainingSlot
+from .process_runtime import checkpoint_directory
 from .replica import ReplicaModel, ReplicaRuntime
 from .workers import WorkerSlot
 
@@ -52,6 +54,7 @@ class LearnerServingRuntime(ReplicaRuntime):
         )
         self.slot = slot
         self.training = TrainingSlot(slot.directory, slot.count)
+        self.version_control = ControlClient(slot.directory)  # moves go to the training process
         self.source: LocalWeightSource | None = None
         self.board: BusyBoard | None = None
         self._training_problems: list[str] = ["training: no word from the training process yet"]
@@ -75,6 +78,11 @@ class LearnerServingRuntime(ReplicaRuntime):
         )
         self.source.start()
         self._start_recorders()
+
+    def _checkpoints(self, name: str) -> Path | None:
+        """The training process's checkpoints of ``name`` (the same storage dir) serve as past
+        versions here too."""
+        return checkpoint_directory(Path(self.settings.storage.dir), name)
 
     def _marker(self, name: str) -> Callable[[int], None]:
         board, index = self.board, self.slot.index

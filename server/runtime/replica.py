@@ -38,11 +38,13 @@ from ..config.broker_urls import BrokerAddress
 from ..config.model import ModelSettings
 from ..config.sections import BrokerSettings
 from ..config.settings import ConfigError, Settings
+from ..http.admin_api import VersionControl
 from ..http.auth import TokenGuard
 from ..labels.recorder import recorder_for
 from ..mqtt.probe import for_broker
 from ..serve.endpoint import ModelEndpoint
-from ..serve.metrics import ServingMetrics
+from ..serve.metrics import ServingMetrics, VersionRecordMetrics
+from ..serve.version_book import describe
 from ..storage.health import LogLimiter
 from ..train.modeling import enable_gpu_memory_growth, network_description, resolve_device
 from ..weights.format import architecture_fingerprint, description_sha256, sha256_hex
@@ -52,6 +54,7 @@ from ..weights.receiver_auth import Authenticator, receiver_authenticator
 from ..weights.store import EncodedWeights, WeightStore
 from ..weights.verifier import OUTCOMES, ReceivedWeights, WeightVerifier
 from ..weights.version_log import VersionLog
+from ..wire.serving_record import ServingRecord
 from ..wire.snapshot import Snapshot, SnapshotSlot
 from .broker import resolve_broker
 from .process_runtime import build_endpoint, start_all_or_none
@@ -77,6 +80,8 @@ class ReplicaRuntime:
 
     role = "replica"
     wait_newer_weights_s = 0.0  # pulls for a version not held are 404 at once
+    # Labels and pins are moved on the learner and arrive signed: a replica's admin moves are 409
+    version_control: VersionControl | None = None
 
     def __init__(
         self, settings: Settings, registry: CollectorRegistry | None = None, instance: str = ""
@@ -135,14 +140,16 @@ class ReplicaRuntime:
         self.metrics.group(ServingMetrics)
         self.metrics.group(WeightsReceivedMetrics)
         self.metrics.group(FreshnessMetrics)
+        self.metrics.group(VersionRecordMetrics).init_model(name)
         for outcome in OUTCOMES:
             self.metrics.group(WeightsReceivedMetrics).weights_received.labels(
                 model=name, outcome=outcome
             )
         slot = SnapshotSlot()
         endpoint = build_endpoint(
-            name, settings, device, slot, lambda snapshot: self._swapped(name, snapshot)
-        )
+            name, settings, device, slot, lambda snapshot: self._swapped(name, snapshot),
+            self._checkpoints(name),
+        )  # fmt: skip
         serving = endpoint.serving
         slot.subscribe(endpoint.snapshot_arrived)
         age = self.metrics.group(WeightsReceivedMetrics).weights_age.labels(model=name)
@@ -157,6 +164,11 @@ class ReplicaRuntime:
             name, settings, slot, endpoint, WeightStore(settings.weights.keep_versions),
             description_sha256=description_sha256(description),
         )  # fmt: skip
+
+    def _checkpoints(self, name: str) -> Path | None:
+        """Where model ``name``'s checkpoints are to serve as past versions: nowhere for a
+        replica (its learner's disk is elsewhere, or another learner's)."""
+        return None
 
     def _authenticators(self) -> dict[str, Authenticator]:
         """Each model's verification policy; ConfigError (logged) names what to set."""
@@ -196,6 +208,7 @@ class ReplicaRuntime:
             # another learner), never to a URL a message names; the bearer token goes only there.
             pull_url=weights.pull_url or self.settings.http.public_url,
             pull_timeout_s=weights.pull_timeout_s,
+            on_held=replica_model.endpoint.versions.held_arrived,
         )
 
     def _verification(self, replica_model: ReplicaModel, auth: Authenticator) -> dict[str, Any]:
@@ -219,7 +232,18 @@ class ReplicaRuntime:
             "max_pull_bytes": weights.max_pull_bytes,
             "max_age_s": weights.max_age_s,
             "refused_unready_s": weights.refused_unready_s,
+            "on_record": lambda text: self._record_arrived(replica_model, text),
         }
+
+    def _record_arrived(self, replica_model: ReplicaModel, text: str) -> None:
+        """The learner's serving record, verified with its weights: serve by it when newer."""
+        record = ServingRecord.decode(text)
+        if replica_model.endpoint.versions.apply(record):
+            self.metrics.group(VersionRecordMetrics).held(
+                replica_model.name, record.sequence, record.pinned
+            )
+            log.info("model %s: serving record %d: %s", replica_model.name, record.sequence,
+                     describe(record))  # fmt: skip
 
     def _received(self, replica_model: ReplicaModel, received: ReceivedWeights) -> None:
         meta = received.meta

@@ -41,6 +41,7 @@ from ..weights.local_feed import (
 )
 from ..wire.snapshot import SnapshotSlot
 from .children import spawner_thread, start_spawner
+from .control_socket import ControlServer
 from .learner import LearnerHooks, LearnerRuntime, ModelRuntime
 from .learner_group import TrainingSlot
 from .stop_signals import on_stop_signals
@@ -61,7 +62,8 @@ class TrainingRuntime(LearnerRuntime):
         self.slot = slot
         self.feed = LocalWeightFeed(slot.directory)
         self.board: BusyBoard | None = None
-        self.local: list[LocalWeightPublisher] = []
+        self.local: dict[str, LocalWeightPublisher] = {}
+        self.control = ControlServer(slot.directory, self.move)  # the serving processes' moves
 
     def _start(self) -> None:
         self.board = self.slot.board(list(self.settings.models))
@@ -73,7 +75,8 @@ class TrainingRuntime(LearnerRuntime):
             local.start()
             if runtime.slot.latest is not None:
                 local.offer(runtime.slot.latest)
-            self.local.append(local)
+            self.local[runtime.name] = local
+        self.control.start()
         self.send_status()  # queued until the feed starts (run_training, at full priority)
 
     def _build_endpoint(
@@ -89,9 +92,16 @@ class TrainingRuntime(LearnerRuntime):
         body = json.dumps({"problems": self.problems()}).encode()
         self.feed.send(b"S", STATUS_KEY, body)
 
+    def _record_moved(self, runtime: ModelRuntime) -> None:
+        """The serving processes hear of a move on the feed: the newest sealed again."""
+        local = self.local.get(runtime.name)
+        if local is not None:
+            local.resend()
+
     def stop(self) -> None:
+        self.control.stop()
         super().stop()  # the trainers' final snapshots reach the local publishers here
-        for local in self.local:
+        for local in self.local.values():
             local.stop()
         self.local.clear()
         self.feed.stop()

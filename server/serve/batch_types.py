@@ -1,6 +1,6 @@
-"""What goes into and out of the batcher: the model call's signature (``PredictFn``), a
-request's answer (``Prediction``) or its ``DeadlineExceeded``, and the report after each model
-call (``BatchStats``).
+"""What goes into and out of the batcher: the model call's signatures (``PredictFn``, and
+``PredictVersionFn`` for a past version), a request's answer (``Prediction``) or its
+``DeadlineExceeded``, and the report after each model call (``BatchStats``).
 
 This module owns these plain types and nothing else; ``batcher`` uses them, and callers import
 them from here.
@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..wire.snapshot import Snapshot
+
 PredictFn = Callable[[np.ndarray], tuple[np.ndarray, int]]
+# A call with a kept past version's weights (``ServingModel.predict_version``): the rows and
+# the snapshot of that version, whose version it returns.
+PredictVersionFn = Callable[[np.ndarray, Snapshot], tuple[np.ndarray, int]]
 
 
 class DeadlineExceeded(Exception):

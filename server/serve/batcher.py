@@ -14,6 +14,9 @@ a NumPy forward pass of a few microseconds, ``ServingModel.runs_inline``) is cal
 itself, which is then its model thread; after each such batch the batcher yields to the loop
 before the next, so the answers are written and new requests read (and refused) in between,
 and the answered handlers' run counts in the batch cycle admission predicts waits from.
+A request for a past version (``submit(pinned=snapshot)``, the versioned paths) is batched only
+with requests for the same version, oldest first, and computed by ``predict_version``; the
+requests it passes over keep their places in the queue.
 
 This module owns the queue, the batch loop and the model thread. Admission by expected wait
 (``submit`` refuses at once with ``QueueFull`` a request that cannot be served in time) is the
@@ -37,9 +40,10 @@ from typing import Literal
 
 import numpy as np
 
+from ..wire.snapshot import Snapshot
 from .admission import AdmissionControl, Reservation
 from .batch_cost import AutoTimeout, BatchCost
-from .batch_types import BatchStats, DeadlineExceeded, PredictFn, Prediction
+from .batch_types import BatchStats, DeadlineExceeded, PredictFn, Prediction, PredictVersionFn
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +58,17 @@ class _Pending:
     enqueued_at: float
     deadline: float
     taken_at: float = field(default=0.0)
+    pinned: Snapshot | None = None  # a past version asked for; None: the newest
 
     @property
     def size(self) -> int:
         return int(self.rows.shape[0])
+
+    @property
+    def version_key(self) -> tuple[str, int] | None:
+        """What a batch must share: the version asked for (None: the newest)."""
+        pinned = self.pinned
+        return None if pinned is None else (pinned.lineage, pinned.version)
 
 
 class RequestBatcher:
@@ -79,6 +90,7 @@ class RequestBatcher:
         max_batch_timeout_ms: float = 10.0,
         auto_clock: Callable[[], float] = time.monotonic,
         inline: bool = False,
+        predict_version: PredictVersionFn | None = None,
     ) -> None:
         """``batch_timeout_ms``: how long the oldest request may wait for company ("auto":
         chosen per batch by ``AutoTimeout``, at most ``max_batch_timeout_ms``, from model calls
@@ -88,10 +100,13 @@ class RequestBatcher:
         None: no bound but the deadline).
         ``cost``: the batch cost model (a default prior when None). ``on_refuse(reason)`` is
         called for each refused request. ``inline``: call the model on the event loop instead
-        of the model thread (for calls cheaper than two thread hand-overs)."""
+        of the model thread (for calls cheaper than two thread hand-overs).
+        ``predict_version``: the call for requests pinned to a past version."""
         self.name = name
         self.inline = inline
         self.predict = predict
+        self.predict_version = predict_version
+        self._pinned_queued = 0  # queued requests pinned to a version: batches then sort
         self.max_batch_size = max_batch_size
         self._init_costs(cost, batch_timeout_ms, max_batch_timeout_ms, auto_clock)
         self.on_batch = on_batch
@@ -165,6 +180,7 @@ class RequestBatcher:
             if not pending.future.done():
                 pending.future.set_exception(RuntimeError("server is shutting down"))
         self._queued_rows = 0
+        self._pinned_queued = 0
         self._executor.shutdown(wait=True)
 
     def timeout_s(self) -> float:
@@ -172,20 +188,26 @@ class RequestBatcher:
         return self.auto.timeout_s if self.auto is not None else self.batch_timeout_s
 
     async def submit(
-        self, rows: np.ndarray, timeout_s: float, reservation: Reservation | None = None
-    ) -> Prediction:
+        self, rows: np.ndarray, timeout_s: float, reservation: Reservation | None = None,
+        pinned: Snapshot | None = None,
+    ) -> Prediction:  # fmt: skip
         """Queue ``rows`` and wait for their outputs; raises QueueFull (at once, before any
         waiting) or DeadlineExceeded. ``reservation``, the request's place held since its
-        admission, is given back first."""
+        admission, is given back first. ``pinned``: compute with that kept version's weights
+        (``predict_version``), not the newest."""
         if reservation is not None:
             reservation.release()
+        if pinned is not None and self.predict_version is None:
+            raise RuntimeError(f"model {self.name} serves no past versions")
         n = int(rows.shape[0])
         self.admission.admit(n, timeout_s, wait_bound=reservation is None)
         now = time.monotonic()
         future: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
-        pending = _Pending(rows=rows, future=future, enqueued_at=now, deadline=now + timeout_s)
+        pending = _Pending(rows=rows, future=future, enqueued_at=now, deadline=now + timeout_s,
+                           pinned=pinned)  # fmt: skip
         self._queue.append(pending)
         self._queued_rows += n
+        self._pinned_queued += pinned is not None
         if self.auto is not None:
             self.auto.arrived(n, now)
         self._queue_changed()
@@ -286,7 +308,10 @@ class RequestBatcher:
         return timeout, max(1, min(self.max_batch_size, math.ceil(target)))
 
     def _take_batch(self) -> list[_Pending]:
-        """Up to ``max_batch_size`` rows of live requests, oldest first, none split."""
+        """Up to ``max_batch_size`` rows of live requests, oldest first, none split; all for
+        the version the oldest asks for (``_take_version``) while pinned requests are queued."""
+        if self._pinned_queued:
+            return self._take_version()
         batch: list[_Pending] = []
         rows = 0
         now = time.monotonic()
@@ -310,20 +335,59 @@ class RequestBatcher:
         self._queue_changed()
         return batch
 
-    def _pop(self) -> None:
-        pending = self._queue.popleft()
+    def _take_version(self) -> list[_Pending]:
+        """``_take_batch`` over a queue holding pinned requests: the oldest live request's
+        version decides, later requests for it join while they fit, the others stay queued in
+        their order (one pass over the queue)."""
+        batch: list[_Pending] = []
+        rows = 0
+        now = time.monotonic()
+        key: tuple[str, int] | None = None
+        full = False
+        kept: deque[_Pending] = deque()
+        for pending in self._queue:
+            if pending.future.done() or pending.deadline <= now:
+                self._dropped(pending)
+                if not pending.future.done():
+                    pending.future.set_exception(
+                        DeadlineExceeded(f"deadline passed while queued for model {self.name}")
+                    )
+                continue
+            if not batch:
+                key = pending.version_key
+            elif full or pending.version_key != key or rows + pending.size > self.max_batch_size:
+                full = full or pending.version_key == key  # none may pass a request that waits
+                kept.append(pending)
+                continue
+            self._dropped(pending)
+            pending.taken_at = now
+            batch.append(pending)
+            rows += pending.size
+        self._queue = kept
+        self._queue_changed()
+        return batch
+
+    def _dropped(self, pending: _Pending) -> None:
+        """``pending`` leaves the queue (taken, cancelled or past its deadline)."""
         self._queued_rows -= pending.size
+        self._pinned_queued -= pending.pinned is not None
         self.admission.queue_shrank()
+
+    def _pop(self) -> None:
+        self._dropped(self._queue.popleft())
 
     async def _run(self, batch: list[_Pending]) -> bool:
         rows = batch[0].rows if len(batch) == 1 else np.concatenate([p.rows for p in batch])
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
+            pinned = batch[0].pinned
             if self.inline:
-                outputs, version = self._timed(rows)
+                outputs, version = self._timed(rows, pinned)
             else:
-                outputs, version = await loop.run_in_executor(self._executor, self._timed, rows)
+                outputs, version = await loop.run_in_executor(
+                    self._executor, self._timed, rows, pinned
+                )
             if outputs.shape[0] != rows.shape[0]:
                 raise RuntimeError(
                     f"model {self.name} returned {outputs.shape[0]} rows for {rows.shape[0]} inputs"
@@ -357,11 +421,14 @@ class RequestBatcher:
             )
         return True
 
-    def _timed(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """The model call, on the model thread, timed there (``model_cost``, and by
-        ``auto_clock`` for "auto")."""
+    def _timed(self, rows: np.ndarray, pinned: Snapshot | None) -> tuple[np.ndarray, int]:
+        """The model call (with ``pinned``'s weights when given), on the model thread, timed
+        there (``model_cost``, and by ``auto_clock`` for "auto")."""
         started, clock = time.monotonic(), self._auto_clock()
-        result = self.predict(rows)
+        if pinned is not None and self.predict_version is not None:
+            result = self.predict_version(rows, pinned)
+        else:
+            result = self.predict(rows)
         self._model_seconds = time.monotonic() - started
         self._auto_seconds = self._auto_clock() - clock
         return result

@@ -1,7 +1,8 @@
-"""A model as the HTTP API reaches it by name (``ModelEndpoint``): its settings, its serving
-copy (``serving.ServingModel``), the request batcher in front of that copy and the prediction
-recorder (delayed labels). It starts and stops the batcher on the event loop, feeds the
-serving metrics, and swaps newer weights in on the model thread, between batches.
+"""A model as the HTTP API reaches it by name (``ModelEndpoint``): its settings, its serving copy
+(``serving.ServingModel``), the past versions it keeps (``versions.KeptVersions``), the request
+batcher in front of that copy and the prediction recorder (delayed labels). It starts and stops
+the batcher on the event loop, feeds the serving metrics, and swaps newer weights in on the
+model thread, between batches.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .batch_types import BatchStats
 from .batcher import RequestBatcher
 from .metrics import AdmissionMetrics, ServingMetrics
 from .serving import ServingModel
+from .versions import KeptVersions
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +33,15 @@ class ModelEndpoint:
     Holds the model's settings, its serving copy, its request batcher and its prediction
     recorder; the runtimes build one per model they serve (``Runtime.endpoints()``)."""
 
-    def __init__(self, name: str, settings: ModelSettings, serving: ServingModel) -> None:
+    def __init__(
+        self, name: str, settings: ModelSettings, serving: ServingModel,
+        versions: KeptVersions | None = None,
+    ) -> None:  # fmt: skip
+        """``versions``: the past versions it answers by number (default: the current one)."""
         self.name = name
         self.settings = settings
         self.serving = serving
+        self.versions = versions or KeptVersions(name, settings.versions, serving.source)
         self.batcher: RequestBatcher | None = None
         self.recorder: PredictionRecorder | None = None  # prediction records (delayed labels)
         # Told the queued rows whenever they change (on the event loop), beside the metric:
@@ -107,6 +114,7 @@ class ModelEndpoint:
             max_batch_timeout_ms=serve.max_batch_timeout_ms,
             auto_clock=self._model_clock(),
             inline=bool(getattr(self.serving, "runs_inline", lambda: False)()),
+            predict_version=getattr(self.serving, "predict_version", None),
         )
         self.batcher.start()
         batcher = self.batcher

@@ -77,3 +77,36 @@ class AdmissionMetrics(MetricGroup):
             "(event-loop lag, running batch, queued batches)",
             ["model"], registry=registry,
         )  # fmt: skip
+
+
+class VersionRecordMetrics(MetricGroup):
+    """The serving record: the operator's moves (on the learner) and the record each serving
+    process holds (a replica behind the learner shows a lower sequence)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.version_moves = Counter(
+            "livefit_version_moves_total",
+            "Moves of the serving record made on the learner, by action (label, unlabel, "
+            "default, pin, unpin, rollback)",
+            ["model", "action"], registry=registry,
+        )  # fmt: skip
+        self.record_sequence = Gauge(
+            "livefit_serving_record_sequence",
+            "Sequence of the serving record this process serves by (moves so far; 0: none)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.pinned_version = Gauge(
+            "livefit_serving_pinned_version",
+            "The version the unversioned path is pinned to (-1: not pinned)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+
+    def init_model(self, model: str) -> None:
+        self.record_sequence.labels(model=model)
+        self.pinned_version.labels(model=model).set(-1)
+
+    def held(self, model: str, sequence: int, pinned: int | None) -> None:
+        """The record this process now serves by."""
+        self.record_sequence.labels(model=model).set(sequence)
+        self.pinned_version.labels(model=model).set(-1 if pinned is None else pinned)

@@ -278,6 +278,20 @@ def build_runtime(
     return GraphRuntime(model, input_shape, device, xla=False)
 
 
+def second_runtime(
+    runtime: Runtime, model: keras.Model, input_shape: Sequence[int], device: str
+) -> Runtime:
+    """Another runtime of ``runtime``'s kind that computes ``model`` with weights of its own
+    (past versions beside the newest): a NumPy pass over the same layers, or the graph of a
+    clone of the network (an exception where Keras cannot clone it)."""
+    if isinstance(runtime, NumpyRuntime):
+        return NumpyRuntime(model)
+    with tf.device(device):
+        clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())  # the same layout; a shape mismatch raises here
+    return GraphRuntime(clone, input_shape, device, xla=runtime.name == "xla")
+
+
 def _candidate(name: str, model: keras.Model, input_shape: Sequence[int], device: str) -> Runtime:
     if name == "numpy":
         return NumpyRuntime(model)

@@ -9,6 +9,13 @@ compiled once per padded batch size (the sizes in ``allowed_batch_sizes``), so t
 compiled shapes is bounded whatever batch sizes arrive; padding never leaves this class (the
 NumPy runtime compiles nothing and is not padded). What the HTTP API reaches by a model's
 name, this copy with its batcher, settings and recorder, is ``endpoint.ModelEndpoint``.
+
+A batch for a past version (``predict_version``: the versioned paths) runs on a second runtime
+of its own, built on the first such batch: another NumPy runtime over the same layers (its
+weights the version's own arrays), or a clone of the network for the graph runtimes (a trace,
+once), whose weights are set only when the version asked for changes. So the newest weights'
+runtime is never disturbed; a network that cannot be cloned swaps the version's weights in and
+the newest back after the batch (two ``set_weights``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import keras
 import numpy as np
 
 from ..wire.snapshot import Snapshot
-from .runtimes import build_runtime
+from .runtimes import Runtime, build_runtime, second_runtime
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,9 @@ class ServingModel:
         self.warm_timings: dict[int, float] = {}  # batch size -> seconds of one call, warm
         self._owner: int | None = None
         self.runtime = build_runtime(runtime, model, input_shape, device, name)
+        self._past: Runtime | None = None  # computes past versions (built on first use)
+        self._past_snapshot: Snapshot | None = None  # the version ``_past`` holds
+        self._past_unavailable = False  # no clone of the network: swap on ``runtime`` instead
         log.debug("model %s serves with the %s runtime", name, self.runtime.name)
 
     @property
@@ -115,8 +125,44 @@ class ServingModel:
         snapshot = self.refresh()
         if snapshot is None:
             raise NotReady(f"model {self.name} has no weights yet")
-        outputs = [self._run_padded(part) for part in self._parts(rows)]
-        return (outputs[0] if len(outputs) == 1 else np.concatenate(outputs)), snapshot.version
+        return self._run_all(self.runtime, rows), snapshot.version
+
+    def _run_all(self, runtime: Runtime, rows: np.ndarray) -> np.ndarray:
+        outputs = [self._run_padded(runtime, part) for part in self._parts(rows)]
+        return outputs[0] if len(outputs) == 1 else np.concatenate(outputs)
+
+    def predict_version(self, rows: np.ndarray, snapshot: Snapshot) -> tuple[np.ndarray, int]:
+        """Outputs for ``rows`` computed with ``snapshot``'s weights (a kept version), and its
+        version; the current version's runtime computes it when ``snapshot`` is current."""
+        self._check_thread()
+        current = self.refresh()
+        if snapshot is current:
+            return self._run_all(self.runtime, rows), snapshot.version
+        past = self._past_runtime()
+        if past is None:  # the current runtime, its weights put back after
+            self.runtime.load(snapshot.weights)
+            try:
+                return self._run_all(self.runtime, rows), snapshot.version
+            finally:
+                if current is not None:
+                    self.runtime.load(current.weights)
+        if self._past_snapshot is not snapshot:
+            past.load(snapshot.weights)
+            self._past_snapshot = snapshot
+        return self._run_all(past, rows), snapshot.version
+
+    def _past_runtime(self) -> Runtime | None:
+        """The runtime for past versions: built once; None where the network cannot be cloned
+        (then past versions are swapped onto the current runtime)."""
+        if self._past is not None or self._past_unavailable:
+            return self._past
+        try:
+            self._past = second_runtime(self.runtime, self.model, self.input_shape, self.device)
+        except Exception as exc:  # a network Keras cannot clone (a subclassed model)
+            log.warning("model %s: past versions swap weights on the serving copy (no clone "
+                        "of the network: %s)", self.name, exc)  # fmt: skip
+            self._past_unavailable = True
+        return self._past
 
     def padded_size(self, rows: int) -> int:
         """The allowed batch size a call with ``rows`` rows is padded to."""
@@ -126,14 +172,14 @@ class ServingModel:
         step = self.max_batch_size
         return [rows[i : i + step] for i in range(0, rows.shape[0], step)]
 
-    def _run_padded(self, rows: np.ndarray) -> np.ndarray:
+    def _run_padded(self, runtime: Runtime, rows: np.ndarray) -> np.ndarray:
         n = rows.shape[0]
-        size = self.padded_size(n) if self.runtime.pads else n
+        size = self.padded_size(n) if runtime.pads else n
         if size != n:
             padded = np.zeros((size, *rows.shape[1:]), dtype=np.float32)
             padded[:n] = rows
             rows = padded
-        return self.runtime(rows)[:n]
+        return runtime(rows)[:n]
 
     def _check_thread(self) -> None:
         """Only one thread may use a serving model (its weights change between calls)."""

@@ -4,8 +4,10 @@ A checkpoint is one safetensors file ``<dir>/<model>/ckpt-<version>.safetensors`
 ``w:NNNN`` (model weights) and ``o:NNNN`` (optimizer variables), extra named arrays
 (``x:<name>``, e.g. scaling statistics) and notes (``n:<name>``: bytes such as the delayed
 labels' pending state, as uint8 tensors, so their size is not bounded by safetensors' 100 MB
-header); metadata holds the version, samples seen, the write-ahead-log position trained
-through, the creation time, the lineage and ``checksum``: a sha256 over every metadata field
+header), and ``s:NNNN``, the weights served at that version where they are not the trained ones
+(the weight average, another candidate: metadata ``served`` is ``s``, else ``w``); metadata
+holds the version, samples seen, the write-ahead-log position trained through, the creation
+time, the lineage and ``checksum``: a sha256 over every metadata field
 and every tensor's name, dtype, shape and bytes, i.e. over everything a restore reads (a
 flipped bit in the log position is caught, not only one in the weights or a truncated file).
 Files are written to a temporary name, fsynced and renamed, and the directory fsynced: a
@@ -66,6 +68,17 @@ class Checkpoint:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     notes: dict[str, bytes] = field(default_factory=dict)  # other state (dedup, labels)
     lineage: str = ""  # the history ``version`` counts in (see module docstring)
+    # The weights served at ``version`` where they are not ``weights`` (the average, or another
+    # candidate); None: ``weights`` were served, or (``served_known`` False) nobody recorded it.
+    served: list[np.ndarray] | None = None
+    served_known: bool = True  # False for a checkpoint written before this was recorded
+
+    @property
+    def served_weights(self) -> list[np.ndarray] | None:
+        """What serving predicted with at ``version``; None where that is not on record."""
+        if not self.served_known:
+            return None
+        return self.served if self.served is not None else self.weights
 
     @classmethod
     def from_snapshot(
@@ -76,18 +89,22 @@ class Checkpoint:
         optimizer: list[np.ndarray],
         extra: dict[str, np.ndarray] | None = None,
         notes: dict[str, bytes] | None = None,
+        trained: list[np.ndarray] | None = None,
     ) -> Checkpoint:
         """A checkpoint of ``snapshot``'s weights plus the training state beside them.
 
         The weights are the snapshot's own arrays (immutable, shared with serving and the
         weight stream): one copy of the weights leaves the trainer, whoever reads it.
-        ``optimizer`` must be taken at ``snapshot.version`` (on the trainer's thread)."""
+        ``optimizer`` must be taken at ``snapshot.version`` (on the trainer's thread).
+        ``trained``: the weights training continues from where they are not the snapshot's
+        (which were served: the checkpoint then keeps both)."""
         return cls(
             model=snapshot.model,
             version=snapshot.version,
             samples_seen=snapshot.samples_seen,
             position=position,
-            weights=list(snapshot.weights),
+            weights=list(snapshot.weights) if trained is None else list(trained),
+            served=None if trained is None else list(snapshot.weights),
             optimizer=optimizer,
             extra=extra or {},
             notes=notes or {},
@@ -124,6 +141,10 @@ class CheckpointStore:
         )
         tensors.update({f"x:{k}": np.ascontiguousarray(a) for k, a in checkpoint.extra.items()})
         tensors.update({f"n:{k}": np.frombuffer(v, np.uint8) for k, v in checkpoint.notes.items()})
+        if checkpoint.served is not None:
+            tensors.update(
+                {f"s:{i:04d}": np.ascontiguousarray(a) for i, a in enumerate(checkpoint.served)}
+            )
         metadata = {
             "format": "2",
             "model": checkpoint.model,
@@ -132,10 +153,12 @@ class CheckpointStore:
             "position": str(checkpoint.position),
             "created_at": repr(checkpoint.created_at),
             "lineage": checkpoint.lineage,
+            # what was served at this version: the "w:" weights, or the "s:" ones beside them
+            "served": "s" if checkpoint.served is not None else "w",
         }
         metadata["checksum"] = _checksum(metadata, tensors)
-        path = self.directory / f"{PREFIX}{checkpoint.version:012d}{SUFFIX}"
-        _atomic_write(path, bytes(st_save(tensors, metadata=metadata)))
+        path = checkpoint_path(self.directory, checkpoint.version)
+        atomic_write(path, bytes(st_save(tensors, metadata=metadata)))
         self._prune()
         return path
 
@@ -174,41 +197,8 @@ class CheckpointStore:
         )  # fmt: skip
 
     def load(self, path: Path) -> Checkpoint:
-        """Read and verify one checkpoint: ``CorruptCheckpoint`` when its contents are damaged,
-        ``CheckpointError`` when it cannot be read at all."""
-        try:
-            payload = path.read_bytes()
-        except OSError as exc:
-            raise CheckpointError(str(exc)) from None
-        try:
-            tensors = st_load(payload)
-            header_len = int.from_bytes(payload[:8], "little")
-            meta = json.loads(payload[8 : 8 + header_len]).get("__metadata__", {})
-            if "checksum" in meta:
-                fields = {k: v for k, v in meta.items() if k != "checksum"}
-                if meta["checksum"] != _checksum(fields, tensors):
-                    raise CorruptCheckpoint("checksum mismatch (metadata or tensors)")
-                notes = {k[2:]: v.tobytes() for k, v in tensors.items() if k.startswith("n:")}
-            elif "sha256" in meta:  # format 1: the checksum covers the tensors only
-                if meta["sha256"] != _digest(tensors):
-                    raise CorruptCheckpoint("checksum mismatch")
-                notes = {k[5:]: v.encode() for k, v in meta.items() if k.startswith("note:")}
-            else:
-                raise CorruptCheckpoint("no checksum")
-            return Checkpoint(
-                model=meta["model"],
-                version=int(meta["version"]),
-                samples_seen=int(meta["samples_seen"]),
-                position=int(meta["position"]),
-                weights=_ordered(tensors, "w:"),
-                optimizer=_ordered(tensors, "o:"),
-                created_at=float(meta["created_at"]),
-                extra={k[2:]: v for k, v in tensors.items() if k.startswith("x:")},
-                notes=notes,
-                lineage=str(meta.get("lineage", "")),
-            )
-        except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptCheckpoint(f"{type(exc).__name__}: {exc}") from None
+        """Read and verify one checkpoint (``read_checkpoint``)."""
+        return read_checkpoint(path)
 
     def _prune(self) -> None:
         for old in self.paths()[self.keep :]:
@@ -222,7 +212,7 @@ class CheckpointStore:
     def write_high_water_mark(self, version: int) -> None:
         """Record that versions up to ``version`` may have been used (atomic and fsynced: it
         survives a process crash and a power loss)."""
-        _atomic_write(self._mark, str(version).encode())
+        atomic_write(self._mark, str(version).encode())
 
     def high_water_mark(self) -> int:
         try:
@@ -246,8 +236,73 @@ class CheckpointStore:
     def new_lineage(self) -> str:
         """Start a new lineage: a fresh random id, stored atomically; returns it."""
         value = new_lineage_id()
-        _atomic_write(self._lineage_file, value.encode())
+        atomic_write(self._lineage_file, value.encode())
         return value
+
+
+def read_checkpoint(path: Path) -> Checkpoint:
+    """Read and verify one checkpoint: ``CorruptCheckpoint`` when its contents are damaged,
+    ``CheckpointError`` when it cannot be read at all."""
+    try:
+        payload = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
+        tensors = st_load(payload)
+        header_len = int.from_bytes(payload[:8], "little")
+        meta = json.loads(payload[8 : 8 + header_len]).get("__metadata__", {})
+        if "checksum" in meta:
+            fields = {k: v for k, v in meta.items() if k != "checksum"}
+            if meta["checksum"] != _checksum(fields, tensors):
+                raise CorruptCheckpoint("checksum mismatch (metadata or tensors)")
+            notes = {k[2:]: v.tobytes() for k, v in tensors.items() if k.startswith("n:")}
+        elif "sha256" in meta:  # format 1: the checksum covers the tensors only
+            if meta["sha256"] != _digest(tensors):
+                raise CorruptCheckpoint("checksum mismatch")
+            notes = {k[5:]: v.encode() for k, v in meta.items() if k.startswith("note:")}
+        else:
+            raise CorruptCheckpoint("no checksum")
+        return Checkpoint(
+            model=meta["model"],
+            version=int(meta["version"]),
+            samples_seen=int(meta["samples_seen"]),
+            position=int(meta["position"]),
+            weights=_ordered(tensors, "w:"),
+            optimizer=_ordered(tensors, "o:"),
+            created_at=float(meta["created_at"]),
+            extra={k[2:]: v for k, v in tensors.items() if k.startswith("x:")},
+            notes=notes,
+            lineage=str(meta.get("lineage", "")),
+            served=_ordered(tensors, "s:") if meta.get("served") == "s" else None,
+            served_known=meta.get("served") in ("s", "w"),
+        )
+    except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptCheckpoint(f"{type(exc).__name__}: {exc}") from None
+
+
+def checkpoint_versions(directory: Path) -> list[int]:
+    """The versions of the checkpoints in ``directory`` by their file names, newest first
+    (nothing is read or verified; none when the directory does not exist)."""
+    versions = []
+    for path in directory.glob(f"{PREFIX}*{SUFFIX}"):
+        digits = path.name[len(PREFIX) : -len(SUFFIX)]
+        if digits.isascii() and digits.isdigit():
+            versions.append(int(digits))
+    return sorted(versions, reverse=True)
+
+
+def checkpoint_path(directory: Path, version: int) -> Path:
+    """Where the checkpoint of ``version`` is (or would be) in ``directory``."""
+    return directory / f"{PREFIX}{version:012d}{SUFFIX}"
+
+
+def read_lineage(directory: Path) -> str:
+    """The lineage id stored in ``directory``, or "" where there is none (nothing is made)."""
+    try:
+        value = (directory / "lineage").read_text().strip()
+    except OSError:
+        return ""
+    return value if _is_lineage(value) else ""
 
 
 def new_lineage_id() -> str:
@@ -281,7 +336,9 @@ def _digest(tensors: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a temporary file, fsynced, renamed, and
+    the directory fsynced (a crash leaves the old file or the new one, never half of one)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("wb") as handle:

@@ -23,7 +23,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 
@@ -218,17 +217,19 @@ class Checkpointing:
         snapshot = self.snapshots.take(force=True)  # the checkpoint reuses its copy of the weights
         if snapshot is None:  # cannot happen: a forced snapshot always exists
             raise RuntimeError(f"no snapshot of {self.name} v{version} to checkpoint")
+        trained = None
         if self.snapshots.served_step() is not self.step or self.step.serve_average:
             # Checkpoints keep the configured model's trained weights (its averaged ones, if
-            # any, travel in the policy's extra arrays).
-            weights = tuple(np.asarray(w) for w in self.step.model.get_weights())
-            snapshot = replace(snapshot, weights=weights)
+            # any, travel in the policy's extra arrays) and, beside them, the served ones: the
+            # versioned prediction paths serve a checkpoint's version as it was served.
+            trained = [np.asarray(w) for w in self.step.model.get_weights()]
         checkpoint = Checkpoint.from_snapshot(
             snapshot,
             position=self.hooks.log_frontier(self.progress.trained_position),
             optimizer=self.step.optimizer_state(),
             extra=self.policy.state(),
             notes=self.hooks.checkpoint_notes(),
+            trained=trained,
         )
         self.metrics.group(CheckpointMetrics).checkpoint_stall_seconds.labels(
             model=self.name

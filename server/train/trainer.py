@@ -25,7 +25,11 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
+from queue import Empty, SimpleQueue
+
+import numpy as np
 
 from ..base.metrics import ErrorMetrics, Metrics
 from ..config.model import ModelSettings
@@ -103,6 +107,8 @@ class Trainer:
             sparse=settings.resolved_target_shape() == [],
         )
         self._thread: threading.Thread | None = None
+        # An operator's rollbacks, taken between batches: (weights, source version, answer)
+        self._start_over: SimpleQueue[tuple[list[np.ndarray], int, Future[int]]] = SimpleQueue()
         self.model = build_compiled(settings, placement)
         self.pipelined = pipelining(settings, placement, self.hooks.serving_here)
         self.thread_cpu_s = 0.0  # CPU time of the trainer's thread, set when it ends
@@ -244,9 +250,42 @@ class Trainer:
             self._at_the_end()
 
     def _between_batches(self) -> None:
-        """A snapshot and a checkpoint, where due."""
+        """An operator's rollback, if one waits; a snapshot and a checkpoint, where due."""
+        self._start_over_if_asked()
         self.snapshots.take()
         self.checkpointing.save_if_due()
+
+    def continue_from(self, weights: list[np.ndarray], source: int, timeout: float) -> int:
+        """Train on from ``weights`` (kept version ``source``) as a new version, the next
+        number (no number ever names two sets of weights, so receivers take it as any newer
+        version); returns that version once its snapshot is handed out. Runs on the trainer's
+        thread between batches; TimeoutError when it did not get there within ``timeout``."""
+        if self.candidates is not None:
+            raise ValueError(
+                f"model {self.name} selects among candidates: a rollback that trains on is not "
+                "supported there; roll back with serving holding the version instead"
+            )
+        request: Future[int] = Future()
+        self._start_over.put((weights, source, request))
+        return request.result(timeout)
+
+    def _start_over_if_asked(self) -> None:
+        while True:
+            try:
+                weights, source, request = self._start_over.get_nowait()
+            except Empty:
+                return
+            if not request.set_running_or_notify_cancel():
+                continue
+            try:
+                self.policy.start_over_from(weights)
+                self.progress.version += 1
+                self.snapshots.take(force=True)
+                log.warning("model %s: rolled back to v%d by the operator; training goes on "
+                            "from it as v%d", self.name, source, self.progress.version)  # fmt: skip
+                request.set_result(self.progress.version)
+            except Exception as exc:  # the trainer goes on; the operator hears why
+                request.set_exception(exc)
 
     def _at_the_end(self) -> None:
         """The final snapshot and checkpoint (none where the one at this version is on disk)."""

@@ -289,6 +289,16 @@ class UpdatePolicy:
             self.on_drift(self.drift.detections)
         return True
 
+    def start_over_from(self, weights: list[np.ndarray]) -> None:
+        """Train on from ``weights`` (an operator's rollback to a kept version): a fresh
+        optimizer state, an empty replay buffer and a restarted average, so nothing learned
+        on the way from them (perhaps the reason for the rollback) is replayed into them."""
+        self.step.model.set_weights(weights)
+        reset_optimizer_state(self.step.model, self.step.optimized)
+        if self.replay is not None:
+            self.replay.clear()
+        self.step.reset_average()
+
     # checkpoint state --------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
         """Arrays to save with a checkpoint: the scalers' running statistics; with weight

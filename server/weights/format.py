@@ -30,9 +30,12 @@ was published on), ``model``, ``lineage``, ``version``, ``created_at`` (epoch se
 learner's clock, when the snapshot was taken), ``signed_at`` (when this envelope was signed;
 re-signed snapshots keep ``created_at``), ``size`` and ``sha256`` (length and hex sha256 of
 the safetensors payload), ``fingerprint`` (architecture), ``description_sha256`` (hex sha256
-of the payload's ``description`` metadata; "" when it has none) and ``key_id`` (hex sha256 of
-the raw 32-byte Ed25519 public key, first 16 characters; "" when unsigned). Receivers ignore
-header keys they do not know, so older replicas take envelopes with ``description_sha256``.
+of the payload's ``description`` metadata; "" when it has none), ``key_id`` (hex sha256 of
+the raw 32-byte Ed25519 public key, first 16 characters; "" when unsigned) and ``serving``
+(the model's serving record, ``wire.serving_record``: labels, pin, rollbacks, and the sha256
+of each named version's payload, which travel apart; "" or absent from older learners).
+Receivers ignore header keys they do not know, so older replicas take envelopes with
+``description_sha256`` and ``serving``.
 The signature covers the header bytes exactly as sent, and the header binds the body by its
 sha256 (and so the description inside it), so a verifier
 in any language needs: split, verify Ed25519 over context + header, parse the JSON, compare
@@ -106,6 +109,7 @@ class EnvelopeHeader:
     fingerprint: str
     key_id: str = ""
     description_sha256: str = ""
+    serving: str = ""  # the model's serving record, canonical JSON ("" from older learners)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +224,8 @@ def hmac_tag(key: bytes, header_bytes: bytes) -> bytes:
 
 def encode_header(header: EnvelopeHeader) -> bytes:
     doc = {"format": int(FORMAT_VERSION), **asdict(header)}
+    if not header.serving:  # no record: the header older learners signed, byte for byte
+        del doc["serving"]
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -287,7 +293,10 @@ def _parse_header(header_bytes: bytes) -> EnvelopeHeader:
     kind = doc["kind"]
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}")
-    strings = ("topic", "model", "lineage", "sha256", "fingerprint", "key_id", "description_sha256")
+    strings = (
+        "topic", "model", "lineage", "sha256", "fingerprint", "key_id", "description_sha256",
+        "serving",
+    )  # fmt: skip
     for key in strings:
         if not isinstance(doc.get(key, ""), str):
             raise ValueError(f"{key} must be a string")
@@ -310,6 +319,7 @@ def _parse_header(header_bytes: bytes) -> EnvelopeHeader:
         fingerprint=doc["fingerprint"],
         key_id=doc.get("key_id", ""),
         description_sha256=doc.get("description_sha256", ""),
+        serving=doc.get("serving", ""),
     )
 
 

@@ -180,11 +180,18 @@ class LocalWeightPublisher:
         self._pending: Snapshot | None = None
         self._wake = threading.Condition()
         self._stopping = False
+        self._resend = False  # seal the newest again now (the serving record moved)
         self._thread: threading.Thread | None = None
 
     def offer(self, snapshot: Snapshot) -> None:
         with self._wake:
             self._pending = snapshot
+            self._wake.notify()
+
+    def resend(self) -> None:
+        """Seal the newest snapshot again now, with the publisher's current serving record."""
+        with self._wake:
+            self._resend = True
             self._wake.notify()
 
     def start(self) -> None:
@@ -206,10 +213,10 @@ class LocalWeightPublisher:
         while True:
             with self._wake:
                 self._wake.wait_for(
-                    lambda: self._stopping or self._pending is not None,
+                    lambda: self._stopping or self._resend or self._pending is not None,
                     publisher.refresh_interval_s,
                 )
-                snapshot, self._pending = self._pending, None
+                snapshot, self._pending, self._resend = self._pending, None, False
                 stopping = self._stopping
             try:
                 if snapshot is not None:

@@ -137,6 +137,7 @@ class WeightPublisher:
         self._restore_lines = LogThrottle()
         self._said_manifest = False
         self._said_failed = False
+        self.serving_record = ""  # the model's serving record, signed into every envelope
 
     def watch_topic(self) -> None:
         """Subscribe to the weight topic to notice messages that are not this learner's.
@@ -244,6 +245,7 @@ class WeightPublisher:
             fingerprint=self.fingerprint,
             key_id=self.signer.key_id,
             description_sha256=description_sha256(self.description),
+            serving=self.serving_record,
         )
         body = encoded.payload if inline else b""
         return self.signer.seal(header, body, self.hmac_key), "inline" if inline else "manifest"
@@ -315,6 +317,30 @@ class WeightPublisher:
                     component="weight_publisher"
                 ).inc()
                 log.exception("could not re-sign the weights of %s", self.model)
+
+    def announce(self, record: str) -> None:
+        """Sign ``record`` (a serving record's JSON) into every envelope from now on, and
+        publish the newest snapshot again with it at once (a move reaches replicas without
+        waiting for the next version)."""
+        with self._send_lock:
+            self.serving_record = record
+            last = self._last_sent
+            if last is None or not self.connection.connected.is_set():
+                return  # the next snapshot carries it
+            self._send_locked(last)
+
+    def held_topic(self, version: int) -> str:
+        """Where version ``version``'s payload is retained while a label or the pin names it."""
+        return f"{self.topic}/held/{version}"
+
+    def publish_held(self, version: int, payload: bytes) -> None:
+        """Retain ``payload`` (the weight format's bytes; the signed record binds its sha256)
+        for replicas, late ones included."""
+        self.connection.publish(self.held_topic(version), payload, qos=1, retain=True)
+
+    def release_held(self, version: int) -> None:
+        """Delete version ``version``'s retained payload (nothing names it any more)."""
+        self.connection.publish(self.held_topic(version), b"", qos=1, retain=True)
 
     def _refresh_if_due(self) -> None:
         with self._send_lock:

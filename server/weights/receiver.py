@@ -51,13 +51,20 @@ class WeightReceiver(WeightVerifier):
         max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES,
         max_age_s: float = 86400.0,
         refused_unready_s: float = 0.0,
+        on_record: Callable[[str], None] | None = None,
+        on_held: Callable[[int, bytes], None] | None = None,
     ) -> None:
+        """``on_held(version, payload)``: a payload retained on ``<topic>/held/<version>`` (a
+        version the serving record names; the record's signed sha256 vouches for it, not this
+        transport); called on paho's thread, so it must only keep it."""
         super().__init__(
             model, topic, fingerprint, on_weights, auth, on_outcome=on_outcome,
             pull_url=pull_url, pull_timeout_s=pull_timeout_s, pull_headers=pull_headers,
             max_pull_bytes=max_pull_bytes, max_age_s=max_age_s,
-            refused_unready_s=refused_unready_s,
+            refused_unready_s=refused_unready_s, on_record=on_record,
         )  # fmt: skip
+        self.on_held = on_held
+        self.held_prefix = f"{topic}/held/"
         nodes = as_nodes(address)
         self.broker = broker or BrokerSettings()
         what = f"weight stream of {model}: "
@@ -108,6 +115,8 @@ class WeightReceiver(WeightVerifier):
             return
         self.failover.connected(client)
         client.subscribe(self.topic, qos=1)
+        if self.on_held is not None:
+            client.subscribe(f"{self.held_prefix}+", qos=1)
         failed = self.status.succeeded()
         if failed:
             log.info("weight stream of %s: connected to %s after %d failed attempts",
@@ -145,12 +154,23 @@ class WeightReceiver(WeightVerifier):
         self.status.failed()
         self._next_node(client, "nothing answered")
 
+    def _held(self, topic: str, payload: bytes) -> None:
+        digits = topic.removeprefix(self.held_prefix)
+        held = self.on_held
+        if held is None or not topic.startswith(self.held_prefix) or not payload:
+            return  # a deleted (released) version: the record no longer names it
+        if digits.isascii() and digits.isdigit() and len(digits) <= 18:
+            held(int(digits), payload)
+
     def _next_node(self, client: paho.Client, why: str) -> None:
         self.failover.failed(client, why)  # with several nodes, the next attempt goes to the next
         self.status.address = self.failover.current
 
     def _on_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
         try:
+            if message.topic != self.topic:
+                self._held(message.topic, bytes(message.payload))
+                return
             self.submit(bytes(message.payload))
         except Exception:
             log.exception("could not enqueue a weights message")

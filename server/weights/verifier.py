@@ -24,6 +24,12 @@ failure:
    ``WeightSubscriber`` that cannot build the network a description names:
    ``bad_description``).
 
+The serving record signed into the header (``serving``: labels, pin) goes to ``on_record``
+once the envelope is verified, before its weights are applied (a pin is in force before the
+newest version could be served unpinned), and also from a ``refreshed`` or ``stale`` envelope
+of the lineage served (a move re-signs the newest snapshot; the receiver keeps only a record
+with a higher sequence, so an old envelope replayed moves nothing back).
+
 Freshness. Versions are compared only within a lineage. A snapshot of the current lineage must
 have a newer version. A snapshot of another lineage (the learner restarted with new storage)
 is taken, and counted ``new_lineage``, only when it was created after the newest snapshot
@@ -146,8 +152,12 @@ class WeightVerifier:
         max_pull_bytes: int = DEFAULT_MAX_PULL_BYTES,
         max_age_s: float = 86400.0,
         refused_unready_s: float = 0.0,
+        on_record: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_record``: hears the serving record of verified envelopes (module docstring)."""
         self.model = model
+        self.on_record = on_record
+        self._verified_header: EnvelopeHeader | None = None  # the last one past the signature
         self.topic = topic
         self.fingerprint = fingerprint
         self.on_weights = on_weights
@@ -226,6 +236,7 @@ class WeightVerifier:
             )
         if header.model != self.model:
             raise WeightsRejected("wrong_model", f"weights are for model {header.model!r}")
+        self._verified_header = header
         if self.fingerprint is not None and header.fingerprint != self.fingerprint:
             raise WeightsRejected(
                 "wrong_architecture",
@@ -338,14 +349,19 @@ class WeightVerifier:
             self._process(data)
 
     def _process(self, data: bytes) -> None:
+        self._verified_header = None
         try:
             received = self.handle(data)
         except WeightsRejected as exc:
             self._refused(exc.outcome, str(exc))  # "<outcome>: <detail>"
+            if exc.outcome in QUIET_OUTCOMES:  # signed, of the lineage served: its record counts
+                self._record_of(self._verified_header, self.lineage)
             return
         except Exception as exc:
             self._refused("bad_payload", f"bad_payload: could not be processed: {exc!r}", True)
             return
+        # The record before the weights: a late replica never serves the newest unpinned
+        self._record_of(self._verified_header, received.meta.lineage)
         try:
             self.on_weights(received)
         except WeightsRejected as exc:  # the receiver's own check (a subscriber's description)
@@ -356,6 +372,18 @@ class WeightVerifier:
             self._refused("bad_payload", f"bad_payload: {detail}", True)
             return
         self._accept(received)
+
+    def _record_of(self, header: EnvelopeHeader | None, lineage: str | None) -> None:
+        """Hand a verified envelope's serving record to ``on_record`` when it is of
+        ``lineage`` (the one served, or the one being accepted); never raises."""
+        if header is None or not header.serving or self.on_record is None:
+            return
+        if header.lineage != lineage:
+            return
+        try:
+            self.on_record(header.serving)
+        except Exception:
+            log.exception("weights for %s: the serving record could not be applied", self.model)
 
     def _refused(self, outcome: str, text: str, traceback: bool = False) -> None:
         """Count, log (at most once per outcome per interval) and time one refusal."""
