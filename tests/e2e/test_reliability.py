@@ -1,7 +1,7 @@
 """Real failures, bounded in time: a learner killed with SIGKILL, a broker restarted, a corrupt
 checkpoint. Nothing a publisher had acknowledged may be lost, and versions never go backwards.
 
-Each test but the flipped bit's runs against both layouts of the learner (``tests/layouts.py``):
+Each test but the flipped bit's and the corrupt checkpoint's runs against both layouts of the learner (``tests/layouts.py``):
 one process, and split (``http.workers = 1``: a training process and a serving process under a
 parent). In the split layout SIGKILL goes to the parent (the whole learner dies), SIGSTOP to
 the training process (the one holding the MQTT session), and the training figures are read from
@@ -165,14 +165,15 @@ def inflate_position(checkpoint: Path) -> tuple[int, int]:
     return before, int(data[start:end])
 
 
-def test_corrupt_newest_checkpoint_falls_back(
-    own_broker: Mosquitto, tmp_path: Path, layout: str
-) -> None:
+def test_corrupt_newest_checkpoint_falls_back(own_broker: Mosquitto, tmp_path: Path) -> None:
     """A bit flipped in the newest checkpoint's log position (outside the checksum before issue
     26 item 2: restored silently, the samples logged past the true position never replayed):
     the checkpoint is set aside (renamed ``.corrupt``, logged, counted), the previous one is
-    restored and the log replayed from its position: every acknowledged sample is trained."""
-    text = config(own_broker, tmp_path / "data", "corrupt", layout)
+    restored and the log replayed from its position: every acknowledged sample is trained.
+
+    One layout: the fallback is the checkpoint store's, the same code in either; the split
+    learner's restore after a SIGKILL is ``test_repeated_sigkills_lose_nothing[split]``'s."""
+    text = config(own_broker, tmp_path / "data", "corrupt", ONE_PROCESS)
     server = LivefitProcess(text, tmp_path).start()
     try:  # two checkpoints: one at 1 s, one at the clean stop
         for part in (1, 2):
