@@ -30,6 +30,7 @@ from .model_tables import (
     CheckpointSettings,
     DriftSettings,
     ExpertsSettings,
+    GuardSettings,
     LabelsSettings,
     SelectionSettings,
     ServeSettings,
@@ -255,6 +256,7 @@ class ModelSettings(Section):
     selection: SelectionSettings = SelectionSettings()
     experts: ExpertsSettings = ExpertsSettings()
     versions: VersionsSettings = VersionsSettings()
+    guard: GuardSettings = GuardSettings()
 
     @field_validator("builder")
     @classmethod

@@ -832,6 +832,71 @@ class VersionsSettings(Section):
     )
 
 
+class GuardSettings(Section):
+    """The guard: serving holds the last good version while the newest scores worse
+    (docs/operations.md, "The guard"). Training goes on; the hold moves through the serving
+    record, so replicas follow, and never overrides an operator's pin."""
+
+    enabled: bool = Field(
+        False,
+        description=(
+            "guard this model's served version. Off by default: without a reference set the "
+            "shadow comparison has not yet been shown not to fire on the benchmark's drifting "
+            'streams (docs/operations.md, "The guard"). Not started by the learner yet: '
+            "`true` is refused at start until it is"
+        ),
+    )
+    reference_path: str | None = Field(
+        None,
+        description=(
+            "a CSV file of labelled samples the operator vouches for and never publishes for "
+            "training (one a row: the inputs flattened, then the target, as `livefit publish` "
+            "reads): every served version is scored on it. Unset: the shadow comparison on "
+            "the samples trained. A reference topic is not built yet"
+        ),
+    )
+    margin: float = Field(
+        0.1,
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            "hold when the newest's mean loss exceeds the best recent one's by more than this "
+            "share of it (0.1: 10 % worse); release when it is within it again"
+        ),
+    )
+    recent_versions: int = Field(
+        20,
+        ge=1,
+        le=10_000,
+        description="(reference set) the scored versions the best is chosen from, newest first",
+    )
+    window: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "(shadow) the samples, scored by the newest and the held candidate alike, whose "
+            "mean losses are compared"
+        ),
+    )
+    held_long_s: float = Field(
+        600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "a hold older than this is reported as long (`held_long` in its events, a warning): "
+            "a real drift makes a reference set stale, and the operator should refresh it"
+        ),
+    )
+
+    @field_validator("enabled")
+    @classmethod
+    def _not_wired_yet(cls, value: bool) -> bool:
+        if value:  # the guard's logic is built (serve.guard); the learner does not start it yet
+            raise ValueError("the guard is not started by the learner yet (issue 49, item 4)")
+        return value
+
+
 class LabelsSettings(Section):
     """Delayed labels (README "Delayed labels"): how long a prediction waits for its label."""
 

@@ -110,3 +110,34 @@ class VersionRecordMetrics(MetricGroup):
         """The record this process now serves by."""
         self.record_sequence.labels(model=model).set(sequence)
         self.pinned_version.labels(model=model).set(-1 if pinned is None else pinned)
+
+
+class GuardMetrics(MetricGroup):
+    """The guard (``serve.guard``): the version it holds, its holds, the scores it compares."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.held_version = Gauge(
+            "livefit_guard_held_version",
+            "The version the guard holds in serving (-1: it follows the trainer)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.holds = Counter(
+            "livefit_guard_holds_total", "Times the guard started holding a version (or moved it)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.newest_loss = Gauge(
+            "livefit_guard_newest_loss",
+            "The newest version's mean loss as the guard last scored it (on the reference set, "
+            "or on the shadow window)",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        self.best_loss = Gauge(
+            "livefit_guard_best_loss",
+            "The mean loss of the version the guard holds, on the same samples as the newest's",
+            ["model"], registry=registry,
+        )  # fmt: skip
+
+    def init_model(self, model: str) -> None:
+        self.held_version.labels(model=model).set(-1)
+        self.holds.labels(model=model)

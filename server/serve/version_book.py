@@ -30,6 +30,7 @@ from ..wire.snapshot import Snapshot
 from .versions import KeptVersions, VersionNotKept
 
 log = logging.getLogger(__name__)
+GUARD_ACTIONS = ("guard_hold", "guard_release")  # the guard's moves, never an operator's
 CONTINUE_TIMEOUT_S = 30.0  # a rollback that trains on waits this long for the trainer's thread
 
 
@@ -44,7 +45,8 @@ class MoveRefused(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """What an operator asked: ``action`` one of label, unlabel, default, pin, unpin, rollback."""
+    """What an operator asked: ``action`` one of label, unlabel, default, pin, unpin, rollback;
+    or what the guard did (``GUARD_ACTIONS``: hold a version, release it)."""
 
     action: str
     label: str | None = None
@@ -135,6 +137,10 @@ class VersionBook:
             after = record.moved(now, pinned=None)
         elif move.action == "rollback":
             after = self._roll_back(record, move, now)
+        elif move.action == "guard_hold":
+            after = record.moved(now, guarded=self._version(move))
+        elif move.action == "guard_release":
+            after = record.moved(now, guarded=None)
         else:
             raise MoveRefused(400, f"unknown action {move.action!r}")
         return self._commit(record, after, move)
@@ -206,4 +212,5 @@ def describe(record: ServingRecord) -> str:
     """A record in one line: labels, the default, the pin."""
     labels = ", ".join(f"{k}={v}" for k, v in sorted(record.labels.items())) or "no labels"
     pinned = f"pinned to v{record.pinned}" if record.pinned is not None else "not pinned"
-    return f"{labels}; the unversioned path serves {record.default}, {pinned}"
+    guarded = f", the guard holds v{record.guarded}" if record.guarded is not None else ""
+    return f"{labels}; the unversioned path serves {record.default}, {pinned}{guarded}"

@@ -3,7 +3,9 @@ newest, a label, or a pinned version) and the rollbacks made, for one model of o
 
 One frozen type with its canonical JSON. The learner is its only writer: it keeps the record
 beside the checkpoints and signs it into every weight envelope (``serving`` in the header), so
-a replica serves the same version for the same label. ``sequence`` counts the moves: a receiver
+a replica serves the same version for the same label. ``guarded`` is the guard's hold (the
+version serving keeps while the newest scores worse; ``serve.guard``): apart from the operator's
+pin, which it never overrides. ``sequence`` counts the moves: a receiver
 takes a record only with a higher sequence in the same lineage, so an old envelope replayed
 cannot move a label back. ``versions`` binds every version the record names to the sha256 of
 its weight payload: the payloads travel apart (a retained topic per version, a file beside the
@@ -62,6 +64,7 @@ class ServingRecord:
     labels: Mapping[str, int] = field(default_factory=dict)
     default: str = LATEST  # the label the unversioned path serves while nothing is pinned
     pinned: int | None = None  # the version the unversioned path serves, whatever the labels
+    guarded: int | None = None  # the guard's hold: served while nothing is pinned
     versions: Mapping[int, str] = field(default_factory=dict)  # named version -> payload sha256
     rollbacks: tuple[Rollback, ...] = ()
     moved_at: float = 0.0
@@ -69,14 +72,16 @@ class ServingRecord:
     def named(self) -> set[int]:
         """The versions a label or the pin names (held while named)."""
         found = set(self.labels.values())
-        if self.pinned is not None:
-            found.add(self.pinned)
+        found |= {v for v in (self.pinned, self.guarded) if v is not None}
         return found
 
     def served(self) -> int | None:
-        """The version the unversioned path serves; None for the newest."""
+        """The version the unversioned path serves; None for the newest. The operator's pin
+        first, then the guard's hold, then the default label."""
         if self.pinned is not None:
             return self.pinned
+        if self.guarded is not None:
+            return self.guarded
         return None if self.default == LATEST else self.labels.get(self.default)
 
     def label_version(self, label: str) -> int | None:
@@ -107,6 +112,7 @@ class ServingRecord:
             "labels": dict(sorted(self.labels.items())),
             "default": self.default,
             "pinned": self.pinned,
+            "guarded": self.guarded,
             "versions": {str(v): h for v, h in sorted(self.versions.items())},
             "rollbacks": [r.as_json() for r in self.rollbacks],
             "moved_at": self.moved_at,
@@ -131,7 +137,7 @@ class ServingRecord:
         default = str(doc["default"])
         if default != LATEST and default not in labels:
             raise RecordError(f"the default label {default!r} names no version")
-        pinned = doc.get("pinned")
+        pinned, guarded = doc.get("pinned"), doc.get("guarded")
         record = cls(
             model=str(doc["model"]),
             lineage=str(doc["lineage"]),
@@ -139,6 +145,7 @@ class ServingRecord:
             labels=labels,
             default=default,
             pinned=None if pinned is None else _count(pinned),
+            guarded=None if guarded is None else _count(guarded),
             versions={_count(int(k)): str(h) for k, h in doc["versions"].items()},
             rollbacks=tuple(_rollback(r) for r in doc.get("rollbacks", [])),
             moved_at=float(doc.get("moved_at", 0.0)),

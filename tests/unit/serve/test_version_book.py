@@ -137,3 +137,27 @@ def test_labels_stop_at_what_a_record_may_hold(tmp_path: Path) -> None:
     b.book.move(Move("label", "l0", 1))  # moving one that exists is still fine
     loaded = ServingRecordFile(tmp_path).load()
     assert loaded is not None and len(loaded.labels) == MAX_LABELS
+
+
+def test_the_guard_holds_apart_from_the_pin_which_wins_and_the_hold_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    one = Book(tmp_path)
+    for version in (1, 2):
+        one.slot.publish(snapshot(version))
+    record = one.book.move(Move("guard_hold", version=1))
+    assert record.guarded == 1 and record.pinned is None and record.served() == 1
+    served = one.versions.served()
+    assert served is not None and served.version == 1
+    assert one.announced[-1][2].action == "guard_hold" and set(one.announced[-1][1]) == {1}
+    pinned = one.book.move(Move("pin", version=2))
+    assert pinned.served() == 2 and pinned.guarded == 1  # the operator's pin wins
+    one.book.move(Move("unpin"))
+    for version in (3, 4, 5):
+        one.slot.publish(snapshot(version))
+    two = Book(tmp_path)
+    two.slot.publish(snapshot(6))
+    restored = two.book.restore()
+    assert restored.guarded == 1 and restored.served() == 1
+    released = two.book.move(Move("guard_release"))
+    assert released.guarded is None and released.served() is None and 1 not in released.versions

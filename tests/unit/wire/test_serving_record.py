@@ -4,6 +4,8 @@ label, newest), and what a label or a record may not be."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from livefit.server.wire.serving_record import (
@@ -36,6 +38,16 @@ def test_the_pin_wins_then_the_default_label_then_the_newest() -> None:
     assert record().label_version(LATEST) is None
     with pytest.raises(KeyError):
         record().label_version("gone")
+
+
+def test_the_guard_hold_serves_after_the_pin_before_the_default_and_round_trips() -> None:
+    held = record().moved(1.0, guarded=9)
+    assert held.served() == 9 and 9 in held.named()
+    assert held.moved(2.0, pinned=12).served() == 12  # an operator's pin wins over the guard
+    assert ServingRecord.decode(held.encode()) == held
+    older = held.as_json()
+    del older["guarded"]  # a record written before the guard existed
+    assert ServingRecord.decode(json.dumps(older)).guarded is None
 
 
 def test_a_move_counts_up_and_forgets_payloads_no_longer_named() -> None:

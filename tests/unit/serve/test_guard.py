@@ -1,0 +1,178 @@
+"""The guard (``serve.guard``), with a real ``VersionBook`` over kept versions and a linear
+model in NumPy: with a reference set it holds the best recent version when the newest falls
+behind, never over an operator's pin, and releases on recovery; without one it compares the
+newest and a candidate on the same samples only, so a drift the newest follows never holds;
+a long hold says so; a reference CSV is checked."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from livefit.server.base.metrics import Metrics
+from livefit.server.config.model_tables import GuardSettings, VersionsSettings
+from livefit.server.serve.guard import Guard, ReferenceSet, ReferenceSetError, ScoredBatch
+from livefit.server.serve.version_book import Move, VersionBook
+from livefit.server.serve.versions import KeptVersions
+from livefit.server.storage.serving_record_file import ServingRecordFile
+from livefit.server.weights.format import WeightsMeta, encode_weights
+from livefit.server.wire.snapshot import Snapshot, SnapshotSlot
+
+LINEAGE = "L1"
+TRUE_W = np.array([[1.0], [-2.0], [3.0]], np.float32)
+RNG = np.random.default_rng(0)
+
+
+def snapshot(version: int, w: np.ndarray) -> Snapshot:
+    return Snapshot("m", version, (w.astype(np.float32),), time.time(), version, lineage=LINEAGE)
+
+
+def payload(s: Snapshot) -> bytes:
+    meta = WeightsMeta("m", s.version, s.samples_seen, s.created_at, None, "fp", s.lineage)
+    return encode_weights(["w"], s.weights, meta)
+
+
+def predict(s: Snapshot, x: np.ndarray) -> np.ndarray:
+    return x @ s.weights[0]
+
+
+def squared(predictions: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.mean((predictions - y) ** 2, axis=-1)
+
+
+class Fixture:
+    """A slot, its kept versions, a real book on ``directory`` and a guard over them."""
+
+    def __init__(self, directory: Path, reference: ReferenceSet | None, **settings: Any) -> None:
+        self.slot = SnapshotSlot()
+        self.versions = KeptVersions(
+            "m", VersionsSettings(keep_snapshots=50), lambda: self.slot.latest
+        )
+        self.slot.subscribe(self.versions.add)
+        self.book = VersionBook(
+            "m", self.versions, ServingRecordFile(directory), payload, lambda: LINEAGE,
+            lambda record, added, move: None,
+        )  # fmt: skip
+        self.book.restore()
+        self.registry = CollectorRegistry()
+        self.events: list[dict[str, Any]] = []
+        self.now = 1000.0
+        self.guard = Guard(
+            "m", GuardSettings(**settings), self.book, predict, squared,
+            Metrics(self.registry), self.events.append, reference, clock=lambda: self.now,
+        )  # fmt: skip
+
+    def publish(self, version: int, w: np.ndarray) -> None:
+        s = snapshot(version, w)
+        self.slot.publish(s)
+        if self.guard.reference is not None:
+            self.guard.handle(s)  # what the guard's thread does with the offer
+
+    def served(self) -> int | None:
+        return self.book.record().served()
+
+    def metric(self, name: str) -> float | None:
+        return self.registry.get_sample_value(name, {"model": "m"})
+
+
+def reference_set() -> ReferenceSet:
+    x = RNG.normal(size=(200, 3)).astype(np.float32)
+    return ReferenceSet(x, x @ TRUE_W)
+
+
+def test_with_a_reference_set_a_poisoned_newest_is_held_back_and_released_on_recovery(
+    tmp_path: Path,
+) -> None:
+    f = Fixture(tmp_path, reference_set(), margin=0.5)
+    for version, noise in ((1, 0.11), (2, 0.1), (3, 0.105)):
+        f.publish(version, TRUE_W + noise)
+    assert f.served() is None and f.events == []
+    f.publish(4, -TRUE_W)  # labels flipped: the newest is far worse on the trusted samples
+    assert f.served() == 2  # the best recent version
+    assert f.metric("livefit_guard_held_version") == 2.0
+    assert f.metric("livefit_guard_holds_total") == 1.0
+    event = f.events[-1]
+    assert event["action"] == "hold" and event["held_version"] == 2 and event["newest_version"] == 4
+    assert event["newest_loss"] > event["held_loss"] and event["held_long"] is False
+    for version in range(5, 40):  # poisoning goes on past the recent versions kept
+        f.publish(version, -TRUE_W)
+    assert f.served() == 2 and f.metric("livefit_guard_holds_total") == 1.0
+    f.publish(40, TRUE_W + 0.05)  # recovered: better than the held one
+    assert f.served() is None and f.events[-1]["action"] == "release"
+    assert f.metric("livefit_guard_held_version") == -1.0
+
+
+def test_an_operator_pin_wins_over_the_guard(tmp_path: Path) -> None:
+    f = Fixture(tmp_path, reference_set())
+    f.publish(1, TRUE_W)
+    f.publish(2, TRUE_W + 0.01)
+    f.book.move(Move("pin", version=2))
+    f.publish(3, -TRUE_W)
+    record = f.book.record()
+    assert record.guarded == 1 and record.pinned == 2 and record.served() == 2
+
+
+def test_a_long_hold_says_so_once(tmp_path: Path) -> None:
+    f = Fixture(tmp_path, reference_set(), held_long_s=60.0)
+    f.publish(1, TRUE_W)
+    f.publish(2, -TRUE_W)
+    f.now += 61.0
+    f.publish(3, -TRUE_W)
+    f.publish(4, -TRUE_W)
+    long = [e for e in f.events if e["action"] == "held_long"]
+    assert len(long) == 1 and long[0]["held_long"] is True and long[0]["held_version"] == 1
+
+
+def shadow_batch(f: Fixture, version: int, newest_w: np.ndarray, truth: np.ndarray) -> None:
+    """The trainer scored 64 samples with ``newest_w`` (version ``version``) before learning."""
+    f.publish(version, newest_w)
+    x = RNG.normal(size=(64, 3)).astype(np.float32)
+    y = x @ truth
+    f.guard.handle(ScoredBatch(x, y, squared(x @ newest_w, y), version))
+
+
+def test_without_a_reference_set_a_diverging_newest_is_held_only_while_worse(
+    tmp_path: Path,
+) -> None:
+    f = Fixture(tmp_path, None, window=128, margin=0.2)
+    for version in range(1, 6):
+        shadow_batch(f, version, TRUE_W + 0.1 / version, TRUE_W)
+    assert f.served() is None
+    good = f.guard.candidate
+    assert good is not None
+    for version in range(6, 10):  # a step ruined by an outlier, on the same samples
+        shadow_batch(f, version, TRUE_W * 5, TRUE_W)
+    assert f.served() == good.version and f.events[-1]["basis"] == "the same samples"
+    for version in range(10, 14):
+        shadow_batch(f, version, TRUE_W, TRUE_W)
+    assert f.served() is None and f.events[-1]["action"] == "release"
+
+
+def test_without_a_reference_set_a_drift_the_newest_follows_never_holds(tmp_path: Path) -> None:
+    f = Fixture(tmp_path, None, window=128, margin=0.1)
+    w = TRUE_W.copy()
+    for version in range(1, 6):
+        shadow_batch(f, version, w, TRUE_W)
+    drifted = -TRUE_W  # the concept changes; the newest versions walk towards it
+    for version in range(6, 40):
+        w = w + 0.2 * (drifted - w)
+        shadow_batch(f, version, w, drifted)
+    assert f.served() is None and f.events == []
+
+
+def test_a_reference_csv_is_read_and_a_bad_one_named(tmp_path: Path) -> None:
+    good = tmp_path / "ref.csv"
+    good.write_text("# x1,x2,y\n1,2,3\n4,5,9\n")
+    ref = ReferenceSet.load(good, [2], [1])
+    assert ref.x.shape == (2, 2) and ref.y.tolist() == [[3.0], [9.0]]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("1,2,3\n4,5\n")
+    with pytest.raises(ReferenceSetError, match="row 2: 2 values"):
+        ReferenceSet.load(bad, [2], [1])
+    with pytest.raises(ReferenceSetError, match="cannot be read"):
+        ReferenceSet.load(tmp_path / "none.csv", [2], [1])
