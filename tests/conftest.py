@@ -1,10 +1,11 @@
 """What every test shares: a check that no test leaves threads behind, the ``e2e`` marker by
 directory, and how the two test workers share the files.
 
-``tests/unit/`` runs in the test process alone: no broker, no child process. ``tests/e2e/``
-starts real processes (mosquitto, livefit, the tools a test checks with) and gets its brokers
-from ``tests/e2e/conftest.py``; its tests carry the ``e2e`` marker (``-m "not e2e"`` runs the
-unit tests alone, as ``tests/unit`` does).
+``tests/unit/`` runs in the test process alone: no broker, no child process, seconds at most.
+``tests/learning/`` runs in the test process alone too, but learns streams with a real compiled
+training step for seconds a test. ``tests/e2e/`` starts real processes (mosquitto, livefit, the
+tools a test checks with) and gets its brokers from ``tests/e2e/conftest.py``; its tests carry
+the ``e2e`` marker (``-m "not e2e"`` runs the unit and learning tests).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from xdist.scheduler import LoadFileScheduling
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 E2E = Path(__file__).resolve().parent / "e2e"
+LEARNING = Path(__file__).resolve().parent / "learning"
 # A test's split-layout run (``tests/layouts.py``): its id carries ``split`` among its params.
 SPLIT_RUN = re.compile(r"\[(?:[^\]]*-)?split(?:-[^\]]*)?\]$")
 
@@ -41,20 +43,38 @@ LONGEST_FIRST = (
 )
 
 
+# The learning files of half a minute or more on 2 cores, longest first (their path under
+# tests/learning/): each is one worker's, so started last it would run alone at the end.
+LEARNING_LONGEST_FIRST = (
+    "train/test_update_policy.py",
+    "train/test_step_pipeline_equivalence.py",
+    "models/test_target_scaling.py",
+)
+
+
 def _order(item: pytest.Item) -> tuple[int, int]:
     """Long end-to-end files first (``LONGEST_FIRST``), then the other end-to-end files, then
-    the unit files; a stable sort keeps each file's tests in their order."""
+    the learning files (``LEARNING_LONGEST_FIRST`` first), then the unit files; a stable sort
+    keeps each file's tests in their order. The learning files (tens of seconds each, one file
+    a worker's) go before the unit files, so that they start early and the unit files, short
+    and many, even out the end of a run."""
+    if item.path.is_relative_to(LEARNING):
+        name = item.path.relative_to(LEARNING).as_posix()
+        if name in LEARNING_LONGEST_FIRST:
+            return (2, LEARNING_LONGEST_FIRST.index(name))
+        return (2, len(LEARNING_LONGEST_FIRST))
     if not item.path.is_relative_to(E2E):
-        return (2, 0)
+        return (3, 0)
     if item.path.name in LONGEST_FIRST:
         return (0, LONGEST_FIRST.index(item.path.name))
     return (1, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the end-to-end tests, and run them first, the longest files first: the two workers
-    take files in this order (``--no-loadscope-reorder``), so the files of minutes start early
-    and the short files even out the end, instead of one long file running alone last."""
+    """Mark the end-to-end tests, and run them first, the longest files first, then the
+    learning files, then the unit files: the two workers take files in this order
+    (``--no-loadscope-reorder``), so the files of minutes start early and the short files even
+    out the end, instead of one long file running alone last."""
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.e2e)

@@ -19,7 +19,6 @@ from livefit.models.names import BUILTIN_BUILDERS
 
 CUSTOM = "tests.custom_builder:build"
 BATCH_SIZE = 32
-TRAIN_BATCHES = 300
 
 
 @dataclass(frozen=True)
@@ -90,19 +89,6 @@ def test_builds_with_declared_shapes(case: Case) -> None:
     assert not model.compiled  # uncompiled: the trainer chooses loss and optimizer
     x, _ = LinearStream(case).batch(3)
     assert np.asarray(model(x, training=False)).shape == (3, *case.output_shape)
-
-
-@cases
-def test_trains_and_loss_falls(case: Case) -> None:
-    model = case.build(seed=0)
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
-    stream = LinearStream(case, seed=1)
-    x_test, y_test = stream.batch(256)
-    before = _mse(model, x_test, y_test)
-    for _ in range(TRAIN_BATCHES):
-        model.train_on_batch(*stream.batch())
-    after = _mse(model, x_test, y_test)
-    assert after * 5 <= before, f"held-out mse {before:.4f} -> {after:.4f}, expected a 5x fall"
 
 
 @cases

@@ -51,8 +51,9 @@ def _other_weights(model, seed: int) -> tuple[np.ndarray, ...]:
     return tuple(out)
 
 
-def _keras_outputs(name: str, weights: tuple[np.ndarray, ...], rows: np.ndarray) -> np.ndarray:
-    reference = _model(name)
+def _keras_outputs(reference, weights: tuple[np.ndarray, ...], rows: np.ndarray) -> np.ndarray:
+    """What Keras answers for ``rows`` with ``weights``: ``reference`` is a model of its own,
+    built once per test (building one per call cost most of the test's time)."""
     reference.set_weights(list(weights))
     return np.asarray(reference(rows, training=False))
 
@@ -71,12 +72,13 @@ def test_runtime_answers_what_keras_answers_for_two_versions(choice: str, model_
     if choice == "xla" or (choice == "numpy" and model_name in NUMPY_TAKES):
         assert serving.runtime.name == choice  # not the fallback
     rows = np.random.default_rng(5).standard_normal((11, *ins)).astype(np.float32)
+    reference = _model(model_name)
     for version, weights in ((1, v1), (2, v2)):
         current["snapshot"] = Snapshot("m", version, weights, 0.0, 0)
         for n in (1, 3, 11):  # 11: more than the largest batch size, in two parts
             outputs, answered = serving.predict(rows[:n])
             assert answered == version
-            expected = _keras_outputs(model_name, weights, rows[:n])
+            expected = _keras_outputs(reference, weights, rows[:n])
             print(choice, model_name, version, n, float(np.abs(outputs - expected).max()))
             assert outputs.dtype == np.float32 and outputs.shape == expected.shape
             np.testing.assert_allclose(outputs, expected, **AGREEMENT_TOLERANCE)
@@ -194,7 +196,8 @@ def test_a_cheap_model_is_called_on_the_loop_and_swaps_there_between_batches(
     answers = asyncio.run(main())
     assert (callers == {loop_thread}) == (runtime == "numpy"), (callers, loop_thread)
     assert served.serving.runs_inline() == (runtime == "numpy")
+    reference = _model("mlp")
     for i, (version, outputs) in enumerate(answers):
-        expected = _keras_outputs("mlp", versions[version], rows[i % 3 : i % 3 + 1])
+        expected = _keras_outputs(reference, versions[version], rows[i % 3 : i % 3 + 1])
         assert version == (1 if i < 3 else 2)
         np.testing.assert_allclose(outputs, expected, **AGREEMENT_TOLERANCE)

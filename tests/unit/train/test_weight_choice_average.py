@@ -4,14 +4,17 @@ the trained weights and the average."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from livefit.server.config.model import ModelSettings
+from livefit.server.storage.checkpoint import CheckpointStore
 from livefit.server.train.prequential import WindowedMean
 from livefit.server.train.train_step import StepResult
+from livefit.server.train.trainer import Trainer
 from tests.unit.train.test_update_policy import batch, trainer
 
 
@@ -197,29 +200,38 @@ HOSTILE_CHOICES = {
 }
 
 
+@pytest.fixture(scope="module")
+def served_average_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Trainer, Path]:
+    """A trainer that serves its average, and the directory of its final checkpoint: trained
+    once for every hostile case below, which each corrupt a copy of the checkpoint."""
+    directory = tmp_path_factory.mktemp("served_average")
+    t = trainer(directory, train={"weight_average": 0.9})
+    t.train_batch(batch(np.ones((4, 3))))
+    t.policy.choice.choose(result(1.0, 0.5))
+    assert t.step.serve_average
+    t.checkpointing.save_if_due(final=True)
+    return t, directory
+
+
 @pytest.mark.parametrize("name", sorted(HOSTILE_CHOICES))
 def test_a_checkpoint_with_an_unreadable_choice_restores_and_serves_the_trained_weights(
-    tmp_path: Path, name: str
+    tmp_path: Path, name: str, served_average_checkpoint: tuple[Trainer, Path]
 ) -> None:
     """The windows that choose the served weights are checked, not trusted: a checkpoint that
     passes its checksum with nonsense in them (a bug, or a file written by hand) restores the
     model, the average and the scalers, serves the trained weights and goes on learning; it
     used to raise from inside the restore (a NaN count) or build a window that never drains."""
     settings = {"train": {"weight_average": 0.9}}
-    t = trainer(tmp_path, **settings)
-    t.train_batch(batch(np.ones((4, 3))))
-    t.policy.choice.choose(result(1.0, 0.5))
-    assert t.step.serve_average
-    state = t.policy.state
-
-    def hostile_state() -> dict[str, np.ndarray]:
-        arrays = state()
-        arrays["average_choice_averaged"] = HOSTILE_CHOICES[name]
-        return arrays
-
-    t.policy.state = hostile_state  # type: ignore[method-assign]
-    t.checkpointing.save_if_due(final=True)
-    restored = trainer(tmp_path, **settings)
+    t, trained = served_average_checkpoint
+    directory = tmp_path / "checkpoints"
+    shutil.copytree(trained, directory)
+    store = CheckpointStore(directory, "m")
+    checkpoint = store.load_latest()
+    assert checkpoint is not None and "average_choice_averaged" in checkpoint.extra
+    checkpoint.extra["average_choice_averaged"] = HOSTILE_CHOICES[name]
+    store.write(checkpoint)  # the same version, rewritten with a valid checksum
+    assert len(store.paths()) == 1
+    restored = trainer(directory, **settings)
     assert restored.restored_from is not None
     assert not restored.step.serve_average
     assert restored.step.average_state()["average_steps"] == t.step.average_state()["average_steps"]
