@@ -842,8 +842,8 @@ class GuardSettings(Section):
         description=(
             "guard this model's served version. Off by default: without a reference set the "
             "shadow comparison has not yet been shown not to fire on the benchmark's drifting "
-            'streams (docs/operations.md, "The guard"). Not started by the learner yet: '
-            "`true` is refused at start until it is"
+            'streams (docs/operations.md, "The guard"). The learner starts the reference-set '
+            "guard only: `true` needs `reference_path`"
         ),
     )
     reference_path: str | None = Field(
@@ -852,7 +852,8 @@ class GuardSettings(Section):
             "a CSV file of labelled samples the operator vouches for and never publishes for "
             "training (one a row: the inputs flattened, then the target, as `livefit publish` "
             "reads): every served version is scored on it. Unset: the shadow comparison on "
-            "the samples trained. A reference topic is not built yet"
+            "the samples trained, not started yet (refused with `enabled`). A reference topic is "
+            "not built yet"
         ),
     )
     margin: float = Field(
@@ -889,12 +890,15 @@ class GuardSettings(Section):
         ),
     )
 
-    @field_validator("enabled")
-    @classmethod
-    def _not_wired_yet(cls, value: bool) -> bool:
-        if value:  # the guard's logic is built (serve.guard); the learner does not start it yet
-            raise ValueError("the guard is not started by the learner yet (issue 49, item 4)")
-        return value
+    @model_validator(mode="after")
+    def _shadow_not_wired_yet(self) -> GuardSettings:
+        if self.enabled and self.reference_path is None:  # the shadow side is not started yet
+            raise ValueError(
+                "guard.enabled = true needs guard.reference_path: the learner starts the "
+                "reference-set guard only; the shadow comparison is not started yet "
+                "(issue 49, item 4)"
+            )
+        return self
 
 
 class LabelsSettings(Section):

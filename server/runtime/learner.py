@@ -46,7 +46,9 @@ from ..labels.recorder import recorder_for
 from ..mqtt.connection import MqttConnection
 from ..mqtt.probe import for_broker
 from ..serve.endpoint import ModelEndpoint
+from ..serve.guard import Guard, ReferenceSet, numpy_losses, snapshot_predict
 from ..serve.metrics import ServingMetrics, VersionRecordMetrics
+from ..serve.runtimes import NumpyRuntime, build_runtime, second_runtime
 from ..serve.version_book import Move, MoveRefused, VersionBook
 from ..serve.versions import CheckpointShelf, KeptVersions
 from ..storage.checkpoint import CheckpointStore
@@ -96,6 +98,7 @@ class ModelRuntime:
     ingest: IngestWorker | None = None
     labels: LabelJoiner | None = None  # joins its delayed labels to its predictions
     book: VersionBook | None = None  # its serving record: labels, the pin, rollbacks
+    guard: Guard | None = None  # holds the last good version in serving (guard.enabled)
     held_published: set[int] = field(default_factory=set)  # retained on the held topics
 
 
@@ -310,6 +313,34 @@ class LearnerRuntime:
         runtime.publisher.start()
         if runtime.slot.latest is not None:
             runtime.publisher.offer(runtime.slot.latest)
+        runtime.guard = self._guard(runtime)
+        if runtime.guard is not None:  # last: it moves the book over versions already kept
+            runtime.slot.subscribe(runtime.guard.snapshot_arrived)
+            runtime.guard.start()
+            if runtime.slot.latest is not None:
+                runtime.guard.snapshot_arrived(runtime.slot.latest)
+
+    def _guard(self, runtime: ModelRuntime) -> Guard | None:
+        """Model ``runtime``'s guard when enabled: it scores each snapshot on the reference set
+        on its own thread, with a runtime of its own on the CPU (a NumPy pass, else a clone's
+        graph): never serving's copy, never the trainer's thread."""
+        settings, trainer, book = runtime.settings, runtime.trainer, runtime.book
+        if not settings.guard.enabled:
+            return None
+        assert trainer is not None and book is not None
+        path = settings.guard.reference_path
+        assert path is not None  # GuardSettings refuses the shadow side, not started yet
+        losses = numpy_losses(settings.loss)  # an unknown loss: refused here, at start
+        reference = ReferenceSet.load(path, settings.input_shape, settings.resolved_target_shape())
+        model, shape, cpu = trainer.model, settings.input_shape, "/CPU:0"
+        probe = build_runtime("auto", model, shape, cpu, runtime.name)
+        own = probe if isinstance(probe, NumpyRuntime) else second_runtime(probe, model, shape, cpu)
+        log.info("model %s: the guard scores each version on %d reference samples (%s)",
+                 runtime.name, len(reference.x), path)  # fmt: skip
+        return Guard(
+            runtime.name, settings.guard, book, snapshot_predict(own), losses, self.metrics,
+            lambda event: self._publish_event(runtime.name, event), reference,
+        )  # fmt: skip
 
     def _version_book(self, runtime: ModelRuntime) -> VersionBook:
         """Model ``runtime``'s serving record, checked against the versions this process keeps
@@ -520,6 +551,9 @@ class LearnerRuntime:
             if runtime.trainer is not None:
                 runtime.trainer.stop()
         for runtime in self.models.values():
+            if runtime.guard is not None:  # before the publishers: its moves announce on them
+                runtime.guard.stop()
+                runtime.guard = None
             if runtime.publisher is not None:
                 runtime.publisher.stop()
                 runtime.publisher = None

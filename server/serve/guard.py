@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,6 +42,79 @@ Predict = Callable[[Snapshot, np.ndarray], np.ndarray]  # a version's outputs fo
 Losses = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (predictions, y) -> per-sample loss
 Event = Callable[[dict[str, Any]], None]
 TINY_LOSS = 1e-12  # a best loss of 0 still leaves room for a margin
+
+
+EPSILON = 1e-7  # Keras' clip of probabilities in its crossentropies
+
+
+class Loadable(Protocol):
+    """A runtime of the guard's own (``serve.runtimes``): weights loaded, then rows run."""
+
+    def load(self, weights: Sequence[np.ndarray]) -> None: ...
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray: ...
+
+
+def snapshot_predict(runtime: Loadable) -> Predict:
+    """``Predict`` over ``runtime``, loading each snapshot's weights when it changes (called on
+    the guard's thread only: the runtime is the guard's, never serving's)."""
+    loaded: list[tuple[str, int]] = []
+
+    def predict(snapshot: Snapshot, x: np.ndarray) -> np.ndarray:
+        key = (snapshot.lineage, snapshot.version)
+        if loaded != [key]:
+            runtime.load(snapshot.weights)
+            loaded[:] = [key]
+        return np.asarray(runtime(x), dtype=np.float32)
+
+    return predict
+
+
+def _mse(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.mean(np.square(p - y).reshape(len(p), -1), axis=-1)
+
+
+def _mae(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.mean(np.abs(p - y).reshape(len(p), -1), axis=-1)
+
+
+def _binary(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    p = np.clip(p, EPSILON, 1 - EPSILON)
+    bce = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+    return np.mean(bce.reshape(len(p), -1), axis=-1)
+
+
+def _categorical(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    p = np.clip(p / np.sum(p, axis=-1, keepdims=True), EPSILON, 1 - EPSILON)
+    return -np.sum(y * np.log(p), axis=-1).reshape(len(p), -1).mean(axis=-1)
+
+
+def _sparse(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    p = np.clip(p / np.sum(p, axis=-1, keepdims=True), EPSILON, 1 - EPSILON)
+    classes = y.astype(np.int64).reshape(len(p), -1)[:, 0]
+    return -np.log(p.reshape(len(p), -1)[np.arange(len(p)), classes])
+
+
+LOSSES: dict[str, Losses] = {
+    "mse": _mse, "mean_squared_error": _mse, "MSE": _mse, "MeanSquaredError": _mse,
+    "mae": _mae, "mean_absolute_error": _mae, "MAE": _mae, "MeanAbsoluteError": _mae,
+    "binary_crossentropy": _binary, "BinaryCrossentropy": _binary,
+    "categorical_crossentropy": _categorical, "CategoricalCrossentropy": _categorical,
+    "sparse_categorical_crossentropy": _sparse, "SparseCategoricalCrossentropy": _sparse,
+}  # fmt: skip
+
+
+def numpy_losses(loss: str) -> Losses:
+    """The per-sample loss ``loss`` (a model's Keras loss name) in NumPy, on probabilities as
+    the model outputs them; a ValueError naming the ones the guard knows for any other."""
+    try:
+        return LOSSES[loss]
+    except KeyError:
+        known = "mse, mae, binary_crossentropy, categorical_crossentropy, "
+        raise ValueError(
+            f"the guard cannot score loss {loss!r}: it knows {known}"
+            "sparse_categorical_crossentropy (set guard.enabled = false for this model)"
+        ) from None
 
 
 class ReferenceSetError(ValueError):

@@ -15,7 +15,9 @@ def test_the_setting_accepts_auto_and_numbers_only() -> None:
             ServeSettings(batch_timeout_ms=bad)
 
 
-def test_the_guard_is_off_and_refused_on_until_the_learner_starts_it() -> None:
+def test_the_guard_is_off_and_on_only_with_a_reference_set_until_the_shadow_side_starts() -> None:
     assert GuardSettings().enabled is False and GuardSettings().margin == 0.1
-    with pytest.raises(ValueError, match="not started by the learner yet"):
+    with pytest.raises(ValueError, match=r"needs guard\.reference_path"):
         GuardSettings(enabled=True)
+    assert GuardSettings(enabled=True, reference_path="ref.csv").enabled
+    assert GuardSettings(reference_path="ref.csv").enabled is False

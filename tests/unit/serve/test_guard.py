@@ -16,7 +16,14 @@ from prometheus_client import CollectorRegistry
 
 from livefit.server.base.metrics import Metrics
 from livefit.server.config.model_tables import GuardSettings, VersionsSettings
-from livefit.server.serve.guard import Guard, ReferenceSet, ReferenceSetError, ScoredBatch
+from livefit.server.serve.guard import (
+    Guard,
+    ReferenceSet,
+    ReferenceSetError,
+    ScoredBatch,
+    numpy_losses,
+    snapshot_predict,
+)
 from livefit.server.serve.version_book import Move, VersionBook
 from livefit.server.serve.versions import KeptVersions
 from livefit.server.storage.serving_record_file import ServingRecordFile
@@ -176,3 +183,45 @@ def test_a_reference_csv_is_read_and_a_bad_one_named(tmp_path: Path) -> None:
         ReferenceSet.load(bad, [2], [1])
     with pytest.raises(ReferenceSetError, match="cannot be read"):
         ReferenceSet.load(tmp_path / "none.csv", [2], [1])
+
+
+@pytest.mark.parametrize(
+    "name, y, p",
+    [
+        ("mse", [[1.0, 2.0], [0.0, -1.0]], [[1.5, 1.0], [0.2, -1.0]]),
+        ("mae", [[1.0, 2.0], [0.0, -1.0]], [[1.5, 1.0], [0.2, -1.0]]),
+        ("binary_crossentropy", [[1.0, 0.0], [0.0, 1.0]], [[0.9, 0.2], [0.4, 1.0]]),
+        ("categorical_crossentropy", [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]],
+         [[0.2, 0.7, 0.1], [0.0, 0.5, 0.5]]),
+        ("sparse_categorical_crossentropy", [[1.0], [0.0]], [[0.2, 0.7, 0.1], [0.0, 0.5, 0.5]]),
+    ],
+)  # fmt: skip
+def test_the_numpy_losses_are_keras_per_sample_losses(name: str, y: Any, p: Any) -> None:
+    import keras
+
+    truth, predicted = np.asarray(y, np.float32), np.asarray(p, np.float32)
+    expected = np.asarray(keras.losses.get(name)(truth, predicted))
+    np.testing.assert_allclose(numpy_losses(name)(predicted, truth), expected, rtol=1e-4)
+    with pytest.raises(ValueError, match="cannot score loss 'huber'"):
+        numpy_losses("huber")
+
+
+def test_a_snapshot_is_loaded_into_the_guards_runtime_once_per_version() -> None:
+    class Runtime:
+        def __init__(self) -> None:
+            self.loads: list[np.ndarray] = []
+
+        def load(self, weights: Any) -> None:
+            self.loads.append(weights[0])
+
+        def __call__(self, rows: np.ndarray) -> np.ndarray:
+            return rows @ self.loads[-1]
+
+    runtime = Runtime()
+    run = snapshot_predict(runtime)
+    x = RNG.normal(size=(4, 3)).astype(np.float32)
+    first, second = snapshot(1, TRUE_W), snapshot(2, -TRUE_W)
+    np.testing.assert_allclose(run(first, x), x @ TRUE_W, rtol=1e-6)
+    run(first, x)
+    np.testing.assert_allclose(run(second, x), -(x @ TRUE_W), rtol=1e-6)
+    assert len(runtime.loads) == 2
