@@ -118,3 +118,29 @@ def test_bodies_are_checked(served: tuple[str, AdminRuntime]) -> None:
         assert answer.status_code == 400, answer.text
     expired = httpx.put(f"{url}/v1/admin/models/m/labels/x", json={"version": 99}, headers=ADMIN)
     assert expired.status_code == 404 and "kept:" in expired.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("labels/x", b'{"version": 1' + b"0" * 400 + b"}"),  # 10**400
+        ("labels/x", b'{"version": 4611686018427387904}'),  # 2**62
+        ("labels/x", '{"version": "٣"}'.encode()),  # a non-ASCII digit
+        ("labels/x", b"\xff\xfe\x00garbage"),
+        ("labels/x", b"[]"),
+        ("pin", b'{"version": 1e400}'),
+        ("rollback", b'{"version": 1, "mode": "sideways"}'),
+        ("default", b'{"label": "' + "é".encode() * 3 + b'"}'),
+    ],
+)
+def test_hostile_bodies_are_a_4xx_and_change_nothing(
+    served: tuple[str, AdminRuntime], path: str, body: bytes
+) -> None:
+    url, _ = served
+    before = httpx.get(f"{url}/v1/admin/models/m/versions", headers=ADMIN).json()["record"]
+    method = "POST" if path == "rollback" else "PUT"
+    answer = httpx.request(method, f"{url}/v1/admin/models/m/{path}", content=body,
+                           headers={**ADMIN, "content-type": "application/json"})  # fmt: skip
+    assert 400 <= answer.status_code < 500, answer.text
+    after = httpx.get(f"{url}/v1/admin/models/m/versions", headers=ADMIN).json()["record"]
+    assert after == before
