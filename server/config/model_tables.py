@@ -840,10 +840,9 @@ class GuardSettings(Section):
     enabled: bool = Field(
         False,
         description=(
-            "guard this model's served version. Off by default: without a reference set the "
-            "shadow comparison has not yet been shown not to fire on the benchmark's drifting "
-            'streams (docs/operations.md, "The guard"). The learner starts the reference-set '
-            "guard only: `true` needs `reference_path`"
+            "guard this model's served version: with `reference_path` on the operator's trusted "
+            'samples, else in shadow on the samples learned (docs/operations.md, "The guard"). '
+            "Off by default: a hold makes serving lag the trainer, which an operator chooses"
         ),
     )
     reference_path: str | None = Field(
@@ -851,9 +850,10 @@ class GuardSettings(Section):
         description=(
             "a CSV file of labelled samples the operator vouches for and never publishes for "
             "training (one a row: the inputs flattened, then the target, as `livefit publish` "
-            "reads): every served version is scored on it. Unset: the shadow comparison on "
-            "the samples trained, not started yet (refused with `enabled`). A reference topic is "
-            "not built yet"
+            "reads): every served version is scored on it. Unset: the shadow comparison, the "
+            "newest and the last good version on the same samples learned (catches a diverging "
+            "step, not a label-flipping publisher). Read once at start; a reference topic is not "
+            "built"
         ),
     )
     margin: float = Field(
@@ -861,8 +861,9 @@ class GuardSettings(Section):
         ge=0,
         allow_inf_nan=False,
         description=(
-            "hold when the newest's mean loss exceeds the best recent one's by more than this "
-            "share of it (0.1: 10 % worse); release when it is within it again"
+            "hold when the newest's loss exceeds the best recent one's (reference set: the "
+            "mean; shadow: the median per sample over `window`) by more than this share of it "
+            "(0.1: 10 % worse); release when it is within it again"
         ),
     )
     recent_versions: int = Field(
@@ -876,8 +877,8 @@ class GuardSettings(Section):
         ge=1,
         le=1_000_000,
         description=(
-            "(shadow) the samples, scored by the newest and the held candidate alike, whose "
-            "mean losses are compared"
+            "(shadow) the samples, scored by the newest and the last good version alike, whose "
+            "median losses are compared"
         ),
     )
     held_long_s: float = Field(
@@ -889,16 +890,6 @@ class GuardSettings(Section):
             "a real drift makes a reference set stale, and the operator should refresh it"
         ),
     )
-
-    @model_validator(mode="after")
-    def _shadow_not_wired_yet(self) -> GuardSettings:
-        if self.enabled and self.reference_path is None:  # the shadow side is not started yet
-            raise ValueError(
-                "guard.enabled = true needs guard.reference_path: the learner starts the "
-                "reference-set guard only; the shadow comparison is not started yet "
-                "(issue 49, item 4)"
-            )
-        return self
 
 
 class LabelsSettings(Section):

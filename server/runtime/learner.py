@@ -46,7 +46,7 @@ from ..labels.recorder import recorder_for
 from ..mqtt.connection import MqttConnection
 from ..mqtt.probe import for_broker
 from ..serve.endpoint import ModelEndpoint
-from ..serve.guard import Guard, ReferenceSet, numpy_losses, snapshot_predict
+from ..serve.guard import Guard, ReferenceSet, ScoredBatch, numpy_losses, snapshot_predict
 from ..serve.metrics import ServingMetrics, VersionRecordMetrics
 from ..serve.runtimes import NumpyRuntime, build_runtime, second_runtime
 from ..serve.version_book import Move, MoveRefused, VersionBook
@@ -71,6 +71,7 @@ from ..weights.keys import learner_signing_key
 from ..weights.publisher import WeightPublisher
 from ..weights.store import WeightStore
 from ..wire.codec import SampleSpec
+from ..wire.samples import Batch
 from ..wire.serving_record import ServingRecord
 from ..wire.snapshot import Snapshot, SnapshotSlot
 from .broker import ManagedBroker, resolve_broker
@@ -329,17 +330,23 @@ class LearnerRuntime:
             return None
         assert trainer is not None and book is not None
         path = settings.guard.reference_path
-        assert path is not None  # GuardSettings refuses the shadow side, not started yet
         losses = numpy_losses(settings.loss)  # an unknown loss: refused here, at start
-        reference = ReferenceSet.load(path, settings.input_shape, settings.resolved_target_shape())
+        reference = None
+        if path is not None:
+            shape, target = settings.input_shape, settings.resolved_target_shape()
+            reference = ReferenceSet.load(path, shape, target)
+            log.info("model %s: the guard scores each version on %d reference samples (%s)",
+                     runtime.name, len(reference.x), path)  # fmt: skip
+        else:
+            log.info("model %s: the guard compares the newest and the last good version on the "
+                     "samples learned (no reference set)", runtime.name)  # fmt: skip
         model, shape, cpu = trainer.model, settings.input_shape, "/CPU:0"
         probe = build_runtime("auto", model, shape, cpu, runtime.name)
         own = probe if isinstance(probe, NumpyRuntime) else second_runtime(probe, model, shape, cpu)
-        log.info("model %s: the guard scores each version on %d reference samples (%s)",
-                 runtime.name, len(reference.x), path)  # fmt: skip
         return Guard(
             runtime.name, settings.guard, book, snapshot_predict(own), losses, self.metrics,
             lambda event: self._publish_event(runtime.name, event), reference,
+            samples_seen=lambda: trainer.samples_seen,
         )  # fmt: skip
 
     def _version_book(self, runtime: ModelRuntime) -> VersionBook:
@@ -603,6 +610,11 @@ class LearnerHooks(TrainerHooks):
 
     def selection_switched(self, switch: Switch, version: int) -> None:
         self.learner.report_selection(self.runtime.name, switch, version)
+
+    def batch_learned(self, batch: Batch, scored_by: int) -> None:
+        guard = self.runtime.guard
+        if guard is not None:
+            guard.batch_scored(ScoredBatch(batch.x, batch.y, batch.w, scored_by))
 
 
 def _remove_temporary_files(storage: Path) -> None:

@@ -6,10 +6,18 @@ Two ways to score, never mixed: scores taken on different samples are never comp
   on): each snapshot handed to serving is scored on it (the newest always; older ones while the
   guard keeps up). The newest worse than the best of the recent versions by more than the
   margin: serving holds that best version.
-- **Shadow**: without a reference set, a candidate (the newest version when a window of samples
-  last found the newest no worse) predicts the very samples the trainer scored the newest on
-  before learning them (``batch_scored``). The newest's windowed mean loss on those samples worse
-  than the candidate's by the margin: serving holds the candidate, only while that lasts.
+- **Shadow**: without a reference set, each batch the trainer learns (``batch_scored``) is
+  predicted, before nothing else, by the newest kept version that had not learned it and by a
+  candidate (the last good version), both served snapshots on the guard's runtime. The newest's
+  mean loss over a window of such samples worse than the candidate's by the margin, and by more
+  than chance explains (a paired t statistic on the per-sample differences, winsorized so that a
+  broken message's few samples, far off for both, do not decide; at the noise floor a 10 % gap
+  is chance): serving holds the candidate, only while that lasts. A window that finds the newest
+  no worse makes it the candidate (unless its own last batch alone was worse: a step ruined just
+  before the window closed is not trusted). A drift hurts both alike on the same samples, and
+  the newest adapts first, so it never holds through one; a label-flipping publisher is caught
+  only with a reference set: the newest agrees with the flipped labels better than the good
+  version does.
 
 A hold is a move of the serving record (``VersionBook``: actions ``guard_hold`` and
 ``guard_release``), so it is durable and replicas follow; an operator's pin wins over it. The
@@ -42,6 +50,9 @@ Predict = Callable[[Snapshot, np.ndarray], np.ndarray]  # a version's outputs fo
 Losses = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (predictions, y) -> per-sample loss
 Event = Callable[[dict[str, Any]], None]
 TINY_LOSS = 1e-12  # a best loss of 0 still leaves room for a margin
+WINDOW_T = 3.0  # shadow: a window holds only when the newest is worse by this paired t
+LAST_BATCH_T = 1.0  # the last batch (a few samples) is not trusted on weaker evidence
+WINSOR_SHARE = 0.05  # each tail of the differences clipped before the t statistic
 
 
 EPSILON = 1e-7  # Keras' clip of probabilities in its crossentropies
@@ -159,12 +170,13 @@ class ReferenceSet:
 
 @dataclass(frozen=True, slots=True)
 class ScoredBatch:
-    """Samples the trainer scored the newest version on before learning them (shadow side)."""
+    """A batch the trainer learned (shadow side): the samples, their weights and the version
+    that predicted them before they were learned."""
 
     x: np.ndarray
     y: np.ndarray
-    losses: np.ndarray  # (n,) the newest's per-sample loss
-    version: int  # the version that scored them
+    w: np.ndarray  # (n,) sample weights: one of 0 is not learned, so not compared
+    version: int  # the trainer's version before learning them
 
 
 class Guard:
@@ -183,6 +195,7 @@ class Guard:
         event: Event,
         reference: ReferenceSet | None = None,
         clock: Callable[[], float] = time.time,
+        samples_seen: Callable[[], int] = lambda: 0,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -194,12 +207,13 @@ class Guard:
         self.event = event
         self.reference = reference
         self.clock = clock
+        self.samples_seen = samples_seen  # the trainer's count: how much a hold kept back
         self.scores: OrderedDict[int, float] = OrderedDict()  # reference: version -> loss
         self.candidate: Snapshot | None = None  # shadow: the last good version
-        self._newest_sum = self._candidate_sum = 0.0
-        self._paired = 0  # shadow: samples scored by both in this window
+        self._window = _Window()  # shadow: this window's paired losses
         self.held: int | None = None
         self.held_since: float | None = None
+        self._held_counted = 0  # samples_seen when the held samples were last counted
         self._long_reported = False
         self._worker: LatestWorker[Snapshot | ScoredBatch] = LatestWorker(
             f"guard-{name}", self.handle
@@ -227,6 +241,7 @@ class Guard:
             self._score_reference(item)
         else:
             self._score_shadow(item)
+        self._count_held()
         self._check_long()
 
     # the reference set ---------------------------------------------------------------------------
@@ -251,31 +266,47 @@ class Guard:
 
     # the shadow comparison -----------------------------------------------------------------------
     def _score_shadow(self, batch: ScoredBatch) -> None:
-        if self.candidate is None:
-            self.candidate = self._kept(batch.version)
+        newest = self.book.versions.at_or_before(batch.version)
+        if newest is None:
+            return  # nothing served yet
+        candidate = self.candidate
+        if candidate is None or candidate.lineage != newest.lineage:
+            self.candidate, self._window = newest, _Window()  # a start, or a new lineage
             return
-        if batch.version == self.candidate.version:
+        if newest.version == candidate.version:
             return  # the candidate scored itself: nothing to compare
-        theirs = self.losses(self.predict(self.candidate, batch.x), batch.y)
-        self._newest_sum += float(np.sum(batch.losses))
-        self._candidate_sum += float(np.sum(theirs))
-        self._paired += len(batch.losses)
-        if self._paired < self.settings.window:
+        counted = np.asarray(batch.w) > 0  # a sample of weight 0 is not learned either
+        if not counted.any():
             return
-        newest = self._newest_sum / self._paired
-        candidate = self._candidate_sum / self._paired
-        self._newest_sum = self._candidate_sum = 0.0
-        self._paired = 0
-        self.metrics.newest_loss.labels(model=self.name).set(newest)
-        if self._worse(newest, candidate):
-            self._hold(self.candidate.version, newest, candidate, batch.version)
+        x, y = batch.x[counted], batch.y[counted]
+        ours = _finite(self.losses(self.predict(newest, x), y))
+        theirs = _finite(self.losses(self.predict(candidate, x), y))
+        window = self._window
+        window.add(ours, theirs, newest)
+        if window.samples < self.settings.window:
+            return
+        self._window = _Window()
+        ours, theirs = np.concatenate(window.newest), np.concatenate(window.candidate)
+        newest_loss, candidate_loss = _mean(ours), _mean(theirs)
+        self.metrics.newest_loss.labels(model=self.name).set(newest_loss)
+        if self._worse_on_the_same(ours, theirs, WINDOW_T):
+            self._hold(candidate.version, newest_loss, candidate_loss, newest.version)
             return
         if self.held is not None:
-            self._release(newest, candidate, batch.version)
-        self.candidate = self._kept(batch.version) or self.candidate  # the newest is good
+            self._release(newest_loss, candidate_loss, newest.version)
+        last = window.newest[-1], window.candidate[-1]
+        if not self._worse_on_the_same(*last, LAST_BATCH_T):  # ruined just before the end
+            self.candidate = window.last_version or candidate
 
-    def _kept(self, version: int) -> Snapshot | None:
-        return self.book.versions.get(version)
+    def _worse_on_the_same(self, ours: np.ndarray, theirs: np.ndarray, t: float) -> bool:
+        """Whether the newest's per-sample losses ``ours`` are worse than the candidate's
+        ``theirs`` on the same samples: the mean by more than the margin, and by more than
+        chance explains (a paired t statistic over ``t``, on the differences winsorized at
+        their 5 % tails, so that the few samples of a broken message, far off for both, do not
+        decide). At the noise floor a 10 % gap between means is chance."""
+        if not self._worse(_mean(ours), _mean(theirs)):
+            return False
+        return paired_t(ours - theirs) > t
 
     # deciding ------------------------------------------------------------------------------------
     def _worse(self, newest: float, best: float) -> bool:
@@ -292,6 +323,8 @@ class Guard:
         except MoveRefused as exc:  # the best version expired meanwhile: try the next score
             log.warning("%s: the guard could not hold v%d: %s", self.name, version, exc.message)
             self.scores.pop(version, None)
+            if self.candidate is not None and self.candidate.version == version:
+                self.candidate = None  # the shadow starts over from the newest
             return
         if self.held is None:
             self.held_since = self.clock()
@@ -318,6 +351,13 @@ class Guard:
         self._publish("release", newest_version, newest, held_loss)
         self.held = self.held_since = None
         self.metrics.held_version.labels(model=self.name).set(-1)
+
+    def _count_held(self) -> None:
+        """Count the samples learned while a hold kept them from serving."""
+        seen = self.samples_seen()
+        if self.held is not None and seen > self._held_counted:
+            self.metrics.held_samples.labels(model=self.name).inc(seen - self._held_counted)
+        self._held_counted = seen
 
     def _check_long(self) -> None:
         """Say once per hold when it has lasted ``held_long_s``: the reference may be stale."""
@@ -347,3 +387,51 @@ class Guard:
             "held_long": since is not None and self.clock() - since >= self.settings.held_long_s,
             "time": self.clock(),
         })  # fmt: skip
+
+
+class _Window:
+    """The shadow side's paired per-sample losses over one window: the newest's and the
+    candidate's on the same samples, batch by batch."""
+
+    def __init__(self) -> None:
+        self.newest: list[np.ndarray] = []
+        self.candidate: list[np.ndarray] = []
+        self.samples = 0
+        self.last_version: Snapshot | None = None  # the newest that scored the last batch
+
+    def add(self, newest: np.ndarray, candidate: np.ndarray, version: Snapshot) -> None:
+        self.newest.append(newest)
+        self.candidate.append(candidate)
+        self.samples += len(newest)
+        self.last_version = version
+
+
+def _finite(losses: np.ndarray) -> np.ndarray:
+    """Per-sample ``losses`` as float64, a non-finite one infinite (the worst)."""
+    found = np.asarray(losses, dtype=np.float64).reshape(-1)
+    return np.where(np.isfinite(found), found, np.inf)
+
+
+def _mean(losses: np.ndarray) -> float:
+    return float(np.mean(losses)) if len(losses) else 0.0
+
+
+def paired_t(differences: np.ndarray) -> float:
+    """The t statistic of the mean of ``differences`` (per-sample loss differences on the same
+    samples), winsorized at ``WINSOR_SHARE`` in each tail; 0 for fewer than 2 samples, +inf
+    for a constant positive difference, and +inf where one is (an infinite newest loss)."""
+    d = np.asarray(differences, dtype=np.float64)
+    if len(d) < 2:
+        return 0.0
+    if np.isposinf(d).any() and not np.isneginf(d).any():
+        return math.inf
+    d = d[np.isfinite(d)]
+    if len(d) < 2:
+        return 0.0
+    low, high = np.quantile(d, [WINSOR_SHARE, 1 - WINSOR_SHARE])
+    d = np.clip(d, low, high)
+    spread = float(np.std(d, ddof=1))
+    mean = float(np.mean(d))
+    if spread == 0.0:
+        return math.inf if mean > 0 else 0.0
+    return mean / (spread / math.sqrt(len(d)))

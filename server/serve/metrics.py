@@ -137,7 +137,14 @@ class GuardMetrics(MetricGroup):
             "The mean loss of the version the guard holds, on the same samples as the newest's",
             ["model"], registry=registry,
         )  # fmt: skip
+        self.held_samples = Counter(
+            "livefit_guard_held_samples_total",
+            "Samples the trainer learned while the guard held an older version in serving: how "
+            "much learning a hold kept from the answers",
+            ["model"], registry=registry,
+        )  # fmt: skip
 
     def init_model(self, model: str) -> None:
         self.held_version.labels(model=model).set(-1)
         self.holds.labels(model=model)
+        self.held_samples.labels(model=model)

@@ -243,6 +243,17 @@ class KeptVersions:
             return kept
         return self.shelf.cached(version, lineage) if self.shelf is not None else None
 
+    def at_or_before(self, version: int) -> Snapshot | None:
+        """The newest snapshot held in memory of the served lineage whose version is at most
+        ``version`` (what serving answered with before ``version``'s successors), else None."""
+        current = self.latest()
+        if current is not None and current.version <= version:
+            return current
+        lineage = current.lineage if current is not None else self.lineage()
+        with self._lock:
+            found = [s for v, s in self._snapshots.items() if v <= version and s.lineage == lineage]
+        return found[-1] if found else None
+
     def load(self, version: int) -> Snapshot:
         """The snapshot of ``version``, a checkpoint read from disk if need be (call it off the
         event loop); ``VersionNotKept`` naming the kept versions when there is none."""

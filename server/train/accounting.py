@@ -99,6 +99,7 @@ class Accounting:
                 self.name, len(batch), result.loss,
             )  # fmt: skip
             return
+        scored_by = progress.version
         progress.version += learned.steps
         progress.samples_seen += len(batch)
         if self._drift_found is not None:
@@ -112,6 +113,7 @@ class Accounting:
         self._record(batch, learned, elapsed)
         if self.candidates is not None:
             self._select()
+        self.hooks.batch_learned(batch, scored_by)
 
     def _select(self) -> None:
         """Serve the best candidate (with hysteresis); count, log and report a switch."""

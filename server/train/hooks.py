@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..wire.samples import Batch
     from .selection import Switch
 
 
@@ -38,3 +39,8 @@ class TrainerHooks:
 
     def selection_switched(self, switch: Switch, version: int) -> None:
         """Online model selection serves another candidate from ``version`` on."""
+
+    def batch_learned(self, batch: Batch, scored_by: int) -> None:
+        """``batch`` was learned; ``scored_by`` is the version that predicted it before (the
+        guard's shadow side compares that version with the last good one on these samples).
+        Called on the trainer's thread: it must return at once."""

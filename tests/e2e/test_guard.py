@@ -1,8 +1,13 @@
-"""The guard through real processes: a one-process ``livefit serve`` on its own mosquitto, with
-``[models.demo.guard]`` on a reference set of clean samples. Clean samples train it; then a
-label-flipping publisher (targets negated) poisons the stream: within a bounded number of
-poisoned samples the guard holds a pre-poison version (``livefit_guard_held_version``, the
-unversioned answer's version), which still answers clean inputs well while the newest does not.
+"""The guard through real processes: a one-process ``livefit serve`` on its own mosquitto.
+
+- With ``[models.demo.guard]`` on a reference set of clean samples: clean samples train it; then
+  a label-flipping publisher (targets negated) poisons the stream: within a bounded number of
+  poisoned samples the guard holds a pre-poison version (``livefit_guard_held_version``, the
+  unversioned answer's version), which still answers clean inputs well while the newest does not.
+- Without a reference set (the shadow side, default margin): clean training never holds; one
+  message from a broken sensor (inputs 1,000x) ruins the newest, and the guard holds the version
+  from before it within a bounded number of clean samples, then releases once the newest
+  recovers; a real drift (the function changes for good) never holds.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ SEED = 7  # fixes the linear function every stream here draws from
 CLEAN = 600  # clean samples trained before the poison
 POISON_STEP = 20  # poisoned samples published between two looks
 POISON_MAX = 200  # the hold must show within this many poisoned samples
+SHADOW_MAX = 600  # without a reference set: within this many clean samples after a ruined step
+DRIFTED = 1_500  # samples of the new function after a drift
 
 
 def clean_rows(n: int, skip: int) -> tuple[np.ndarray, np.ndarray]:
@@ -102,5 +109,71 @@ def test_the_guard_holds_a_pre_poison_version_against_a_label_flipping_publisher
         _, latest = answer(server.url, probe_x, "/labels/latest")
         assert float(np.mean((latest - probe_y) ** 2)) > 0.5  # the newest learned the poison
         assert server.metric("livefit_guard_holds_total", model="demo") >= 1
+    finally:
+        stop_all([server])
+
+
+def held(server: LivefitProcess) -> float:
+    return server.metric("livefit_guard_held_version", model="demo")
+
+
+def shadow_server(broker: Mosquitto, tmp_path: Path) -> LivefitProcess:
+    """A learner with the guard on and no reference set, the other settings as a user's."""
+    demo = model(lines="seed = 3", checkpoint="interval_s = 3600", guard="enabled = true")
+    text = learner_config(broker, tmp_path / "data", f"shadow-{broker.port}", demo)
+    return LivefitProcess(text, tmp_path).start()
+
+
+def clean_stream(broker: Mosquitto, server: LivefitProcess, stream: LinearStream, start: int,
+                 n: int, step: int = 50) -> int:  # fmt: skip
+    """Publish ``n`` samples of ``stream`` as a steady stream (many small batches); the count
+    trained after them."""
+    for sent in range(start, start + n, step):
+        x, y = stream.sample(step)
+        send(broker, x, y, f"clean-{sent}")
+        trained(server, sent + step)
+    return start + n
+
+
+def test_without_a_reference_set_a_drift_is_followed_and_a_broken_sensor_held(
+    own_broker: Mosquitto, tmp_path: Path
+) -> None:
+    """Clean training and then a real drift (the function changes for good: old and newest
+    versions both wrong on the new samples, the newest learning them first) never hold. Then one
+    message in the wrong units (inputs 1,000x) moves the input statistics for good: the newest
+    answers clean inputs worse from then on, and the guard holds the version before it."""
+    server = shadow_server(own_broker, tmp_path)
+    try:
+        sent = clean_stream(own_broker, server, LinearStream(8, noise=0.05, seed=SEED), 0, CLEAN)
+        stream = LinearStream(8, noise=0.05, seed=SEED + 1)  # another function, for good
+        sent = clean_stream(own_broker, server, stream, sent, DRIFTED)
+        time.sleep(0.3)  # the guard scores on its own thread
+        assert server.metric("livefit_guard_holds_total", model="demo") == 0
+        assert held(server) == -1
+        probe_x, probe_y = stream.sample(50)
+        before = server.metric("livefit_model_version", model="demo")
+        served, good = answer(server.url, probe_x)
+        good_mse = float(np.mean((good - probe_y) ** 2))
+        assert served == before and good_mse < 0.05  # serving followed the drift
+
+        x, y = stream.sample(10)
+        send(own_broker, x * 1000, y, "broken-sensor")
+        sent += 10
+        while held(server) < 0:
+            assert sent < CLEAN + DRIFTED + 10 + SHADOW_MAX, f"no hold after {sent} samples"
+            sent = clean_stream(own_broker, server, stream, sent, 50)
+            time.sleep(0.1)
+        assert 0 <= held(server) <= before, (held(server), before)
+        sent = clean_stream(own_broker, server, stream, sent, 200)  # the hold stays
+        time.sleep(0.2)
+        served, predictions = answer(server.url, probe_x)
+        _, latest = answer(server.url, probe_x, "/labels/latest")
+        held_mse = float(np.mean((predictions - probe_y) ** 2))
+        latest_mse = float(np.mean((latest - probe_y) ** 2))
+        assert served == held(server) <= before
+        assert held_mse < latest_mse and held_mse < 4 * good_mse + 1e-3, (
+            held_mse, latest_mse, good_mse,
+        )  # fmt: skip
+        assert server.metric("livefit_guard_held_samples_total", model="demo") > 0
     finally:
         stop_all([server])

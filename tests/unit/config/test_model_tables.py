@@ -15,9 +15,11 @@ def test_the_setting_accepts_auto_and_numbers_only() -> None:
             ServeSettings(batch_timeout_ms=bad)
 
 
-def test_the_guard_is_off_and_on_only_with_a_reference_set_until_the_shadow_side_starts() -> None:
+def test_the_guard_is_off_by_default_and_on_with_or_without_a_reference_set() -> None:
     assert GuardSettings().enabled is False and GuardSettings().margin == 0.1
-    with pytest.raises(ValueError, match=r"needs guard\.reference_path"):
-        GuardSettings(enabled=True)
+    assert GuardSettings(enabled=True).reference_path is None  # the shadow side
     assert GuardSettings(enabled=True, reference_path="ref.csv").enabled
     assert GuardSettings(reference_path="ref.csv").enabled is False
+    for bad in ({"margin": -0.1}, {"margin": True}, {"window": 0}, {"held_long_s": 0}):
+        with pytest.raises(ValueError):
+            GuardSettings(**bad)

@@ -23,13 +23,14 @@ def learner_and_model(tmp_path: Path, **model: Any) -> tuple[Any, Any]:
     reference = tmp_path / "reference.csv"
     rows = np.random.default_rng(1).normal(size=(6, 3)).astype(np.float32)
     np.savetxt(reference, rows, delimiter=",")
-    guard = {"enabled": True, "reference_path": str(reference)}
+    guard: dict[str, Any] = {"enabled": True, "reference_path": str(reference)}
+    guard.update(model.pop("guard", {}))
     models = {"m": {"input_shape": [2], "output_shape": [1], "guard": guard, **model}}
     settings = Settings.model_validate({"models": models, "storage": {"dir": str(tmp_path)}})
     network = build_compiled(settings.models["m"], "/CPU:0")
     runtime = ModelRuntime(
         "m", settings.models["m"], "/CPU:0", queue=None, slot=SnapshotSlot(),  # type: ignore[arg-type]
-        trainer=SimpleNamespace(model=network, stop=lambda: None), book=SimpleNamespace(versions={}),  # type: ignore[arg-type]
+        trainer=SimpleNamespace(model=network, stop=lambda: None, samples_seen=0), book=SimpleNamespace(versions={}),  # type: ignore[arg-type]
     )  # fmt: skip
     learner = LearnerRuntime(settings)
     learner.models["m"] = runtime
@@ -73,3 +74,27 @@ def test_the_guard_is_not_built_when_off_and_refuses_a_loss_it_cannot_score(
         update={"guard": runtime.settings.guard.model_copy(update={"enabled": False})}
     )
     assert learner._guard(runtime) is None
+
+
+def test_without_a_reference_set_the_guard_is_fed_every_batch_the_trainer_learns(
+    tmp_path: Path,
+) -> None:
+    from livefit.server.runtime.learner import LearnerHooks
+    from livefit.server.serve.guard import ScoredBatch
+    from livefit.server.wire.samples import Batch
+
+    learner, runtime = learner_and_model(tmp_path, guard={"reference_path": None})
+    guard = learner._guard(runtime)
+    assert guard is not None and guard.reference is None
+    offered: list[ScoredBatch] = []
+    guard._worker.offer = offered.append  # type: ignore[method-assign]
+    hooks = LearnerHooks(learner, runtime)
+    x = np.ones((3, 2), np.float32)
+    batch = Batch(x, np.zeros((3, 1), np.float32), np.ones(3, np.float32), 1, None, None)
+    hooks.batch_learned(batch, 7)  # no guard on the runtime yet: nothing
+    assert offered == []
+    runtime.guard = guard
+    hooks.batch_learned(batch, 7)
+    assert len(offered) == 1 and offered[0].version == 7 and offered[0].x is x
+    guard.snapshot_arrived(None)  # type: ignore[arg-type]  # a snapshot is the reference side's
+    assert len(offered) == 1

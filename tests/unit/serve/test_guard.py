@@ -22,6 +22,7 @@ from livefit.server.serve.guard import (
     ReferenceSetError,
     ScoredBatch,
     numpy_losses,
+    paired_t,
     snapshot_predict,
 )
 from livefit.server.serve.version_book import Move, VersionBook
@@ -55,7 +56,14 @@ def squared(predictions: np.ndarray, y: np.ndarray) -> np.ndarray:
 class Fixture:
     """A slot, its kept versions, a real book on ``directory`` and a guard over them."""
 
-    def __init__(self, directory: Path, reference: ReferenceSet | None, **settings: Any) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        reference: ReferenceSet | None,
+        run: Any = predict,
+        losses: Any = squared,
+        **settings: Any,
+    ) -> None:
         self.slot = SnapshotSlot()
         self.versions = KeptVersions(
             "m", VersionsSettings(keep_snapshots=50), lambda: self.slot.latest
@@ -70,7 +78,7 @@ class Fixture:
         self.events: list[dict[str, Any]] = []
         self.now = 1000.0
         self.guard = Guard(
-            "m", GuardSettings(**settings), self.book, predict, squared,
+            "m", GuardSettings(**settings), self.book, run, losses,
             Metrics(self.registry), self.events.append, reference, clock=lambda: self.now,
         )  # fmt: skip
 
@@ -135,12 +143,13 @@ def test_a_long_hold_says_so_once(tmp_path: Path) -> None:
     assert len(long) == 1 and long[0]["held_long"] is True and long[0]["held_version"] == 1
 
 
-def shadow_batch(f: Fixture, version: int, newest_w: np.ndarray, truth: np.ndarray) -> None:
-    """The trainer scored 64 samples with ``newest_w`` (version ``version``) before learning."""
+def shadow_batch(
+    f: Fixture, version: int, newest_w: np.ndarray, truth: np.ndarray, rows: int = 64
+) -> None:
+    """Version ``version`` (``newest_w``) is served, then the trainer learns ``rows`` samples."""
     f.publish(version, newest_w)
-    x = RNG.normal(size=(64, 3)).astype(np.float32)
-    y = x @ truth
-    f.guard.handle(ScoredBatch(x, y, squared(x @ newest_w, y), version))
+    x = RNG.normal(size=(rows, 3)).astype(np.float32)
+    f.guard.handle(ScoredBatch(x, x @ truth, np.ones(rows, np.float32), version))
 
 
 def test_without_a_reference_set_a_diverging_newest_is_held_only_while_worse(
@@ -225,3 +234,119 @@ def test_a_snapshot_is_loaded_into_the_guards_runtime_once_per_version() -> None
     run(first, x)
     np.testing.assert_allclose(run(second, x), -(x @ TRUE_W), rtol=1e-6)
     assert len(runtime.loads) == 2
+
+
+def test_the_shadow_compares_the_version_that_predicted_the_batch_not_a_later_one(
+    tmp_path: Path,
+) -> None:
+    """The trainer's version moves on before the guard scores: it takes the newest kept at or
+    before the batch's version (what served these samples), never one that learned them."""
+    f = Fixture(tmp_path, None, window=64, margin=0.2)
+    shadow_batch(f, 1, TRUE_W, TRUE_W)  # the first candidate
+    f.publish(2, TRUE_W * 5)  # ruined
+    f.publish(3, TRUE_W)  # already recovered when the guard looks
+    x = RNG.normal(size=(64, 3)).astype(np.float32)
+    f.guard.handle(ScoredBatch(x, x @ TRUE_W, np.ones(64, np.float32), 2))
+    assert f.served() == 1 and f.events[-1]["newest_version"] == 2
+
+
+def test_a_version_ruined_in_the_last_batch_of_a_good_window_is_not_the_next_candidate(
+    tmp_path: Path,
+) -> None:
+    f = Fixture(tmp_path, None, window=256, margin=0.2)
+    shadow_batch(f, 1, TRUE_W + 0.3, TRUE_W)
+    for version in (2, 3, 4):
+        shadow_batch(f, version, TRUE_W, TRUE_W, rows=80)
+    shadow_batch(f, 5, TRUE_W * 1.3, TRUE_W, rows=16)  # the window closes here, on average fine
+    assert f.served() is None and f.guard.candidate is not None
+    assert f.guard.candidate.version == 1  # not 5: its own batch was worse
+    for version in range(6, 10):
+        shadow_batch(f, version, TRUE_W * 1.3, TRUE_W)
+    assert f.served() == 1
+
+
+def test_samples_learned_while_held_are_counted(tmp_path: Path) -> None:
+    f = Fixture(tmp_path, None, window=64, margin=0.2)
+    seen = [0]
+    f.guard.samples_seen = lambda: seen[0]
+    shadow_batch(f, 1, TRUE_W, TRUE_W)
+    seen[0] = 64
+    shadow_batch(f, 2, TRUE_W * 5, TRUE_W)
+    assert f.served() == 1
+    seen[0] = 128
+    shadow_batch(f, 3, TRUE_W * 5, TRUE_W)
+    seen[0] = 192
+    shadow_batch(f, 4, TRUE_W, TRUE_W)
+    assert f.served() is None
+    seen[0] = 256
+    shadow_batch(f, 5, TRUE_W, TRUE_W)
+    assert f.metric("livefit_guard_held_samples_total") == 128.0
+
+
+def test_an_expired_candidate_starts_the_shadow_over(tmp_path: Path) -> None:
+    f = Fixture(tmp_path, None, window=64, margin=0.2)
+    f.versions.keep = 2  # the kept snapshots pass the candidate by
+    shadow_batch(f, 1, TRUE_W, TRUE_W)
+    for version in (2, 3):
+        f.publish(version, TRUE_W * 5)
+    shadow_batch(f, 4, TRUE_W * 5, TRUE_W)
+    assert f.served() is None and f.guard.candidate is None
+    shadow_batch(f, 5, TRUE_W * 5, TRUE_W)
+    assert f.guard.candidate is not None and f.guard.candidate.version == 5
+
+
+def test_a_new_lineage_starts_the_shadow_over(tmp_path: Path) -> None:
+    f = Fixture(tmp_path, None, window=64, margin=0.2)
+    shadow_batch(f, 1, TRUE_W, TRUE_W)
+    s = Snapshot("m", 7, ((TRUE_W * 5).astype(np.float32),), time.time(), 7, lineage="L2")
+    f.slot.publish(s)
+    x = RNG.normal(size=(64, 3)).astype(np.float32)
+    f.guard.handle(ScoredBatch(x, x @ TRUE_W, np.ones(64, np.float32), 7))
+    assert f.guard.candidate is s and f.events == []
+
+
+def test_a_few_samples_far_off_for_both_do_not_decide_the_window(tmp_path: Path) -> None:
+    """A broken sensor's message, scored before it is learned, is far off for every version:
+    its few samples do not make the difference significant (winsorized differences)."""
+    f = Fixture(tmp_path, None, window=256, margin=0.1)
+    shadow_batch(f, 1, TRUE_W + 0.2, TRUE_W)
+    newest = TRUE_W + np.array([[0.1], [-0.05], [0.05]], np.float32)  # better on normal inputs
+    f.publish(2, newest)
+    x = RNG.normal(size=(256, 3)).astype(np.float32)
+    x[:8] = [1000.0, -1000.0, 0.0]  # the newest is 150 off on these, the candidate exact
+    f.guard.handle(ScoredBatch(x, x @ TRUE_W, np.ones(256, np.float32), 2))
+    assert f.served() is None and f.events == []
+
+
+def test_a_classifier_only_more_or_less_confident_is_not_held(tmp_path: Path) -> None:
+    """Noisy labels (10 % flipped), the newer versions less confident than the first (the scale
+    of their logits), as online training makes them: most samples' losses rise together, so a
+    median (or a sign test) calls them worse, while on the mean, a proper score, they are
+    better (the flipped labels); serving is never held back."""
+
+    def probability(s: Snapshot, x: np.ndarray) -> np.ndarray:
+        return 1 / (1 + np.exp(-(x @ s.weights[0])))
+
+    f = Fixture(tmp_path, None, probability, numpy_losses("binary_crossentropy"), window=256)
+    rng = np.random.default_rng(5)
+    for version in range(1, 20):  # the newer versions less confident than the first
+        f.publish(version, TRUE_W * (0.9 if version == 1 else 0.6))
+        x = rng.normal(size=(128, 3)).astype(np.float32)
+        y = (x @ TRUE_W > 0).astype(np.float32)
+        flipped = rng.random(128) < 0.1
+        y[flipped] = 1 - y[flipped]
+        f.guard.handle(ScoredBatch(x, y, np.ones(128, np.float32), version))
+    assert f.served() is None and f.events == []
+
+
+def test_the_paired_t_statistic_is_robust_to_a_few_far_differences() -> None:
+    rng = np.random.default_rng(3)
+    noise = rng.normal(0, 1, 256)
+    assert abs(paired_t(noise)) < 3
+    assert paired_t(noise + 0.5) > 3  # a consistent difference
+    far = noise.copy()
+    far[:10] = 1e6  # ten samples far off: winsorized away
+    assert paired_t(far) < 3
+    assert paired_t(np.array([1.0, 1.0, 1.0])) == float("inf")
+    assert paired_t(np.array([0.1, np.inf])) == float("inf")  # a non-finite newest loss
+    assert paired_t(np.array([0.5])) == 0.0

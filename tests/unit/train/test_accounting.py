@@ -49,14 +49,19 @@ def batch_of(rows: int, seed: int = 0, position: int | None = None,
 
 
 class Drifts(TrainerHooks):
-    """Records each drift report with the samples counted when it came."""
+    """Records each drift report with the samples counted when it came, and each batch learned
+    with the version that predicted it."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.reports: list[tuple[int, int]] = []
+        self.learned: list[tuple[Batch, int]] = []
 
     def drift_detected(self, detections: int) -> None:
         self.reports.append((detections, self.progress.samples_seen))
+
+    def batch_learned(self, batch: Batch, scored_by: int) -> None:
+        self.learned.append((batch, scored_by))
 
 
 def accounting(policy: UpdatePolicy) -> tuple[Accounting, Drifts, Metrics]:
@@ -95,6 +100,21 @@ def test_an_applied_batch_moves_the_progress_the_scores_and_the_series() -> None
     assert sample(metrics, "livefit_prequential_loss") == pytest.approx(
         counted.scores.scores["loss"].value
     )
+
+
+def test_each_applied_batch_is_told_with_the_version_that_predicted_it() -> None:
+    """The guard's shadow side compares that version with the last good one on the batch."""
+    policy = policy_of()
+    counted, hooks, _ = accounting(policy)
+    first, failed, second = batch_of(8, seed=1), batch_of(4, seed=3), batch_of(4, seed=2)
+    learned = policy.learn(first)
+    counted.account(first, learned, 0.01)
+    counted.account(failed, rolled_back(failed), 0.01)  # nothing learned: not told
+    counted.account(second, policy.learn(second), 0.01)
+    assert [(batch, version) for batch, version in hooks.learned] == [
+        (first, 0),
+        (second, learned.steps),
+    ]
 
 
 def test_a_rolled_back_batch_moves_only_the_log_position(
