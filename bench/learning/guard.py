@@ -9,9 +9,9 @@ the learner's own metrics say how often the guard held (``livefit_guard_holds_to
 many samples the trainer learned while it held (``livefit_guard_held_samples_total``: how far
 serving lagged the trainer) and whether it still holds at the end.
 
-``python -m bench.learning.guard [--quick] [--seeds N ...] [--json PATH]``: prints a table; ``--json`` writes the
-rows (``bench/results/guard_drift.json`` holds the committed run, docs/benchmarks/guard.md says
-what it shows).
+``python -m bench.learning.guard [--quick] [--seeds N ...] [--json PATH]``: prints a table;
+``--json`` writes the rows (``bench/results/guard_drift.json`` holds the committed run,
+docs/benchmarks/guard.md says what it shows).
 """
 
 from __future__ import annotations

@@ -861,9 +861,9 @@ class GuardSettings(Section):
         ge=0,
         allow_inf_nan=False,
         description=(
-            "hold when the newest's loss exceeds the best recent one's (reference set: the "
-            "mean; shadow: the median per sample over `window`) by more than this share of it "
-            "(0.1: 10 % worse); release when it is within it again"
+            "hold when the newest's mean loss exceeds the best recent one's (shadow: the last "
+            "good one's over `window` samples, and by a paired t statistic over 3) by more than "
+            "this share of it (0.1: 10 % worse); release when it is within it again"
         ),
     )
     recent_versions: int = Field(
@@ -878,7 +878,7 @@ class GuardSettings(Section):
         le=1_000_000,
         description=(
             "(shadow) the samples, scored by the newest and the last good version alike, whose "
-            "median losses are compared"
+            "mean losses are compared"
         ),
     )
     held_long_s: float = Field(

@@ -104,12 +104,20 @@ class VersionBook:
         return self.versions.record or ServingRecord(self.name, self.lineage())
 
     def move(self, move: Move) -> ServingRecord:
-        """Make ``move``; the record after it. ``MoveRefused`` (400, 404, 409, 503) says why not."""
+        """Make ``move``; the record after it. ``MoveRefused`` (400, 404, 409, 503) says why not
+        (503 also when the record cannot be written: then nothing moved, here or anywhere)."""
         with self._lock:
             try:
                 return self._move(move)
             except RecordError as exc:
                 raise MoveRefused(400, str(exc)) from None
+            except OSError as exc:  # a full or read-only disk: the record before it stands
+                raise MoveRefused(
+                    503,
+                    f"model {self.name}: the serving record could not be written in "
+                    f"{self.file.directory} ({exc.strerror or exc}); nothing moved, retry once "
+                    "it can be written",
+                ) from None
 
     def _move(self, move: Move) -> ServingRecord:
         record = self.record()

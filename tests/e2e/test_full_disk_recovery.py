@@ -18,8 +18,6 @@ elsewhere), with a subscriber on the weight topic recording the version of every
 
 from __future__ import annotations
 
-import errno
-import shutil
 import signal
 import threading
 import time
@@ -35,7 +33,8 @@ from livefit.server.storage.checkpoint import CheckpointStore
 from livefit.server.weights.format import WeightsRejected, open_envelope
 from tests import configs
 from tests.configs import model
-from tests.e2e.test_hardening import mounted_tmpfs, publish_samples, ready, trained, wait_trained
+from tests.disks import fill, mounted_tmpfs
+from tests.e2e.test_hardening import publish_samples, ready, trained, wait_trained
 from tests.layouts import ONE_PROCESS, in_both_layouts, metric
 
 WEIGHTS_TOPIC = "livefit/demo/weights"
@@ -88,23 +87,6 @@ class VersionRecorder:
     def close(self) -> None:
         self._client.disconnect()
         self._client.loop_stop()
-
-
-def fill(disk: Path, leave: int = 0) -> Path:
-    """Fill ``disk`` with one file until at most ``leave`` bytes are free; returns the file."""
-    filler = disk / "filler"
-    with filler.open("wb") as handle:
-        try:
-            while True:
-                free = shutil.disk_usage(disk).free
-                if free <= leave:
-                    break
-                handle.write(b"\0" * min(free - leave, 1 << 20))
-                handle.flush()
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-    return filler
 
 
 def version_mark(storage: Path) -> int:

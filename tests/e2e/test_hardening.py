@@ -18,7 +18,6 @@ it). The others do not depend on the layout, and run once:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -46,6 +45,7 @@ from livefit.server.runtime.local_process import free_port, quiet_env
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests import configs
 from tests.configs import model
+from tests.disks import mounted_tmpfs
 from tests.layouts import ONE_PROCESS, SPLIT, in_both_layouts, metric, with_layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,25 +170,6 @@ def test_poison_messages_end_acknowledged_and_training_goes_on(
         assert ready(again).status_code == 200
     finally:
         assert again.stop() == 0
-
-
-@contextlib.contextmanager
-def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` (``mount -o size=``: "2m") at ``mount``, unmounted on exit (needs
-    root and mount; the test is skipped elsewhere)."""
-    mount.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("a small tmpfs needs root (mount -t tmpfs)")
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture

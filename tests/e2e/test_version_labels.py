@@ -26,6 +26,7 @@ from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.local_process import stop_all
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
+from tests.disks import fill, mounted_tmpfs
 from tests.e2e.test_average_restart import publish
 from tests.e2e.test_reliability import wait_trained
 
@@ -126,3 +127,39 @@ def test_labels_and_pins_survive_a_sigkill_reach_a_late_replica_and_roll_back(
         np.testing.assert_allclose(wait_for(replica.url, "", rolled), when_a, rtol=1e-6)
     finally:
         stop_all([p for p in (replica, learner) if p is not None])
+
+
+def test_a_move_on_a_full_disk_is_a_503_and_changes_nothing(
+    own_broker: Mosquitto, tmp_path: Path
+) -> None:
+    """The serving record lives beside the checkpoints: on a full disk a move cannot be made
+    durable, so it is refused (503, naming the directory) and serving, the record on disk and
+    the replicas keep the record before; once there is room the same move succeeds."""
+    with mounted_tmpfs(tmp_path / "disk", "8m") as disk:
+        learner = LivefitProcess(config(own_broker, disk / "data", admin=True), tmp_path).start()
+        try:
+            publish(own_broker, CHUNK, "round-1", seed=1)
+            a, when_a = newest(learner, CHUNK)
+            versions(learner.url, "label", "demo", "stable", str(a))
+            record = next((disk / "data").rglob("serving.json"))
+            before = record.read_bytes()
+            filler = fill(disk)
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            admin = f"{learner.url}/v1/admin/models/demo"
+            for method, path, body in (("PUT", "/pin", {"version": a}),
+                                       ("PUT", "/labels/canary", {"version": a}),
+                                       ("DELETE", "/labels/stable", None)):  # fmt: skip
+                refused = httpx.request(method, admin + path, json=body, headers=auth, timeout=30)
+                assert refused.status_code == 503, refused.text
+                assert "could not be written" in refused.text, refused.text
+            assert record.read_bytes() == before
+            state = httpx.get(f"{admin}/versions", headers=auth, timeout=30).json()["record"]
+            assert state["pinned"] is None and set(state["labels"]) == {"stable"}
+            assert predict(learner.url) == (a, when_a)
+            filler.unlink()
+            moved = httpx.put(f"{admin}/pin", json={"version": a}, headers=auth, timeout=30)
+            assert moved.status_code == 200, moved.text
+            state = httpx.get(f"{admin}/versions", headers=auth, timeout=30).json()["record"]
+            assert state["pinned"] == a and record.read_bytes() != before
+        finally:
+            learner.stop()
