@@ -1,4 +1,5 @@
-"""Load generator for the overload test: N asyncio clients for S seconds against one learner.
+"""Load generator for the overload test: N asyncio clients for S seconds against one learner
+(``loadgen_overload.py URL N S [PATH]``; PATH defaults to the unversioned predict path).
 
 Prints JSON: counts by status, latency percentiles of 200s and 429s (ms), requests/s.
 Runs as its own process so that the load does not share the test's event loop. aiohttp, not
@@ -19,7 +20,9 @@ import numpy as np
 BODY = {"instances": np.zeros((1, 16, 4)).tolist()}
 
 
-async def main(url: str, clients: int, seconds: float) -> dict[str, float]:
+async def main(
+    url: str, clients: int, seconds: float, path: str = "/v1/models/demo:predict"
+) -> dict[str, float]:
     counts = {"status_200": 0, "status_429": 0, "other": 0, "errors": 0, "retry_after_missing": 0}
     ok: list[float] = []
     shed: list[float] = []
@@ -31,9 +34,7 @@ async def main(url: str, clients: int, seconds: float) -> dict[str, float]:
         while time.monotonic() < end:
             started = time.perf_counter()
             try:
-                async with http.post(
-                    f"{url}/v1/models/demo:predict", data=body, headers=headers
-                ) as response:
+                async with http.post(f"{url}{path}", data=body, headers=headers) as response:
                     await response.read()
                     status, retry_after = response.status, response.headers.get("Retry-After")
             except (aiohttp.ClientError, TimeoutError):
@@ -64,4 +65,5 @@ async def main(url: str, clients: int, seconds: float) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))))
+    path = sys.argv[4] if len(sys.argv) > 4 else "/v1/models/demo:predict"
+    print(json.dumps(asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), path))))
