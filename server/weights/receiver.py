@@ -10,6 +10,7 @@ verifier's thread does the rest.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 
@@ -56,7 +57,8 @@ class WeightReceiver(WeightVerifier):
     ) -> None:
         """``on_held(version, payload)``: a payload retained on ``<topic>/held/<version>`` (a
         version the serving record names; the record's signed sha256 vouches for it, not this
-        transport); called on paho's thread, so it must only keep it."""
+        transport); called on the verifier's thread (``defer``), in order with the records,
+        never on paho's."""
         super().__init__(
             model, topic, fingerprint, on_weights, auth, on_outcome=on_outcome,
             pull_url=pull_url, pull_timeout_s=pull_timeout_s, pull_headers=pull_headers,
@@ -160,7 +162,7 @@ class WeightReceiver(WeightVerifier):
         if held is None or not topic.startswith(self.held_prefix) or not payload:
             return  # a deleted (released) version: the record no longer names it
         if digits.isascii() and digits.isdigit() and len(digits) <= 18:
-            held(int(digits), payload)
+            self.defer(functools.partial(held, int(digits), payload))
 
     def _next_node(self, client: paho.Client, why: str) -> None:
         self.failover.failed(client, why)  # with several nodes, the next attempt goes to the next

@@ -177,7 +177,8 @@ class WeightVerifier:
         self.last_refused: str | None = None  # why the last weights were refused, if they were
         self.streak = RefusalStreak(refused_unready_s)
         self._log_limiter = LogLimiter(REFUSAL_LOG_INTERVAL_S)
-        self._inbox: queue.Queue[bytes] = queue.Queue(maxsize=64)
+        self._inbox: queue.Queue[bytes | None] = queue.Queue(maxsize=64)  # None: tasks wait
+        self._tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()  # ``defer``
         self._stopping = threading.Event()
         self._worker: threading.Thread | None = None
 
@@ -223,6 +224,13 @@ class WeightVerifier:
                 self._count("superseded")
             with contextlib.suppress(queue.Full):
                 self._inbox.put_nowait(data)
+
+    def defer(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the worker thread, in order with the messages (any thread; returns
+        at once; never dropped): a transport's work that is too slow for its own callback."""
+        self._tasks.put(task)
+        with contextlib.suppress(queue.Full):
+            self._inbox.put_nowait(None)  # a full inbox wakes the worker anyway
 
     # verification ---------------------------------------------------------------------------
     def handle(self, data: bytes) -> ReceivedWeights:
@@ -345,8 +353,21 @@ class WeightVerifier:
             try:
                 data = self._inbox.get(timeout=_POLL_S)
             except queue.Empty:
-                continue
-            self._process(data)
+                data = None
+            self._run_tasks()
+            if data is not None:
+                self._process(data)
+
+    def _run_tasks(self) -> None:
+        while True:
+            try:
+                task = self._tasks.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                task()
+            except Exception:
+                log.exception("weights of %s: a deferred task failed", self.model)
 
     def _process(self, data: bytes) -> None:
         self._verified_header = None

@@ -7,6 +7,7 @@ version-numbered, non-empty ones."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -161,4 +162,25 @@ def test_only_numbered_non_empty_held_payloads_are_handed_on(
         ("livefit/other/weights/held/3", b"another topic"),
     ):
         target._on_message(None, None, Message(topic, payload))  # type: ignore[arg-type]
+    assert heard.held == []  # not on paho's thread: the verifier's worker decodes them
+    target._run_tasks()
     assert heard.held == [(7, b"seven")] and heard.outcomes == []
+
+
+def test_held_payloads_reach_the_receiver_on_the_verifiers_thread_in_order(
+    weights: Weights, signer: SigningKey
+) -> None:
+    threads: list[str] = []
+    heard = Heard()
+    target = receiver(weights, signer, heard)
+    target.on_held = lambda v, p: threads.append(threading.current_thread().name)
+    target.start()
+    try:
+        for version in (3, 4):
+            target._on_message(None, None, Message(f"{TOPIC}/held/{version}", b"x"))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5
+        while len(threads) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        target.stop()
+    assert threads == ["weights-in-demo", "weights-in-demo"]
