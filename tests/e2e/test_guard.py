@@ -29,7 +29,7 @@ SEED = 7  # fixes the linear function every stream here draws from
 CLEAN = 600  # clean samples trained before the poison
 POISON_STEP = 20  # poisoned samples published between two looks
 POISON_MAX = 200  # the hold must show within this many poisoned samples
-SHADOW_MAX = 600  # without a reference set: within this many clean samples after a ruined step
+SHADOW_MAX = 1_000  # no reference set: held within this many clean samples (about 4 windows)
 DRIFTED = 1_500  # samples of the new function after a drift
 
 
@@ -104,10 +104,15 @@ def test_the_guard_holds_a_pre_poison_version_against_a_label_flipping_publisher
         newest = server.metric("livefit_model_version", model="demo")
         assert 0 <= held <= before < newest, (held, before, newest)
         served, predictions = answer(server.url, probe_x)
-        assert served == held
-        assert float(np.mean((predictions - probe_y) ** 2)) < 0.05
         _, latest = answer(server.url, probe_x, "/labels/latest")
-        assert float(np.mean((latest - probe_y) ** 2)) > 0.5  # the newest learned the poison
+        held_mse = float(np.mean((predictions - probe_y) ** 2))
+        latest_mse = float(np.mean((latest - probe_y) ** 2))
+        print(f"held v{held:.0f} after {poisoned} poisoned samples; MSE on clean inputs: before "
+              f"{float(np.mean((good - probe_y) ** 2)):.4f}, served with the guard {held_mse:.4f}, "
+              f"the newest (without it) {latest_mse:.4f}")  # fmt: skip
+        assert served == held
+        assert held_mse < 0.05
+        assert latest_mse > 0.5  # the newest learned the poison
         assert server.metric("livefit_guard_holds_total", model="demo") >= 1
     finally:
         stop_all([server])
@@ -164,12 +169,16 @@ def test_without_a_reference_set_a_drift_is_followed_and_a_broken_sensor_held(
             sent = clean_stream(own_broker, server, stream, sent, 50)
             time.sleep(0.1)
         assert 0 <= held(server) <= before, (held(server), before)
+        to_hold = sent - CLEAN - DRIFTED - 10
         sent = clean_stream(own_broker, server, stream, sent, 200)  # the hold stays
         time.sleep(0.2)
         served, predictions = answer(server.url, probe_x)
         _, latest = answer(server.url, probe_x, "/labels/latest")
         held_mse = float(np.mean((predictions - probe_y) ** 2))
         latest_mse = float(np.mean((latest - probe_y) ** 2))
+        print(f"broken sensor: held v{held(server):.0f} (newest before it v{before:.0f}) within "
+              f"{to_hold} clean samples; MSE on clean inputs: before {good_mse:.4f}, "
+              f"served {held_mse:.4f}, the newest {latest_mse:.4f}")  # fmt: skip
         assert served == held(server) <= before
         assert held_mse < latest_mse and held_mse < 4 * good_mse + 1e-3, (
             held_mse, latest_mse, good_mse,
