@@ -852,8 +852,9 @@ class GuardSettings(Section):
             "training (one a row: the inputs flattened, then the target, as `livefit publish` "
             "reads): every served version is scored on it. Unset: the shadow comparison, the "
             "newest and the last good version on the same samples learned (catches a diverging "
-            "step, not a label-flipping publisher). Read once at start; a reference topic is not "
-            "built"
+            "step, not a label-flipping publisher). Read at start (a bad file refuses it) and "
+            "again whenever the file changes (a bad new file is logged, the old set kept); a "
+            "reference topic is not built"
         ),
     )
     margin: float = Field(

@@ -46,7 +46,7 @@ from ..labels.recorder import recorder_for
 from ..mqtt.connection import MqttConnection
 from ..mqtt.probe import for_broker
 from ..serve.endpoint import ModelEndpoint
-from ..serve.guard import Guard, ReferenceSet, ScoredBatch, numpy_losses, snapshot_predict
+from ..serve.guard import Guard, ReferenceFile, ScoredBatch, numpy_losses, snapshot_predict
 from ..serve.metrics import ServingMetrics, VersionRecordMetrics
 from ..serve.runtimes import NumpyRuntime, build_runtime, second_runtime
 from ..serve.version_book import Move, MoveRefused, VersionBook
@@ -334,9 +334,10 @@ class LearnerRuntime:
         reference = None
         if path is not None:
             shape, target = settings.input_shape, settings.resolved_target_shape()
-            reference = ReferenceSet.load(path, shape, target)
-            log.info("model %s: the guard scores each version on %d reference samples (%s)",
-                     runtime.name, len(reference.x), path)  # fmt: skip
+            reference = ReferenceFile(path, shape, target)
+            log.info("model %s: the guard scores each version on %d reference samples (%s, "
+                     "read again when it changes)", runtime.name, len(reference.current.x),
+                     path)  # fmt: skip
         else:
             log.info("model %s: the guard compares the newest and the last good version on the "
                      "samples learned (no reference set)", runtime.name)  # fmt: skip

@@ -3,9 +3,10 @@ worse, and follows the trainer again once it recovers. Training goes on througho
 
 Two ways to score, never mixed: scores taken on different samples are never compared.
 - **A trusted reference set** (``ReferenceSet``, a CSV the operator vouches for, never trained
-  on): each snapshot handed to serving is scored on it (the newest always; older ones while the
-  guard keeps up). The newest worse than the best of the recent versions by more than the
-  margin: serving holds that best version.
+  on; ``ReferenceFile`` reads it again when the operator replaces it): each snapshot handed to
+  serving is scored on it (the newest always; older ones while the guard keeps up). The newest
+  worse than the best of the recent versions by more than the margin: serving holds that best
+  version.
 - **Shadow**: without a reference set, each batch the trainer learns (``batch_scored``) is
   predicted, before nothing else, by the newest kept version that had not learned it and by a
   candidate (the last good version), both served snapshots on the guard's runtime. The newest's
@@ -168,6 +169,42 @@ class ReferenceSet:
         return cls(x, data[:, n_in:].reshape(-1, *output_shape))
 
 
+class ReferenceFile:
+    """The reference CSV at ``path``, read again when the operator replaces it (its size or
+    modification time changes): a drift makes a reference set stale, and refreshing the file
+    needs no restart. A new file that cannot be read is logged and the set before it kept."""
+
+    def __init__(
+        self, path: str | Path, input_shape: Sequence[int], output_shape: Sequence[int]
+    ) -> None:
+        self.path = Path(path)
+        self.input_shape, self.output_shape = tuple(input_shape), tuple(output_shape)
+        self._stamp = self._stat()
+        self.current = ReferenceSet.load(self.path, input_shape, output_shape)  # refuses a start
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            found = self.path.stat()
+        except OSError:
+            return None
+        return found.st_mtime_ns, found.st_size
+
+    def reloaded(self) -> ReferenceSet | None:
+        """The set read again when the file changed since it was last read, else None."""
+        stamp = self._stat()
+        if stamp is None or stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        try:
+            fresh = ReferenceSet.load(self.path, self.input_shape, self.output_shape)
+        except ReferenceSetError as exc:
+            log.warning("the guard keeps its reference set: the changed file cannot be used "
+                        "(%s)", exc)  # fmt: skip
+            return None
+        self.current = fresh
+        return fresh
+
+
 @dataclass(frozen=True, slots=True)
 class ScoredBatch:
     """A batch the trainer learned (shadow side): the samples, their weights and the version
@@ -193,7 +230,7 @@ class Guard:
         losses: Losses,
         metrics: Metrics,
         event: Event,
-        reference: ReferenceSet | None = None,
+        reference: ReferenceSet | ReferenceFile | None = None,
         clock: Callable[[], float] = time.time,
         samples_seen: Callable[[], int] = lambda: 0,
     ) -> None:
@@ -205,7 +242,8 @@ class Guard:
         self.metrics = metrics.group(GuardMetrics)
         self.metrics.init_model(name)
         self.event = event
-        self.reference = reference
+        self.reference_file = reference if isinstance(reference, ReferenceFile) else None
+        self.reference = reference.current if isinstance(reference, ReferenceFile) else reference
         self.clock = clock
         self.samples_seen = samples_seen  # the trainer's count: how much a hold kept back
         self.scores: OrderedDict[int, float] = OrderedDict()  # reference: version -> loss
@@ -246,11 +284,10 @@ class Guard:
 
     # the reference set ---------------------------------------------------------------------------
     def _score_reference(self, snapshot: Snapshot) -> None:
-        assert self.reference is not None
-        ref = self.reference
-        loss = float(np.mean(self.losses(self.predict(snapshot, ref.x), ref.y)))
-        if not math.isfinite(loss):
-            loss = math.inf
+        fresh = self.reference_file.reloaded() if self.reference_file is not None else None
+        if fresh is not None:
+            self._take_reference(fresh)
+        loss = self._reference_loss(snapshot)
         self.scores[snapshot.version] = loss
         for version in list(self.scores)[
             : max(0, len(self.scores) - self.settings.recent_versions)
@@ -263,6 +300,24 @@ class Guard:
             self._hold(best_version, loss, best, snapshot.version)
         elif self.held is not None:
             self._release(loss, self.scores.get(self.held, best), snapshot.version)
+
+    def _reference_loss(self, snapshot: Snapshot) -> float:
+        ref = self.reference
+        assert ref is not None
+        loss = float(np.mean(self.losses(self.predict(snapshot, ref.x), ref.y)))
+        return loss if math.isfinite(loss) else math.inf
+
+    def _take_reference(self, fresh: ReferenceSet) -> None:
+        """Score from now on ``fresh``: the scores taken on the old set are dropped (never
+        compared with new ones); a version held is scored again on the new set first."""
+        self.reference = fresh
+        self.scores.clear()
+        held = self.book.versions.get(self.held) if self.held is not None else None
+        if held is not None:
+            self.scores[held.version] = self._reference_loss(held)
+        log.info("%s: the guard reads its reference set again: %d samples", self.name,
+                 len(fresh.x))  # fmt: skip
+        self._publish("reference_reloaded", None, None, None)
 
     # the shadow comparison -----------------------------------------------------------------------
     def _score_shadow(self, batch: ScoredBatch) -> None:
@@ -368,7 +423,7 @@ class Guard:
         self._long_reported = True
         log.warning(
             "%s: the guard has held v%s for over %g s; if the stream drifted for real, refresh "
-            "the reference set (guard.reference_path)",
+            "the reference set (guard.reference_path: replace the file, it is read again)",
             self.name, self.held, self.settings.held_long_s,
         )  # fmt: skip
         self._publish("held_long", None, None, None)

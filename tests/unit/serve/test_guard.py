@@ -18,6 +18,7 @@ from livefit.server.base.metrics import Metrics
 from livefit.server.config.model_tables import GuardSettings, VersionsSettings
 from livefit.server.serve.guard import (
     Guard,
+    ReferenceFile,
     ReferenceSet,
     ReferenceSetError,
     ScoredBatch,
@@ -350,3 +351,35 @@ def test_the_paired_t_statistic_is_robust_to_a_few_far_differences() -> None:
     assert paired_t(np.array([1.0, 1.0, 1.0])) == float("inf")
     assert paired_t(np.array([0.1, np.inf])) == float("inf")  # a non-finite newest loss
     assert paired_t(np.array([0.5])) == 0.0
+
+
+def write_reference(path: Path, truth: np.ndarray) -> None:
+    """A reference CSV of 200 samples of ``truth`` (written whole, then renamed over)."""
+    x = RNG.normal(size=(200, 3)).astype(np.float32)
+    partial = path.with_suffix(".tmp")
+    np.savetxt(partial, np.hstack([x, x @ truth]), delimiter=",")
+    partial.replace(path)
+
+
+def test_a_replaced_reference_file_is_read_again_and_releases_a_stale_hold(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real drift makes the reference set stale and the guard holds the old concept; the
+    operator writes a reference set of the new concept, and the guard scores on it from the
+    next version: the held one is scored again on it, the newest is better, serving follows."""
+    path = tmp_path / "reference.csv"
+    write_reference(path, TRUE_W)
+    f = Fixture(tmp_path / "book", ReferenceFile(path, [3], [1]))
+    f.publish(1, TRUE_W)
+    f.publish(2, -TRUE_W)  # the stream drifted for real; the old set calls it worse
+    assert f.served() == 1
+    path.write_text("1,2\n")  # a broken new file: logged, the old set kept
+    with caplog.at_level("WARNING", logger="livefit.server.serve.guard"):
+        f.publish(3, -TRUE_W)
+    assert f.served() == 1 and "cannot be used" in caplog.text
+    write_reference(path, -TRUE_W)  # the operator's refreshed set
+    f.publish(4, -TRUE_W)
+    assert f.served() is None
+    actions = [e["action"] for e in f.events]
+    assert actions == ["hold", "reference_reloaded", "release"]
+    assert len(f.guard.scores) == 2  # the held one rescored and the newest: none from before
