@@ -7,8 +7,11 @@ import multiprocessing.process
 import os
 import platform
 import subprocess
+from collections.abc import Iterator
 
 import pytest
+
+from tests import step_pool
 
 # The standard library's own one-off process: platform.processor() runs `uname -p` once and
 # caches it, and importing TensorFlow asks for it. Asked here, before any test refuses
@@ -36,3 +39,11 @@ def no_child_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     for owner, name in _STARTERS:
         if hasattr(owner, name):
             monkeypatch.setattr(owner, name, _refuse)
+
+
+@pytest.fixture(autouse=True)
+def shared_trainer_steps() -> Iterator[None]:
+    """Trainers built through ``tests.step_pool.pooled_steps`` share traced steps (see there)."""
+    step_pool.activate()
+    yield
+    step_pool.release_all()

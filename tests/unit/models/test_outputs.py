@@ -22,6 +22,7 @@ from livefit.server.train.modeling import build_compiled, build_uncompiled
 from livefit.server.train.trainer import Trainer
 from livefit.server.wire.samples import Batch
 from livefit.server.wire.snapshot import SnapshotSlot
+from tests.step_pool import pooled_steps
 
 SHAPES = {"linear": [3], "mlp": [3], "lstm": [4, 3]}
 
@@ -34,8 +35,9 @@ def settings(**overrides: Any) -> ModelSettings:
 
 
 def trainer(**overrides: Any) -> Trainer:
-    instance = Trainer("m", settings(**overrides), SampleQueue(10_000), SnapshotSlot(), Metrics(),
-                       "/CPU:0")  # fmt: skip
+    with pooled_steps():
+        instance = Trainer("m", settings(**overrides), SampleQueue(10_000), SnapshotSlot(),
+                           Metrics(), "/CPU:0")  # fmt: skip
     instance.warm_up()
     return instance
 

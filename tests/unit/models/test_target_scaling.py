@@ -22,6 +22,7 @@ from livefit.server.train.modeling import build_uncompiled
 from livefit.server.train.trainer import Trainer
 from livefit.server.wire.samples import Batch
 from livefit.server.wire.snapshot import SnapshotSlot
+from tests.step_pool import pooled_steps
 
 W = np.array([[1.0], [-2.0], [0.5]])
 
@@ -35,8 +36,9 @@ def settings(**overrides: Any) -> ModelSettings:
 
 def trainer(tmp_path: Path | None = None, **overrides: Any) -> Trainer:
     store = CheckpointStore(tmp_path, "m") if tmp_path is not None else None
-    instance = Trainer("m", settings(**overrides), SampleQueue(10_000), SnapshotSlot(), Metrics(),
-                       "/CPU:0", store)  # fmt: skip
+    with pooled_steps():
+        instance = Trainer("m", settings(**overrides), SampleQueue(10_000), SnapshotSlot(),
+                           Metrics(), "/CPU:0", store)  # fmt: skip
     instance.warm_up()
     return instance
 

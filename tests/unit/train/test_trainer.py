@@ -17,6 +17,7 @@ from livefit.server.storage.checkpoint import CheckpointStore
 from livefit.server.train.trainer import Trainer
 from livefit.server.wire.samples import SampleChunk
 from livefit.server.wire.snapshot import Snapshot, SnapshotSlot
+from tests.step_pool import pooled_steps
 
 # An interval no test outlasts: a snapshot that waits for it never comes.
 SETTINGS = ModelSettings.model_validate(
@@ -42,8 +43,9 @@ def first_trained_snapshot(directory: Path) -> tuple[Snapshot, Snapshot, Trainer
     """Start a trainer on ``directory``, feed it twice; the snapshot at its start, the first
     after it, and the stopped trainer."""
     queue, slot = SampleQueue(1000), SnapshotSlot()
-    trainer = Trainer("m", SETTINGS, queue, slot, Metrics(), "/CPU:0",
-                      checkpoints=CheckpointStore(directory, "m"))  # fmt: skip
+    with pooled_steps():
+        trainer = Trainer("m", SETTINGS, queue, slot, Metrics(), "/CPU:0",
+                          checkpoints=CheckpointStore(directory, "m"))  # fmt: skip
     trainer.warm_up()
     started, before = slot.latest, trainer.samples_seen
     assert started is not None
@@ -84,7 +86,8 @@ def test_an_untrained_model_learns_its_first_labels_without_lingering_then_linge
     settings = SETTINGS.model_copy(
         update={"labels": SETTINGS.labels.model_copy(update={"batch_window_ms": window_s * 1000})}
     )
-    trainer = Trainer("m", settings, SampleQueue(1000), SnapshotSlot(), Metrics(), "/CPU:0")
+    with pooled_steps():
+        trainer = Trainer("m", settings, SampleQueue(1000), SnapshotSlot(), Metrics(), "/CPU:0")
     trainer.warm_up()
     assert trainer.version == 0
     trainer.queue.put(joined())

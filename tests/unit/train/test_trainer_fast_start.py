@@ -14,6 +14,7 @@ from livefit.server.ingest.sample_queue import SampleQueue
 from livefit.server.train.trainer import FAST_START_MIN_BATCH, Trainer
 from livefit.server.wire.samples import SampleChunk
 from livefit.server.wire.snapshot import SnapshotSlot
+from tests.step_pool import pooled_steps
 
 RNG = np.random.default_rng(11)
 
@@ -22,7 +23,8 @@ def _trainer(**train: Any) -> Trainer:
     settings = ModelSettings.model_validate(
         {"input_shape": [3], "output_shape": [1], "seed": 1, "train": train}
     )
-    trainer = Trainer("m", settings, SampleQueue(10_000), SnapshotSlot(), Metrics(), "/CPU:0")
+    with pooled_steps():
+        trainer = Trainer("m", settings, SampleQueue(10_000), SnapshotSlot(), Metrics(), "/CPU:0")
     trainer.warm_up()
     return trainer
 

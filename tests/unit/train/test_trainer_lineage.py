@@ -25,6 +25,7 @@ from livefit.server.train.trainer import Trainer
 from livefit.server.train.version_mark import VERSION_BLOCK
 from livefit.server.wire.samples import SampleChunk
 from livefit.server.wire.snapshot import SnapshotSlot
+from tests.step_pool import pooled_steps
 
 SETTINGS = ModelSettings.model_validate(
     {"builder": "linear", "input_shape": [2], "output_shape": [1], "seed": 0,
@@ -38,7 +39,8 @@ def trainer(
 ) -> tuple[Trainer, SampleQueue, SnapshotSlot]:
     queue, slot = SampleQueue(1000), SnapshotSlot()
     store = CheckpointStore(directory, "m") if directory is not None else None
-    t = Trainer("m", settings, queue, slot, Metrics(), "/CPU:0", checkpoints=store)
+    with pooled_steps():
+        t = Trainer("m", settings, queue, slot, Metrics(), "/CPU:0", checkpoints=store)
     t.warm_up()
     return t, queue, slot
 
@@ -90,8 +92,9 @@ def test_clean_stop_with_a_final_checkpoint_continues_exactly(tmp_path: Path) ->
     slow = SETTINGS.model_copy(update={"checkpoint": SETTINGS.checkpoint.model_copy(
         update={"interval_s": 3600})})  # fmt: skip
     queue, slot = SampleQueue(1000), SnapshotSlot()
-    first = Trainer("m", slow, queue, slot, Metrics(), "/CPU:0",
-                    checkpoints=CheckpointStore(tmp_path, "m"))  # fmt: skip
+    with pooled_steps():
+        first = Trainer("m", slow, queue, slot, Metrics(), "/CPU:0",
+                        checkpoints=CheckpointStore(tmp_path, "m"))  # fmt: skip
     first.warm_up()
     first.start()
     feed(queue, 10)
@@ -200,7 +203,8 @@ def test_a_stop_whose_final_checkpoint_fails_says_so(
         update={"interval_s": 3600})})  # fmt: skip
     queue, slot = SampleQueue(1000), SnapshotSlot()
     store = CheckpointStore(tmp_path, "m")
-    t = Trainer("m", slow, queue, slot, Metrics(), "/CPU:0", checkpoints=store)
+    with pooled_steps():
+        t = Trainer("m", slow, queue, slot, Metrics(), "/CPU:0", checkpoints=store)
     t.warm_up()
 
     def refuse(checkpoint: Checkpoint) -> Path:

@@ -11,6 +11,7 @@ from livefit.server.ingest.sample_queue import SampleQueue
 from livefit.server.train.trainer import Trainer
 from livefit.server.wire.samples import Batch
 from livefit.server.wire.snapshot import SnapshotSlot
+from tests.step_pool import pooled_steps
 
 
 def trainer(optimizer: str = "adam", learning_rate: float = 0.01) -> Trainer:
@@ -18,7 +19,8 @@ def trainer(optimizer: str = "adam", learning_rate: float = 0.01) -> Trainer:
         {"builder": "linear", "input_shape": [4], "output_shape": [1], "seed": 0,
          "optimizer": optimizer, "learning_rate": learning_rate}
     )  # fmt: skip
-    instance = Trainer("m", settings, SampleQueue(100), SnapshotSlot(), Metrics(), "/CPU:0")
+    with pooled_steps():
+        instance = Trainer("m", settings, SampleQueue(100), SnapshotSlot(), Metrics(), "/CPU:0")
     instance.warm_up()
     return instance
 

@@ -18,6 +18,7 @@ from livefit.server.train.hooks import TrainerHooks
 from livefit.server.train.trainer import Trainer
 from livefit.server.wire.samples import Batch
 from livefit.server.wire.snapshot import SnapshotSlot
+from tests.step_pool import pooled_steps
 
 
 def trainer(
@@ -30,8 +31,9 @@ def trainer(
     hooks = TrainerHooks()
     if drifts is not None:
         hooks.drift_detected = drifts.append  # type: ignore[method-assign]
-    instance = Trainer("m", settings, SampleQueue(10_000), SnapshotSlot(), Metrics(), "/CPU:0", store,
-                       hooks)  # fmt: skip
+    with pooled_steps():
+        instance = Trainer("m", settings, SampleQueue(10_000), SnapshotSlot(), Metrics(), "/CPU:0",
+                           store, hooks)  # fmt: skip
     instance.warm_up()
     return instance
 
