@@ -60,6 +60,18 @@ def answer(url: str, rows: np.ndarray, path: str = "") -> tuple[int, np.ndarray]
     return int(body["model_version"]), np.asarray(body["predictions"], np.float32)
 
 
+def mse(predictions: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean((predictions - y) ** 2))
+
+
+def served_and_newest(url: str, x: np.ndarray, y: np.ndarray) -> tuple[int, float, float]:
+    """The unversioned answer's version and MSE on ``x``, and the newest version's MSE
+    (``/labels/latest``: what serving would answer without the guard)."""
+    served, predictions = answer(url, x)
+    _, latest = answer(url, x, "/labels/latest")
+    return served, mse(predictions, y), mse(latest, y)
+
+
 def test_the_guard_holds_a_pre_poison_version_against_a_label_flipping_publisher(
     own_broker: Mosquitto, tmp_path: Path
 ) -> None:
@@ -83,7 +95,7 @@ def test_the_guard_holds_a_pre_poison_version_against_a_label_flipping_publisher
             assert time.monotonic() < deadline, (found[0], before)
             time.sleep(0.05)
         good = found[1]
-        assert float(np.mean((good - probe_y) ** 2)) < 0.05
+        assert mse(good, probe_y) < 0.05
         assert server.metric("livefit_guard_held_version", model="demo") == -1
 
         poisoned = 0
@@ -103,12 +115,9 @@ def test_the_guard_holds_a_pre_poison_version_against_a_label_flipping_publisher
         held = server.metric("livefit_guard_held_version", model="demo")
         newest = server.metric("livefit_model_version", model="demo")
         assert 0 <= held <= before < newest, (held, before, newest)
-        served, predictions = answer(server.url, probe_x)
-        _, latest = answer(server.url, probe_x, "/labels/latest")
-        held_mse = float(np.mean((predictions - probe_y) ** 2))
-        latest_mse = float(np.mean((latest - probe_y) ** 2))
+        served, held_mse, latest_mse = served_and_newest(server.url, probe_x, probe_y)
         print(f"held v{held:.0f} after {poisoned} poisoned samples; MSE on clean inputs: before "
-              f"{float(np.mean((good - probe_y) ** 2)):.4f}, served with the guard {held_mse:.4f}, "
+              f"{mse(good, probe_y):.4f}, served with the guard {held_mse:.4f}, "
               f"the newest (without it) {latest_mse:.4f}")  # fmt: skip
         assert served == held
         assert held_mse < 0.05
@@ -158,7 +167,7 @@ def test_without_a_reference_set_a_drift_is_followed_and_a_broken_sensor_held(
         probe_x, probe_y = stream.sample(50)
         before = server.metric("livefit_model_version", model="demo")
         served, good = answer(server.url, probe_x)
-        good_mse = float(np.mean((good - probe_y) ** 2))
+        good_mse = mse(good, probe_y)
         assert served == before and good_mse < 0.05  # serving followed the drift
 
         x, y = stream.sample(10)
@@ -172,10 +181,7 @@ def test_without_a_reference_set_a_drift_is_followed_and_a_broken_sensor_held(
         to_hold = sent - CLEAN - DRIFTED - 10
         sent = clean_stream(own_broker, server, stream, sent, 200)  # the hold stays
         time.sleep(0.2)
-        served, predictions = answer(server.url, probe_x)
-        _, latest = answer(server.url, probe_x, "/labels/latest")
-        held_mse = float(np.mean((predictions - probe_y) ** 2))
-        latest_mse = float(np.mean((latest - probe_y) ** 2))
+        served, held_mse, latest_mse = served_and_newest(server.url, probe_x, probe_y)
         print(f"broken sensor: held v{held(server):.0f} (newest before it v{before:.0f}) within "
               f"{to_hold} clean samples; MSE on clean inputs: before {good_mse:.4f}, "
               f"served {held_mse:.4f}, the newest {latest_mse:.4f}")  # fmt: skip
