@@ -23,6 +23,25 @@ from xdist.scheduler import LoadFileScheduling
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+
+def _worker_ports() -> str | None:
+    """This test worker's own ``LIVEFIT_FREE_PORTS``: 2,000 ports below the kernel's ephemeral
+    range (``ip_local_port_range``), gw0 from 10000, gw1 from 12000, a run without workers
+    last; None (the kernel picks) when the ranges would not fit below it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 8
+    low = 10000 + 2000 * index
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    return f"{low}-{low + 1999}" if low + 1999 < ephemeral else None
+
+
+# Set in each worker, over what the parent process set for itself.
+if _ports := _worker_ports():
+    os.environ["LIVEFIT_FREE_PORTS"] = _ports
+
 E2E = Path(__file__).resolve().parent / "e2e"
 LEARNING = Path(__file__).resolve().parent / "learning"
 # A test's split-layout run (``tests/layouts.py``): its id carries ``split`` among its params.

@@ -24,11 +24,51 @@ LOOPBACK = "127.0.0.1"
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port on ``host`` that nothing listens on right now."""
+# "LOW-HIGH": the ports ``free_port`` hands out. The test kit gives each test worker its own range
+# below the kernel's ephemeral ports, so neither the other worker nor an outgoing connection can
+# take a port between ``free_port`` and the child's bind (a race that failed CI runs).
+FREE_PORTS_ENV = "LIVEFIT_FREE_PORTS"
+_next_in_range: dict[tuple[int, int], int] = {}
+
+
+def port_range(text: str) -> tuple[int, int]:
+    """``"LOW-HIGH"`` as two ports, LOW <= HIGH; ValueError naming the text otherwise."""
+    low_text, sep, high_text = text.partition("-")
+    if sep and low_text.strip().isascii() and high_text.strip().isascii():
+        with contextlib.suppress(ValueError):
+            low, high = int(low_text), int(high_text)
+            if 1 <= low <= high <= 65535:
+                return low, high
+    raise ValueError(f"{FREE_PORTS_ENV}={text!r}: expected LOW-HIGH, two ports with LOW <= HIGH")
+
+
+def _can_bind(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that nothing listens on right now: the next free one of
+    ``LIVEFIT_FREE_PORTS`` when it is set (each process walks the range from its own starting
+    point, so a parent and its child rarely meet), else one the kernel picks."""
+    text = os.environ.get(FREE_PORTS_ENV)
+    if not text:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+    low, high = port_range(text)
+    size = high - low + 1
+    start = _next_in_range.get((low, high), low + (os.getpid() * 7919) % size)
+    for step in range(size):
+        port = low + (start - low + step) % size
+        if _can_bind(host, port):
+            _next_in_range[(low, high)] = low + (port - low + 1) % size
+            return port
+    raise RuntimeError(f"{FREE_PORTS_ENV}={text}: no free port on {host} in that range")
 
 
 def is_listening(host: str, port: int, timeout: float = 0.5) -> bool:
