@@ -1,5 +1,6 @@
 """``tests/step_pool.py``: a trainer given a pooled step starts exactly as a freshly built one,
-whatever the step's earlier trainer did to it; two trainers of one test never share a step."""
+whatever the step's earlier trainer did to it and whatever its loop's own settings; two trainers
+of one test never share a step."""
 
 from __future__ import annotations
 
@@ -22,11 +23,21 @@ SETTINGS = ModelSettings.model_validate(
      "train": {"weight_average": 0.9, "replay_capacity": 20, "replay_share": 0.5},
      "drift": {"reaction": "reset_optimizer"}}
 )  # fmt: skip
+# The same model and step, another loop: replay, drift reaction, checkpoints, batching
+OTHER_LOOP = SETTINGS.model_validate(
+    SETTINGS.model_dump()
+    | {"train": SETTINGS.train.model_dump() | {"replay_capacity": 50, "replay_share": 0.75,
+                                                "max_batch_size": 4},
+       "drift": {"reaction": "flush_replay"}, "checkpoint": {"interval_s": 5.0},
+       "labels": {"batch_window_ms": 0.0}}
+)  # fmt: skip
 
 
-def build(pooled: bool, directory: Path | None = None) -> Trainer:
+def build(
+    pooled: bool, directory: Path | None = None, settings: ModelSettings = SETTINGS
+) -> Trainer:
     store = CheckpointStore(directory, "m") if directory is not None else None
-    args = ("m", SETTINGS, SampleQueue(1000), SnapshotSlot(), Metrics(), "/CPU:0", store)
+    args = ("m", settings, SampleQueue(1000), SnapshotSlot(), Metrics(), "/CPU:0", store)
     if pooled:
         with pooled_steps():
             t = Trainer(*args)
@@ -60,7 +71,7 @@ def assert_same(a: list[np.ndarray], b: list[np.ndarray]) -> None:
 
 
 def test_a_reused_step_starts_and_learns_as_a_fresh_one(tmp_path: Path) -> None:
-    fresh = build(pooled=False)
+    fresh = build(pooled=False, settings=OTHER_LOOP)
     started = state(fresh)
     learned = learn(fresh, 1)
     used = build(pooled=True)
@@ -69,7 +80,7 @@ def test_a_reused_step_starts_and_learns_as_a_fresh_one(tmp_path: Path) -> None:
     used.step.__class__ = type("Spy", (used.step.__class__,), {})
     step_pool.release_all()  # as at the end of a test
     step_pool.activate()
-    again = build(pooled=True, directory=tmp_path)
+    again = build(pooled=True, directory=tmp_path, settings=OTHER_LOOP)
     assert again.step is used.step and again.model is used.model  # it was reused
     assert type(again.step) is type(fresh.step)
     assert_same(state(again), started)
@@ -82,3 +93,14 @@ def test_two_trainers_of_one_test_get_two_steps() -> None:
     before = state(b)
     learn(a, 3)
     assert_same(state(b), before)
+
+
+def test_settings_that_reach_the_model_or_the_step_keep_steps_apart() -> None:
+    key = step_pool._model_and_step_settings
+    assert key(OTHER_LOOP) == key(SETTINGS)
+    for change in ({"seed": 6}, {"optimizer": "adam"}, {"learning_rate": 0.02},
+                   {"train": SETTINGS.train.model_dump() | {"weight_average": 0.5}},
+                   {"experts": {"enabled": False}}, {"scaling": "none"}):  # fmt: skip
+        assert key(SETTINGS.model_validate(SETTINGS.model_dump() | change)) != key(SETTINGS)
+    assert set(step_pool._LOOP_ONLY) <= set(ModelSettings.model_fields)
+    assert set(step_pool._STEP_TRAIN_FIELDS) <= set(type(SETTINGS.train).model_fields)
