@@ -89,6 +89,9 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     # ``_set_small_batch_rate``), measured with --chunk 1, every sample its own batch, as
     # delayed labels arrive (docs/benchmarks/delayed_labels.md)
     "rate25": {"module": {"SMALL_BATCH_ROWS": 25}},
+    # One gradient step per batch instead of two (four for regression), measured with --chunk 1
+    # as "steps that suit single samples" (issue #47; docs/benchmarks/delayed_labels.md)
+    "steps1": {"train": {"steps_per_batch": 1}},
 }
 
 
