@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ class PublisherThread(threading.Thread):
         self.broker, self.model, self.args, self.done = broker, model, args, done
         self.protocol: Any = protocol
         self.error: str | None = None
+        # The loss of a model that always predicts the targets' mean (their variance, over the
+        # first chunk): what "learned" is judged against when the loss fell before the first poll.
+        self.constant_loss: float | None = None
 
     def run(self) -> None:
         from livefit.clients.publish_results import PublishError
@@ -42,6 +46,10 @@ class PublisherThread(threading.Thread):
         count = int(args.rate * args.duration) if args.rate > 0 else 10_000_000
         chunk = args.batch * max(1, 4096 // args.batch)
         chunks = stream_chunks(stream_for_shape((INPUT_DIM,), 1, 0.01, 0), count, chunk)
+        first = next(chunks, None)
+        if first is not None:
+            self.constant_loss = float(np.var(first[1]))
+            chunks = itertools.chain([first], chunks)
         publisher = SamplePublisher(
             self.broker, f"livefit/{self.model}/samples", source=f"{self.model}-publisher",
             ack_timeout_s=5.0, protocol=self.protocol,

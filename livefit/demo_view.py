@@ -165,6 +165,16 @@ def show_progress(
         stop.wait(0.5)
 
 
+def has_learned(first: float | None, last: float | None, constant: float | None) -> bool:
+    """Whether the run shows learning: the prequential loss fell from its first reading, or
+    it is under a tenth of the loss of always predicting the targets' mean (``constant``): on a
+    fast machine the model reaches the noise floor before the first reading."""
+    if last is None:
+        return False
+    fell = first is not None and last < first
+    return fell or (constant is not None and last < constant / 10)
+
+
 def print_summary(
     console: Console, progress: Progress, predictor: PredictionLoad, elapsed: float,
     publisher: PublisherThread,
@@ -174,9 +184,11 @@ def print_summary(
     title = f"livefit demo: summary after {elapsed:.0f} s"
     console.print(_table(progress, predictor, title, progress.whole_run_rates()))
     first, last = progress.first_loss, progress.loss
-    learned = first is not None and last is not None and last < first
+    constant = publisher.constant_loss
+    learned = has_learned(first, last, constant)
+    versus = f", vs {constant:.4g} for the mean" if constant is not None else ""
     console.print(
-        f"prequential loss {_loss_text(first, 4)} -> {_loss_text(last, 5)}; "
+        f"prequential loss {_loss_text(first, 4)} -> {_loss_text(last, 5)}{versus}: "
         + ("[green]the model learned[/green]" if learned else "[red]no learning seen[/red]")
     )
     console.print(f"{len(predictor.latencies):,} predictions served, {predictor.errors} errors")

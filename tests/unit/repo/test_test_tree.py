@@ -1,7 +1,8 @@
 """The unit tests mirror the code (docs/testing.md, "Where a test goes"): the tests of
 ``server/<package>/<module>.py`` are in ``tests/unit/<package>/test_<module>.py`` (a second
-file ``test_<module>_<aspect>.py`` where one aspect is big), those of ``models/``, ``clients/``
-and ``bench/`` in ``tests/unit/models/``, ``tests/unit/clients/`` and ``tests/unit/bench/``;
+file ``test_<module>_<aspect>.py`` where one aspect is big), those of ``models/``, ``clients/``,
+``bench/`` and ``livefit/`` in ``tests/unit/models/``, ``tests/unit/clients/``,
+``tests/unit/bench/`` and ``tests/unit/livefit/``;
 what tests the repository around the code (deploy files, docs, the import layers, the test
 kit) is in ``tests/unit/repo/``. Nothing new lands at the top of ``tests/unit/``.
 
@@ -19,7 +20,7 @@ LEARNING = ROOT / "tests" / "learning"
 # The folders whose modules have their tests mirrored, by their name under tests/unit/.
 SOURCES = {
     **{p.name: p for p in (ROOT / "server").iterdir() if (p / "__init__.py").is_file()},
-    **{name: ROOT / name for name in ("models", "clients", "bench")},
+    **{name: ROOT / name for name in ("models", "clients", "bench", "livefit")},
 }
 REPO = "repo"
 WAITING: set[str] = set()  # none left: every unit file is in its package's folder
