@@ -172,7 +172,7 @@ def run(quick: bool, workdir: Path, log: Callable[[str], None]) -> dict[str, Any
         for name, _, delay in plans
     ]
     tables = {n: {**s.table(), "labels": {"ttl_s": 3600.0}} for n, s in streams.items()}
-    rows = [_river_row(stream, delay) for _, stream, delay in plans]
+    rows = [river_row(stream, delay) for _, stream, delay in plans]
     with learning_fleet(workdir, cases, tables) as fleet:
         for r in range(repeats):  # interleaved: a slow spell of the machine hits every case
             for (name, stream, delay), row in zip(plans, rows, strict=True):
@@ -189,7 +189,7 @@ def run(quick: bool, workdir: Path, log: Callable[[str], None]) -> dict[str, Any
     return {"rows": rows, "repeats": repeats}
 
 
-def _river_row(stream: Stream, delay: Delay) -> dict[str, Any]:
+def river_row(stream: Stream, delay: Delay) -> dict[str, Any]:
     delays = delay.delays(len(stream))
     peers = {p: river_score(make, stream, delays) for p, (_, make) in _peers(stream)}
     reference = REFERENCE[stream.task]

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.delayed_labels import STREAM_NAMES, _river_row, best_peer, delays_for, livefit_score
+from bench.delayed_labels import STREAM_NAMES, best_peer, delays_for, livefit_score, river_row
 from bench.learning import DEFAULTS, REGRESSION, STREAMS, Case, Knobs, learning_fleet, load_stream
 
 LABELS = {"ttl_s": 3600.0}  # as the delayed_labels benchmark sets it
@@ -59,7 +59,7 @@ def run(
         for name, _, delay in plans
         for v in variants
     ]
-    peers = {(name, delay.name): _river_row(stream, delay) for name, stream, delay in plans}
+    peers = {(name, delay.name): river_row(stream, delay) for name, stream, delay in plans}
     rows: list[dict[str, Any]] = []
     with learning_fleet(workdir, cases, tables) as fleet:
         for r in range(repeats):

@@ -3,7 +3,7 @@ and first run (``TrainStep.warm_up``), and hundreds of unit tests each build a t
 same few settings. ``pooled_steps()`` around ``Trainer(...)`` gives the new trainer a model and
 a traced step that an earlier test built from the same settings (those that reach the model or
 the step: two trainers that differ in their loop's settings, replay, drift or checkpoints,
-share one; ``_LOOP_ONLY``), with every variable (weights,
+share one; ``LOOP_ONLY``), with every variable (weights,
 optimizer state, averages, rollback and rewind copies, seed state) and the step's own Python
 state put back to what they were when that step was built, as a fresh one would be; the
 trainer around it (queue, progress, policy, accounting, checkpointing) is built anew.
@@ -98,17 +98,17 @@ def _copied(state: dict[str, Any]) -> dict[str, Any]:
 # What the trainer's loop reads, never the model's build or the step's construction
 # (``modeling.build_compiled``, the ``TrainStep(...)`` call in ``trainer.py``): two trainers that
 # differ only here can share a step. The step's own arguments are checked on every loan.
-_LOOP_ONLY = ("checkpoint", "dead_letter_topic", "dedup", "drift", "guard", "labels",
+LOOP_ONLY = ("checkpoint", "dead_letter_topic", "dedup", "drift", "guard", "labels",
               "max_message_bytes", "max_samples_per_message", "metrics", "prequential_window",
               "selection", "serve", "silent_topic_warn_s", "stall_after_s", "topic", "versions",
               "weights")  # fmt: skip
-_STEP_TRAIN_FIELDS = ("weight_average", "pipeline")
+STEP_TRAIN_FIELDS = ("weight_average", "pipeline")
 
 
-def _model_and_step_settings(settings: ModelSettings) -> str:
+def model_and_step_settings(settings: ModelSettings) -> str:
     """The settings that can change the model built or its step, as a pool key."""
-    fields = settings.model_dump(mode="json", exclude=set(_LOOP_ONLY))
-    fields["train"] = {k: fields["train"][k] for k in _STEP_TRAIN_FIELDS}
+    fields = settings.model_dump(mode="json", exclude=set(LOOP_ONLY))
+    fields["train"] = {k: fields["train"][k] for k in STEP_TRAIN_FIELDS}
     return json.dumps(fields, sort_keys=True)
 
 
@@ -144,7 +144,7 @@ def pooled_steps() -> Iterator[None]:
     by_model: dict[int, _Entry] = {}
 
     def pooled_model(settings: ModelSettings, placement: Any) -> Any:
-        key = f"{_model_and_step_settings(settings)}|{placement!r}"
+        key = f"{model_and_step_settings(settings)}|{placement!r}"
         free = _pool.get(key, [])
         entry = free.pop() if free else _Entry(key, build_compiled(settings, placement))
         _lent.append(entry)

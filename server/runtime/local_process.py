@@ -42,7 +42,8 @@ def port_range(text: str) -> tuple[int, int]:
     raise ValueError(f"{FREE_PORTS_ENV}={text!r}: expected LOW-HIGH, two ports with LOW <= HIGH")
 
 
-def _can_bind(host: str, port: int) -> bool:
+def can_bind(host: str, port: int) -> bool:
+    """Whether a TCP socket can bind ``host:port`` now (nothing listens there, nor lingers)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
@@ -65,7 +66,7 @@ def free_port(host: str = LOOPBACK) -> int:
     start = _next_in_range.get((low, high), low + (os.getpid() * 7919) % size)
     for step in range(size):
         port = low + (start - low + step) % size
-        if _can_bind(host, port):
+        if can_bind(host, port):
             _next_in_range[(low, high)] = low + (port - low + 1) % size
             return port
     raise RuntimeError(f"{FREE_PORTS_ENV}={text}: no free port on {host} in that range")

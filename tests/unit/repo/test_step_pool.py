@@ -96,11 +96,11 @@ def test_two_trainers_of_one_test_get_two_steps() -> None:
 
 
 def test_settings_that_reach_the_model_or_the_step_keep_steps_apart() -> None:
-    key = step_pool._model_and_step_settings
+    key = step_pool.model_and_step_settings
     assert key(OTHER_LOOP) == key(SETTINGS)
     for change in ({"seed": 6}, {"optimizer": "adam"}, {"learning_rate": 0.02},
                    {"train": SETTINGS.train.model_dump() | {"weight_average": 0.5}},
                    {"experts": {"enabled": False}}, {"scaling": "none"}):  # fmt: skip
         assert key(SETTINGS.model_validate(SETTINGS.model_dump() | change)) != key(SETTINGS)
-    assert set(step_pool._LOOP_ONLY) <= set(ModelSettings.model_fields)
-    assert set(step_pool._STEP_TRAIN_FIELDS) <= set(type(SETTINGS.train).model_fields)
+    assert set(step_pool.LOOP_ONLY) <= set(ModelSettings.model_fields)
+    assert set(step_pool.STEP_TRAIN_FIELDS) <= set(type(SETTINGS.train).model_fields)

@@ -41,7 +41,7 @@ def two_free_ports() -> int:
     """A port P such that P and P + 1 are free, below the kernel's ephemeral ports (which an
     outgoing connection could take at any moment) and outside the test workers' ranges."""
     for port in range(29200, 29900):
-        if local_process._can_bind(LOOPBACK, port) and local_process._can_bind(LOOPBACK, port + 1):
+        if local_process.can_bind(LOOPBACK, port) and local_process.can_bind(LOOPBACK, port + 1):
             return port
     pytest.skip("no two free ports in 29200-29900")
 
