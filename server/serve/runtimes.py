@@ -62,8 +62,12 @@ class GraphRuntime:
         self.model = model
         self.device = device
         signature = [tf.TensorSpec([None, *input_shape], tf.float32, name="x")]
+        # autograph off: nothing to rewrite in one model call (Keras' layers are never converted)
         traced = tf.function(
-            lambda x: model(x, training=False), input_signature=signature, jit_compile=xla
+            lambda x: model(x, training=False),
+            input_signature=signature,
+            jit_compile=xla,
+            autograph=False,
         )
         # The concrete function, called directly: tf.function's own dispatch (argument
         # binding, cache lookup) cost 160 us of a 1-row call of the 64x64 MLP, 85 us directly;

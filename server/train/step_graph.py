@@ -4,7 +4,10 @@ copies it restores, the layout of its one control vector, and the functions one 
 
 ``TrainStep`` (``train_step.py``) owns a ``StepGraph`` and drives it from the trainer's thread:
 what each part does and why is in that module's docstring; here is how the graph is put
-together. Every function below runs inside ``tf.function`` traces, never eagerly.
+together. Every function below runs inside ``tf.function`` traces, never eagerly, and is
+traced as written, without autograph (as Keras' own train step is): a branch on a tensor is a
+``tf.cond`` here, and autograph's rewriting of these functions cost 1.4 s of every learner's
+start (docs/design.md, "Training step").
 """
 
 from __future__ import annotations
@@ -599,8 +602,8 @@ class StepGraph:
         update once."""
         signature = self._signature(input_shape, target_shape)
         if self.placement.strategy is None:
-            return tf.function(self._one_device, input_signature=signature)
-        return tf.function(self._mirrored, input_signature=signature)
+            return tf.function(self._one_device, input_signature=signature, autograph=False)
+        return tf.function(self._mirrored, input_signature=signature, autograph=False)
 
     def _controls(self, inputs: tuple[tf.Tensor, ...]) -> Controls:
         if not self.layout.used:
@@ -673,7 +676,7 @@ class StepGraph:
             self.variables.rewind()
             return tf.constant(True)
 
-        return tf.function(rewind, input_signature=[])
+        return tf.function(rewind, input_signature=[], autograph=False)
 
     def keep_function(self) -> tf.types.experimental.PolymorphicFunction:
         """Copy everything a rewind restores into its copies: a rewind right after is then
@@ -684,7 +687,7 @@ class StepGraph:
             self.variables.save_others()
             return tf.constant(True)
 
-        return tf.function(keep, input_signature=[])
+        return tf.function(keep, input_signature=[], autograph=False)
 
     def restart_average_function(self) -> tf.types.experimental.PolymorphicFunction:
         """Restart the average from the current weights."""
@@ -697,7 +700,7 @@ class StepGraph:
             self.variables.averaged.assign(0.0)
             return tf.constant(True)
 
-        return tf.function(restart_average, input_signature=[])
+        return tf.function(restart_average, input_signature=[], autograph=False)
 
 
 def _row_mean(values: tf.Tensor) -> tf.Tensor:

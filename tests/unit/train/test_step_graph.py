@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tensorflow.python.autograph.impl import api as autograph_api
 
 from livefit.models.experts import experts_view, linear_expert_model, mixture_layer
 from livefit.server.config.model import ModelSettings
@@ -154,3 +155,27 @@ def test_a_checkpoint_from_before_experts_restores_the_network() -> None:
                                   plain.model.get_layer("standardize").get_weights()[0])  # fmt: skip
     with pytest.raises(ValueError):
         step.restore(plain.model.get_weights()[:-1], plain.optimizer_state())
+
+
+def test_the_step_is_traced_without_autograph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every function of the step uses ``tf.cond`` where it branches on a tensor, so it is
+    traced as written: autograph's conversion of them cost 1.4 s of each learner's start."""
+    converted: list[object] = []
+    real = autograph_api.converted_call
+
+    def counting(function: object, *args: Any, **kwargs: Any) -> object:
+        converted.append(function)
+        return real(function, *args, **kwargs)
+
+    monkeypatch.setattr(autograph_api, "converted_call", counting)
+    settings = ModelSettings.model_validate(
+        {"input_shape": [3], "output_shape": [1], "train": {"weight_average": 0.99}}
+    )
+    model = build_compiled(settings, "/CPU:0")
+    step = TrainStep(model, make_loss(settings), settings.input_shape,
+                     settings.resolved_target_shape(), "/CPU:0", weight_average=0.99,
+                     rewindable=True, experts=experts_rule(settings))  # fmt: skip
+    step.warm_up()  # the step, the rewind, its copies and the average's restart
+    step(*arrays(4))
+    assert step.traces == 1
+    assert converted == []
