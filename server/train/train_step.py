@@ -174,9 +174,16 @@ class TrainStep:
         self._layout = graph.layout
         self._step = graph.step_function(input_shape, target_shape)
         self._call = self._step
-        self._rewind = graph.rewind_function()
-        self._keep = graph.keep_function()
-        self._restart_average = graph.restart_average_function()
+        # called through their traces once warmed up, as the step is (``warm_up``)
+        self._functions = (
+            graph.keep_function(),
+            graph.rewind_function(),
+            graph.restart_average_function(),
+        )
+        self._keep: Callable[[], tf.Tensor]
+        self._rewind: Callable[[], tf.Tensor]
+        self._restart_average: Callable[[], tf.Tensor]
+        self._keep, self._rewind, self._restart_average = self._functions
         self._flat: Callable[[list[object]], list[tf.Tensor]] | None = None
 
     def warm_up(self) -> None:
@@ -192,7 +199,12 @@ class TrainStep:
         with tf.device(self.device):
             self._call = self._step.get_concrete_function()
             self._run_unapplied()
+            # The others too are called through their traces: tf.function's own call counts the
+            # traces of one code across a learner's models and warned of "retracing" from the 5th
+            keep, rewind, restart_average = self._functions
             if self.rewindable:
+                self._keep = keep.get_concrete_function()
+                self._rewind = rewind.get_concrete_function()
                 # Run now, not only traced: a graph's first run builds its kernels, and that
                 # cost a rewind 30 ms (a tenth of a 200,000-sample benchmark run at batch
                 # 1,024, which the first false drift's rewind paid). A rewind right after
@@ -201,6 +213,7 @@ class TrainStep:
                 self._rewind()
             if self._averages:  # likewise the drift reaction's restart of the average (14 ms
                 # of eager assigns at the first drift, measured), then the average put back
+                self._restart_average = restart_average.get_concrete_function()
                 kept = self.average_state()
                 self._restart_average()
                 self.restore_average(kept)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
 from livefit.server.config.model import ModelSettings
 from livefit.server.train.modeling import build_compiled, make_loss
@@ -119,3 +120,25 @@ def test_warming_up_a_step_whose_rate_is_a_schedule_skips_the_run() -> None:
     for u, v in zip(weights, model.get_weights(), strict=True):
         np.testing.assert_array_equal(u, v)
     assert int(np.asarray(model.optimizer.iterations)) == 0
+
+
+def test_warm_up_calls_every_function_through_its_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A learner of several models traces each model's functions once; called through
+    ``tf.function``'s own call, those traces of one code were counted as retracing and logged
+    as a warning from the fifth model on. Through their traces they are counted nowhere."""
+    counted: list[object] = []
+    monkeypatch.setattr(
+        type(polymorphic_function._frequent_tracing_detector_manager),
+        "called_with_tracing",
+        lambda self, key, function, omit: counted.append(function),
+    )
+    settings = ModelSettings.model_validate(
+        {"input_shape": [3], "output_shape": [1], "train": {"weight_average": 0.9}}
+    )
+    step = TrainStep(build_compiled(settings, "/CPU:0"), make_loss(settings), [3], [1],
+                     "/CPU:0", weight_average=0.9, rewindable=True)  # fmt: skip
+    step.warm_up()
+    step(*(np.ones((2, n), np.float32) for n in (3, 1)), np.ones(2, np.float32))
+    step.rewind()
+    step.reset_average()
+    assert counted == []
