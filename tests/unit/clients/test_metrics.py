@@ -5,14 +5,16 @@ registries, as a group's ``/metrics`` answers it) served by a real HTTP server o
 from __future__ import annotations
 
 import http.server
+import ssl
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from livefit.clients.metrics import MetricsReader
+from livefit.clients.metrics import MetricsReader, tls_context
 from livefit.server.base.metrics_merge import merge_expositions
 
 
@@ -88,3 +90,23 @@ def test_the_reader_takes_the_metrics_address_and_refuses_an_error_page(
     assert MetricsReader(base + "/metrics/").value("livefit_train_samples_total", model="m") == 9
     with pytest.raises(httpx.HTTPStatusError):  # livefit's 404 JSON is not metrics text
         MetricsReader(base + "/v1").value("livefit_train_samples_total", model="m")
+
+
+def test_scrapes_share_one_tls_context(
+    serve_text: Callable[[bytes], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Polling loops scrape many times a second: each scrape made a TLS context of its own (the
+    CA bundle loaded again, 20 ms of CPU) until readers shared one."""
+    made: list[object] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    tls_context.cache_clear()
+    base = serve_text(_process(trained=9, version=None, requests=None))
+    for _ in range(3):
+        assert MetricsReader(base).value("livefit_train_samples_total", model="m") == 9
+    assert len(made) == 1
