@@ -11,8 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import step_pool
-
 # The standard library's own one-off process: platform.processor() runs `uname -p` once and
 # caches it, and importing TensorFlow asks for it. Asked here, before any test refuses
 # processes, so the first test of a run to import TensorFlow does not fail for it.
@@ -44,6 +42,10 @@ def no_child_processes(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def shared_trainer_steps() -> Iterator[None]:
     """Trainers built through ``tests.step_pool.pooled_steps`` share traced steps (see there)."""
+    # Imported here: pytest-xdist's controller loads this file too, and at the top the import
+    # (TensorFlow with it) cost it 6 s of CPU beside the two workers' own imports.
+    from tests import step_pool
+
     step_pool.activate()
     yield
     step_pool.release_all()
