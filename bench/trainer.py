@@ -57,9 +57,7 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import time
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +75,7 @@ from bench.harness import (
 )
 from bench.models import MLP, ModelSpec
 from bench.procs import QUIET_ENV
+from bench.trees import code_at
 
 BEFORE_29 = "409e868"  # main before issue #29's first merge (the trainer as it was)
 NO_AVERAGING = {"weight_average": 0.0}  # the livefit side without issue #30's averaging
@@ -156,7 +155,7 @@ def run(ctx: Context) -> BenchResult:
     no_averaging: dict[int, list[float]] = {bs: [] for bs in sizes}
     no_pipeline: dict[int, list[float]] = {bs: [] for bs in sizes}
     no_experts: dict[int, list[float]] = {bs: [] for bs in sizes}
-    before_tree = _before_tree(ctx.workdir / "before-29")
+    before_tree = code_at(BEFORE_29, ctx.workdir / "before-29")
     if before_tree is None:
         result.notes.append(
             f"The before-#29 side was skipped: commit {BEFORE_29} is not in this clone's history."
@@ -286,27 +285,6 @@ def _pools_like_training_process(tf: Any) -> str:
         "thread (it serves nothing), intra-op TensorFlow's default (every core); the side "
         '"default pools" runs TensorFlow\'s defaults in a process of its own'
     )
-
-
-def _before_tree(where: Path) -> Path | None:
-    """The code of ``BEFORE_29`` (livefit, server, models, clients, bench) unpacked in
-    ``where``, laid out so that ``import livefit.server`` and ``import bench`` find it first;
-    None where this repository's history lacks the commit."""
-    if (where / "livefit" / "server").exists():
-        return where
-    done = subprocess.run(
-        ["git", "-C", str(REPO), "archive", BEFORE_29, "livefit", "server", "models",
-         "clients", "bench"],
-        capture_output=True, timeout=120,
-    )  # fmt: skip
-    if done.returncode != 0:
-        return None
-    where.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=BytesIO(done.stdout)) as archive:
-        archive.extractall(where, filter="data")
-    for package in ("server", "models", "clients"):  # what setuptools maps into livefit.*
-        (where / "livefit" / package).symlink_to(Path("..") / package)
-    return where
 
 
 def _training_process_cpus() -> list[int] | None:

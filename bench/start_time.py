@@ -1,0 +1,147 @@
+"""From ``livefit serve`` to ready: how long a learner takes to start, and the CPU each of its
+processes spent until then, for the code of one or more git revisions side by side.
+
+    .venv/bin/python -m bench.start_time --out rows.json [--refs HEAD,481bfeb~1]
+        [--layouts one,split] [--repeats 5]
+
+A ref's code is unpacked from git (``bench.trees.code_at``; "." is the working tree) and run with
+this interpreter. Each start is a learner of one model (the ``linear`` builder, 8 inputs) with
+fresh storage, on a mosquitto of the run's own; the refs and layouts take turns, so that a slow
+spell of the machine hits each of them; a first start, not counted, warms the page cache. The
+CPU is read from each process of the learner (the split layout's training and serving processes
+too) the moment readiness answers 200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.trees import code_at
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.local_process import quiet_env
+from livefit.server.runtime.mosquitto import Mosquitto
+
+LAYOUTS = {"one": 0, "split": 1}  # http.workers
+WORKING_TREE = "."
+
+
+def config(broker_url: str, storage: Path, workers: int) -> str:
+    return (
+        f'[broker]\nurl = "{broker_url}"\nclient_id = "start-{storage.name}"\n'
+        f'[storage]\ndir = "{storage}"\n[http]\nworkers = {workers}\n'
+        '[models.demo]\nbuilder = "linear"\ninput_shape = [8]\noutput_shape = [1]\n'
+    )
+
+
+def process_cpu(pid: int) -> list[float]:
+    """CPU seconds (user and system) of ``pid`` and of each of its descendants."""
+    root = psutil.Process(pid)
+    cpu = []
+    for process in [root, *root.children(recursive=True)]:
+        times = process.cpu_times()
+        cpu.append(round(times.user + times.system, 3))
+    return cpu
+
+
+def start_once(
+    tree: Path | None, layout: str, broker: Mosquitto, work: Path, index: int
+) -> dict[str, Any]:
+    """Start one learner of ``tree``'s code (None: this checkout's), wait until ready, read its
+    processes' CPU, stop it: one row."""
+    storage = work / f"data-{index}"
+    env = quiet_env() if tree is None else quiet_env(PYTHONPATH=str(tree))
+    process = LivefitProcess(
+        config(broker.url, storage, LAYOUTS[layout]), work / f"learner-{index}", env=env, cwd=tree
+    )
+    started = time.monotonic()
+    try:
+        process.start(ready_timeout_s=120)
+        ready_s = time.monotonic() - started
+        cpu = process_cpu(process.pid)
+    finally:
+        process.stop()
+    return {
+        "layout": layout,
+        "ready_s": round(ready_s, 3),
+        "cpu_s": round(sum(cpu), 3),
+        "process_cpu_s": cpu,
+    }
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per ref and layout: the starts' median time to ready and CPU, with their range."""
+    lines = []
+    keys = sorted({(row["ref"], row["layout"]) for row in rows}, key=lambda k: (k[1], k[0]))
+    for ref, layout in keys:
+        mine = [row for row in rows if row["ref"] == ref and row["layout"] == layout]
+        ready = [row["ready_s"] for row in mine]
+        cpu = [row["cpu_s"] for row in mine]
+        lines.append(
+            f"{layout:5} {ref:12} ready {statistics.median(ready):5.2f} s "
+            f"({min(ready):.2f}-{max(ready):.2f}), CPU {statistics.median(cpu):5.2f} s "
+            f"({min(cpu):.2f}-{max(cpu):.2f}), {len(mine)} starts"
+        )
+    return lines
+
+
+def run(refs: Sequence[str], layouts: Sequence[str], repeats: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="livefit-start-") as scratch:
+        work = Path(scratch)
+        trees: dict[str, Path | None] = {}
+        for ref in refs:
+            tree = None if ref == WORKING_TREE else code_at(ref, work / f"tree-{len(trees)}")
+            if ref != WORKING_TREE and tree is None:
+                raise SystemExit(f"no such revision in this repository: {ref}")
+            trees[ref] = tree
+        broker = Mosquitto(work / "mosquitto")
+        broker.start()
+        try:
+            # not counted: the run's first start also reads TensorFlow's files into the page cache
+            start_once(next(iter(trees.values())), layouts[0], broker, work, -1)
+            for repeat in range(repeats):
+                for layout in layouts:
+                    for ref, tree in trees.items():
+                        row = start_once(tree, layout, broker, work, len(rows))
+                        rows.append({"ref": ref, "repeat": repeat, **row})
+                        print(
+                            f"{repeat + 1}/{repeats} {layout:5} {ref:12} "
+                            f"ready {row['ready_s']:.2f} s, CPU {row['cpu_s']:.2f} s"
+                        )
+        finally:
+            broker.stop()
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.start_time", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="rows as JSON")
+    parser.add_argument(
+        "--refs",
+        default=WORKING_TREE,
+        help='comma-separated git revisions; "." is the working tree',
+    )
+    parser.add_argument("--layouts", default="one,split", help="one, split or both")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    layouts = [name for name in args.layouts.split(",") if name]
+    unknown = sorted(set(layouts) - set(LAYOUTS))
+    if unknown:
+        parser.error(f"unknown layouts {unknown}; choose from {', '.join(LAYOUTS)}")
+    refs = [ref for ref in args.refs.split(",") if ref]
+    rows = run(refs, layouts, args.repeats)
+    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    print("\n".join(summary(rows)))
+
+
+if __name__ == "__main__":
+    main()
