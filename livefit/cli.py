@@ -173,9 +173,17 @@ def _serve(args: argparse.Namespace) -> int:
         return run_learner_group(
             argv, workers, http.host, http.port, list(settings.models), http.worker_timeout_s
         )
+    storage_lock = None
     if training is not None:
         from livefit.server.base.tensorflow_start import import_tensorflow
+        from livefit.server.config.settings import ConfigError
+        from livefit.server.storage.lock import StorageLocked
 
+        try:  # before TensorFlow: the serving processes start as soon as it is held
+            storage_lock = training.lock_storage(settings)
+        except (StorageLocked, ConfigError) as exc:
+            print(f"livefit: {exc}", file=sys.stderr)
+            return 2
         import_tensorflow()  # quietly, before the training process's modules import it
         from livefit.server.runtime.training_process import size_training_pools
 
@@ -189,7 +197,7 @@ def _serve(args: argparse.Namespace) -> int:
     if training is not None:  # a split learner's training process
         from livefit.server.runtime.training_process import run_training
 
-        _exit_stopped(run_training(settings, training))
+        _exit_stopped(run_training(settings, training, storage_lock))
     from livefit.server.runtime.http_server import run_server
 
     if slot is not None:  # one of a split learner's serving processes

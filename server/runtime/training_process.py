@@ -31,7 +31,7 @@ from ..config.model import ModelSettings
 from ..config.settings import Settings
 from ..serve.busy_board import BusyBoard
 from ..serve.endpoint import ModelEndpoint
-from ..storage.lock import StorageLocked
+from ..storage.lock import StorageLock, StorageLocked
 from ..train.hooks import TrainerHooks
 from ..weights.local_feed import (
     STATUS_INTERVAL_S,
@@ -54,11 +54,19 @@ class TrainingRuntime(LearnerRuntime):
     """The learner's background parts, serving through the group's serving processes."""
 
     def __init__(
-        self, settings: Settings, slot: TrainingSlot, registry: CollectorRegistry | None = None
+        self,
+        settings: Settings,
+        slot: TrainingSlot,
+        registry: CollectorRegistry | None = None,
+        storage_lock: StorageLock | None = None,
     ) -> None:
+        """``storage_lock``: the lock ``TrainingSlot.lock_storage`` took (None: taken by
+        ``preflight``)."""
         # A second learner on this storage names the ``livefit serve`` parent: stopping it
         # stops the learner, where stopping this process would only get it started again.
         super().__init__(settings, registry, lock_owner_pid=os.getppid())
+        if storage_lock is not None:
+            self.storage_lock = storage_lock
         self.slot = slot
         self.feed = LocalWeightFeed(slot.directory)
         self.board: BusyBoard | None = None
@@ -235,9 +243,12 @@ def pin_to_cpus(cpus: list[int] | None) -> None:
     log.info("training process on CPUs %s (processes.training_cores)", cpus)
 
 
-def run_training(settings: Settings, slot: TrainingSlot) -> int:
-    """Run the training process until SIGTERM, SIGINT or SIGHUP; its exit status."""
-    runtime = TrainingRuntime(settings, slot)
+def run_training(
+    settings: Settings, slot: TrainingSlot, storage_lock: StorageLock | None = None
+) -> int:
+    """Run the training process until SIGTERM, SIGINT or SIGHUP; its exit status.
+    ``storage_lock``: the storage lock, where it was taken before TensorFlow was imported."""
+    runtime = TrainingRuntime(settings, slot, storage_lock=storage_lock)
     stopping = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
@@ -257,7 +268,7 @@ def run_training(settings: Settings, slot: TrainingSlot) -> int:
     except Exception:
         log.exception("the training process could not start")
         return 1
-    runtime.feed.start()  # the parent starts the serving processes once it exists
+    runtime.feed.start()  # the serving processes get their first weights and status from here
     metrics = WorkerMetrics(runtime.metrics.registry, TRAINING, (), slot.directory)
     metrics.start()
     log.info("training process ready: %s", ", ".join(runtime.models))
