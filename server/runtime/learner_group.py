@@ -168,8 +168,8 @@ class LearnerGroup(WorkerGroup):
                 return code or 1
             if self.stopping.wait(0.05):
                 return None
-        log.info("training process holds the storage; starting %d serving processes",
-                 len(self.workers))  # fmt: skip
+        count = len(self.workers)
+        log.info("training process holds the storage; starting %d serving processes", count)
         return super()._start_all()
 
     def _check(self) -> int | None:
