@@ -115,8 +115,10 @@ class LearnerRuntime:
         settings: Settings,
         registry: CollectorRegistry | None = None,
         lock_owner_pid: int | None = None,
+        storage_lock: StorageLock | None = None,
     ) -> None:
-        """``lock_owner_pid``: the process the storage lock names (None: this one)."""
+        """``lock_owner_pid``: the process the storage lock names (None: this one);
+        ``storage_lock``: the lock, where it was taken before (None: ``preflight`` takes it)."""
         self.settings = settings
         self.lock_owner_pid = lock_owner_pid
         self.metrics = Metrics(registry, role=self.role)
@@ -124,7 +126,7 @@ class LearnerRuntime:
         self.models: dict[str, ModelRuntime] = {}
         self.managed_broker: ManagedBroker | None = None
         self.learner_log = LearnerLog(self.models, self.metrics)
-        self.storage_lock = StorageLock(Path(settings.storage.dir))
+        self.storage_lock = storage_lock or StorageLock(Path(settings.storage.dir))
         self.storage_health = StorageHealth(self.metrics)
         # The storage dir deleted or replaced: the log takes nothing more, so nothing more is
         # acknowledged.

@@ -64,9 +64,7 @@ class TrainingRuntime(LearnerRuntime):
         ``preflight``)."""
         # A second learner on this storage names the ``livefit serve`` parent: stopping it
         # stops the learner, where stopping this process would only get it started again.
-        super().__init__(settings, registry, lock_owner_pid=os.getppid())
-        if storage_lock is not None:
-            self.storage_lock = storage_lock
+        super().__init__(settings, registry, os.getppid(), storage_lock)
         self.slot = slot
         self.feed = LocalWeightFeed(slot.directory)
         self.board: BusyBoard | None = None

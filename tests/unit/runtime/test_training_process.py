@@ -36,3 +36,36 @@ def test_the_training_process_takes_one_inter_op_thread_unless_told(tmp_path: Pa
     gpu = Settings.model_validate({"models": {"m": {**models["m"], "device": "/GPU:0"}}})
     size_training_pools(gpu, slot)
     assert gpu.tensorflow.inter_op_threads == 0
+
+
+def test_the_lock_taken_before_tensorflow_is_the_one_the_storage_watch_checks(
+    tmp_path: Path,
+) -> None:
+    """``TrainingSlot.lock_storage`` locks the storage before TensorFlow is imported; the
+    runtime keeps that lock, and its storage watch checks it: a deleted storage dir is seen
+    (a watch left with a lock never taken would say nothing)."""
+    import shutil
+
+    from livefit.server.config.settings import Settings
+    from livefit.server.runtime.learner_group import TrainingSlot
+    from livefit.server.runtime.training_process import TrainingRuntime
+
+    storage = tmp_path / "data"
+    settings = Settings.model_validate(
+        {
+            "storage": {"dir": str(storage)},
+            "models": {"m": {"input_shape": [2], "output_shape": [1]}},
+        }
+    )
+    slot = TrainingSlot(tmp_path / "group", workers=1)
+    slot.directory.mkdir()
+    lock = slot.lock_storage(settings)
+    assert slot.locked_marker().exists()
+    runtime = TrainingRuntime(settings, slot, storage_lock=lock)
+    try:
+        runtime.preflight()  # already held: nothing more
+        assert runtime.storage_lock is lock and runtime.storage_watch.lock is lock
+        shutil.rmtree(storage)
+        assert runtime.storage_watch.lock.lost() is not None
+    finally:
+        lock.release()
