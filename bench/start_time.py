@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from bench.config import learner_config, relocated
 from bench.trees import code_at
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.local_process import quiet_env
@@ -32,14 +33,14 @@ from livefit.server.runtime.mosquitto import Mosquitto
 
 LAYOUTS = {"one": 0, "split": 1}  # http.workers
 WORKING_TREE = "."
+MODEL = {"builder": "linear", "input_shape": [8], "output_shape": [1]}
 
 
 def config(broker_url: str, storage: Path, workers: int) -> str:
-    return (
-        f'[broker]\nurl = "{broker_url}"\nclient_id = "start-{storage.name}"\n'
-        f'[storage]\ndir = "{storage}"\n[http]\nworkers = {workers}\n'
-        '[models.demo]\nbuilder = "linear"\ninput_shape = [8]\noutput_shape = [1]\n'
-    )
+    """The learner's config (``bench.config``): one linear model, ``workers`` serving
+    processes (0: one process)."""
+    text = learner_config(broker_url, str(storage), f"start-{storage.name}", {"demo": MODEL})
+    return relocated(text, broker_url, str(storage), workers)
 
 
 def process_cpu(pid: int) -> list[float]:
