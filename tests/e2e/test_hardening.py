@@ -286,8 +286,9 @@ def test_second_learner_on_the_same_storage_exits_at_once(
     # its storage after each of ten SIGKILLs.
 
 
+@in_both_layouts()
 def test_a_deleted_storage_dir_stops_acknowledgements_and_keeps_the_lock(
-    own_broker: Mosquitto, tmp_path: Path
+    own_broker: Mosquitto, tmp_path: Path, layout: str
 ) -> None:
     """``rm -rf`` of a running learner's storage dir: readiness 503 naming ``storage_lost``,
     ``livefit_storage_healthy`` 0, nothing published after it is acknowledged (the learner used
@@ -295,7 +296,11 @@ def test_a_deleted_storage_dir_stops_acknowledgements_and_keeps_the_lock(
     naming the first; after SIGKILL and a restart every sample published after the deletion is
     trained, once, by the broker's redelivery (the deletion took what was before it)."""
     storage = tmp_path / "data"
-    text = learner_config(own_broker, storage, f"rmrf-{own_broker.port}", "dedup = true")
+    # split too: its training process locks the storage before TensorFlow, and its storage
+    # watch must check that lock (a watch left with a lock never taken saw nothing)
+    text = with_layout(
+        learner_config(own_broker, storage, f"rmrf-{own_broker.port}", "dedup = true"), layout
+    )
     server = LivefitProcess(text, tmp_path).start()
     outcome: dict[str, PublishStats] = {}
     publisher = threading.Thread(
