@@ -34,6 +34,8 @@ VARIANTS: dict[str, tuple[dict[str, Any], Knobs]] = {
         {"labels": {**LABELS, "batch_window_ms": 0.0}},
         replace(DEFAULTS, steps_per_batch=1),
     ),
+    # snapshots handed to the learner's serving every 0.02 s (weights.serve_interval_s 0.15)
+    "serve20ms": ({"weights": {"serve_interval_s": 0.02}}, DEFAULTS),
 }
 
 
