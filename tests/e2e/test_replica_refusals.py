@@ -92,6 +92,12 @@ def counted(replica: LivefitProcess, outcomes: tuple[str, ...]) -> float:
                for o in outcomes)  # fmt: skip
 
 
+def published(learner: LivefitProcess) -> float:
+    """Every snapshot the learner sent on the weight topic (new, restored or re-signed)."""
+    return sum(v for (name, _), v in learner.metrics().items()
+               if name == "livefit_weights_published_total")  # fmt: skip
+
+
 def served(replica: LivefitProcess) -> int:
     return int(replica.metric("livefit_serving_version", model="demo"))
 
@@ -125,8 +131,10 @@ def test_garbage_on_the_weight_topic_is_a_few_lines_and_every_message_counted(
 ) -> None:
     """2,000 garbage messages produced 1,908 WARNING lines (360 KB) on the replica."""
     replica, learner = fleet.replica, fleet.learner
-    version = settled(learner, replica, 200)  # no real snapshot arrives during the flood
+    version = settled(learner, replica, 200)  # no new version is published during the flood
     before, offset = counted(replica, REFUSED), replica.log.stat().st_size
+    sent_before = published(learner)
+    connects_before = replica.metric("livefit_broker_connects_total")
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     client.connect("127.0.0.1", fleet.broker.port)
     client.loop_start()
@@ -140,10 +148,19 @@ def test_garbage_on_the_weight_topic_is_a_few_lines_and_every_message_counted(
     deadline = time.monotonic() + 60
     while counted(replica, REFUSED) < before + 2000 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert counted(replica, REFUSED) == before + 2000, "every message is counted"
     lines = refusal_lines(replica, offset)
     by_outcome = {o: counted(replica, (o,)) for o in REFUSED}
     print(f"\n2,000 garbage messages: {len(lines)} refusal lines, counted {by_outcome}")
+    extra = counted(replica, REFUSED) - before - 2000
+    assert extra >= 0, "every message is counted"
+    # More only where a real message was dropped unread from the full inbox (``superseded``):
+    # a snapshot the learner sent meanwhile, or the retained one and unacknowledged garbage
+    # sent again after the replica reconnected (a CI run under load counted 2,002).
+    if extra:
+        assert (
+            published(learner) > sent_before
+            or replica.metric("livefit_broker_connects_total") > connects_before
+        ), f"{extra:.0f} refusals more than garbage messages, with no other message to explain them"
     assert 1 <= len(lines) <= 4, lines  # one per outcome, then one per 10 s at most
     assert served(replica) == version and predict(replica).status_code == 200
     # The learner's next snapshots still arrive and are served.
@@ -182,12 +199,16 @@ def test_a_rotated_key_turns_readiness_503_and_logs_a_few_lines(fleet: Fleet) ->
 
     publisher = threading.Thread(target=stream, name="samples")
     try:
-        rotated.start(ready_timeout_s=180)
+        # Not waiting for it to be ready: its first snapshot (the restored weights) can reach the
+        # replica seconds before its readiness (a CI run under load saw 6 s), and the clock below
+        # runs from that first refusal.
+        rotated.start(ready_timeout_s=None)
         publisher.start()
         first = time.monotonic()
         while counted(replica, ("bad_signature",)) == refused_before:
-            assert time.monotonic() - first < 60, "no snapshot of the new key reached the replica"
-            time.sleep(0.1)
+            assert time.monotonic() - first < 180, "no snapshot of the new key reached the replica"
+            assert rotated.alive(), rotated.tail()
+            time.sleep(0.05)
         first = time.monotonic()
         problems: list[str] = []
         while time.monotonic() - first < 60:
