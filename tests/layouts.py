@@ -71,6 +71,11 @@ def metric(server: LivefitProcess, name: str, **labels: str) -> float:
     return 0.0
 
 
+def metric_sum(server: LivefitProcess, name: str) -> float:
+    """The sum of every sample of ``name``, whatever its labels (every model, kind, worker)."""
+    return sum(value for (sample, _), value in server.metrics().items() if sample == name)
+
+
 def learner_pid(server: LivefitProcess) -> int:
     """The process holding the MQTT session: the learner, or a split learner's training one."""
     assert server.process is not None

@@ -46,7 +46,7 @@ from livefit.server.runtime.mosquitto import Mosquitto
 from tests import configs
 from tests.configs import model
 from tests.disks import mounted_tmpfs
-from tests.layouts import ONE_PROCESS, SPLIT, in_both_layouts, metric, with_layout
+from tests.layouts import ONE_PROCESS, SPLIT, in_both_layouts, metric, metric_sum, with_layout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -214,9 +214,7 @@ def test_full_disk_loses_no_acknowledged_sample(
             >= 1
         )
         time.sleep(2.0)  # keep failing for a while: every retry must leave no trace
-        errors = sum(
-            v for (name, _), v in server.metrics().items() if name == "livefit_storage_errors_total"
-        )
+        errors = metric_sum(server, "livefit_storage_errors_total")
         filler.unlink()  # the disk has room again
         publisher.join(120)
         assert outcome["stats"].samples == 15_000

@@ -26,10 +26,12 @@ from livefit.server.runtime.local_process import free_port, stop_all
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import learner_config, model
 from tests.e2e.test_two_learners_one_replica import clear_retained, make_key
+from tests.layouts import metric_sum
 
 TOPIC = "livefit/demo/weights"
 UNREADY_S = 4  # weights.refused_unready_s of the replica
 REFUSED = ("unsigned", "bad_payload", "superseded")  # what garbage ends as
+PUBLISHED = "livefit_weights_published_total"  # every snapshot sent: new, restored, re-signed
 
 
 @dataclass
@@ -92,12 +94,6 @@ def counted(replica: LivefitProcess, outcomes: tuple[str, ...]) -> float:
                for o in outcomes)  # fmt: skip
 
 
-def published(learner: LivefitProcess) -> float:
-    """Every snapshot the learner sent on the weight topic (new, restored or re-signed)."""
-    return sum(v for (name, _), v in learner.metrics().items()
-               if name == "livefit_weights_published_total")  # fmt: skip
-
-
 def served(replica: LivefitProcess) -> int:
     return int(replica.metric("livefit_serving_version", model="demo"))
 
@@ -133,7 +129,7 @@ def test_garbage_on_the_weight_topic_is_a_few_lines_and_every_message_counted(
     replica, learner = fleet.replica, fleet.learner
     version = settled(learner, replica, 200)  # no new version is published during the flood
     before, offset = counted(replica, REFUSED), replica.log.stat().st_size
-    sent_before = published(learner)
+    sent_before = metric_sum(learner, PUBLISHED)
     connects_before = replica.metric("livefit_broker_connects_total")
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     client.connect("127.0.0.1", fleet.broker.port)
@@ -158,7 +154,7 @@ def test_garbage_on_the_weight_topic_is_a_few_lines_and_every_message_counted(
     # sent again after the replica reconnected (a CI run under load counted 2,002).
     if extra:
         assert (
-            published(learner) > sent_before
+            metric_sum(learner, PUBLISHED) > sent_before
             or replica.metric("livefit_broker_connects_total") > connects_before
         ), f"{extra:.0f} refusals more than garbage messages, with no other message to explain them"
     assert 1 <= len(lines) <= 4, lines  # one per outcome, then one per 10 s at most
