@@ -76,18 +76,27 @@ def quiet_tensorflow_env() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+_reported = False
+
+
 def import_tensorflow() -> list[str]:
     """Import TensorFlow quietly (the module docstring) and return the GPUs it sees; logged
-    by the call that imports it, not again."""
+    by the first call in a process, not again (also where TensorFlow was imported before it:
+    the test suite's fork server imports it for the processes it forks, tests/forkserver.py)."""
+    global _reported
     if "tensorflow" in sys.modules:
         import tensorflow as tf
 
-        return [gpu.name for gpu in tf.config.list_physical_devices("GPU")]
-    quiet_tensorflow_env()
-    with _filtered_stderr():
-        import tensorflow as tf
-
         gpus = [gpu.name for gpu in tf.config.list_physical_devices("GPU")]
+    else:
+        quiet_tensorflow_env()
+        with filtered_stderr():
+            import tensorflow as tf
+
+            gpus = [gpu.name for gpu in tf.config.list_physical_devices("GPU")]
+    if _reported:
+        return gpus
+    _reported = True
     if gpus:
         log.info("TensorFlow %s sees %d GPU(s): %s", tf.__version__, len(gpus), ", ".join(gpus))
     else:
@@ -107,7 +116,7 @@ def exit_without_teardown(code: int) -> NoReturn:
 
 
 @contextmanager
-def _filtered_stderr() -> Iterator[None]:
+def filtered_stderr() -> Iterator[None]:
     """File descriptor 2 through the filter process for the duration; as it was without one
     when the filter cannot start."""
     sys.stderr.flush()

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Self
+from typing import ClassVar, Self
 
 from .children import start_child
 
@@ -107,6 +107,9 @@ class LocalProcess:
 
     stop_timeout_s = 20.0  # SIGTERM, then SIGKILL after this long
     log_mode = "wb"
+    # What starts the child: ``start_child``; the test suite starts livefit's own servers from
+    # a preloaded interpreter instead (tests/forkserver.py)
+    launcher: ClassVar[Callable[..., subprocess.Popen[bytes]]] = staticmethod(start_child)
 
     def __init__(
         self, name: str, argv: Sequence[str], log: Path, *, env: Mapping[str, str] | None = None,
@@ -123,7 +126,7 @@ class LocalProcess:
     def start(self) -> Self:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open(self.log_mode) as out:
-            self.process = start_child(
+            self.process = self.launcher(
                 self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd
             )
         return self

@@ -1,18 +1,33 @@
 """The brokers end-to-end tests start: a mosquitto per session or per test, an embedded amqtt
-(``tests/brokers.py`` starts it, and NATS).
+(``tests/brokers.py`` starts it, and NATS); and how their livefit servers start: forked from a
+preloaded interpreter (``tests/forkserver.py``), fresh within ``forkserver.fresh_starts()``
+or with ``LIVEFIT_TEST_FRESH_PROCESSES=1``.
 
 Only tests under ``tests/e2e/`` can ask for them: a unit test starts no broker and no process.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from livefit.server.runtime.mosquitto import Mosquitto
+from tests import forkserver
 from tests.brokers import embedded_amqtt
+
+
+@pytest.fixture(scope="session", autouse=True)
+def preloaded_starts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """livefit servers forked from this worker's fork server (started at the first one)."""
+    if os.environ.get(forkserver.FRESH_ENV) == "1":
+        yield
+        return
+    forkserver.use_fork_server(tmp_path_factory.mktemp("forkserver"))
+    yield
+    forkserver.stop_fork_server()
 
 
 @pytest.fixture(scope="session")
