@@ -31,7 +31,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,27 @@ PRELOADED = ("livefit.server", "livefit.models")
 MAX_REQUEST_BYTES = 1 << 20
 
 
+# Read at start too, but set up in the child as Python would have: the bench's processes run
+# with PYTHONWARNINGS=ignore
+WARNINGS_ENV = "PYTHONWARNINGS"
+
+
 def _import_time_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
+    """The variables of ``env`` read while starting and importing, but PYTHONWARNINGS when it
+    names only actions (``ignore``, ``default``...: ``_warn_as_python_would``)."""
+    picked = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
+    if ":" not in picked.get(WARNINGS_ENV, ":"):
+        del picked[WARNINGS_ENV]
+    return picked
+
+
+def _warn_as_python_would(env: Mapping[str, str]) -> None:
+    """PYTHONWARNINGS' actions, each put first as Python's start puts them (an action alone
+    applies to every warning)."""
+    options = [o.strip() for o in env.get(WARNINGS_ENV, "").split(",") if o.strip()]
+    sys.warnoptions[:] = options
+    for action in options:
+        warnings.simplefilter(action)  # type: ignore[arg-type]
 
 
 # ---- the fork server (``python -m tests.forkserver SOCKET``) ----
@@ -157,6 +178,7 @@ def _become(
     os.dup2(log_fd, 2)
     os.close(log_fd)
     sys.path[0] = os.getcwd()  # ``-m`` puts the working directory first
+    _warn_as_python_would(os.environ)
     tempfile.tempdir = None  # found again from TMPDIR, as a fresh process finds it
     time.tzset()  # likewise the time zone from TZ
     sys.argv = ["livefit", *request["args"]]
@@ -213,10 +235,14 @@ class ForkedChild(subprocess.Popen[bytes]):
         self._child_created = False  # nothing for Popen.__del__ to reap
         self._connection = connection
         self._received = b""
+        self._reading = threading.Lock()  # a stop in one thread, a poll in another
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self._read(0.0)
+        if self.returncode is None and self._reading.acquire(blocking=False):
+            try:  # (while another thread reads, as Popen's poll: the status known so far)
+                self._read_status(0.0)
+            finally:
+                self._reading.release()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -225,10 +251,16 @@ class ForkedChild(subprocess.Popen[bytes]):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            self._read(left)
+            with self._reading:  # in slices, so that a poll elsewhere is not held up long
+                self._read_status(0.1 if left is None else min(left, 0.1))
         return int(self.returncode)
 
-    def _read(self, timeout: float | None) -> None:
+    def __del__(self) -> None:
+        self._connection.close()  # a child nobody waited for: no socket left to the collector
+
+    def _read_status(self, timeout: float) -> None:
+        if self.returncode is not None:
+            return
         readable, _, _ = select.select([self._connection], [], [], timeout)
         if not readable:
             return

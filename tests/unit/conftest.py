@@ -11,17 +11,21 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import forkserver
+
 # The standard library's own one-off process: platform.processor() runs `uname -p` once and
 # caches it, and importing TensorFlow asks for it. Asked here, before any test refuses
 # processes, so the first test of a run to import TensorFlow does not fail for it.
 platform.processor()
 
 # Every way a test could start a process: subprocess and asyncio's subprocesses (Popen),
-# multiprocessing, and os' own.
+# multiprocessing, os' own, and the end-to-end tests' fork server (which a worker keeps after
+# its end-to-end files, and which forks in a process of its own).
 _STARTERS = [
     (subprocess.Popen, "__init__"),
     (multiprocessing.process.BaseProcess, "start"),
     *((os, name) for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")),
+    (forkserver.ForkServer, "launch"),
 ]
 
 

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from livefit.server.base import tensorflow_start
 from livefit.server.base.tensorflow_start import (
     NoiseFilter,
     filter_stream,
@@ -71,12 +72,19 @@ def test_a_users_tensorflow_log_level_is_kept(monkeypatch: pytest.MonkeyPatch) -
     assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
 
 
-def test_an_imported_tensorflow_is_not_imported_again_nor_logged(
-    caplog: pytest.LogCaptureFixture,
+def test_an_imported_tensorflow_is_not_imported_again_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Where TensorFlow was imported before (the suite's fork server imports it for the
+    servers it forks), the first call still says what TensorFlow sees, and only the first."""
     import tensorflow as tf
 
+    monkeypatch.setattr(tensorflow_start, "_reported", False)  # this process's first call
     caplog.set_level(logging.INFO)
     gpus = import_tensorflow()  # no filter process: this test process starts none
     assert gpus == [gpu.name for gpu in tf.config.list_physical_devices("GPU")]
+    [record] = caplog.records
+    assert record.getMessage().startswith(f"TensorFlow {tf.__version__} sees "), record
+    caplog.clear()
+    assert import_tensorflow() == gpus
     assert not caplog.records

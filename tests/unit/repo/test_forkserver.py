@@ -1,0 +1,108 @@
+"""``tests/forkserver.py`` without a process: which launches it forks (a group's parent never,
+an environment read while importing only when it matches), and how a forked child's status
+reaches its ``Popen`` (the fork server's line, or its end). Forked children themselves are
+checked against fresh ones in ``tests/e2e/test_forkserver.py``."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests import forkserver
+
+CONFIG = """[broker]
+url = "mqtt://127.0.0.1:1883"
+[storage]
+dir = "data"
+[models.demo]
+builder = "linear"
+input_shape = [8]
+output_shape = [1]
+"""
+
+
+@pytest.mark.parametrize(
+    ("command", "http", "extra", "supervises"),
+    [
+        ("serve", "workers = 0", [], False),  # one-process learner: runs its models
+        ("serve", "workers = 2", [], True),  # split learner's parent
+        ("serve", "workers = 2", ["--workers", "0"], False),
+        ("replica", "workers = 1", [], False),
+        ("replica", "workers = 3", [], True),  # a worker group's parent
+        ("publish", "workers = 2", [], False),
+    ],
+)
+def test_a_groups_parent_is_started_fresh(
+    tmp_path: Path, command: str, http: str, extra: list[str], supervises: bool
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f"{CONFIG}[http]\n{http}\n")
+    args = [command, "--config", str(config), *extra]
+    assert forkserver.supervises_only(args, {}) is supervises
+
+
+def test_an_unreadable_config_is_forked_to_say_what_is_wrong(tmp_path: Path) -> None:
+    assert not forkserver.supervises_only(["serve", "--config", str(tmp_path / "none")], {})
+    assert not forkserver.supervises_only(["serve", "--config"], {})
+    env = {"LIVEFIT_HTTP__WORKERS": "2"}  # the environment's settings count
+    (tmp_path / "c.toml").write_text(CONFIG)
+    assert forkserver.supervises_only(["serve", "--config", str(tmp_path / "c.toml")], env)
+
+
+def test_only_the_variables_read_while_importing_are_compared() -> None:
+    picked = forkserver._import_time_env(
+        {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": "x", "LIVEFIT_HTTP__PORT": "1", "TMPDIR": "/t",
+         "PYTHONWARNINGS": "ignore"}
+    )  # fmt: skip
+    assert picked == {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": "x"}  # warnings set up after
+    module_filter = {"PYTHONWARNINGS": "ignore::DeprecationWarning:keras"}
+    assert forkserver._import_time_env(module_filter) == module_filter  # these start fresh
+
+
+def child() -> tuple[forkserver.ForkedChild, socket.socket]:
+    ours, theirs = socket.socketpair()
+    return forkserver.ForkedChild(4242, ours, ["python", "-m", "livefit"]), theirs
+
+
+def test_the_status_the_fork_server_sends_is_the_exit_status() -> None:
+    process, server = child()
+    assert process.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(0.05)
+    server.sendall(b"exit -15\n")
+    assert process.wait(5) == -15 and process.poll() == -15 and process.returncode == -15
+    server.close()
+
+
+def test_a_status_in_pieces_is_read_whole() -> None:
+    process, server = child()
+    server.sendall(b"exi")
+    assert process.poll() is None
+    server.sendall(b"t 2\n")
+    assert process.wait(5) == 2
+    server.close()
+
+
+def test_a_fork_server_gone_reads_as_its_children_killed() -> None:
+    process, server = child()
+    server.close()
+    assert process.wait(5) == -signal.SIGKILL
+
+
+def test_pythonwarnings_actions_are_applied_as_python_applies_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "warnoptions", [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        forkserver._warn_as_python_would({"PYTHONWARNINGS": "default, ignore"})
+        warnings.warn("dropped", UserWarning, stacklevel=1)
+        assert sys.warnoptions == ["default", "ignore"]
+        assert warnings.filters[0][0] == "ignore"  # the last option first, as Python puts it
+    assert not caught
