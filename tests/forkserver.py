@@ -46,6 +46,7 @@ IMPORT_TIME_ENV = ("TF_", "CUDA", "KERAS", "XLA", "OMP_", "MKL", "PYTHON", "LD_"
 # The packages a livefit server imports before it is ready (the rest of its imports are small)
 PRELOADED = ("livefit.server", "livefit.models")
 MAX_REQUEST_BYTES = 1 << 20
+SOCKET_PATH_MAX = 100  # a Unix socket's path is at most 107 bytes on Linux
 
 
 # Read at start too, but set up in the child as Python would have: the bench's processes run
@@ -280,6 +281,8 @@ class ForkServer:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.socket_path = str(workdir / "forkserver.sock")
+        if len(self.socket_path) > SOCKET_PATH_MAX:  # a long TMPDIR: a short directory instead
+            self.socket_path = os.path.join(tempfile.mkdtemp(prefix="lf-fork-"), "socket")
         self.env: dict[str, str] | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
