@@ -46,7 +46,7 @@ IMPORT_TIME_ENV = ("TF_", "CUDA", "KERAS", "XLA", "OMP_", "MKL", "PYTHON", "LD_"
 # The packages a livefit server imports before it is ready (the rest of its imports are small)
 PRELOADED = ("livefit.server", "livefit.models")
 MAX_REQUEST_BYTES = 1 << 20
-SOCKET_PATH_MAX = 100  # a Unix socket's path is at most 107 bytes on Linux
+SOCKET_PATH_MAX = 96  # a Unix socket's path is at most 107 bytes on Linux (and ".binding")
 
 
 # Read at start too, but set up in the child as Python would have: the bench's processes run
@@ -101,8 +101,9 @@ def _serve(path: str) -> dict[str, Any]:
 
     dies_with_this = die_with_parent()  # made here: it names this process as the parent
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(f"{path}.binding")
     listener.listen(64)
+    os.rename(f"{path}.binding", path)  # the path appears once connections are accepted
     woken, wake = os.pipe()
     os.set_blocking(woken, False)
     os.set_blocking(wake, False)
