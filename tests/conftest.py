@@ -1,5 +1,5 @@
 """What every test shares: a check that no test leaves threads behind, the ``e2e`` marker by
-directory, and how the two test workers share the files.
+directory, and how the test workers share the files.
 
 ``tests/unit/`` runs in the test process alone: no broker, no child process, seconds at most.
 ``tests/learning/`` runs in the test process alone too, but learns streams with a real compiled
@@ -26,8 +26,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def _worker_ports() -> str | None:
     """This test worker's own ``LIVEFIT_FREE_PORTS``: 2,000 ports below the kernel's ephemeral
-    range (``ip_local_port_range``), gw0 from 10000, gw1 from 12000, a run without workers
-    last; None (the kernel picks) when the ranges would not fit below it."""
+    range (``ip_local_port_range``), gw0 from 10000, gw1 from 12000, gw2 from 14000, a run
+    without workers last; None (the kernel picks) when the ranges would not fit below it."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 8
     low = 10000 + 2000 * index
@@ -91,7 +91,7 @@ def _order(item: pytest.Item) -> tuple[int, int]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the end-to-end tests, and run them first, the longest files first, then the
-    learning files, then the unit files: the two workers take files in this order
+    learning files, then the unit files: the workers take files in this order
     (``--no-loadscope-reorder``), so the files of minutes start early and the short files even
     out the end, instead of one long file running alone last."""
     for item in items:

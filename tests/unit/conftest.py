@@ -47,7 +47,7 @@ def no_child_processes(monkeypatch: pytest.MonkeyPatch) -> None:
 def shared_trainer_steps() -> Iterator[None]:
     """Trainers built through ``tests.step_pool.pooled_steps`` share traced steps (see there)."""
     # Imported here: pytest-xdist's controller loads this file too, and at the top the import
-    # (TensorFlow with it) cost it 6 s of CPU beside the two workers' own imports.
+    # (TensorFlow with it) cost it 6 s of CPU beside the workers' own imports.
     from tests import step_pool
 
     step_pool.activate()

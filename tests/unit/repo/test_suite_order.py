@@ -1,4 +1,4 @@
-"""The order the two test workers take the files in (``tests/conftest.py``): the long
+"""The order the test workers take the files in (``tests/conftest.py``): the long
 end-to-end files first, longest first, then the other end-to-end files, then the learning files
 (the long ones first), then the unit files."""
 
