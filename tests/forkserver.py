@@ -54,16 +54,16 @@ SOCKET_PATH_MAX = 96  # a Unix socket's path is at most 107 bytes on Linux (and 
 WARNINGS_ENV = "PYTHONWARNINGS"
 
 
-def _import_time_env(env: Mapping[str, str]) -> dict[str, str]:
+def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` read while starting and importing, but PYTHONWARNINGS when it
-    names only actions (``ignore``, ``default``...: ``_warn_as_python_would``)."""
+    names only actions (``ignore``, ``default``...: ``warn_as_python_would``)."""
     picked = {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
     if ":" not in picked.get(WARNINGS_ENV, ":"):
         del picked[WARNINGS_ENV]
     return picked
 
 
-def _warn_as_python_would(env: Mapping[str, str]) -> None:
+def warn_as_python_would(env: Mapping[str, str]) -> None:
     """PYTHONWARNINGS' actions, each put first as Python's start puts them (an action alone
     applies to every warning)."""
     options = [o.strip() for o in env.get(WARNINGS_ENV, "").split(",") if o.strip()]
@@ -180,7 +180,7 @@ def _become(
     os.dup2(log_fd, 2)
     os.close(log_fd)
     sys.path[0] = os.getcwd()  # ``-m`` puts the working directory first
-    _warn_as_python_would(os.environ)
+    warn_as_python_would(os.environ)
     tempfile.tempdir = None  # found again from TMPDIR, as a fresh process finds it
     time.tzset()  # likewise the time zone from TZ
     sys.argv = ["livefit", *request["args"]]
@@ -325,8 +325,8 @@ class ForkServer:
         if self.process is None or self.process.poll() is not None:
             self._start()
         assert self.env is not None
-        given = _import_time_env(env if env is not None else os.environ)
-        return given == _import_time_env(self.env)
+        given = import_time_env(env if env is not None else os.environ)
+        return given == import_time_env(self.env)
 
     def launch(self, argv: Sequence[str], *, stdout: Any, env: Mapping[str, str] | None = None,
                cwd: Path | str | None = None, **popen: Any) -> ForkedChild:  # fmt: skip

@@ -15,35 +15,31 @@ from pathlib import Path
 import pytest
 
 from tests import forkserver
+from tests.configs import learner_config
+from tests.layouts import with_workers
 
-CONFIG = """[broker]
-url = "mqtt://127.0.0.1:1883"
-[storage]
-dir = "data"
-[models.demo]
-builder = "linear"
-input_shape = [8]
-output_shape = [1]
-"""
+
+def config(workers: int) -> str:
+    return with_workers(learner_config("mqtt://127.0.0.1:1883", "data", "forkserver"), workers)
 
 
 @pytest.mark.parametrize(
-    ("command", "http", "extra", "supervises"),
+    ("command", "workers", "extra", "supervises"),
     [
-        ("serve", "workers = 0", [], False),  # one-process learner: runs its models
-        ("serve", "workers = 2", [], True),  # split learner's parent
-        ("serve", "workers = 2", ["--workers", "0"], False),
-        ("replica", "workers = 1", [], False),
-        ("replica", "workers = 3", [], True),  # a worker group's parent
-        ("publish", "workers = 2", [], False),
+        ("serve", 0, [], False),  # one-process learner: runs its models
+        ("serve", 2, [], True),  # split learner's parent
+        ("serve", 2, ["--workers", "0"], False),
+        ("replica", 1, [], False),
+        ("replica", 3, [], True),  # a worker group's parent
+        ("publish", 2, [], False),
     ],
 )
 def test_a_groups_parent_is_started_fresh(
-    tmp_path: Path, command: str, http: str, extra: list[str], supervises: bool
+    tmp_path: Path, command: str, workers: int, extra: list[str], supervises: bool
 ) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(f"{CONFIG}[http]\n{http}\n")
-    args = [command, "--config", str(config), *extra]
+    path = tmp_path / "config.toml"
+    path.write_text(config(workers))
+    args = [command, "--config", str(path), *extra]
     assert forkserver.supervises_only(args, {}) is supervises
 
 
@@ -51,18 +47,18 @@ def test_an_unreadable_config_is_forked_to_say_what_is_wrong(tmp_path: Path) -> 
     assert not forkserver.supervises_only(["serve", "--config", str(tmp_path / "none")], {})
     assert not forkserver.supervises_only(["serve", "--config"], {})
     env = {"LIVEFIT_HTTP__WORKERS": "2"}  # the environment's settings count
-    (tmp_path / "c.toml").write_text(CONFIG)
+    (tmp_path / "c.toml").write_text(config(0))
     assert forkserver.supervises_only(["serve", "--config", str(tmp_path / "c.toml")], env)
 
 
 def test_only_the_variables_read_while_importing_are_compared() -> None:
-    picked = forkserver._import_time_env(
+    picked = forkserver.import_time_env(
         {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": "x", "LIVEFIT_HTTP__PORT": "1", "TMPDIR": "/t",
          "PYTHONWARNINGS": "ignore"}
     )  # fmt: skip
     assert picked == {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": "x"}  # warnings set up after
     module_filter = {"PYTHONWARNINGS": "ignore::DeprecationWarning:keras"}
-    assert forkserver._import_time_env(module_filter) == module_filter  # these start fresh
+    assert forkserver.import_time_env(module_filter) == module_filter  # these start fresh
 
 
 def child() -> tuple[forkserver.ForkedChild, socket.socket]:
@@ -101,7 +97,7 @@ def test_pythonwarnings_actions_are_applied_as_python_applies_them(
     monkeypatch.setattr(sys, "warnoptions", [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        forkserver._warn_as_python_would({"PYTHONWARNINGS": "default, ignore"})
+        forkserver.warn_as_python_would({"PYTHONWARNINGS": "default, ignore"})
         warnings.warn("dropped", UserWarning, stacklevel=1)
         assert sys.warnoptions == ["default", "ignore"]
         assert warnings.filters[0][0] == "ignore"  # the last option first, as Python puts it
