@@ -129,7 +129,8 @@ def peer_score(make_model: Callable[[], Any], stream: Stream) -> Score:
     """Test-then-train, one sample at a time: predict, then ``learn_one``.
 
     A classifier's prediction is river's most probable class (none before the model has seen
-    a class, which counts as wrong, as in ``evaluate.progressive_val_score``); a regressor's is
+    a class, which counts as wrong: ``evaluate.progressive_val_score`` would leave that sample
+    out, where livefit answers and is scored on every sample); a regressor's is
     ``predict_one``.
     """
     if stream.task == REGRESSION:

@@ -4,7 +4,7 @@ gap is the scoring protocol rather than the learner.
     .venv/bin/python -m bench.learning.protocol [--streams trump,waveform] [--limit N]
         [--livefit bench/results/fast_start_after_first.jsonl] [--out bench/results/protocol.json]
 
-The learning benchmark scores river sample by sample (``evaluate.progressive_val_score``):
+The learning benchmark scores river sample by sample (``evaluate.progressive_val_score``'s order):
 each sample is predicted by a model that has learned every sample before it. livefit's server
 cannot do that within a message: a message of 25 labelled samples arrives at once, its
 samples were predicted (and the clients answered) before any of their labels came, and the
@@ -85,7 +85,8 @@ def score_in_batches(
     make_model: Callable[[], Any], stream: Stream, batches: list[tuple[int, int]]
 ) -> float:
     """Accuracy or MAE of a river model that predicts each batch whole, then learns it one
-    sample at a time. One-sample batches give ``progressive_val_score``'s figure."""
+    sample at a time. One-sample batches give the learning benchmark's figure (no answer
+    scored wrong, where ``progressive_val_score`` would leave it out)."""
     model = make_model()
     rows = list(stream.rows)
     scores = np.zeros(len(rows), dtype=np.float64)
