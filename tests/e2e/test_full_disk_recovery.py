@@ -35,7 +35,7 @@ from tests import configs
 from tests.configs import model
 from tests.disks import fill, mounted_tmpfs
 from tests.e2e.test_hardening import publish_samples, ready, trained, wait_trained
-from tests.layouts import ONE_PROCESS, in_both_layouts, metric
+from tests.layouts import ONE_PROCESS, metric
 
 WEIGHTS_TOPIC = "livefit/demo/weights"
 TOTAL = 11_000  # samples of the crash test: 1,000 trained, then 10,000 queued when the disk fills
@@ -157,15 +157,18 @@ def test_a_crash_after_a_full_disk_hands_out_no_version_twice(
     assert max(published) <= mark_at_crash  # nothing left beyond what the disk records
 
 
-@in_both_layouts()
 def test_storage_that_works_again_is_noticed_and_a_stop_writes_its_checkpoint(
-    own_broker: Mosquitto, tmp_path: Path, layout: str
+    own_broker: Mosquitto, tmp_path: Path
 ) -> None:
-    """Both layouts: a split learner's readiness is answered by its serving process, from the
-    training process's storage health."""
+    """One process: the retried checkpoint and the one a stop writes are the trainer's, the
+    same in both layouts. What the split layout adds is proved elsewhere: its readiness 503 on
+    the training process's storage problem and 200 once the disk is freed
+    (``test_hardening.py::test_full_disk_loses_no_acknowledged_sample[split]``), and a SIGTERM
+    that checkpoints what was trained, then a restart that replays nothing
+    (``test_learner_group.py::test_sigterm_trains_what_was_accepted_then_stops_serving``)."""
     with mounted_tmpfs(tmp_path / "disk", "6m") as disk:
         storage = disk / "data"
-        text = learner_config(own_broker, storage, f"recovery-{own_broker.port}", layout)
+        text = learner_config(own_broker, storage, f"recovery-{own_broker.port}")
         server = LivefitProcess(text, tmp_path).start()
         try:
             publish_samples(own_broker, 1_000, batch=100)

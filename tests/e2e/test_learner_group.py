@@ -415,19 +415,16 @@ def test_sigterm_under_backpressure_trains_every_acknowledged_sample(
         again.stop()
 
 
-def test_a_killed_parent_takes_every_process(broker: Mosquitto, tmp_path: Path) -> None:
-    learner = LivefitProcess(split_config(broker, tmp_path / "data"), tmp_path).start()
-    pids = processes(learner)
-    assert len(pids) == 3
-    assert learner.stop(signal.SIGKILL, timeout=30) == -signal.SIGKILL
-    _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=10)
-
-
-def test_a_second_learner_on_the_same_storage_exits_before_serving(
+def test_a_second_learner_on_the_same_storage_exits_and_a_killed_parent_takes_every_process(
     broker: Mosquitto, tmp_path: Path
 ) -> None:
+    """Who owns a split learner: a second ``livefit serve`` on its storage exits before it
+    serves anything, naming the parent; SIGKILL of the parent takes its every process."""
     text = split_config(broker, tmp_path / "data")
-    with LivefitProcess(text, tmp_path / "first").start() as first:
+    first = LivefitProcess(text, tmp_path / "first").start()
+    try:
+        pids = processes(first)
+        assert len(pids) == 3
         (tmp_path / "second.toml").write_text(text)
         done = subprocess.run(
             [sys.executable, "-m", "livefit", "serve", "--config", str(tmp_path / "second.toml"),
@@ -441,6 +438,10 @@ def test_a_second_learner_on_the_same_storage_exits_before_serving(
         assert f"(pid {first.pid} on " in done.stderr, done.stderr[-3000:]
         assert "serving worker 0 started" not in done.stderr  # nothing served, nothing connected
         assert predict_on_new_connections(first, 3) == [200] * 3
+        assert first.stop(signal.SIGKILL, timeout=30) == -signal.SIGKILL
+        _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), timeout=10)
+    finally:
+        first.stop()
 
 
 def _training_pid(learner: LivefitProcess) -> int | None:
