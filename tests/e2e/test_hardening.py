@@ -291,8 +291,9 @@ def test_a_deleted_storage_dir_stops_acknowledgements_and_keeps_the_lock(
     """``rm -rf`` of a running learner's storage dir: readiness 503 naming ``storage_lost``,
     ``livefit_storage_healthy`` 0, nothing published after it is acknowledged (the learner used
     to log into the deleted segment and acknowledge), a second learner on the path is refused
-    naming the first; after SIGKILL and a restart every sample published after the deletion is
-    trained, once, by the broker's redelivery (the deletion took what was before it)."""
+    naming the first; after SIGKILL and a restart (one process) every sample published after the
+    deletion is trained, once, by the broker's redelivery (the deletion took what was before
+    it)."""
     storage = tmp_path / "data"
     # split too: its training process locks the storage before TensorFlow, and its storage
     # watch must check that lock (a watch left with a lock never taken saw nothing)
@@ -327,6 +328,11 @@ def test_a_deleted_storage_dir_stops_acknowledgements_and_keeps_the_lock(
         assert f"pid {server.process.pid}" in second.stderr  # type: ignore[union-attr]
         assert "in use by another livefit learner" in second.stderr
         assert server.stop(signal.SIGKILL) == -signal.SIGKILL
+        if layout != ONE_PROCESS:
+            # the redelivery after a restart is the broker's session and the same ingestion in
+            # either layout; a split restart after a SIGKILL that loses nothing is the full
+            # disk's test (test_full_disk_loses_no_acknowledged_sample[split])
+            return
         server = LivefitProcess(text, tmp_path).start()
         total = wait_trained(server, 1_000, timeout=60)
         time.sleep(1.0)  # anything beyond (a message trained twice) shows up too
