@@ -154,9 +154,10 @@ def test_sigterm_stops_the_group_and_a_killed_parent_takes_its_workers(
 
 def test_a_worker_that_cannot_start_stops_the_group(tmp_path: Path) -> None:
     """No key to verify weights with: each worker fails at start, the group exits 2 at once
-    instead of restarting them forever."""
+    instead of restarting them forever. (A replica waits ``broker.connect_timeout_s`` for the
+    key of a learner starting beside it: 1 s here, not the default 10.)"""
     (tmp_path / "c.toml").write_text(
-        '[broker]\nurl = "mqtt://127.0.0.1:9"\n[http]\nworkers = 2\n'
+        '[broker]\nurl = "mqtt://127.0.0.1:9"\nconnect_timeout_s = 1\n[http]\nworkers = 2\n'
         f'[storage]\ndir = "{tmp_path / "data"}"\n'
         "[models.demo]\ninput_shape = [8]\noutput_shape = [1]\n"
     )
