@@ -42,7 +42,7 @@ def checkpoint_after_each_part(server: LivefitProcess, broker: Mosquitto, parts:
     for part in range(1, parts + 1):
         written = checkpoints_written(server)
         publish(broker, part)
-        assert wait_trained(server, PART * part) >= PART * part
+        assert wait_trained(server, PART * part, settle_s=0) >= PART * part
         deadline = time.monotonic() + 30
         while checkpoints_written(server) <= written and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -77,7 +77,7 @@ def test_a_fallback_to_the_oldest_kept_checkpoint_loses_nothing_and_a_gap_is_sai
     server.start()
     try:
         publish(own_broker, 6)
-        assert wait_trained(server, 6 * PART) >= 6 * PART
+        assert wait_trained(server, 6 * PART, settle_s=0) >= 6 * PART
     finally:
         assert server.stop(signal.SIGKILL) == -signal.SIGKILL
     kept = sorted((storage / "checkpoints" / "demo").glob("ckpt-*.safetensors"))

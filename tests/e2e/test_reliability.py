@@ -91,11 +91,15 @@ def lineage(server: LivefitProcess) -> float:
     return metric(server, "livefit_model_samples", model="demo")
 
 
-def wait_trained(server: LivefitProcess, count: int, timeout: float = 120.0) -> float:
+def wait_trained(
+    server: LivefitProcess, count: int, timeout: float = 120.0, settle_s: float = 1.0
+) -> float:
+    """The lineage once it holds ``count`` samples (or at ``timeout``), ``settle_s`` later, so
+    that anything beyond the count (duplicates) shows up too; 0 where only "at least" counts."""
     deadline = time.monotonic() + timeout
     while lineage(server) < count and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(1.0)  # anything beyond the count (duplicates) shows up too
+    time.sleep(settle_s)
     return lineage(server)
 
 
@@ -185,8 +189,8 @@ def test_corrupt_newest_checkpoint_falls_back(own_broker: Mosquitto, tmp_path: P
     try:  # two checkpoints: one at 1 s, one at the clean stop
         for part in (1, 2):
             StreamingPublisher(own_broker, count=500, rate=0, source=f"part-{part}").run()
-            wait_trained(server, 500 * part)
-            time.sleep(1.5 if part == 1 else 0)
+            wait_trained(server, 500 * part, settle_s=0)
+            time.sleep(1.5 if part == 1 else 0)  # past the 1 s checkpoint interval
     finally:
         assert server.stop() == 0
     checkpoints = sorted((tmp_path / "data" / "checkpoints" / "demo").glob("ckpt-*.safetensors"))
@@ -199,7 +203,7 @@ def test_corrupt_newest_checkpoint_falls_back(own_broker: Mosquitto, tmp_path: P
         publisher = StreamingPublisher(own_broker, count=500, rate=0, source="part-3")
         publisher.run()
         assert publisher.error is None and publisher.stats is not None
-        assert wait_trained(server, 1500) >= 1500
+        assert wait_trained(server, 1500, settle_s=0) >= 1500
     finally:
         assert server.stop(signal.SIGKILL) == -signal.SIGKILL
     assert sorted(newest.parent.glob("ckpt-*.safetensors"))[-1] == newest
