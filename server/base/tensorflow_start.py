@@ -21,6 +21,7 @@ the machine: the serving processes idle meanwhile, the log silent).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -76,32 +77,31 @@ def quiet_tensorflow_env() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-_reported = False
-
-
-def import_tensorflow() -> list[str]:
-    """Import TensorFlow quietly (the module docstring) and return the GPUs it sees; logged
-    by the first call in a process, not again (also where TensorFlow was imported before it:
-    the test suite's fork server imports it for the processes it forks, tests/forkserver.py)."""
-    global _reported
+@functools.cache
+def import_tensorflow() -> tuple[str, ...]:
+    """Import TensorFlow quietly (the module docstring) and return the GPUs it sees, logged
+    once: the first call in a process does the work (also where TensorFlow was imported before
+    it: the test suite's fork server imports it for the processes it forks,
+    tests/forkserver.py), later calls return its answer."""
     if "tensorflow" in sys.modules:
-        import tensorflow as tf
-
-        gpus = [gpu.name for gpu in tf.config.list_physical_devices("GPU")]
+        gpus = _visible_gpus()
     else:
         quiet_tensorflow_env()
-        with filtered_stderr():
-            import tensorflow as tf
+        with filtered_stderr():  # the import and the device listing (cuInit) are the noisy part
+            gpus = _visible_gpus()
+    import tensorflow as tf
 
-            gpus = [gpu.name for gpu in tf.config.list_physical_devices("GPU")]
-    if _reported:
-        return gpus
-    _reported = True
     if gpus:
         log.info("TensorFlow %s sees %d GPU(s): %s", tf.__version__, len(gpus), ", ".join(gpus))
     else:
         log.info("TensorFlow %s sees no GPU: models run on the CPU", tf.__version__)
     return gpus
+
+
+def _visible_gpus() -> tuple[str, ...]:
+    import tensorflow as tf
+
+    return tuple(gpu.name for gpu in tf.config.list_physical_devices("GPU"))
 
 
 def exit_without_teardown(code: int) -> NoReturn:

@@ -10,7 +10,6 @@ import os
 
 import pytest
 
-from livefit.server.base import tensorflow_start
 from livefit.server.base.tensorflow_start import (
     NoiseFilter,
     filter_stream,
@@ -73,16 +72,16 @@ def test_a_users_tensorflow_log_level_is_kept(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_an_imported_tensorflow_is_not_imported_again_and_is_logged_once(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Where TensorFlow was imported before (the suite's fork server imports it for the
     servers it forks), the first call still says what TensorFlow sees, and only the first."""
     import tensorflow as tf
 
-    monkeypatch.setattr(tensorflow_start, "_reported", False)  # this process's first call
+    import_tensorflow.cache_clear()  # this process's first call
     caplog.set_level(logging.INFO)
     gpus = import_tensorflow()  # no filter process: this test process starts none
-    assert gpus == [gpu.name for gpu in tf.config.list_physical_devices("GPU")]
+    assert gpus == tuple(gpu.name for gpu in tf.config.list_physical_devices("GPU"))
     [record] = caplog.records
     assert record.getMessage().startswith(f"TensorFlow {tf.__version__} sees "), record
     caplog.clear()
