@@ -204,7 +204,8 @@ def test_stopping_while_the_log_fails_forgets_the_pending_numbers(tmp_path: Path
 
 
 def test_a_queue_nobody_drains_reports_a_stall(tmp_path: Path) -> None:
-    worker, connection, samples, _ = worker_for(tmp_path, capacity=1, stall_after_s=0.3)
+    # 0.6 s: room for a test worker that waits for a core between the two checks' puts
+    worker, connection, samples, _ = worker_for(tmp_path, capacity=1, stall_after_s=0.6)
     worker.start()
     try:
         for seq in range(3):  # the first fills the queue; the worker waits to queue the second
@@ -213,11 +214,11 @@ def test_a_queue_nobody_drains_reports_a_stall(tmp_path: Path) -> None:
         for seq in range(3, 6):  # these arrive and wait: nothing is finished any more
             connection.inbox.put(message(seq + 1, valid(seq)))
         assert not worker.stalled()
-        time.sleep(0.8)
+        time.sleep(1.5)
         assert worker.stalled()
     finally:
         # A closed queue ends the wait for room at once: the stop does not wait STOP_DELIVERY_S
-        # (8 s, the rest of this test's 9 s) to queue the message in hand.
+        # (8 s, which would be most of this test's time) to queue the message in hand.
         samples.close()
         worker.stop()
         assert worker.commit.wal is not None
