@@ -36,6 +36,16 @@ VARIANTS: dict[str, tuple[dict[str, Any], Knobs]] = {
     ),
     # snapshots handed to the learner's serving every 0.02 s (weights.serve_interval_s 0.15)
     "serve20ms": ({"weights": {"serve_interval_s": 0.02}}, DEFAULTS),
+    # the freshest served model the settings allow: labels not lingering, a snapshot handed to
+    # serving after every batch (5 ms interval), and that with one gradient step a batch
+    "fresh": (
+        {"labels": {**LABELS, "batch_window_ms": 0.0}, "weights": {"serve_interval_s": 0.005}},
+        DEFAULTS,
+    ),
+    "fresh_steps1": (
+        {"labels": {**LABELS, "batch_window_ms": 0.0}, "weights": {"serve_interval_s": 0.005}},
+        replace(DEFAULTS, steps_per_batch=1),
+    ),
 }
 
 
