@@ -92,6 +92,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     # One gradient step per batch instead of two (four for regression), measured with --chunk 1
     # as "steps that suit single samples" (issue #47; docs/benchmarks/delayed_labels.md)
     "steps1": {"train": {"steps_per_batch": 1}},
+    # eight instead: more of the replay learned with each label (docs/benchmarks/delayed_labels.md)
+    "steps8": {"train": {"steps_per_batch": 8}},
 }
 
 
