@@ -24,6 +24,8 @@ from bench.delayed_labels import STREAM_NAMES, best_peer, delays_for, livefit_sc
 from bench.learning import DEFAULTS, REGRESSION, STREAMS, Case, Knobs, learning_fleet, load_stream
 
 LABELS = {"ttl_s": 3600.0}  # as the delayed_labels benchmark sets it
+# labels not lingering, and a snapshot handed to serving after every batch (a 5 ms interval)
+FRESH = {"labels": {**LABELS, "batch_window_ms": 0.0}, "weights": {"serve_interval_s": 0.005}}
 # name -> (extra sections of the model's table, knobs)
 VARIANTS: dict[str, tuple[dict[str, Any], Knobs]] = {
     "defaults": ({}, DEFAULTS),
@@ -36,16 +38,9 @@ VARIANTS: dict[str, tuple[dict[str, Any], Knobs]] = {
     ),
     # snapshots handed to the learner's serving every 0.02 s (weights.serve_interval_s 0.15)
     "serve20ms": ({"weights": {"serve_interval_s": 0.02}}, DEFAULTS),
-    # the freshest served model the settings allow: labels not lingering, a snapshot handed to
-    # serving after every batch (5 ms interval), and that with one gradient step a batch
-    "fresh": (
-        {"labels": {**LABELS, "batch_window_ms": 0.0}, "weights": {"serve_interval_s": 0.005}},
-        DEFAULTS,
-    ),
-    "fresh_steps1": (
-        {"labels": {**LABELS, "batch_window_ms": 0.0}, "weights": {"serve_interval_s": 0.005}},
-        replace(DEFAULTS, steps_per_batch=1),
-    ),
+    # the freshest served model the settings allow, and that with one gradient step a batch
+    "fresh": (FRESH, DEFAULTS),
+    "fresh_steps1": (FRESH, replace(DEFAULTS, steps_per_batch=1)),
 }
 
 
