@@ -4,10 +4,11 @@
   a label-flipping publisher (targets negated) poisons the stream: within a bounded number of
   poisoned samples the guard holds a pre-poison version (``livefit_guard_held_version``, the
   unversioned answer's version), which still answers clean inputs well while the newest does not.
-- Without a reference set (the shadow side, default margin): clean training never holds; one
-  message from a broken sensor (inputs 1,000x) ruins the newest, and the guard holds the version
-  from before it within a bounded number of clean samples, then releases once the newest
-  recovers; a real drift (the function changes for good) never holds.
+- Without a reference set (the shadow side, default margin): clean training and a real drift
+  (the function changes for good) are never held beyond a brief hold at the noise floor, which
+  a step's jitter can cause (documented); one message from a broken sensor (inputs 1,000x)
+  ruins the newest, and the guard holds the version from before it within a bounded number of
+  clean samples.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ POISON_STEP = 20  # poisoned samples published between two looks
 POISON_MAX = 200  # the hold must show within this many poisoned samples
 SHADOW_MAX = 1_000  # no reference set: held within this many clean samples (about 4 windows)
 DRIFTED = 1_500  # samples of the new function after a drift
+BRIEF_HOLD = 1_024  # a brief hold at the noise floor ends within four windows (window = 256)
 
 
 def clean_rows(n: int, skip: int, noise: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -157,7 +159,8 @@ def test_without_a_reference_set_a_drift_is_followed_and_a_broken_sensor_held(
     own_broker: Mosquitto, tmp_path: Path
 ) -> None:
     """Clean training and then a real drift (the function changes for good: old and newest
-    versions both wrong on the new samples, the newest learning them first) never hold. Then one
+    versions both wrong on the new samples, the newest learning them first) are not held, but
+    for a brief hold at the noise floor that ends within a few windows. Then one
     message in the wrong units (inputs 1,000x) moves the input statistics for good: the newest
     answers clean inputs worse from then on, and the guard holds the version before it."""
     server = shadow_server(own_broker, tmp_path)
@@ -166,8 +169,13 @@ def test_without_a_reference_set_a_drift_is_followed_and_a_broken_sensor_held(
         stream = LinearStream(8, noise=NOISE, seed=SEED + 1)  # another function, for good
         sent = clean_stream(own_broker, server, stream, sent, DRIFTED)
         time.sleep(0.3)  # the guard scores on its own thread
-        assert server.metric("livefit_guard_holds_total", model="demo") == 0
-        assert held(server) == -1
+        # At the noise floor a step's jitter can make the newest worse for a window, and a brief
+        # hold is documented (docs/operations.md, "The guard"); held through the drift is not.
+        followed_at = sent
+        while held(server) >= 0:
+            assert sent < followed_at + BRIEF_HOLD, f"still held {sent - followed_at} samples on"
+            sent = clean_stream(own_broker, server, stream, sent, 50)
+            time.sleep(0.1)
         probe_x, probe_y = stream.sample(50)
         before = server.metric("livefit_model_version", model="demo")
         served, good = answer(server.url, probe_x)
@@ -177,12 +185,13 @@ def test_without_a_reference_set_a_drift_is_followed_and_a_broken_sensor_held(
         x, y = stream.sample(10)
         send(own_broker, x * 1000, y, "broken-sensor")
         sent += 10
+        broken_at = sent
         while held(server) < 0:
-            assert sent < CLEAN + DRIFTED + 10 + SHADOW_MAX, f"no hold after {sent} samples"
+            assert sent < broken_at + SHADOW_MAX, f"no hold after {sent - broken_at} samples"
             sent = clean_stream(own_broker, server, stream, sent, 50)
             time.sleep(0.1)
         assert 0 <= held(server) <= before, (held(server), before)
-        to_hold = sent - CLEAN - DRIFTED - 10
+        to_hold = sent - broken_at
         sent = clean_stream(own_broker, server, stream, sent, 200)  # the hold stays
         time.sleep(0.2)
         served, held_mse, latest_mse = served_and_newest(server.url, probe_x, probe_y)
