@@ -133,7 +133,9 @@ def test_the_guard_holds_a_pre_poison_version_against_a_label_flipping_publisher
         stop_all([server])
 
 
-def newest_served(server: LivefitProcess, x: np.ndarray) -> tuple[int, float, np.ndarray]:
+def answer_once_newest_served(
+    server: LivefitProcess, x: np.ndarray
+) -> tuple[int, float, np.ndarray]:
     """The version that answered ``x``, the trainer's newest and the answer, once serving has
     swapped the newest in (it swaps between batches: under load it may lag a second)."""
     deadline = time.monotonic() + 5
@@ -189,7 +191,7 @@ def test_without_a_reference_set_a_drift_is_followed_and_a_broken_sensor_held(
             sent = clean_stream(own_broker, server, stream, sent, 50)
             time.sleep(0.1)
         probe_x, probe_y = stream.sample(50)
-        served, before, good = newest_served(server, probe_x)
+        served, before, good = answer_once_newest_served(server, probe_x)
         good_mse = mse(good, probe_y)
         assert served == before and good_mse < 0.05  # serving followed the drift
 
