@@ -7,7 +7,7 @@ each, a publisher process streams the samples (100-sample msgpack messages, pace
 about as long as the requests) while a 16-client load (``bench.loadgen``, bounded by count)
 sends the prediction requests. Every 0.25 s the resident set size of the learner's process and
 of all its descendants (listed again at each sample: a child may restart) is read and summed;
-each process is told apart by its role (the environment its parent starts it with). Warm-up is
+each process is told apart by its role (the name livefit gives it). Warm-up is
 the first quarter of the run (TensorFlow's allocator pools, the weight store's
 ``keep_versions`` payloads, Python's arenas all fill then); growth is the median total RSS of
 the last tenth of the run over the median of the tenth after warm-up. A sum of RSS counts the
@@ -31,7 +31,7 @@ from bench.load import run_load
 from bench.models import MLP
 from bench.procs import ToolProcess
 from livefit.local_servers import LivefitProcess
-from livefit.server.base.logs import TRAINING_ENV, WORKER_ENV
+from livefit.server.runtime.fork_server import FORK_SERVER_NAME, SERVING_PREFIX, TRAINING_NAME
 
 CLIENTS = 16
 MODEL = "soak"
@@ -44,19 +44,18 @@ LAYOUTS = {  # command -> http.workers
 
 
 def role_of(process: psutil.Process, root_pid: int) -> str | None:
-    """``main`` for the learner's own process; ``training`` and ``serving <i>`` for a split
-    learner's children, told by the variables their parent sets; None for any other (or for a
-    child not yet past ``exec``, whose environment is still its parent's)."""
+    """``main`` for the learner's own process; ``training``, ``serving <i>`` and ``fork
+    server`` for a split learner's processes, told by the names livefit gives them
+    (``fork_server.name_process``); None for any other (or for a child not yet named)."""
     if process.pid == root_pid:
         return MAIN
-    try:
-        env = process.environ()
-    except psutil.AccessDenied:
-        return None
-    if TRAINING_ENV in env:
+    name = process.name()
+    if name == TRAINING_NAME:
         return "training"
-    if WORKER_ENV in env:
-        return f"serving {env[WORKER_ENV]}"
+    if name == FORK_SERVER_NAME:
+        return "fork server"
+    if name.startswith(SERVING_PREFIX):
+        return f"serving {name.removeprefix(SERVING_PREFIX)}"
     return None
 
 

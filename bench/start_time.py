@@ -1,5 +1,7 @@
 """From ``livefit serve`` to ready: how long a learner takes to start, and the CPU each of its
-processes spent until then, for the code of one or more git revisions side by side.
+processes spent until then and their memory together, and for the split layout how long a
+SIGKILLed serving process takes to serve again, for the code of one or more git revisions side by
+side.
 
     .venv/bin/python -m bench.start_time --out rows.json [--refs HEAD,481bfeb~1]
         [--layouts one,split] [--repeats 5]
@@ -9,12 +11,15 @@ this interpreter. Each start is a learner of one model (the ``linear`` builder, 
 fresh storage, on a mosquitto of the run's own; the refs and layouts take turns, so that a slow
 spell of the machine hits each of them; a first start, not counted, warms the page cache. The
 CPU is read from each process of the learner (the split layout's training and serving processes
-too) the moment readiness answers 200.
+too, and its fork server) the moment readiness answers 200, then their proportional set size
+(PSS: shared pages divided among the processes that map them); then, split, the one serving
+process is SIGKILLed and readiness asked on new connections until it answers 200.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -23,17 +28,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 from bench.config import learner_config, relocated
 from bench.trees import code_at
 from livefit.local_servers import LivefitProcess
+from livefit.server.base.logs import WORKER_ENV
+from livefit.server.runtime.fork_server import SERVING_PREFIX
 from livefit.server.runtime.local_process import quiet_env
 from livefit.server.runtime.mosquitto import Mosquitto
 
 LAYOUTS = {"one": 0, "split": 1}  # http.workers
 WORKING_TREE = "."
 MODEL = {"builder": "linear", "input_shape": [8], "output_shape": [1]}
+EXTRAS = (("pss_mib", "PSS", "MiB"), ("serving_back_s", "serving again after SIGKILL", "s"))
 
 
 def config(broker_url: str, storage: Path, workers: int) -> str:
@@ -68,14 +77,44 @@ def start_once(
         process.start(ready_timeout_s=120)
         ready_s = time.monotonic() - started
         cpu = process_cpu(process.pid)
+        row: dict[str, Any] = {"layout": layout, "ready_s": round(ready_s, 3),
+                               "cpu_s": round(sum(cpu), 3), "process_cpu_s": cpu,
+                               "pss_mib": round(tree_pss(process.pid) / 2**20, 1)}  # fmt: skip
+        if LAYOUTS[layout] == 1:
+            row["serving_back_s"] = round(serving_back_after_sigkill(process), 3)
     finally:
         process.stop()
-    return {
-        "layout": layout,
-        "ready_s": round(ready_s, 3),
-        "cpu_s": round(sum(cpu), 3),
-        "process_cpu_s": cpu,
-    }
+    return row
+
+
+def tree_pss(pid: int) -> int:
+    """The proportional set size of ``pid`` and its descendants together (bytes): each shared
+    page divided among the processes that map it."""
+    root = psutil.Process(pid)
+    return sum(each.memory_full_info().pss for each in [root, *root.children(recursive=True)])
+
+
+def serving_process(pid: int) -> psutil.Process:
+    """The serving process of the split learner whose parent is ``pid``: named so
+    (``fork_server.name_process``), or, in code from before the names, started with the
+    variable its parent sets."""
+    for each in psutil.Process(pid).children(recursive=True):
+        if each.name().startswith(SERVING_PREFIX) or WORKER_ENV in each.environ():
+            return each
+    raise RuntimeError(f"no serving process under pid {pid}")
+
+
+def serving_back_after_sigkill(learner: LivefitProcess) -> float:
+    """SIGKILL the split learner's one serving process; seconds until readiness answers 200
+    again on a new connection (the port's backlog holds it until a serving process accepts)."""
+    serving_process(learner.pid).kill()
+    killed = time.monotonic()
+    while time.monotonic() - killed < 120:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{learner.url}/v2/health/ready", timeout=30).status_code == 200:
+                return time.monotonic() - killed
+        time.sleep(0.02)
+    raise RuntimeError("the serving process was not back within 120 s")
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
@@ -86,11 +125,17 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
         mine = [row for row in rows if row["ref"] == ref and row["layout"] == layout]
         ready = [row["ready_s"] for row in mine]
         cpu = [row["cpu_s"] for row in mine]
-        lines.append(
+        line = (
             f"{layout:5} {ref:12} ready {statistics.median(ready):5.2f} s "
             f"({min(ready):.2f}-{max(ready):.2f}), CPU {statistics.median(cpu):5.2f} s "
             f"({min(cpu):.2f}-{max(cpu):.2f}), {len(mine)} starts"
         )
+        for key, what, unit in EXTRAS:
+            values = [row[key] for row in mine if key in row]
+            if values:
+                line += (f"; {what} {statistics.median(values):.2f} {unit} "
+                         f"({min(values):.2f}-{max(values):.2f})")  # fmt: skip
+        lines.append(line)
     return lines
 
 
@@ -114,9 +159,12 @@ def run(refs: Sequence[str], layouts: Sequence[str], repeats: int) -> list[dict[
                     for ref, tree in trees.items():
                         row = start_once(tree, layout, broker, work, len(rows))
                         rows.append({"ref": ref, "repeat": repeat, **row})
+                        back = row.get("serving_back_s")
                         print(
                             f"{repeat + 1}/{repeats} {layout:5} {ref:12} "
-                            f"ready {row['ready_s']:.2f} s, CPU {row['cpu_s']:.2f} s"
+                            f"ready {row['ready_s']:.2f} s, CPU {row['cpu_s']:.2f} s, "
+                            f"PSS {row['pss_mib']:.0f} MiB"
+                            + ("" if back is None else f", serving again {back:.2f} s")
                         )
         finally:
             broker.stop()

@@ -17,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
+    from livefit.server.runtime.fork_server import name_process
+
+    name_process()  # a group's process, started fresh or forked: its role in ``ps -o comm``
     return int(args.handler(args))
 
 
@@ -171,8 +174,9 @@ def _serve(args: argparse.Namespace) -> int:
         argv = [sys.executable, "-m", "livefit", *args.command_line]
         http = settings.http
         return run_learner_group(
-            argv, workers, http.host, http.port, list(settings.models), http.worker_timeout_s
-        )
+            argv, workers, http.host, http.port, list(settings.models), http.worker_timeout_s,
+            settings.processes.preload,
+        )  # fmt: skip
     storage_lock = None
     if training is not None:
         from livefit.server.base.tensorflow_start import import_tensorflow
@@ -223,8 +227,9 @@ def _replica(args: argparse.Namespace) -> int:
     workers = settings.http.replica_workers()
     if slot is None and workers > 1:  # the worker group's parent
         argv = [sys.executable, "-m", "livefit", *args.command_line]
+        http = settings.http
         return run_workers(
-            argv, workers, settings.http.host, settings.http.port, settings.http.worker_timeout_s
+            argv, workers, http.host, http.port, http.worker_timeout_s, settings.processes.preload
         )
     _with_tensorflow(settings, trains=False)
     from livefit.server.runtime.http_server import run_server

@@ -21,17 +21,16 @@ training figures carry ``worker="training"``; ``metric`` finds either.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Literal
 
 import pytest
 
 from livefit.local_servers import LivefitProcess
+from tests.procfs import training_process
 
 ONE_PROCESS, SPLIT = "one process", "split"
 LAYOUTS = (ONE_PROCESS, SPLIT)
 LAYOUT_IDS = ("one-process", "split")  # test ids: ``test_x[split]``
-TRAINING_ENV = b"LIVEFIT_TRAINING_DIR="
 
 
 WORKERS = {ONE_PROCESS: 0, SPLIT: 1}
@@ -79,9 +78,5 @@ def metric_sum(server: LivefitProcess, name: str) -> float:
 def learner_pid(server: LivefitProcess) -> int:
     """The process holding the MQTT session: the learner, or a split learner's training one."""
     assert server.process is not None
-    for task in Path(f"/proc/{server.process.pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            environ = Path(f"/proc/{child}/environ").read_bytes()
-            if TRAINING_ENV in environ:
-                return int(child)
-    return server.process.pid
+    training = training_process(server.process.pid)
+    return server.process.pid if training is None else training

@@ -21,12 +21,14 @@ the machine: the serving processes idle meanwhile, the log silent).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import logging
 import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import BinaryIO, NoReturn
@@ -81,10 +83,11 @@ def quiet_tensorflow_env() -> None:
 def import_tensorflow() -> tuple[str, ...]:
     """Import TensorFlow quietly (the module docstring) and return the GPUs it sees, logged
     once: the first call in a process does the work (also where TensorFlow was imported before
-    it: the test suite's fork server imports it for the processes it forks,
-    tests/forkserver.py), later calls return its answer."""
-    if "tensorflow" in sys.modules:
-        gpus = _visible_gpus()
+    it: a fork server imports it for the processes it forks, ``runtime/fork_server.py``), later
+    calls return its answer."""
+    if "tensorflow" in sys.modules:  # imported without a device (a fork server's child)
+        with _listing_filtered(no_driver=not _cuda_driver_loads()):  # cuInit's failure alone
+            gpus = _visible_gpus()
     else:
         quiet_tensorflow_env()
         with filtered_stderr():  # the import and the device listing (cuInit) are the noisy part
@@ -96,6 +99,16 @@ def import_tensorflow() -> tuple[str, ...]:
     else:
         log.info("TensorFlow %s sees no GPU: models run on the CPU", tf.__version__)
     return gpus
+
+
+def _cuda_driver_loads() -> bool:
+    """Whether the CUDA driver library loads: what TensorFlow's CUDA stub said at import
+    ("Could not find cuda drivers" when it does not), for a process that did not import it."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 def _visible_gpus() -> tuple[str, ...]:
@@ -113,6 +126,36 @@ def exit_without_teardown(code: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+@contextmanager
+def _listing_filtered(no_driver: bool) -> Iterator[None]:
+    """File descriptor 2 through ``NoiseFilter`` on a thread of this process for the duration:
+    for the device listing alone, a short call, where starting a filter process would cost
+    more than the listing (a crash meanwhile may lose what was still in the pipe)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    noise = NoiseFilter()
+    noise.no_driver = no_driver
+
+    def copy() -> None:
+        with os.fdopen(read_end, "rb") as source:
+            for line in source:
+                if noise.keep(line):
+                    os.write(saved, line)
+
+    reader = threading.Thread(target=copy, name="livefit-stderr-filter", daemon=True)
+    reader.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last writer closed: the reader reaches its end
+        reader.join(10)
+        os.close(saved)
 
 
 @contextmanager

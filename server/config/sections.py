@@ -470,7 +470,8 @@ class TensorFlowSettings(Section):
 
 
 class ProcessSettings(Section):
-    """Operating-system settings of a split learner's processes (``http.workers`` >= 1)."""
+    """Operating-system settings of a split learner's processes (``http.workers`` >= 1) and,
+    for ``preload``, of a replica's workers."""
 
     # why 0: at 10 training starved (BENCHMARKS.md#interference-predictions-while-training)
     training_niceness: int = Field(
@@ -513,6 +514,19 @@ class ProcessSettings(Section):
             "the training cores when training is idle. Set before any thread starts. Not the "
             "default: on 2 cores it served more requests under load, never with a better p99 "
             "([interference](../BENCHMARKS.md#interference-predictions-while-training))"
+        ),
+    )
+
+    preload: bool = Field(
+        True,
+        description=(
+            "a split learner's processes (`http.workers` ≥ 1) and a replica's workers (2 or "
+            "more): fork them from one process of the group (`livefit-fork`) that imported "
+            "TensorFlow, Keras and livefit once, like gunicorn's `--preload`, so that a process "
+            "starts and restarts without that import and shares those pages with its siblings; "
+            "a process's command line is then the fork server's, its role in `ps -o comm` "
+            "(`livefit-train`, `livefit-w0`...). false: each starts as its own `python -m "
+            "livefit` ([preloaded processes](design.md#preloaded-processes))"
         ),
     )
 

@@ -48,7 +48,6 @@ from ..serve.busy_board import BOARD_FILE, BusyBoard
 from ..storage.lock import StorageLock
 from ..weights.keys import learner_signing_key
 from ..weights.local_feed import FEED_FILE
-from .children import start_child
 from .workers import (
     MAX_RESTARTS,
     RESTART_WINDOW_S,
@@ -62,6 +61,7 @@ from .workers import (
 
 log = logging.getLogger(__name__)
 _TRAINING_DIR, _TRAINING_WORKERS = TRAINING_ENV, "LIVEFIT_TRAINING_WORKERS"
+_TRAINING_PARENT = "LIVEFIT_TRAINING_PARENT"
 LOCKED_FILE = "training.locked"
 TRAINING_GRACE_S = 120.0  # the final training, checkpoint and publish of every model
 
@@ -85,20 +85,29 @@ def pin_serving_process(processes: ProcessSettings, serving_processes: int) -> l
 
 @dataclass(frozen=True, slots=True)
 class TrainingSlot:
-    """Who the training process is: the group's directory and how many serving processes
-    read its board."""
+    """Who the training process is: the group's directory, how many serving processes read
+    its board, and the pid of the ``livefit serve`` parent (not always the training process's
+    own parent: a fork server's child, ``processes.preload``)."""
 
     directory: Path
     workers: int
+    parent: int = 0  # 0: this process's parent
 
     @classmethod
     def from_env(cls) -> TrainingSlot | None:
         if _TRAINING_DIR not in os.environ:
             return None
-        return cls(Path(os.environ[_TRAINING_DIR]), int(os.environ[_TRAINING_WORKERS]))
+        parent = int(os.environ.get(_TRAINING_PARENT, "0"))
+        return cls(Path(os.environ[_TRAINING_DIR]), int(os.environ[_TRAINING_WORKERS]), parent)
 
     def env(self) -> dict[str, str]:
-        return {_TRAINING_DIR: str(self.directory), _TRAINING_WORKERS: str(self.workers)}
+        return {_TRAINING_DIR: str(self.directory), _TRAINING_WORKERS: str(self.workers),
+                _TRAINING_PARENT: str(self.parent)}  # fmt: skip
+
+    def parent_pid(self) -> int:
+        """The ``livefit serve`` parent: a second learner on the same storage names it, since
+        stopping it stops the learner (stopping this process would get it started again)."""
+        return self.parent or os.getppid()
 
     def ready_marker(self) -> Path:
         """Exists once the training process feeds weights (``LocalWeightFeed.start``)."""
@@ -115,7 +124,7 @@ class TrainingSlot:
         (the serving processes wait for the public ones), then tell the parent, which starts
         the serving processes. Raises ``StorageLocked``, and ``ConfigError`` for a key."""
         storage = Path(settings.storage.dir)
-        lock = StorageLock(storage).acquire(settings.http.port, os.getppid())
+        lock = StorageLock(storage).acquire(settings.http.port, self.parent_pid())
         for name, model in settings.models.items():
             learner_signing_key(model.weights, storage, name)
         self.locked_marker().touch()
@@ -134,10 +143,11 @@ class LearnerGroup(WorkerGroup):
 
     def __init__(
         self, argv: Sequence[str], count: int, sock: socket.socket, models: Sequence[str],
-        hang_timeout_s: float = 0.0,
+        hang_timeout_s: float = 0.0, preload: bool = True,
     ) -> None:  # fmt: skip
-        super().__init__(argv, count, sock, kind="learner", hang_timeout_s=hang_timeout_s)
-        self.slot = TrainingSlot(self.directory, count)
+        super().__init__(argv, count, sock, kind="learner", hang_timeout_s=hang_timeout_s,
+                         preload=preload)  # fmt: skip
+        self.slot = TrainingSlot(self.directory, count, os.getpid())
         self.board = self.slot.board(models, create=True)
         self.training = GroupMember(self.workers[0].slot)  # its slot is unused: only the record
 
@@ -150,7 +160,7 @@ class LearnerGroup(WorkerGroup):
         self.slot.heartbeat_file().unlink(missing_ok=True)
         self.training.silence = Silence()
         env = {**os.environ, **self.slot.env()}
-        self.training.process = start_child(self.argv, env=env)
+        self.training.process = self.launcher.start(self.argv, env)
         log.info("training process started (pid %d)", self.training.process.pid)
 
     def _start_all(self) -> int | None:
@@ -209,12 +219,13 @@ class LearnerGroup(WorkerGroup):
 
 def run_learner_group(
     argv: Sequence[str], count: int, host: str, port: int, models: Sequence[str],
-    hang_timeout_s: float = 0.0,
+    hang_timeout_s: float = 0.0, preload: bool = True,
 ) -> int:  # fmt: skip
     """Bind ``host:port``, run the split learner until SIGINT or SIGTERM; its exit status (a
-    serving process silent for ``hang_timeout_s`` is killed and started again; 0: never)."""
+    serving process silent for ``hang_timeout_s`` is killed and started again; 0: never; the
+    processes forked from a fork server where ``preload``)."""
     describe = f"the learner (a training process and {count} serving processes)"
     return run_group(
-        lambda sock: LearnerGroup(argv, count, sock, models, hang_timeout_s),
+        lambda sock: LearnerGroup(argv, count, sock, models, hang_timeout_s, preload),
         host, port, describe,
     )  # fmt: skip

@@ -62,9 +62,7 @@ class TrainingRuntime(LearnerRuntime):
     ) -> None:
         """``storage_lock``: the lock ``TrainingSlot.lock_storage`` took (None: taken by
         ``preflight``)."""
-        # A second learner on this storage names the ``livefit serve`` parent: stopping it
-        # stops the learner, where stopping this process would only get it started again.
-        super().__init__(settings, registry, os.getppid(), storage_lock)
+        super().__init__(settings, registry, slot.parent_pid(), storage_lock)
         self.slot = slot
         self.feed = LocalWeightFeed(slot.directory)
         self.board: BusyBoard | None = None

@@ -37,7 +37,8 @@ from pathlib import Path
 
 from ..base.heartbeat import Silence, beat_file
 from ..base.logs import WORKER_ENV
-from .children import start_child, stop_children
+from .children import stop_children
+from .fork_server import Launcher
 from .group_directory import group_directory, release_group_directory
 from .listening import StartupError, bind_socket
 from .stop_signals import on_stop_signals
@@ -133,14 +134,16 @@ class WorkerGroup:
 
     def __init__(
         self, argv: Sequence[str], count: int, sock: socket.socket, kind: str = "replica",
-        hang_timeout_s: float = 0.0,
+        hang_timeout_s: float = 0.0, preload: bool = True,
     ) -> None:  # fmt: skip
         """``hang_timeout_s``: kill a worker that served and then stayed silent this long
-        (``http.worker_timeout_s``; 0: never)."""
+        (``http.worker_timeout_s``; 0: never); ``preload``: fork the processes from the
+        group's fork server (``processes.preload``, ``fork_server.py``)."""
         self.argv = list(argv)
         self.sock = sock
         self.hang_timeout_s = hang_timeout_s
         self.directory = group_directory()
+        self.launcher = Launcher(self.directory, preload)
         self.workers = [
             GroupMember(WorkerSlot(i, count, sock.fileno(), self.directory, kind))
             for i in range(count)
@@ -150,7 +153,7 @@ class WorkerGroup:
     def start(self, worker: GroupMember) -> None:
         slot = worker.slot
         env = {**os.environ, **slot.env()}
-        worker.process = start_child(self.argv, env=env, pass_fds=(slot.listen_fd,))
+        worker.process = self.launcher.start(self.argv, env, pass_fds=(slot.listen_fd,))
         log.info("serving worker %d started (pid %d)", slot.index, worker.process.pid)
 
     def run(self) -> int:
@@ -166,6 +169,7 @@ class WorkerGroup:
             return self._stop()
         finally:
             self._stop()
+            self.launcher.close()  # after its children stopped: they die with it
             release_group_directory(self.directory)
 
     def close(self) -> None:
@@ -249,14 +253,17 @@ def stop_saying(
 
 
 def run_workers(
-    argv: Sequence[str], count: int, host: str, port: int, hang_timeout_s: float = 0.0
-) -> int:
+    argv: Sequence[str], count: int, host: str, port: int, hang_timeout_s: float = 0.0,
+    preload: bool = True,
+) -> int:  # fmt: skip
     """Bind ``host:port``, run ``count`` workers of ``argv`` until SIGINT or SIGTERM (a
-    worker silent for ``hang_timeout_s`` is killed and started again; 0: never)."""
-    return run_group(
-        lambda sock: WorkerGroup(argv, count, sock, hang_timeout_s=hang_timeout_s),
-        host, port, f"{count} serving workers",
-    )  # fmt: skip
+    worker silent for ``hang_timeout_s`` is killed and started again; 0: never), forked from
+    a fork server where ``preload``."""
+
+    def make(sock: socket.socket) -> WorkerGroup:
+        return WorkerGroup(argv, count, sock, hang_timeout_s=hang_timeout_s, preload=preload)
+
+    return run_group(make, host, port, f"{count} serving workers")
 
 
 def run_group(

@@ -1,9 +1,9 @@
 """The memory benchmark's process-tree sampler and its figures, without a learner.
 
-A Python process starting two children with the environment a split learner's parent gives
-its training process and its serving process stands in for ``livefit serve --workers 1``; the
-sampler must find all three, tell their roles apart (the serving one only once it has run
-``exec`` with its environment: before, it is still a copy of its parent), sum them, and see a
+A Python process starting two children named as a split learner's training process and its
+serving process stands in for ``livefit serve --workers 1``; the sampler must find all three,
+tell their roles apart (the serving one only once it has run ``exec`` and named itself:
+before, it is still a copy of its parent), sum them, and see a
 restarted child as a new process. The growth figure is checked on a made-up series.
 """
 
@@ -19,30 +19,30 @@ import psutil
 import pytest
 
 from bench.memory import MAIN, TreeRssSampler, _row
-from livefit.server.base.logs import TRAINING_ENV, WORKER_ENV
 
 pytestmark = pytest.mark.timeout(60)
 
-SLEEP = "import time; time.sleep(60)"
-# Gets its serving environment only when it runs exec, once the file argv[1] exists.
+# A child that names itself (as livefit names a group's processes), then sleeps.
+NAMED = "import sys; from livefit.server.runtime.fork_server import set_process_name; " \
+        "set_process_name(sys.argv[1]); import time; time.sleep(60)"  # fmt: skip
+# Named as a serving process only when it runs exec, once the file argv[1] exists.
 LATE = f"""
 import os, sys, time
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.02)
-os.execve(sys.executable, [sys.executable, "-c", {SLEEP!r}], {{**os.environ, {WORKER_ENV!r}: "0"}})
+os.execv(sys.executable, [sys.executable, "-c", {NAMED!r}, "livefit-w0"])
 """
 # Starts a "training" child and the late "serving 0" child, restarts the serving one (at
-# once with its environment) when told on stdin, and waits.
+# once named) when told on stdin, and waits.
 PARENT = f"""
-import os, subprocess, sys
-def start(var, value):
-    return subprocess.Popen([sys.executable, "-c", {SLEEP!r}], env={{**os.environ, var: value}})
-children = [start({TRAINING_ENV!r}, "/tmp/x"),
-            subprocess.Popen([sys.executable, "-c", {LATE!r}, sys.argv[1]])]
+import subprocess, sys
+def start(name):
+    return subprocess.Popen([sys.executable, "-c", {NAMED!r}, name])
+children = [start("livefit-train"), subprocess.Popen([sys.executable, "-c", {LATE!r}, sys.argv[1]])]
 print("up", flush=True)
 for line in sys.stdin:
     children[1].kill(); children[1].wait()
-    children[1] = start({WORKER_ENV!r}, "0")
+    children[1] = start("livefit-w0")
     print("restarted", flush=True)
 """
 

@@ -29,12 +29,14 @@ import pytest
 
 from livefit.local_servers import LivefitProcess
 from livefit.server.config.machine import training_cpus
+from livefit.server.runtime.fork_server import FORK_SERVER_NAME
 from livefit.server.runtime.local_process import free_port, quiet_env
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.configs import SMALL_MLP, learner_config, model
-from tests.e2e.test_replica_workers import children_of, per_worker, predict_on_new_connections
+from tests.e2e.test_replica_workers import per_worker, predict_on_new_connections
 from tests.e2e.test_weight_stream import config, publish_samples
 from tests.layouts import with_workers
+from tests.procfs import children, group_processes, process_name, training_process
 
 
 def split_config(broker: Mosquitto, storage: Path) -> str:
@@ -96,7 +98,7 @@ def series_by_worker(learner: LivefitProcess) -> dict[str, set[str]]:
 
 def processes(learner: LivefitProcess) -> list[int]:
     assert learner.process is not None
-    return children_of(learner.process.pid)
+    return group_processes(learner.process.pid)
 
 
 def test_the_training_process_feeds_both_serving_processes(
@@ -255,9 +257,19 @@ def test_sigkill_of_each_process_kind_loses_no_sample(broker: Mosquitto, tmp_pat
 def test_sigterm_trains_what_was_accepted_then_stops_serving(
     broker: Mosquitto, tmp_path: Path
 ) -> None:
+    """Here without a fork server (``processes.preload = false``): the processes are the
+    parent's own children, named after their roles all the same."""
     storage = tmp_path / "data"
-    learner = LivefitProcess(split_config(broker, storage), tmp_path / "a").start()
+    fresh = "[processes]\npreload = false\n" + split_config(broker, storage)
+    learner = LivefitProcess(fresh, tmp_path / "a").start()
     pids = processes(learner)
+    assert learner.process is not None  # no fork server: each started as python -m livefit
+    assert children(learner.process.pid) == pids, [process_name(pid) for pid in pids]
+    assert sorted(process_name(pid) for pid in pids) == [
+        "livefit-train",
+        "livefit-w0",
+        "livefit-w1",
+    ]
     publish_samples(broker, 3000)
     assert learner.stop(signal.SIGTERM, timeout=90) == 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
@@ -358,12 +370,16 @@ def test_sighup_stops_every_process_of_the_group_as_sigterm_does(
     learner.wait_ready(120)
     pids = processes(learner)
     assert len(pids) == 2  # the training process and one serving process
+    assert learner.process is not None
+    [fork_server] = [
+        pid for pid in children(learner.process.pid) if process_name(pid) == FORK_SERVER_NAME
+    ]
     publish_samples(broker, 500)
     wait_trained(learner, 500)
-    for pid in pids:
+    for pid in [*pids, fork_server]:  # the fork server too: it ignores a hangup
         os.kill(pid, signal.SIGHUP)
     assert learner.stop(signal.SIGHUP, timeout=90) == 0
-    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in [*pids, fork_server])
     log = learner.log.read_text()
     for said in (
         "livefit.server.runtime.workers: SIGHUP: stopping the learner",
@@ -445,14 +461,8 @@ def test_a_second_learner_on_the_same_storage_exits_and_a_killed_parent_takes_ev
 
 
 def _training_pid(learner: LivefitProcess) -> int | None:
-    for pid in processes(learner):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if b"LIVEFIT_TRAINING_DIR=" in environ:
-            return pid
-    return None
+    assert learner.process is not None
+    return training_process(learner.process.pid)
 
 
 def _thread_niceness(pid: int) -> dict[int, int]:

@@ -25,6 +25,7 @@ from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.e2e.test_weight_stream import ROWS, config, publish_samples, settle
 from tests.layouts import with_workers
+from tests.procfs import group_processes
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +44,6 @@ def fleet(
         replica.stop()
         learner.stop()
         broker.stop()
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found += [int(child) for child in text]
-    return sorted(found)
 
 
 def per_worker(server: LivefitProcess, name: str, **labels: str) -> dict[str, float]:
@@ -109,14 +102,14 @@ def test_a_killed_worker_is_started_again_while_the_other_serves(
 ) -> None:
     _, replica, _ = fleet
     assert replica.process is not None
-    workers = children_of(replica.process.pid)
+    workers = group_processes(replica.process.pid)
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
     codes = predict_on_new_connections(replica, 20)  # the other worker takes them
     assert codes.count(200) >= 18, codes
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        now = children_of(replica.process.pid)
+        now = group_processes(replica.process.pid)
         if len(now) == 2 and workers[0] not in now:
             serving = per_worker(replica, "livefit_serving_version", model="demo")
             if len(serving) == 2 and min(serving.values()) > 0:
@@ -137,7 +130,7 @@ def test_sigterm_stops_the_group_and_a_killed_parent_takes_its_workers(
     for sig, status in ((signal.SIGTERM, 0), (signal.SIGKILL, -9)):
         group = LivefitProcess(text, tmp_path / sig.name, "replica").start()
         assert group.process is not None
-        workers = children_of(group.process.pid)
+        workers = group_processes(group.process.pid)
         assert len(workers) == 2
         deadline = time.monotonic() + 60  # both serve: SIGTERM meets two running servers
         while len(per_worker(group, "livefit_serving_version", model="demo")) < 2:

@@ -1,13 +1,10 @@
 """``tests/forkserver.py`` without a process: which launches it forks (a group's parent never,
-an environment read while importing only when it matches), and how a forked child's status
-reaches its ``Popen`` (the fork server's line, or its end). Forked children themselves are
-checked against fresh ones in ``tests/e2e/test_forkserver.py``."""
+an environment read while importing only when it matches) and the warnings it sets up (how a
+forked child's status reaches its ``Popen``: ``tests/unit/runtime/test_fork_server.py``). Forked
+children themselves are checked against fresh ones in ``tests/e2e/test_forkserver.py``."""
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -59,36 +56,6 @@ def test_only_the_variables_read_while_importing_are_compared() -> None:
     assert picked == {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": "x"}  # warnings set up after
     module_filter = {"PYTHONWARNINGS": "ignore::DeprecationWarning:keras"}
     assert forkserver.import_time_env(module_filter) == module_filter  # these start fresh
-
-
-def child() -> tuple[forkserver.ForkedChild, socket.socket]:
-    ours, theirs = socket.socketpair()
-    return forkserver.ForkedChild(4242, ours, ["python", "-m", "livefit"]), theirs
-
-
-def test_the_status_the_fork_server_sends_is_the_exit_status() -> None:
-    process, server = child()
-    assert process.poll() is None
-    with pytest.raises(subprocess.TimeoutExpired):
-        process.wait(0.05)
-    server.sendall(b"exit -15\n")
-    assert process.wait(5) == -15 and process.poll() == -15 and process.returncode == -15
-    server.close()
-
-
-def test_a_status_in_pieces_is_read_whole() -> None:
-    process, server = child()
-    server.sendall(b"exi")
-    assert process.poll() is None
-    server.sendall(b"t 2\n")
-    assert process.wait(5) == 2
-    server.close()
-
-
-def test_a_fork_server_gone_reads_as_its_children_killed() -> None:
-    process, server = child()
-    server.close()
-    assert process.wait(5) == -signal.SIGKILL
 
 
 def test_pythonwarnings_actions_are_applied_as_python_applies_them(

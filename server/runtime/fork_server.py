@@ -1,0 +1,397 @@
+"""A group's processes forked from one preloaded interpreter (``processes.preload``).
+
+A split learner's training and serving processes, and a replica group's workers, are each
+``python -m livefit ...`` importing TensorFlow, Keras and livefit before doing anything else:
+some 3 s of one core each, paid again by every restart, with a private copy of what was
+imported in each process. Like gunicorn's ``--preload``, the group's parent (which never
+imports TensorFlow itself) starts one fork server that imports all of it once and then forks
+each process of the group from itself: a process starts without the import, restarts in a
+fraction of the time, and shares the imported pages with its siblings until it writes them.
+
+The fork server imports only: TensorFlow's devices and pools are not touched before the fork
+(a fork after CUDA is initialised is unusable), so each child lists its devices and sizes its
+pools as a fresh process does. The child becomes what ``python -m livefit ARGS`` would be: its
+own process group, the parent-death signal, stdin from /dev/null, the descriptors it was given
+at the numbers asked for, the launcher's environment and working directory, a process name
+saying its role (``name_process``), ``livefit``'s ``__main__`` run as the main module, and
+Python's own exit. Its parent is the fork server, which reaps it and sends its exit status to
+the launcher: ``ForkedChild`` is a ``subprocess.Popen`` whose ``poll`` and ``wait`` read it;
+signals go to the real pid.
+
+Death follows the parents: the fork server dies with the group's parent (SIGKILL included) and
+each child with the fork server, so no process outlives a killed parent. The fork server
+ignores SIGTERM, SIGINT and SIGHUP (a stop that reaches every process, as systemd's does, stops
+the children gracefully, not through their fork server's death); the parent kills it once its
+children have stopped. A fork server that
+dies takes its children with it; the group sees them exit and starts them again from a new fork
+server. One that does not answer a launch within ``LAUNCH_TIMEOUT_S`` (stopped, wedged) is
+killed, and that process starts fresh (``children.start_child``), as do all of them with
+``processes.preload = false``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
+import gc
+import importlib
+import json
+import logging
+import os
+import pkgutil
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..base.logs import process_label
+from .children import die_with_parent, start_child
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "forkserver.sock"
+# The packages a livefit server imports before it is ready (the rest of its imports are small)
+PRELOADED = ("livefit.server", "livefit.models")
+START_TIMEOUT_S = 120.0  # the imports, on a slow or loaded machine
+LAUNCH_TIMEOUT_S = 30.0
+MAX_REQUEST_BYTES = 1 << 20
+_PR_SET_NAME = 15
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_HIGH_FD = 100  # received descriptors are moved here before they are put at their numbers
+
+
+def preload() -> None:
+    """Import what a livefit server imports, as it does (TensorFlow first, quietly), without
+    touching a device."""
+    from ..base import tensorflow_start
+
+    tensorflow_start.quiet_tensorflow_env()
+    with tensorflow_start.filtered_stderr():
+        import tensorflow  # noqa: F401
+    for package in PRELOADED:
+        root = importlib.import_module(package)
+        for module in pkgutil.walk_packages(root.__path__, f"{package}."):
+            importlib.import_module(module.name)
+
+
+# Process names (``/proc/PID/comm``): the fork server, a training process, a serving one + index
+FORK_SERVER_NAME, TRAINING_NAME, SERVING_PREFIX = "livefit-fork", "livefit-train", "livefit-w"
+
+
+def name_process() -> None:
+    """Name this process after its role in a group: ``livefit-train`` for a split learner's
+    training process, ``livefit-w0``, ``livefit-w1``... for serving processes (what
+    ``ps -o comm`` and ``top`` show: a forked child's command line is its fork server's);
+    nothing for a process on its own."""
+    label = process_label()
+    if label is not None:
+        set_process_name(TRAINING_NAME if label == "training" else f"{SERVING_PREFIX}{label}")
+
+
+def set_process_name(name: str) -> None:
+    """This process's name (``/proc/PID/comm``, 15 bytes kept), where Linux's ``prctl`` is
+    available."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+# ---- the fork server (``python -m livefit.server.runtime.fork_server SOCKET``) ----
+
+
+def serve(path: str) -> tuple[dict[str, Any], list[int]]:
+    """Fork a child for each request on the Unix socket ``path`` until this process is
+    killed; returns only in a child, with its request and the descriptors it came with.
+
+    The stop signals are ignored here and put back in each child: systemd's stop sends
+    SIGTERM to every process of the service at once, and a fork server ended by it would
+    take its children down with SIGKILL before they stopped gracefully."""
+    dies_with_this = die_with_parent()  # made here: it names this process as the parent
+    dispositions = {each: signal.signal(each, signal.SIG_IGN) for each in STOP_SIGNALS}
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(f"{path}.binding")
+    listener.listen(64)
+    os.rename(f"{path}.binding", path)  # the path appears once connections are accepted
+    woken, wake = os.pipe()
+    os.set_blocking(woken, False)
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd is written
+    waiting: dict[int, socket.socket] = {}  # child pid -> the launcher's connection
+    watched: list[Any] = [listener, woken]
+    while True:
+        readable, _, _ = select.select(watched, [], [])
+        if woken in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(woken, 4096)
+            _reap(waiting)
+        if listener not in readable:
+            continue
+        connection, _ = listener.accept()
+        try:
+            request, fds = _read_request(connection)
+        except (OSError, ValueError) as exc:  # a launcher that died mid-request
+            log.warning("fork server: a launch request could not be read: %s", exc)
+            connection.close()
+            continue
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for held in (listener, connection, *waiting.values()):
+                held.close()
+            os.close(woken)
+            os.close(wake)
+            for stop, disposition in dispositions.items():  # as this process was started
+                signal.signal(stop, disposition)
+            become(request, fds, dies_with_this)
+            return request, fds
+        for fd in fds:
+            os.close(fd)
+        connection.sendall(f"{pid}\n".encode())
+        waiting[pid] = connection
+        _reap(waiting)  # a child may have ended before it was in ``waiting``
+
+
+def _reap(waiting: dict[int, socket.socket]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        connection = waiting.pop(pid, None)
+        if connection is not None:
+            with contextlib.suppress(OSError):
+                connection.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+            connection.close()
+
+
+def _read_request(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    connection.settimeout(LAUNCH_TIMEOUT_S)
+    data, fds, _, _ = socket.recv_fds(connection, 65536, 16)
+    while not data.endswith(b"\n") and len(data) < MAX_REQUEST_BYTES:
+        more = connection.recv(65536)
+        if not more:
+            break
+        data += more
+    request: dict[str, Any] = json.loads(data)
+    if len(request.get("fds", [])) != len(fds):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"{len(fds)} descriptors for {len(request.get('fds', []))} places")
+    return request, list(fds)
+
+
+def become(
+    request: dict[str, Any], fds: Sequence[int], dies_with_parent: Callable[[], None] | None
+) -> None:
+    """In the child: what ``start_child`` and ``python -m livefit`` would have set up. Each
+    descriptor of ``fds`` goes to the numbers ``request["fds"]`` lists for it."""
+    os.setpgid(0, 0)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if request.get("cwd"):
+        os.chdir(request["cwd"])
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, _HIGH_FD) for fd in fds]  # out of the targets' way
+    for fd in fds:
+        os.close(fd)
+    for fd, targets in zip(moved, request["fds"], strict=True):
+        for target in targets:
+            os.dup2(fd, target)  # inheritable, as ``pass_fds`` makes them
+        os.close(fd)
+    sys.path[0] = os.getcwd()  # ``-m`` puts the working directory first
+    tempfile.tempdir = None  # found again from TMPDIR, as a fresh process finds it
+    time.tzset()  # likewise the time zone from TZ
+    sys.argv = ["livefit", *request["args"]]
+    if dies_with_parent is not None:
+        dies_with_parent()
+    name_process()
+    if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator anew
+        import numpy as np
+
+        np.random.seed()
+
+
+def main(argv: Sequence[str]) -> None:
+    import runpy
+
+    set_process_name(FORK_SERVER_NAME)
+    preload()
+    gc.freeze()  # the collector leaves what was imported alone: its pages stay shared longer
+    serve(argv[0])
+    runpy.run_module("livefit", run_name="__main__", alter_sys=True)
+
+
+# ---- the launcher, in the group's parent ----
+
+
+class ForkedChild(subprocess.Popen[bytes]):
+    """A child of the fork server as a ``Popen``: ``pid`` is the real one (signals go to it);
+    ``poll`` and ``wait`` read the exit status the fork server sends when it reaps the child
+    (-9, SIGKILL, if the fork server itself is gone: its children die with it)."""
+
+    def __init__(self, pid: int, connection: socket.socket, args: Sequence[str]) -> None:
+        # Popen's own __init__ starts a process: only the attributes its other methods read
+        self.args = list(args)
+        self.pid = pid
+        self.returncode: Any = None
+        self.stdin = self.stdout = self.stderr = None
+        self._child_created = False  # nothing for Popen.__del__ to reap
+        self._connection = connection
+        self._received = b""
+        self._reading = threading.Lock()  # a stop in one thread, a poll in another
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._reading.acquire(blocking=False):
+            try:  # (while another thread reads, as Popen's poll: the status known so far)
+                self._read_status(0.0)
+            finally:
+                self._reading.release()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            with self._reading:  # in slices, so that a poll elsewhere is not held up long
+                self._read_status(0.1 if left is None else min(left, 0.1))
+        return int(self.returncode)
+
+    def __del__(self) -> None:
+        self._connection.close()
+
+    def _read_status(self, timeout: float) -> None:
+        if self.returncode is not None:
+            return
+        readable, _, _ = select.select([self._connection], [], [], timeout)
+        if not readable:
+            return
+        try:
+            chunk = self._connection.recv(4096)
+        except OSError:
+            chunk = b""
+        self._received += chunk
+        if b"\n" in self._received:
+            self.returncode = int(self._received.split(b"\n")[0].split()[1])
+        elif not chunk:
+            self.returncode = -signal.SIGKILL
+        if self.returncode is not None:
+            self._connection.close()
+
+
+class ForkServerGone(RuntimeError):
+    """The fork server could not start, or did not answer a launch."""
+
+
+class ForkServer:
+    """The fork server of one group, its socket in the group's ``directory``, started on
+    the first launch and again after it died."""
+
+    def __init__(self, directory: Path, env: Mapping[str, str] | None = None) -> None:
+        self.socket_path = str(directory / SOCKET_NAME)
+        self.env = dict(os.environ if env is None else env)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the fork server and wait until it listens (its imports done)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        command = [sys.executable, "-m", __name__, self.socket_path]
+        self.process = start_child(command, env=self.env)
+        log.info("fork server started (pid %d): preloading TensorFlow and livefit for the "
+                 "group's processes", self.process.pid)  # fmt: skip
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not os.path.exists(self.socket_path):
+            code = self.process.poll()
+            if code is not None or time.monotonic() > deadline:
+                self.stop()
+                raise ForkServerGone(f"the fork server did not start (status {code})")
+            time.sleep(0.02)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGKILL the fork server (and so any child of it still running)."""
+        if self.process is not None:
+            with contextlib.suppress(OSError):
+                self.process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(10)
+            self.process = None
+
+    def launch(
+        self, argv: Sequence[str], env: Mapping[str, str], fds: Mapping[int, Sequence[int]] = {}
+    ) -> ForkedChild:
+        """``python -m livefit ARGS`` (``argv``) forked from the fork server, started first
+        if it is not running, with this process's descriptor ``fd`` at the child's numbers
+        ``fds[fd]``. Raises ``ForkServerGone`` when it cannot start or does not answer."""
+        if not self.running():
+            self.start()
+        sent = list(fds)
+        request = {"args": list(argv[3:]), "env": dict(env), "cwd": os.getcwd(),
+                   "fds": [list(fds[fd]) for fd in sent]}  # fmt: skip
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.settimeout(LAUNCH_TIMEOUT_S)
+        try:
+            connection.connect(self.socket_path)
+            payload = json.dumps(request).encode() + b"\n"
+            socket.send_fds(connection, [payload], sent)
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = connection.recv(64)
+                if not chunk:
+                    raise OSError("the fork server closed the connection without a pid")
+                answer += chunk
+            pid = int(answer)
+        except (OSError, ValueError) as exc:
+            connection.close()
+            raise ForkServerGone(f"the fork server did not answer: {exc}") from exc
+        connection.settimeout(None)
+        return ForkedChild(pid, connection, argv)
+
+
+class Launcher:
+    """How a group starts its processes: forked from its fork server where ``preload`` and
+    the command allow (``python -m livefit ...``), else fresh (``children.start_child``)."""
+
+    def __init__(self, directory: Path, preload: bool) -> None:
+        self.server = ForkServer(directory) if preload else None
+
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str], pass_fds: Sequence[int] = ()
+    ) -> subprocess.Popen[bytes]:
+        if self.server is not None and list(argv[1:3]) == ["-m", "livefit"]:
+            try:
+                return self.server.launch(argv, env, {fd: [fd] for fd in pass_fds})
+            except ForkServerGone as exc:
+                log.warning("%s; stopping it and starting this process fresh", exc)
+                self.server.stop()
+        return start_child(argv, env=env, pass_fds=tuple(pass_fds))
+
+    def close(self) -> None:
+        """Stop the fork server: after the processes it forked have stopped."""
+        if self.server is not None:
+            self.server.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,77 @@
+"""A split learner's processes forked from its fork server (``processes.preload``, the default;
+``server/runtime/fork_server.py``), through the real processes: who is whose child and named
+what, a SIGKILLed fork server (every child dies with it; the group starts a new fork server and
+its processes, and no acknowledged sample is lost), a SIGKILLed parent (nothing outlives it).
+A hangup reaching the fork server (ignored) is in ``test_learner_group.py``'s SIGHUP test, the
+group without a fork server in its SIGTERM test."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from livefit.local_servers import LivefitProcess
+from livefit.server.runtime.fork_server import FORK_SERVER_NAME
+from livefit.server.runtime.mosquitto import Mosquitto
+from tests.e2e.test_learner_group import (
+    _ready_problems,
+    _wait,
+    broker,  # noqa: F401  (the module's broker fixture)
+    split_config,
+    wait_both_serve,
+    wait_lineage,
+)
+from tests.e2e.test_replica_workers import predict_on_new_connections
+from tests.e2e.test_weight_stream import publish_samples
+from tests.procfs import alive, children, process_name
+
+ROLES = ["livefit-train", "livefit-w0", "livefit-w1"]
+
+
+def fork_server_of(learner: LivefitProcess) -> int | None:
+    assert learner.process is not None
+    found = [pid for pid in children(learner.process.pid) if process_name(pid) == FORK_SERVER_NAME]
+    return found[0] if found else None
+
+
+def forked_roles(fork_server: int) -> list[str]:
+    return sorted(process_name(pid) for pid in children(fork_server))
+
+
+def test_the_fork_server_forks_every_process_and_a_killed_one_takes_them_along(
+    broker: Mosquitto,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    with LivefitProcess(split_config(broker, tmp_path / "data"), tmp_path).start() as learner:
+        assert learner.process is not None
+        first = fork_server_of(learner)
+        assert first is not None and children(learner.process.pid) == [first]
+        _wait(lambda: forked_roles(first) == ROLES, timeout=30)
+        publish_samples(broker, 1000)
+        wait_lineage(learner, 1000)
+        wait_both_serve(learner)
+        forked = children(first)
+
+        # the fork server SIGKILLed: its children die with it (the parent-death signal), the
+        # group starts a new fork server and every process again; samples published meanwhile
+        # are trained, each once
+        os.kill(first, signal.SIGKILL)
+        _wait(lambda: not any(alive(pid) for pid in [first, *forked]), timeout=10)
+        publish_samples(broker, 1000, seed=1)
+        _wait(lambda: fork_server_of(learner) not in (None, first), timeout=30)
+        second = fork_server_of(learner)
+        assert second is not None
+        _wait(lambda: forked_roles(second) == ROLES, timeout=60)
+        wait_lineage(learner, 2000)
+        _wait(lambda: _ready_problems(learner) == [], timeout=60)
+        wait_both_serve(learner, timeout=60)
+        assert predict_on_new_connections(learner, 6) == [200] * 6
+        log = learner.log.read_text()
+        assert log.count("fork server started (pid ") == 2, log[-3000:]
+        assert "the training process exited with status -9; starting it again" in log
+
+        # the parent SIGKILLed: the fork server dies with it, and every process with that
+        survivors = [second, *children(second)]
+        assert learner.stop(signal.SIGKILL, timeout=30) == -signal.SIGKILL
+        _wait(lambda: not any(alive(pid) for pid in survivors), timeout=10)

@@ -1,0 +1,129 @@
+"""``server/runtime/fork_server.py`` without a process: how a forked child's status reaches
+its ``Popen`` (the fork server's line, or its end), a launch to a fork server that does not
+answer, and the name a group's process takes. The fork server's processes themselves:
+``tests/e2e/test_preloaded_group.py`` and ``tests/e2e/test_forkserver.py``."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from livefit.server.runtime import fork_server
+from livefit.server.runtime.fork_server import ForkedChild, ForkServer, ForkServerGone, Launcher
+
+
+def child() -> tuple[ForkedChild, socket.socket]:
+    ours, theirs = socket.socketpair()
+    return ForkedChild(4242, ours, ["python", "-m", "livefit"]), theirs
+
+
+def test_the_status_the_fork_server_sends_is_the_exit_status() -> None:
+    process, server = child()
+    assert process.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(0.05)
+    server.sendall(b"exit -15\n")
+    assert process.wait(5) == -15 and process.poll() == -15 and process.returncode == -15
+    server.close()
+
+
+def test_a_status_in_pieces_is_read_whole() -> None:
+    process, server = child()
+    server.sendall(b"exi")
+    assert process.poll() is None
+    server.sendall(b"t 2\n")
+    assert process.wait(5) == 2
+    server.close()
+
+
+def test_a_fork_server_gone_reads_as_its_children_killed() -> None:
+    process, server = child()
+    server.close()
+    assert process.wait(5) == -signal.SIGKILL
+
+
+def test_a_launch_the_fork_server_does_not_answer_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork server that accepts but never answers (stopped, wedged): the launch gives up
+    after ``LAUNCH_TIMEOUT_S`` with ``ForkServerGone``, which the group's launcher answers by
+    starting that process fresh."""
+    monkeypatch.setattr(fork_server, "LAUNCH_TIMEOUT_S", 0.2)
+    server = ForkServer(tmp_path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(server.socket_path)
+    listener.listen(1)
+    monkeypatch.setattr(server, "running", lambda: True)
+    with pytest.raises(ForkServerGone, match="did not answer"):
+        server.launch(["python", "-m", "livefit", "serve"], {})
+    listener.close()
+
+
+def test_a_group_process_is_named_after_its_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    names: list[str] = []
+    monkeypatch.setattr(fork_server, "set_process_name", names.append)
+    for env, expected in (({"LIVEFIT_TRAINING_DIR": "/g"}, ["livefit-train"]),
+                          ({"LIVEFIT_WORKER_INDEX": "3"}, ["livefit-w3"]), ({}, [])):  # fmt: skip
+        names.clear()
+        monkeypatch.delenv("LIVEFIT_TRAINING_DIR", raising=False)
+        monkeypatch.delenv("LIVEFIT_WORKER_INDEX", raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        fork_server.name_process()
+        assert names == expected
+
+
+class Refusing(ForkServer):
+    """A fork server that never answers: every launch raises ``ForkServerGone``."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.launches: list[Sequence[str]] = []
+        self.stops = 0
+
+    def launch(self, argv: Sequence[str], env: Mapping[str, str],
+               fds: Mapping[int, Sequence[int]] = {}) -> ForkedChild:  # fmt: skip
+        self.launches.append(argv)
+        raise ForkServerGone("the fork server did not answer: timed out")
+
+    def stop(self) -> None:
+        self.stops += 1
+
+
+@pytest.mark.parametrize(
+    ("preload", "argv", "forked"),
+    [
+        (True, [sys.executable, "-m", "livefit", "serve"], True),
+        (False, [sys.executable, "-m", "livefit", "serve"], False),
+        (True, [sys.executable, "-m", "other"], False),  # only livefit is preloaded
+    ],
+)
+def test_the_launcher_starts_fresh_where_it_cannot_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preload: bool, argv: list[str],
+    forked: bool,
+) -> None:  # fmt: skip
+    """A launch the fork server fails (here: never answers) starts that process fresh, with
+    the same command, environment and inherited descriptor, and stops the fork server (the
+    next launch starts a new one); without ``preload`` or for another command, fresh at once."""
+    started: list[tuple[Sequence[str], dict[str, Any]]] = []
+
+    def start_child(argv: Sequence[str], **popen: Any) -> str:
+        started.append((argv, popen))
+        return "fresh"
+
+    monkeypatch.setattr(fork_server, "start_child", start_child)
+    launcher = Launcher(tmp_path, preload)
+    refusing = Refusing(tmp_path)
+    if launcher.server is not None:
+        launcher.server = refusing
+    assert launcher.start(argv, {"A": "1"}, pass_fds=(7,)) == "fresh"
+    assert started == [(argv, {"env": {"A": "1"}, "pass_fds": (7,)})]
+    assert refusing.launches == ([argv] if forked else [])
+    assert refusing.stops == (1 if forked else 0)
