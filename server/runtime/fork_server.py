@@ -8,9 +8,10 @@ imports TensorFlow itself) starts one fork server that imports all of it once an
 each process of the group from itself: a process starts without the import, restarts in a
 fraction of the time, and shares the imported pages with its siblings until it writes them.
 
-The fork server imports only: TensorFlow's devices and pools are not touched before the fork
-(a fork after CUDA is initialised is unusable), so each child lists its devices and sizes its
-pools as a fresh process does. The child becomes what ``python -m livefit ARGS`` would be: its
+The fork server imports only: TensorFlow's runtime, devices and pools are not started before the
+fork (a fork after CUDA is initialised is unusable, and a pool's threads would be missing in the
+child), so each child lists its devices and sizes its pools as a fresh process does
+(``tests/e2e/test_preloaded_group.py`` checks that the imports start no runtime). The child becomes what ``python -m livefit ARGS`` would be: its
 own process group, the parent-death signal, stdin from /dev/null, the descriptors it was given
 at the numbers asked for, the launcher's environment and working directory, a process name
 saying its role (``name_process``), ``livefit``'s ``__main__`` run as the main module, and

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.fork_server import FORK_SERVER_NAME
+from livefit.server.runtime.local_process import quiet_env
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.e2e.test_learner_group import (
     _ready_problems,
@@ -75,3 +78,21 @@ def test_the_fork_server_forks_every_process_and_a_killed_one_takes_them_along(
         survivors = [second, *children(second)]
         assert learner.stop(signal.SIGKILL, timeout=30) == -signal.SIGKILL
         _wait(lambda: not any(alive(pid) for pid in survivors), timeout=10)
+
+
+PRELOAD_THEN_REPORT = """
+from livefit.server.runtime.fork_server import preload
+preload()
+from tensorflow.python.eager import context
+print(context.context()._initialized)
+"""
+
+
+def test_preloading_starts_no_tensorflow_runtime() -> None:
+    """What the fork server imports must not start TensorFlow's runtime (a module running an
+    op when imported): its pools' threads would be missing in every child, and a fork after
+    CUDA started is unusable. A fresh process, as the fork server is."""
+    done = subprocess.run([sys.executable, "-c", PRELOAD_THEN_REPORT], capture_output=True,
+                          text=True, timeout=120, env=quiet_env())  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "False", done.stdout
