@@ -26,7 +26,9 @@ the children gracefully, not through their fork server's death); the parent kill
 children have stopped. A fork server that
 dies takes its children with it; the group sees them exit and starts them again from a new fork
 server. One that does not answer a launch within ``LAUNCH_TIMEOUT_S`` (stopped, wedged) is
-killed, and that process starts fresh (``children.start_child``), as do all of them with
+killed, so that its children die too and are started again, as after its death: a stopped
+fork server reaps nobody, and the group would never learn that one of them exited. The process
+it did not answer starts fresh (``children.start_child``), as do all of them with
 ``processes.preload = false``.
 """
 
