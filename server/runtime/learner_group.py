@@ -14,10 +14,11 @@
 
 Start: the parent binds the port (a taken port fails at once), starts the training process and
 waits until it holds the storage lock (a second learner on the same storage fails before any
-serving process starts or touches the broker), then starts the serving processes: they import
-TensorFlow and build their models while the training process builds, restores and warms its
-own (bench/results/start_time.json: ready about 2 s sooner than when they waited for its
-weight feed), and serve once the feed brings them weights.
+serving process starts or touches the broker), then starts the serving processes: they build
+their models while the training process builds, restores and warms its own
+(bench/results/start_time.json: ready about 2 s sooner than when they waited for its weight
+feed), and serve once the feed brings them weights. Each process is forked from the group's
+fork server, which imported TensorFlow once (``fork_server.py``, ``processes.preload``).
 Stop (SIGTERM or SIGINT): the training process first (stop ingesting, train what was accepted,
 checkpoint, publish: its serving processes get the final version), then the serving processes,
 which drain their requests. A process that dies after it was ready is started again (the
