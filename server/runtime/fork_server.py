@@ -11,13 +11,14 @@ fraction of the time, and shares the imported pages with its siblings until it w
 The fork server imports only: TensorFlow's runtime, devices and pools are not started before the
 fork (a fork after CUDA is initialised is unusable, and a pool's threads would be missing in the
 child), so each child lists its devices and sizes its pools as a fresh process does
-(``tests/e2e/test_preloaded_group.py`` checks that the imports start no runtime). The child becomes what ``python -m livefit ARGS`` would be: its
-own process group, the parent-death signal, stdin from /dev/null, the descriptors it was given
-at the numbers asked for, the launcher's environment and working directory, a process name
-saying its role (``name_process``), ``livefit``'s ``__main__`` run as the main module, and
-Python's own exit. Its parent is the fork server, which reaps it and sends its exit status to
-the launcher: ``ForkedChild`` is a ``subprocess.Popen`` whose ``poll`` and ``wait`` read it;
-signals go to the real pid.
+(``tests/e2e/test_preloaded_group.py`` checks that the imports start no runtime). The child
+becomes what ``python -m livefit ARGS`` would be: its own process group, the parent-death
+signal, stdin from /dev/null, the descriptors it was given at the numbers asked for, the
+launcher's environment and working directory, a process name saying its role
+(``name_process``), ``livefit``'s ``__main__`` run as the main module, and Python's own exit.
+Its parent is the fork server, which reaps it and sends its exit status to the launcher:
+``ForkedChild`` is a ``subprocess.Popen`` whose ``poll`` and ``wait`` read it; signals go to
+the real pid.
 
 Death follows the parents: the fork server dies with the group's parent (SIGKILL included) and
 each child with the fork server, so no process outlives a killed parent. The fork server
