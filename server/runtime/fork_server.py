@@ -20,6 +20,10 @@ Its parent is the fork server, which reaps it and sends its exit status to the l
 ``ForkedChild`` is a ``subprocess.Popen`` whose ``poll`` and ``wait`` read it; signals go to
 the real pid.
 
+It forks for its parent alone: a launch from any other process (``SO_PEERCRED``) is refused,
+as is one that does not parse (``LaunchRequest``), since it runs whatever it is asked; its
+socket lies in the group's 0700 directory besides.
+
 Death follows the parents: the fork server dies with the group's parent (SIGKILL included) and
 each child with the fork server, so no process outlives a killed parent. The fork server
 ignores SIGTERM, SIGINT and SIGHUP (a stop that reaches every process, as systemd's does, stops
@@ -48,6 +52,7 @@ import pkgutil
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -55,7 +60,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..base.logs import process_label
 from .children import die_with_parent, start_child
@@ -114,7 +121,7 @@ def set_process_name(name: str) -> None:
 # ---- the fork server (``python -m livefit.server.runtime.fork_server SOCKET``) ----
 
 
-def serve(path: str) -> tuple[dict[str, Any], list[int]]:
+def serve(path: str) -> tuple[LaunchRequest, list[int]]:
     """Fork a child for each request on the Unix socket ``path`` until this process is
     killed; returns only in a child, with its request and the descriptors it came with.
 
@@ -145,8 +152,8 @@ def serve(path: str) -> tuple[dict[str, Any], list[int]]:
         connection, _ = listener.accept()
         try:
             request, fds = _read_request(connection)
-        except (OSError, ValueError) as exc:  # a launcher that died mid-request
-            log.warning("fork server: a launch request could not be read: %s", exc)
+        except (OSError, ValueError) as exc:  # a launcher that died mid-request, a stranger
+            log.warning("fork server: a launch refused: %s", exc)
             connection.close()
             continue
         pid = os.fork()
@@ -183,46 +190,76 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
             connection.close()
 
 
-def _read_request(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
+class LaunchRequest(BaseModel):
+    """What a launcher asks the fork server for: ``python -m livefit ARGS`` with this
+    environment and working directory, each descriptor sent with the request put at the
+    numbers of its entry of ``fds``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    args: list[str]
+    env: dict[str, str]
+    cwd: str | None = None
+    fds: list[list[Annotated[int, Field(ge=0, le=_HIGH_FD - 1)]]] = []
+
+
+def _peer_pid(connection: socket.socket) -> int:
+    """The pid of the process that connected (``SO_PEERCRED``)."""
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                        struct.calcsize("3i"))  # fmt: skip
+    pid, _, _ = struct.unpack("3i", credentials)
+    return int(pid)
+
+
+def _read_request(connection: socket.socket) -> tuple[LaunchRequest, list[int]]:
+    """The request on ``connection`` and the descriptors that came with it; raises
+    ``OSError`` or ``ValueError`` (its descriptors closed) for one from any process but this
+    one's parent, or one that does not parse."""
     connection.settimeout(LAUNCH_TIMEOUT_S)
+    peer = _peer_pid(connection)
+    if peer != os.getppid():  # the group's parent alone forks through it
+        raise ValueError(f"a launch from pid {peer}, not from the parent")
     data, fds, _, _ = socket.recv_fds(connection, 65536, 16)
-    while not data.endswith(b"\n") and len(data) < MAX_REQUEST_BYTES:
-        more = connection.recv(65536)
-        if not more:
-            break
-        data += more
-    request: dict[str, Any] = json.loads(data)
-    if len(request.get("fds", [])) != len(fds):
+    try:
+        while not data.endswith(b"\n") and len(data) < MAX_REQUEST_BYTES:
+            more = connection.recv(65536)
+            if not more:
+                break
+            data += more
+        request = LaunchRequest.model_validate_json(data)
+        if len(request.fds) != len(fds):
+            raise ValueError(f"{len(fds)} descriptors for {len(request.fds)} places")
+    except (OSError, ValueError):
         for fd in fds:
             os.close(fd)
-        raise ValueError(f"{len(fds)} descriptors for {len(request.get('fds', []))} places")
+        raise
     return request, list(fds)
 
 
 def become(
-    request: dict[str, Any], fds: Sequence[int], dies_with_parent: Callable[[], None] | None
+    request: LaunchRequest, fds: Sequence[int], dies_with_parent: Callable[[], None] | None
 ) -> None:
     """In the child: what ``start_child`` and ``python -m livefit`` would have set up. Each
-    descriptor of ``fds`` goes to the numbers ``request["fds"]`` lists for it."""
+    descriptor of ``fds`` goes to the numbers ``request.fds`` lists for it."""
     os.setpgid(0, 0)
     os.environ.clear()
-    os.environ.update(request["env"])
-    if request.get("cwd"):
-        os.chdir(request["cwd"])
+    os.environ.update(request.env)
+    if request.cwd:
+        os.chdir(request.cwd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, _HIGH_FD) for fd in fds]  # out of the targets' way
     for fd in fds:
         os.close(fd)
-    for fd, targets in zip(moved, request["fds"], strict=True):
+    for fd, targets in zip(moved, request.fds, strict=True):
         for target in targets:
             os.dup2(fd, target)  # inheritable, as ``pass_fds`` makes them
         os.close(fd)
     sys.path[0] = os.getcwd()  # ``-m`` puts the working directory first
     tempfile.tempdir = None  # found again from TMPDIR, as a fresh process finds it
     time.tzset()  # likewise the time zone from TZ
-    sys.argv = ["livefit", *request["args"]]
+    sys.argv = ["livefit", *request.args]
     if dies_with_parent is not None:
         dies_with_parent()
     name_process()

@@ -1,14 +1,16 @@
 """A split learner's processes forked from its fork server (``processes.preload``, the default;
 ``server/runtime/fork_server.py``), through the real processes: who is whose child and named
-what, a SIGKILLed fork server (every child dies with it; the group starts a new fork server and
+what, a launch asked by another process than the parent (refused), a SIGKILLed fork server (every child dies with it; the group starts a new fork server and
 its processes, and no acknowledged sample is lost), a SIGKILLed parent (nothing outlives it).
 A hangup reaching the fork server (ignored) is in ``test_learner_group.py``'s SIGHUP test, the
 group without a fork server in its SIGTERM test."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +44,21 @@ def forked_roles(fork_server: int) -> list[str]:
     return sorted(process_name(pid) for pid in children(fork_server))
 
 
+def refused_launch(fork_server: int) -> bytes:
+    """What the fork server ``fork_server`` answers this process's launch request (a pid and
+    a newline if it forked one)."""
+    path = Path(f"/proc/{fork_server}/cmdline").read_bytes().split(b"\0")[-2].decode()
+    request = {"args": ["--version"], "env": dict(os.environ), "cwd": "/"}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.settimeout(30)
+        connection.connect(path)
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        try:
+            return connection.recv(64)
+        except ConnectionResetError:  # closed with our request unread
+            return b""
+
+
 def test_the_fork_server_forks_every_process_and_a_killed_one_takes_them_along(
     broker: Mosquitto,  # noqa: F811
     tmp_path: Path,
@@ -55,6 +72,11 @@ def test_the_fork_server_forks_every_process_and_a_killed_one_takes_them_along(
         wait_lineage(learner, 1000)
         wait_both_serve(learner)
         forked = children(first)
+
+        # anyone but the parent asking the fork server for a process (the same user, which
+        # alone can reach its 0700 directory): refused, nothing forked
+        assert refused_launch(first) == b""
+        assert children(first) == forked
 
         # the fork server SIGKILLed: its children die with it (the parent-death signal), the
         # group starts a new fork server and every process again; samples published meanwhile

@@ -5,6 +5,7 @@ answer, and the name a group's process takes. The fork server's processes themse
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -127,3 +128,62 @@ def test_the_launcher_starts_fresh_where_it_cannot_fork(
     assert started == [(argv, {"env": {"A": "1"}, "pass_fds": (7,)})]
     assert refusing.launches == ([argv] if forked else [])
     assert refusing.stops == (1 if forked else 0)
+
+
+def request_over_a_socket(payload: bytes, fds: Sequence[int] = ()) -> socket.socket:
+    """The fork server's end of a connection on which ``payload`` (with ``fds``) was sent."""
+    ours, theirs = socket.socketpair()
+    socket.send_fds(theirs, [payload], list(fds))
+    theirs.close()
+    return ours
+
+
+def test_a_launch_from_any_process_but_the_parent_is_refused() -> None:
+    """The fork server runs whatever it is asked: only the process that started it (the
+    group's parent) may ask. Here the peer is this process, not its parent."""
+    connection = request_over_a_socket(b'{"args": ["serve"], "env": {}}\n')
+    with pytest.raises(ValueError, match=r"a launch from pid \d+, not from the parent"):
+        fork_server._read_request(connection)
+    connection.close()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xff\xfe not json\n",
+        b"[1, 2]\n",
+        b'{"args": "serve", "env": {}}\n',
+        b'{"args": ["serve"], "env": {"A": 1}}\n',
+        b'{"args": ["serve"], "env": {}, "shell": "rm -rf /"}\n',
+        b'{"args": ["serve"], "env": {}, "fds": [[3]]}\n',  # a place for a descriptor not sent
+        b'{"args": ["serve"], "env": {}, "fds": [[100000000000000000000]]}\n',
+        b'{"args": ["serve"], "env": {}, "fds": [[-1]]}\n',
+    ],
+)
+def test_a_malformed_launch_is_refused_and_its_descriptors_closed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, payload: bytes
+) -> None:
+    monkeypatch.setattr(fork_server.os, "getppid", os.getpid)  # as if from the parent
+    sent = (tmp_path / "sent").open("wb")
+    connection = request_over_a_socket(payload, [sent.fileno()] if b"-1" in payload else [])
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError):
+        fork_server._read_request(connection)
+    assert set(os.listdir("/proc/self/fd")) <= before  # a received descriptor is closed
+    connection.close()
+    sent.close()
+
+
+def test_a_launch_from_the_parent_comes_with_its_descriptors(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(fork_server.os, "getppid", os.getpid)
+    with (tmp_path / "log").open("wb") as log:
+        payload = b'{"args": ["serve"], "env": {"A": "1"}, "cwd": "/", "fds": [[1, 2]]}\n'
+        connection = request_over_a_socket(payload, [log.fileno()])
+        request, fds = fork_server._read_request(connection)
+    assert (request.args, request.env, request.cwd, request.fds) == (["serve"], {"A": "1"}, "/",
+                                                                     [[1, 2]])  # fmt: skip
+    assert len(fds) == 1 and os.fstat(fds[0]).st_ino == (tmp_path / "log").stat().st_ino
+    os.close(fds[0])
+    connection.close()
