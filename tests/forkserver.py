@@ -40,7 +40,7 @@ FRESH_ENV = "LIVEFIT_TEST_FRESH_PROCESSES"
 # a launch whose environment differs from the fork server's in one of these starts fresh.
 IMPORT_TIME_ENV = ("TF_", "CUDA", "KERAS", "XLA", "OMP_", "MKL", "PYTHON", "LD_", "MALLOC",
                    "HOME", "NVIDIA", "TPU", "LANG", "LC_")  # fmt: skip
-SOCKET_PATH_MAX = 96  # a Unix socket's path is at most 107 bytes on Linux (and ".binding")
+SOCKET_PATH_MAX = 96  # a Unix socket's path is at most 107 bytes on Linux (and BINDING_SUFFIX)
 
 
 # Read at start too, but set up in the child as Python would have: the bench's processes run
@@ -191,6 +191,8 @@ class ForkServer:
             answer += chunk
         from livefit.server.runtime.fork_server import ForkedChild
 
+        if answer.startswith(b"error "):  # it could not fork, or could not read the request
+            raise RuntimeError(f"the fork server refused {argv}: {answer.decode().strip()}")
         return ForkedChild(int(answer), connection, argv)
 
 

@@ -86,6 +86,7 @@ def import_tensorflow() -> tuple[str, ...]:
     it: a fork server imports it for the processes it forks, ``runtime/fork_server.py``), later
     calls return its answer."""
     if "tensorflow" in sys.modules:  # imported without a device (a fork server's child)
+        quiet_tensorflow_env()  # this process's environment as a fresh one's: its children's
         with _listing_filtered(no_driver=not _cuda_driver_loads()):  # cuInit's failure alone
             gpus = _visible_gpus()
     else:
@@ -155,7 +156,8 @@ def _listing_filtered(no_driver: bool) -> Iterator[None]:
         sys.stderr.flush()
         os.dup2(saved, 2)  # the pipe's last writer closed: the reader reaches its end
         reader.join(10)
-        os.close(saved)
+        if not reader.is_alive():  # else it may still write there: left open
+            os.close(saved)
 
 
 @contextmanager

@@ -25,23 +25,23 @@ as is one that does not parse (``LaunchRequest``), since it runs whatever it is 
 socket lies in the group's 0700 directory besides.
 
 Death follows the parents: the fork server dies with the group's parent (SIGKILL included) and
-each child with the fork server, so no process outlives a killed parent. The fork server
-ignores SIGTERM, SIGINT and SIGHUP (a stop that reaches every process, as systemd's does, stops
+each child with the fork server, so no process outlives a killed parent. The fork server holds
+SIGTERM, SIGINT and SIGHUP blocked (a stop that reaches every process, as systemd's does, stops
 the children gracefully, not through their fork server's death); the parent kills it once its
 children have stopped. A fork server that
 dies takes its children with it; the group sees them exit and starts them again from a new fork
-server. One that does not answer a launch within ``LAUNCH_TIMEOUT_S`` (stopped, wedged) is
-killed, so that its children die too and are started again, as after its death: a stopped
-fork server reaps nobody, and the group would never learn that one of them exited. The process
-it did not answer starts fresh (``children.start_child``), as do all of them with
-``processes.preload = false``.
+server. One that does not answer a launch within ``LAUNCH_TIMEOUT_S`` (stopped, wedged) is left
+to the children it has (a child that exits unreaped is read from ``/proc`` after
+``UNREAPED_GRACE_S``: a stopped fork server reaps nobody), the process it did not answer starts
+fresh (``children.start_child``), and the next launch starts a new fork server. A launch it
+answers with an error (the system refused the fork) starts fresh too, and fails as ``Popen``
+would. All of them start fresh with ``processes.preload = false``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import fcntl
 import gc
 import importlib
@@ -69,14 +69,16 @@ from .children import die_with_parent, start_child
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "forkserver.sock"
+SOCKET_NAME = "fork.sock"  # with BINDING_SUFFIX within group_directory's Unix socket budget
+BINDING_SUFFIX = ".b"  # bound under this name, renamed once it listens
 # The packages a livefit server imports before it is ready (the rest of its imports are small)
 PRELOADED = ("livefit.server", "livefit.models")
 START_TIMEOUT_S = 120.0  # the imports, on a slow or loaded machine
 LAUNCH_TIMEOUT_S = 30.0
+UNREAPED_GRACE_S = 2.0  # a fork server reaps within milliseconds
 MAX_REQUEST_BYTES = 1 << 20
 _PR_SET_NAME = 15
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 _HIGH_FD = 100  # received descriptors are moved here before they are put at their numbers
 
 
@@ -113,9 +115,8 @@ def set_process_name(name: str) -> None:
     available."""
     if not sys.platform.startswith("linux"):
         return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    with contextlib.suppress(OSError, AttributeError):  # this process's own symbols: libc's
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 # ---- the fork server (``python -m livefit.server.runtime.fork_server SOCKET``) ----
@@ -125,15 +126,21 @@ def serve(path: str) -> tuple[LaunchRequest, list[int]]:
     """Fork a child for each request on the Unix socket ``path`` until this process is
     killed; returns only in a child, with its request and the descriptors it came with.
 
-    The stop signals are ignored here and put back in each child: systemd's stop sends
-    SIGTERM to every process of the service at once, and a fork server ended by it would
-    take its children down with SIGKILL before they stopped gracefully."""
+    The stop signals are blocked here, and unblocked in each child once it is set up: systemd's
+    stop sends SIGTERM to every process of the service at once, and a fork server ended by it
+    would take its children down with SIGKILL before they stopped gracefully; a child keeps a
+    stop sent to it before it was set up (pending), where an ignored one would be lost.
+
+    A launch that cannot be read from the parent, or a ``fork`` the system refuses, is
+    answered ``error ...`` (the launcher starts that process fresh, or fails as ``Popen``
+    would); one from any other process is closed unanswered. Nothing a launch does ends the
+    fork server: its children would die with it."""
     dies_with_this = die_with_parent()  # made here: it names this process as the parent
-    dispositions = {each: signal.signal(each, signal.SIG_IGN) for each in STOP_SIGNALS}
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(f"{path}.binding")
+    listener.bind(f"{path}{BINDING_SUFFIX}")
     listener.listen(64)
-    os.rename(f"{path}.binding", path)  # the path appears once connections are accepted
+    os.rename(f"{path}{BINDING_SUFFIX}", path)  # the path appears once connections are accepted
     woken, wake = os.pipe()
     os.set_blocking(woken, False)
     os.set_blocking(wake, False)
@@ -149,14 +156,28 @@ def serve(path: str) -> tuple[LaunchRequest, list[int]]:
             _reap(waiting)
         if listener not in readable:
             continue
-        connection, _ = listener.accept()
+        try:
+            connection, _ = listener.accept()
+        except OSError as exc:  # out of descriptors: the launcher's wait times out
+            log.warning("fork server: a launch not accepted: %s", exc)
+            time.sleep(0.1)
+            continue
         try:
             request, fds = _read_request(connection)
-        except (OSError, ValueError) as exc:  # a launcher that died mid-request, a stranger
+        except NotTheParent as exc:
             log.warning("fork server: a launch refused: %s", exc)
             connection.close()
             continue
-        pid = os.fork()
+        except (OSError, ValueError) as exc:  # a launcher that died mid-request, a bad one
+            _answer(connection, f"error {exc}")
+            continue
+        try:
+            pid = os.fork()
+        except OSError as exc:  # a limit on processes or memory: as Popen would raise it
+            for fd in fds:
+                os.close(fd)
+            _answer(connection, f"error fork: {exc}")
+            continue
         if pid == 0:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -164,15 +185,22 @@ def serve(path: str) -> tuple[LaunchRequest, list[int]]:
                 held.close()
             os.close(woken)
             os.close(wake)
-            for stop, disposition in dispositions.items():  # as this process was started
-                signal.signal(stop, disposition)
             become(request, fds, dies_with_this)
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)  # a pending stop acts now
             return request, fds
         for fd in fds:
             os.close(fd)
-        connection.sendall(f"{pid}\n".encode())
+        with contextlib.suppress(OSError):
+            connection.sendall(f"{pid}\n".encode())
         waiting[pid] = connection
         _reap(waiting)  # a child may have ended before it was in ``waiting``
+
+
+def _answer(connection: socket.socket, line: str) -> None:
+    """Send ``line`` (one line, at most 1,000 characters) and close ``connection``."""
+    with contextlib.suppress(OSError):
+        connection.sendall(line.replace("\n", " ")[:1000].encode() + b"\n")
+    connection.close()
 
 
 def _reap(waiting: dict[int, socket.socket]) -> None:
@@ -188,6 +216,10 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
             with contextlib.suppress(OSError):
                 connection.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
             connection.close()
+
+
+class NotTheParent(ValueError):
+    """A launch asked by another process than the fork server's parent."""
 
 
 class LaunchRequest(BaseModel):
@@ -218,7 +250,7 @@ def _read_request(connection: socket.socket) -> tuple[LaunchRequest, list[int]]:
     connection.settimeout(LAUNCH_TIMEOUT_S)
     peer = _peer_pid(connection)
     if peer != os.getppid():  # the group's parent alone forks through it
-        raise ValueError(f"a launch from pid {peer}, not from the parent")
+        raise NotTheParent(f"a launch from pid {peer}, not from the parent")
     data, fds, _, _ = socket.recv_fds(connection, 65536, 16)
     try:
         while not data.endswith(b"\n") and len(data) < MAX_REQUEST_BYTES:
@@ -256,7 +288,8 @@ def become(
         for target in targets:
             os.dup2(fd, target)  # inheritable, as ``pass_fds`` makes them
         os.close(fd)
-    sys.path[0] = os.getcwd()  # ``-m`` puts the working directory first
+    with contextlib.suppress(OSError):  # a working directory since removed: none, as Python
+        sys.path[0] = os.getcwd()  # ``-m`` puts the working directory first
     tempfile.tempdir = None  # found again from TMPDIR, as a fresh process finds it
     time.tzset()  # likewise the time zone from TZ
     sys.argv = ["livefit", *request.args]
@@ -297,6 +330,7 @@ class ForkedChild(subprocess.Popen[bytes]):
         self._connection = connection
         self._received = b""
         self._reading = threading.Lock()  # a stop in one thread, a poll in another
+        self._zombie_since: float | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None and self._reading.acquire(blocking=False):
@@ -319,11 +353,31 @@ class ForkedChild(subprocess.Popen[bytes]):
     def __del__(self) -> None:
         self._connection.close()
 
+    def _read_unreaped(self) -> None:
+        """The status of a child that exited and that its fork server has not reaped for
+        ``UNREAPED_GRACE_S`` (a stopped fork server reaps nobody), read from the kernel: the
+        group then learns of the death, and restarts it, as it does of any other. (An
+        unreaped child's pid is not reused: this is always that child.)"""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return
+        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
+        if fields[0] != "Z":
+            self._zombie_since = None
+            return
+        now = time.monotonic()
+        if self._zombie_since is None:
+            self._zombie_since = now
+        elif now - self._zombie_since >= UNREAPED_GRACE_S:
+            self.returncode = os.waitstatus_to_exitcode(int(fields[52 - 3]))  # exit_code
+
     def _read_status(self, timeout: float) -> None:
         if self.returncode is not None:
             return
         readable, _, _ = select.select([self._connection], [], [], timeout)
         if not readable:
+            self._read_unreaped()
             return
         try:
             chunk = self._connection.recv(4096)
@@ -342,6 +396,11 @@ class ForkServerGone(RuntimeError):
     """The fork server could not start, or did not answer a launch."""
 
 
+class LaunchRefused(OSError):
+    """The fork server answered a launch with an error (its ``fork`` refused, a request it
+    could not read): as ``Popen`` raises ``OSError`` when it cannot start a process."""
+
+
 class ForkServer:
     """The fork server of one group, its socket in the group's ``directory``, started on
     the first launch and again after it died."""
@@ -350,6 +409,7 @@ class ForkServer:
         self.socket_path = str(directory / SOCKET_NAME)
         self.env = dict(os.environ if env is None else env)
         self.process: subprocess.Popen[bytes] | None = None
+        self.abandoned: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
         """Start the fork server and wait until it listens (its imports done)."""
@@ -370,14 +430,22 @@ class ForkServer:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self) -> None:
-        """SIGKILL the fork server (and so any child of it still running)."""
+    def abandon(self) -> None:
+        """Leave the fork server that did not answer (stopped, wedged) to its children, which
+        run on (one that exits unreaped is seen all the same: ``ForkedChild``); the next
+        launch starts another. ``stop`` kills both."""
         if self.process is not None:
-            with contextlib.suppress(OSError):
-                self.process.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(10)
+            self.abandoned.append(self.process)
             self.process = None
+
+    def stop(self) -> None:
+        """SIGKILL the fork servers (and so any child of theirs still running)."""
+        for process in [*self.abandoned, *([self.process] if self.process else [])]:
+            with contextlib.suppress(OSError):
+                process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+        self.process, self.abandoned = None, []
 
     def launch(
         self, argv: Sequence[str], env: Mapping[str, str], fds: Mapping[int, Sequence[int]] = {}
@@ -388,7 +456,11 @@ class ForkServer:
         if not self.running():
             self.start()
         sent = list(fds)
-        request = {"args": list(argv[3:]), "env": dict(env), "cwd": os.getcwd(),
+        try:
+            cwd: str | None = os.getcwd()
+        except OSError:  # removed since: the child starts where the fork server is
+            cwd = None
+        request = {"args": list(argv[3:]), "env": dict(env), "cwd": cwd,
                    "fds": [list(fds[fd]) for fd in sent]}  # fmt: skip
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.settimeout(LAUNCH_TIMEOUT_S)
@@ -402,7 +474,12 @@ class ForkServer:
                 if not chunk:
                     raise OSError("the fork server closed the connection without a pid")
                 answer += chunk
+            if answer.startswith(b"error "):
+                connection.close()
+                raise LaunchRefused(answer[6:].decode(errors="replace").strip())
             pid = int(answer)
+        except LaunchRefused:
+            raise
         except (OSError, ValueError) as exc:
             connection.close()
             raise ForkServerGone(f"the fork server did not answer: {exc}") from exc
@@ -423,9 +500,13 @@ class Launcher:
         if self.server is not None and list(argv[1:3]) == ["-m", "livefit"]:
             try:
                 return self.server.launch(argv, env, {fd: [fd] for fd in pass_fds})
+            except LaunchRefused as exc:
+                log.warning("the fork server could not fork (%s); starting this process fresh",
+                            exc)  # fmt: skip
             except ForkServerGone as exc:
-                log.warning("%s; stopping it and starting this process fresh", exc)
-                self.server.stop()
+                log.warning("%s; leaving it to its processes, starting this one fresh (the "
+                            "next from a new fork server)", exc)  # fmt: skip
+                self.server.abandon()
         return start_child(argv, env=env, pass_fds=tuple(pass_fds))
 
     def close(self) -> None:

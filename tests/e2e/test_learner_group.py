@@ -376,7 +376,7 @@ def test_sighup_stops_every_process_of_the_group_as_sigterm_does(
     ]
     publish_samples(broker, 500)
     wait_trained(learner, 500)
-    for pid in [*pids, fork_server]:  # the fork server too: it ignores a hangup
+    for pid in [*pids, fork_server]:  # the fork server too: it holds a hangup blocked
         os.kill(pid, signal.SIGHUP)
     assert learner.stop(signal.SIGHUP, timeout=90) == 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in [*pids, fork_server])

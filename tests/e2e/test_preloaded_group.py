@@ -2,7 +2,7 @@
 ``server/runtime/fork_server.py``), through the real processes: who is whose child and named
 what, a launch asked by another process than the parent (refused), a SIGKILLed fork server (every child dies with it; the group starts a new fork server and
 its processes, and no acknowledged sample is lost), a SIGKILLed parent (nothing outlives it).
-A hangup reaching the fork server (ignored) is in ``test_learner_group.py``'s SIGHUP test, the
+A hangup reaching the fork server (held blocked) is in ``test_learner_group.py``'s SIGHUP test, the
 group without a fork server in its SIGTERM test."""
 
 from __future__ import annotations
@@ -13,10 +13,15 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from livefit.local_servers import LivefitProcess
-from livefit.server.runtime.fork_server import FORK_SERVER_NAME
+from livefit.server.runtime.fork_server import (
+    FORK_SERVER_NAME,
+    UNREAPED_GRACE_S,
+    ForkedChild,
+)
 from livefit.server.runtime.local_process import quiet_env
 from livefit.server.runtime.mosquitto import Mosquitto
 from tests.e2e.test_learner_group import (
@@ -118,3 +123,24 @@ def test_preloading_starts_no_tensorflow_runtime() -> None:
                           text=True, timeout=120, env=quiet_env())  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "False", done.stdout
+
+
+def test_a_child_its_fork_server_does_not_reap_is_seen_to_exit() -> None:
+    """A stopped fork server reaps nobody and sends no status: a child of it that exited is
+    read from ``/proc`` once unreaped for ``UNREAPED_GRACE_S``, with its exit status, so that
+    the group restarts it. Here this process is the non-reaping parent."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    ours, theirs = socket.socketpair()
+    child = ForkedChild(pid, ours, ["python", "-m", "livefit"])
+    try:
+        started = time.monotonic()
+        while child.poll() is None:
+            assert time.monotonic() - started < UNREAPED_GRACE_S + 5, "never seen to exit"
+            time.sleep(0.05)
+        assert child.returncode == 3
+        assert time.monotonic() - started >= UNREAPED_GRACE_S * 0.9  # not at first sight
+    finally:
+        os.waitpid(pid, 0)
+        theirs.close()

@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from livefit.server.runtime import fork_server
-from livefit.server.runtime.fork_server import ForkedChild, ForkServer, ForkServerGone, Launcher
+from livefit.server.runtime.fork_server import (
+    ForkedChild,
+    ForkServer,
+    ForkServerGone,
+    Launcher,
+    LaunchRefused,
+)
+from livefit.server.runtime.group_directory import MAX_GROUP_DIRECTORY, SUN_PATH_MAX
 
 
 def child() -> tuple[ForkedChild, socket.socket]:
@@ -82,37 +89,48 @@ def test_a_group_process_is_named_after_its_role(monkeypatch: pytest.MonkeyPatch
 
 
 class Refusing(ForkServer):
-    """A fork server that never answers: every launch raises ``ForkServerGone``."""
+    """A fork server whose every launch raises ``error`` (``ForkServerGone``: it never
+    answers; ``LaunchRefused``: it answers that it could not fork)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, error: Exception) -> None:
         super().__init__(directory)
+        self.error = error
         self.launches: list[Sequence[str]] = []
-        self.stops = 0
+        self.abandons = self.stops = 0
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str],
                fds: Mapping[int, Sequence[int]] = {}) -> ForkedChild:  # fmt: skip
         self.launches.append(argv)
-        raise ForkServerGone("the fork server did not answer: timed out")
+        raise self.error
+
+    def abandon(self) -> None:
+        self.abandons += 1
 
     def stop(self) -> None:
         self.stops += 1
 
 
+NOT_ANSWERING = ForkServerGone("the fork server did not answer: timed out")
+CANNOT_FORK = LaunchRefused("fork: [Errno 11] Resource temporarily unavailable")
+
+
 @pytest.mark.parametrize(
-    ("preload", "argv", "forked"),
+    ("preload", "argv", "error", "abandons"),
     [
-        (True, [sys.executable, "-m", "livefit", "serve"], True),
-        (False, [sys.executable, "-m", "livefit", "serve"], False),
-        (True, [sys.executable, "-m", "other"], False),  # only livefit is preloaded
+        (True, [sys.executable, "-m", "livefit", "serve"], NOT_ANSWERING, 1),
+        (True, [sys.executable, "-m", "livefit", "serve"], CANNOT_FORK, 0),
+        (False, [sys.executable, "-m", "livefit", "serve"], None, 0),
+        (True, [sys.executable, "-m", "other"], None, 0),  # only livefit is preloaded
     ],
 )
 def test_the_launcher_starts_fresh_where_it_cannot_fork(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, preload: bool, argv: list[str],
-    forked: bool,
+    error: Exception | None, abandons: int,
 ) -> None:  # fmt: skip
-    """A launch the fork server fails (here: never answers) starts that process fresh, with
-    the same command, environment and inherited descriptor, and stops the fork server (the
-    next launch starts a new one); without ``preload`` or for another command, fresh at once."""
+    """A launch the fork server fails starts that process fresh, with the same command,
+    environment and inherited descriptor: one it never answers leaves that fork server to its
+    children (the next launch starts another) and kills nobody; one it could not fork keeps
+    it. Without ``preload`` or for another command: fresh at once."""
     started: list[tuple[Sequence[str], dict[str, Any]]] = []
 
     def start_child(argv: Sequence[str], **popen: Any) -> str:
@@ -121,13 +139,44 @@ def test_the_launcher_starts_fresh_where_it_cannot_fork(
 
     monkeypatch.setattr(fork_server, "start_child", start_child)
     launcher = Launcher(tmp_path, preload)
-    refusing = Refusing(tmp_path)
+    refusing = Refusing(tmp_path, error or NOT_ANSWERING)
     if launcher.server is not None:
         launcher.server = refusing
     assert launcher.start(argv, {"A": "1"}, pass_fds=(7,)) == "fresh"
     assert started == [(argv, {"env": {"A": "1"}, "pass_fds": (7,)})]
-    assert refusing.launches == ([argv] if forked else [])
-    assert refusing.stops == (1 if forked else 0)
+    assert refusing.launches == ([argv] if error else [])
+    assert (refusing.abandons, refusing.stops) == (abandons, 0)
+
+
+def test_the_fork_servers_socket_fits_a_group_directorys_budget() -> None:
+    """The longest path a group directory holds must fit a Unix socket's (``SUN_PATH_MAX``):
+    the fork server binds ``fork.sock.b`` in it, then renames it."""
+    longest = MAX_GROUP_DIRECTORY + len(f"/{fork_server.SOCKET_NAME}{fork_server.BINDING_SUFFIX}")
+    assert longest <= SUN_PATH_MAX
+
+
+def test_an_abandoned_fork_server_is_killed_with_the_next_one_on_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    killed: list[str] = []
+
+    class Stub:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def kill(self) -> None:
+            killed.append(self.name)
+
+        def wait(self, timeout: float) -> int:
+            return -9
+
+    server = ForkServer(tmp_path)
+    server.process = Stub("stopped")
+    server.abandon()
+    assert server.process is None and not killed
+    server.process = Stub("next")
+    server.stop()
+    assert killed == ["stopped", "next"] and server.process is None and not server.abandoned
 
 
 def request_over_a_socket(payload: bytes, fds: Sequence[int] = ()) -> socket.socket:
