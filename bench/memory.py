@@ -145,8 +145,9 @@ def run(ctx: Context) -> BenchResult:
             "serve --workers 0": "`livefit serve` in one process (`http.workers = 0`), "
             "training and serving at once; `main` is that process",
             "serve --workers 1": "the same learner with `http.workers = 1`: `main` is the "
-            "supervisor, `training` the training process, `serving 0` the serving process; "
-            "RSS and PSS are their sums",
+            "supervisor, `fork server` the process both others are forked from "
+            "(`processes.preload`), `training` the training process, `serving 0` the serving "
+            "process; RSS and PSS are their sums",
         },
         settings={
             "model": spec.describe(),
