@@ -57,10 +57,10 @@ def refused_launch(fork_server: int) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(30)
         connection.connect(path)
-        connection.sendall(json.dumps(request).encode() + b"\n")
         try:
+            connection.sendall(json.dumps(request).encode() + b"\n")
             return connection.recv(64)
-        except ConnectionResetError:  # closed with our request unread
+        except (BrokenPipeError, ConnectionResetError):  # closed before it read the request
             return b""
 
 
