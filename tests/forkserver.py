@@ -23,9 +23,7 @@ how a process starts: the split learner's supervisor never loading TensorFlow, f
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -176,24 +174,11 @@ class ForkServer:
         """``python -m livefit ARGS`` (``argv``) forked from the fork server, output to the open
         file ``stdout`` (stderr with it: the only way LocalProcess starts a child)."""
         assert popen.get("stderr") == subprocess.STDOUT and set(popen) <= {"stderr"}, popen
-        request = {"args": list(argv[3:]), "env": dict(env if env is not None else os.environ),
-                   "cwd": str(cwd) if cwd is not None else os.getcwd(),
-                   "fds": [[1, 2]]}  # fmt: skip
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        connection.connect(self.socket_path)
-        payload = json.dumps(request).encode() + b"\n"
-        socket.send_fds(connection, [payload], [stdout.fileno()])
-        answer = b""
-        while not answer.endswith(b"\n"):
-            chunk = connection.recv(64)
-            if not chunk:
-                raise RuntimeError("the fork server closed the connection without a pid")
-            answer += chunk
-        from livefit.server.runtime.fork_server import ForkedChild
+        from livefit.server.runtime.fork_server import request_fork
 
-        if answer.startswith(b"error "):  # it could not fork, or could not read the request
-            raise RuntimeError(f"the fork server refused {argv}: {answer.decode().strip()}")
-        return ForkedChild(int(answer), connection, argv)
+        return request_fork(self.socket_path, argv, env if env is not None else os.environ,
+                            str(cwd) if cwd is not None else os.getcwd(),
+                            {stdout.fileno(): [1, 2]})  # fmt: skip
 
 
 _server: ForkServer | None = None

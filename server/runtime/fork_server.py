@@ -455,36 +455,46 @@ class ForkServer:
         ``fds[fd]``. Raises ``ForkServerGone`` when it cannot start or does not answer."""
         if not self.running():
             self.start()
-        sent = list(fds)
         try:
             cwd: str | None = os.getcwd()
         except OSError:  # removed since: the child starts where the fork server is
             cwd = None
-        request = {"args": list(argv[3:]), "env": dict(env), "cwd": cwd,
-                   "fds": [list(fds[fd]) for fd in sent]}  # fmt: skip
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        connection.settimeout(LAUNCH_TIMEOUT_S)
-        try:
-            connection.connect(self.socket_path)
-            payload = json.dumps(request).encode() + b"\n"
-            socket.send_fds(connection, [payload], sent)
-            answer = b""
-            while not answer.endswith(b"\n"):
-                chunk = connection.recv(64)
-                if not chunk:
-                    raise OSError("the fork server closed the connection without a pid")
-                answer += chunk
-            if answer.startswith(b"error "):
-                connection.close()
-                raise LaunchRefused(answer[6:].decode(errors="replace").strip())
-            pid = int(answer)
-        except LaunchRefused:
-            raise
-        except (OSError, ValueError) as exc:
+        return request_fork(self.socket_path, argv, env, cwd, fds)
+
+
+def request_fork(
+    socket_path: str, argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
+    fds: Mapping[int, Sequence[int]],
+) -> ForkedChild:  # fmt: skip
+    """Ask the fork server listening on ``socket_path`` for ``python -m livefit ARGS``
+    (``argv``) with ``env``, in ``cwd`` (None: its own), this process's descriptor ``fd`` at
+    the child's numbers ``fds[fd]``. Raises ``LaunchRefused`` when it answers that it could
+    not, ``ForkServerGone`` when it does not answer."""
+    sent = list(fds)
+    request = {"args": list(argv[3:]), "env": dict(env), "cwd": cwd,
+               "fds": [list(fds[fd]) for fd in sent]}  # fmt: skip
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.settimeout(LAUNCH_TIMEOUT_S)
+    try:
+        connection.connect(socket_path)
+        socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], sent)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = connection.recv(64)
+            if not chunk:
+                raise OSError("the fork server closed the connection without a pid")
+            answer += chunk
+        if answer.startswith(b"error "):
             connection.close()
-            raise ForkServerGone(f"the fork server did not answer: {exc}") from exc
-        connection.settimeout(None)
-        return ForkedChild(pid, connection, argv)
+            raise LaunchRefused(answer[6:].decode(errors="replace").strip())
+        pid = int(answer)
+    except LaunchRefused:
+        raise
+    except (OSError, ValueError) as exc:
+        connection.close()
+        raise ForkServerGone(f"the fork server did not answer: {exc}") from exc
+    connection.settimeout(None)
+    return ForkedChild(pid, connection, argv)
 
 
 class Launcher:
