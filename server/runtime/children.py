@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
+import functools
 import logging
 import os
 import queue
@@ -36,20 +36,28 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` making the kernel SIGKILL the child when this process dies; None
-    where that is not available."""
+@functools.cache
+def prctl() -> Callable[..., int] | None:
+    """Linux's ``prctl``, from this process's own symbols (libc's), looked up once; None
+    elsewhere. ``ctypes.util.find_library`` would run ``ldconfig`` at every child's start."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        prctl = libc.prctl
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
+        return None
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` making the kernel SIGKILL the child when this process dies; None
+    where that is not available."""
+    call = prctl()
+    if call is None:
         return None
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        call(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -65,7 +65,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..base.logs import process_label
-from .children import die_with_parent, start_child
+from .children import die_with_parent, prctl, start_child
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +113,9 @@ def name_process() -> None:
 def set_process_name(name: str) -> None:
     """This process's name (``/proc/PID/comm``, 15 bytes kept), where Linux's ``prctl`` is
     available."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # this process's own symbols: libc's
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    call = prctl()
+    if call is not None:
+        call(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 # ---- the fork server (``python -m livefit.server.runtime.fork_server SOCKET``) ----
