@@ -59,6 +59,14 @@ def configure_logging(level: str = "INFO", json_format: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def current_logging() -> tuple[str, bool]:
+    """This process's root logging as ``configure_logging`` left it: its level's name and
+    whether it writes JSON (what a helper process it starts is told to log as)."""
+    root = logging.getLogger()
+    json_format = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
+    return logging.getLevelName(root.level), json_format
+
+
 class LogThrottle:
     """The first line of a kind, then at most one per ``gap_s`` saying how many were held back:
     for a condition that can repeat many times a second (someone else's messages on a topic).

@@ -64,7 +64,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..base.logs import process_label
+from ..base.logs import configure_logging, current_logging, process_label
 from .children import die_with_parent, prctl, start_child
 
 log = logging.getLogger(__name__)
@@ -302,12 +302,23 @@ def become(
 
 
 def main(argv: Sequence[str]) -> None:
+    """``SOCKET [--log-level LEVEL] [--log-json]``: the group's parent passes its own
+    logging, so that the fork server's few lines read as the rest of the group's."""
+    import argparse
     import runpy
 
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser.add_argument("socket")
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-json", action="store_true")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level, args.log_json)
+    global log  # run by ``-m``, this module is ``__main__``: its lines under its own name
+    log = logging.getLogger(__spec__.name if __spec__ is not None else __name__)
     set_process_name(FORK_SERVER_NAME)
     preload()
     gc.freeze()  # the collector leaves what was imported alone: its pages stay shared longer
-    serve(argv[0])
+    serve(args.socket)
     runpy.run_module("livefit", run_name="__main__", alter_sys=True)
 
 
@@ -414,7 +425,9 @@ class ForkServer:
         """Start the fork server and wait until it listens (its imports done)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-        command = [sys.executable, "-m", __name__, self.socket_path]
+        level, json_format = current_logging()
+        command = [sys.executable, "-m", __name__, self.socket_path, "--log-level", level]
+        command += ["--log-json"] if json_format else []
         self.process = start_child(command, env=self.env)
         log.info("fork server started (pid %d): preloading TensorFlow and livefit for the "
                  "group's processes", self.process.pid)  # fmt: skip

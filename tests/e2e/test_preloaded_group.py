@@ -1,6 +1,7 @@
 """A split learner's processes forked from its fork server (``processes.preload``, the default;
 ``server/runtime/fork_server.py``), through the real processes: who is whose child and named
-what, a launch asked by another process than the parent (refused), a SIGKILLed fork server (every child dies with it; the group starts a new fork server and
+what, a launch asked by another process than the parent (refused, logged in the group's JSON
+logging), a SIGKILLed fork server (every child dies with it; the group starts a new fork server and
 its processes, and no acknowledged sample is lost), a SIGKILLed parent (nothing outlives it).
 A hangup reaching the fork server (held blocked) is in ``test_learner_group.py``'s SIGHUP test, the
 group without a fork server in its SIGTERM test."""
@@ -52,7 +53,8 @@ def forked_roles(fork_server: int) -> list[str]:
 def refused_launch(fork_server: int) -> bytes:
     """What the fork server ``fork_server`` answers this process's launch request (a pid and
     a newline if it forked one)."""
-    path = Path(f"/proc/{fork_server}/cmdline").read_bytes().split(b"\0")[-2].decode()
+    # python -m livefit.server.runtime.fork_server SOCKET --log-level LEVEL [--log-json]
+    path = Path(f"/proc/{fork_server}/cmdline").read_bytes().split(b"\0")[3].decode()
     request = {"args": ["--version"], "env": dict(os.environ), "cwd": "/"}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(30)
@@ -68,7 +70,9 @@ def test_the_fork_server_forks_every_process_and_a_killed_one_takes_them_along(
     broker: Mosquitto,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    with LivefitProcess(split_config(broker, tmp_path / "data"), tmp_path).start() as learner:
+    # JSON logging, which the group's parent passes on to its fork server
+    text = split_config(broker, tmp_path / "data") + "\n[logging]\njson_format = true\n"
+    with LivefitProcess(text, tmp_path).start() as learner:
         assert learner.process is not None
         first = fork_server_of(learner)
         assert first is not None and children(learner.process.pid) == [first]
@@ -82,6 +86,12 @@ def test_the_fork_server_forks_every_process_and_a_killed_one_takes_them_along(
         # alone can reach its 0700 directory): refused, nothing forked
         assert refused_launch(first) == b""
         assert children(first) == forked
+        _wait(lambda: "a launch refused" in learner.log.read_text(), timeout=10)
+        refusal = next(
+            json.loads(line) for line in learner.log.read_text().splitlines()
+            if "a launch refused" in line
+        )  # fmt: skip
+        assert refusal["level"] == "WARNING" and refusal["logger"].endswith("fork_server")
 
         # the fork server SIGKILLed: its children die with it (the parent-death signal), the
         # group starts a new fork server and every process again; samples published meanwhile

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from livefit.server.base.logs import configure_logging
+from livefit.server.base.logs import configure_logging, current_logging
 
 
 def test_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,3 +33,16 @@ def test_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
         lines[0]["level"] == "INFO" and lines[0]["logger"] == "livefit.test" and lines[0]["ts"] > 0
     )
     assert "ValueError: boom" in lines[1]["exception"]
+
+
+@pytest.mark.parametrize(("level", "json_format"), [("WARNING", True), ("DEBUG", False)])
+def test_current_logging_reads_what_configure_logging_set(level: str, json_format: bool) -> None:
+    """What a group's parent passes on to its fork server (``fork_server.ForkServer``)."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging(level, json_format=json_format)
+        assert current_logging() == (level, json_format)
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
