@@ -6,8 +6,9 @@
 The ``delayed_labels`` benchmark's protocol (a prediction request per sample at 200/s, each
 label published its delay later, river's best under the same delay), with several settings
 side by side in one learner: every stream, delay and variant is a model of its own, and the
-repeats are interleaved so that a slow spell of the machine hits every variant. Rows are written
-as JSON (``--out``) and a summary per stream, delay and variant is printed.
+repeats are interleaved so that a slow spell of the machine hits every variant. Rows are added
+to the JSON list in ``--out`` (created if absent), each numbered by its ``run`` (one more than
+the file's last), and a summary of this run per stream, delay and variant is printed.
 """
 
 from __future__ import annotations
@@ -119,11 +120,29 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
+    earlier = recorded(args.out)
     with tempfile.TemporaryDirectory(prefix="livefit-delayed-variants-") as workdir:
         rows = run(args.streams.split(","), variants, args.repeats, args.delays.split(","),
                    Path(workdir))  # fmt: skip
-    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    args.out.write_text(json.dumps(numbered(earlier, rows), indent=1) + "\n")
     print("\n".join(summary(rows)))
+
+
+def recorded(path: Path) -> list[dict[str, Any]]:
+    """The rows of earlier runs in ``path`` (none if it does not exist); read before a run,
+    so that a file that is not such a list stops it before it starts."""
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise SystemExit(f"{path} is not a list of rows: not overwritten")
+    return rows
+
+
+def numbered(earlier: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``earlier`` then ``rows``, each of which numbered as the run after the last one."""
+    run_number = max((int(r.get("run", 0)) for r in earlier), default=0) + 1
+    return [*earlier, *({"run": run_number, **row} for row in rows)]
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""``bench.delayed_variants``: its summary against river's best, and unknown variants refused."""
+"""``bench.delayed_variants``: its summary against river's best, unknown variants refused, and
+each run's rows added to the file under the next run number."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from bench.delayed_variants import VARIANTS, main, summary
+from bench.delayed_variants import VARIANTS, main, numbered, recorded, summary
 
 
 def row(stream: str, variant: str, livefit: float, best: float, task: str) -> dict[str, object]:
@@ -36,3 +38,18 @@ def test_an_unknown_variant_is_refused_naming_the_known_ones(
     error = capsys.readouterr().err
     assert "nope" in error and all(name in error for name in VARIANTS)
     assert not (tmp_path / "rows.json").exists()
+
+
+def test_a_run_is_added_to_the_earlier_ones_under_the_next_number(tmp_path: Path) -> None:
+    path = tmp_path / "rows.json"
+    assert recorded(path) == []
+    first = numbered([], [row("led", "defaults", 0.75, 0.755, "multiclass")] * 2)
+    assert [r["run"] for r in first] == [1, 1]
+    path.write_text(json.dumps(first))
+    second = numbered(recorded(path), [row("led", "window0", 0.76, 0.755, "multiclass")])
+    assert [(r["run"], r["variant"]) for r in second] == [
+        (1, "defaults"), (1, "defaults"), (2, "window0"),
+    ]  # fmt: skip
+    path.write_text(json.dumps({"not": "rows"}))
+    with pytest.raises(SystemExit, match="not a list of rows"):
+        recorded(path)
