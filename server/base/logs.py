@@ -40,7 +40,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def configure_logging(level: str = "INFO", json_format: bool = False) -> None:
+def configure_logging(level: str | int = "INFO", json_format: bool = False) -> None:
     """Configure the root logger once for the process."""
     handler = logging.StreamHandler()
     if json_format:
@@ -59,12 +59,13 @@ def configure_logging(level: str = "INFO", json_format: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def current_logging() -> tuple[str, bool]:
-    """This process's root logging as ``configure_logging`` left it: its level's name and
-    whether it writes JSON (what a helper process it starts is told to log as)."""
+def current_logging() -> tuple[int, bool]:
+    """This process's root logging as ``configure_logging`` left it: its level (a number: a
+    level without a name passes too) and whether it writes JSON (what a helper process it
+    starts is told to log as)."""
     root = logging.getLogger()
     json_format = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
-    return logging.getLevelName(root.level), json_format
+    return root.level, json_format
 
 
 class LogThrottle:

@@ -302,14 +302,14 @@ def become(
 
 
 def main(argv: Sequence[str]) -> None:
-    """``SOCKET [--log-level LEVEL] [--log-json]``: the group's parent passes its own
+    """``SOCKET [--log-level NUMBER] [--log-json]``: the group's parent passes its own
     logging, so that the fork server's few lines read as the rest of the group's."""
     import argparse
     import runpy
 
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
     parser.add_argument("socket")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", type=int, default=logging.INFO)
     parser.add_argument("--log-json", action="store_true")
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_json)
@@ -426,7 +426,7 @@ class ForkServer:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         level, json_format = current_logging()
-        command = [sys.executable, "-m", __name__, self.socket_path, "--log-level", level]
+        command = [sys.executable, "-m", __name__, self.socket_path, "--log-level", str(level)]
         command += ["--log-json"] if json_format else []
         self.process = start_child(command, env=self.env)
         log.info("fork server started (pid %d): preloading TensorFlow and livefit for the "

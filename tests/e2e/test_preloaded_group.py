@@ -53,7 +53,7 @@ def forked_roles(fork_server: int) -> list[str]:
 def refused_launch(fork_server: int) -> bytes:
     """What the fork server ``fork_server`` answers this process's launch request (a pid and
     a newline if it forked one)."""
-    # python -m livefit.server.runtime.fork_server SOCKET --log-level LEVEL [--log-json]
+    # python -m livefit.server.runtime.fork_server SOCKET --log-level NUMBER [--log-json]
     path = Path(f"/proc/{fork_server}/cmdline").read_bytes().split(b"\0")[3].decode()
     request = {"args": ["--version"], "env": dict(os.environ), "cwd": "/"}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:

@@ -35,14 +35,19 @@ def test_json_lines(capsys: pytest.CaptureFixture[str]) -> None:
     assert "ValueError: boom" in lines[1]["exception"]
 
 
-@pytest.mark.parametrize(("level", "json_format"), [("WARNING", True), ("DEBUG", False)])
-def test_current_logging_reads_what_configure_logging_set(level: str, json_format: bool) -> None:
+@pytest.mark.parametrize(
+    ("level", "json_format"), [("WARNING", True), ("DEBUG", False), (25, False)]
+)
+def test_current_logging_reads_what_configure_logging_set(
+    level: str | int, json_format: bool
+) -> None:
     """What a group's parent passes on to its fork server (``fork_server.ForkServer``)."""
     root = logging.getLogger()
     saved = root.handlers[:], root.level
     try:
         configure_logging(level, json_format=json_format)
-        assert current_logging() == (level, json_format)
+        number = level if isinstance(level, int) else logging.getLevelName(level)
+        assert current_logging() == (number, json_format)
     finally:
         root.handlers[:], _ = saved
         root.setLevel(saved[1])
