@@ -86,9 +86,10 @@ def main(argv: Sequence[str]) -> None:
 
     from livefit.server.runtime import fork_server
 
+    unblocked = fork_server.hold_stop_signals()
     _preload()
     print(f"fork server ready on {argv[0]}", flush=True)
-    fork_server.serve(argv[0])
+    fork_server.serve(argv[0], unblocked)
     warn_as_python_would(os.environ)
     runpy.run_module("livefit", run_name="__main__", alter_sys=True)
 

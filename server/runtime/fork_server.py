@@ -121,21 +121,29 @@ def set_process_name(name: str) -> None:
 # ---- the fork server (``python -m livefit.server.runtime.fork_server SOCKET``) ----
 
 
-def serve(path: str) -> tuple[LaunchRequest, list[int]]:
+def hold_stop_signals() -> set[int | signal.Signals]:
+    """Block the stop signals in this thread and every thread it starts after; the mask
+    before, which each child puts back once it is set up (``serve``). Called before anything
+    is imported: TensorFlow's import starts a native thread, which would otherwise take a
+    SIGTERM sent to the process and end it (its default action)."""
+    return signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def serve(path: str, unblocked: set[int | signal.Signals]) -> tuple[LaunchRequest, list[int]]:
     """Fork a child for each request on the Unix socket ``path`` until this process is
     killed; returns only in a child, with its request and the descriptors it came with.
 
-    The stop signals are blocked here, and unblocked in each child once it is set up: systemd's
-    stop sends SIGTERM to every process of the service at once, and a fork server ended by it
-    would take its children down with SIGKILL before they stopped gracefully; a child keeps a
-    stop sent to it before it was set up (pending), where an ignored one would be lost.
+    The stop signals are held blocked (``hold_stop_signals``), and set back to ``unblocked``
+    in each child once it is set up: systemd's stop sends SIGTERM to every process of the
+    service at once, and a fork server ended by it would take its children down with SIGKILL
+    before they stopped gracefully; a child keeps a stop sent to it before it was set up
+    (pending), where an ignored one would be lost.
 
     A launch that cannot be read from the parent, or a ``fork`` the system refuses, is
     answered ``error ...`` (the launcher starts that process fresh, or fails as ``Popen``
     would); one from any other process is closed unanswered. Nothing a launch does ends the
     fork server: its children would die with it."""
     dies_with_this = die_with_parent()  # made here: it names this process as the parent
-    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(f"{path}{BINDING_SUFFIX}")
     listener.listen(64)
@@ -307,6 +315,7 @@ def main(argv: Sequence[str]) -> None:
     import argparse
     import runpy
 
+    unblocked = hold_stop_signals()
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
     parser.add_argument("socket")
     parser.add_argument("--log-level", type=int, default=logging.INFO)
@@ -318,7 +327,7 @@ def main(argv: Sequence[str]) -> None:
     set_process_name(FORK_SERVER_NAME)
     preload()
     gc.freeze()  # the collector leaves what was imported alone: its pages stay shared longer
-    serve(args.socket)
+    serve(args.socket, unblocked)
     runpy.run_module("livefit", run_name="__main__", alter_sys=True)
 
 

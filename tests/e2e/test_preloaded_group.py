@@ -93,6 +93,15 @@ def test_the_fork_server_forks_every_process_and_a_killed_one_takes_them_along(
         )  # fmt: skip
         assert refusal["level"] == "WARNING" and refusal["logger"].endswith("fork_server")
 
+        # a stop sent to the fork server alone (systemd's stop reaches every process): held
+        # blocked in every one of its threads (TensorFlow's own included), so it stays up and
+        # its children with it, until the parent stops the group
+        for stop in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            os.kill(first, stop)
+        time.sleep(1.0)
+        assert alive(first) and children(first) == forked
+        assert predict_on_new_connections(learner, 4) == [200] * 4
+
         # the fork server SIGKILLed: its children die with it (the parent-death signal), the
         # group starts a new fork server and every process again; samples published meanwhile
         # are trained, each once
@@ -154,3 +163,30 @@ def test_a_child_its_fork_server_does_not_reap_is_seen_to_exit() -> None:
     finally:
         os.waitpid(pid, 0)
         theirs.close()
+
+
+def test_a_stop_sent_to_a_fork_server_is_held_by_every_thread_of_it(tmp_path: Path) -> None:
+    """The fork server blocks the stop signals before it imports anything: TensorFlow's import
+    starts a native thread of its own, which took a SIGTERM sent to the process and ended it
+    (its default action), and with it every child (seen: the stop arrived, the process died)."""
+    path = tmp_path / "fork.sock"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "livefit.server.runtime.fork_server", str(path)],
+        env=quiet_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait(path.exists, timeout=120)
+        held = 1 << (signal.SIGHUP - 1) | 1 << (signal.SIGINT - 1) | 1 << (signal.SIGTERM - 1)
+        for status in Path(f"/proc/{server.pid}/task").glob("*/status"):
+            blocked = next(
+                int(line.split()[1], 16) for line in status.read_text().splitlines()
+                if line.startswith("SigBlk:")
+            )  # fmt: skip
+            assert blocked & held == held, (status, hex(blocked))
+        for stop in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            os.kill(server.pid, stop)
+        time.sleep(1.0)
+        assert server.poll() is None
+    finally:
+        server.kill()
+        server.wait(10)
