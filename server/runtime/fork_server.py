@@ -301,8 +301,7 @@ def become(
     time.tzset()  # likewise the time zone from TZ
     sys.argv = ["livefit", *request.args]
     if dies_with_parent is not None:
-        dies_with_parent()
-    name_process()
+        dies_with_parent()  # (named after its role by livefit's main, as a fresh one is)
     if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator anew
         import numpy as np
 
@@ -339,7 +338,9 @@ class ForkedChild(subprocess.Popen[bytes]):
     ``poll`` and ``wait`` read the exit status the fork server sends when it reaps the child
     (-9, SIGKILL, if the fork server itself is gone: its children die with it)."""
 
-    def __init__(self, pid: int, connection: socket.socket, args: Sequence[str]) -> None:
+    def __init__(
+        self, pid: int, connection: socket.socket, args: Sequence[str], received: bytes = b""
+    ) -> None:
         # Popen's own __init__ starts a process: only the attributes its other methods read
         self.args = list(args)
         self.pid = pid
@@ -347,7 +348,7 @@ class ForkedChild(subprocess.Popen[bytes]):
         self.stdin = self.stdout = self.stderr = None
         self._child_created = False  # nothing for Popen.__del__ to reap
         self._connection = connection
-        self._received = b""
+        self._received = received  # what came after the pid in the launch's answer
         self._reading = threading.Lock()  # a stop in one thread, a poll in another
         self._zombie_since: float | None = None
 
@@ -392,21 +393,20 @@ class ForkedChild(subprocess.Popen[bytes]):
             self.returncode = os.waitstatus_to_exitcode(int(fields[52 - 3]))  # exit_code
 
     def _read_status(self, timeout: float) -> None:
-        if self.returncode is not None:
-            return
-        readable, _, _ = select.select([self._connection], [], [], timeout)
-        if not readable:
-            self._read_unreaped()
-            return
-        try:
-            chunk = self._connection.recv(4096)
-        except OSError:
-            chunk = b""
-        self._received += chunk
-        if b"\n" in self._received:
+        if self.returncode is None and b"\n" not in self._received:
+            readable, _, _ = select.select([self._connection], [], [], timeout)
+            if not readable:
+                self._read_unreaped()
+            else:
+                try:
+                    chunk = self._connection.recv(4096)
+                except OSError:
+                    chunk = b""
+                self._received += chunk
+                if not chunk and b"\n" not in self._received:
+                    self.returncode = -signal.SIGKILL
+        if self.returncode is None and b"\n" in self._received:
             self.returncode = int(self._received.split(b"\n")[0].split()[1])
-        elif not chunk:
-            self.returncode = -signal.SIGKILL
         if self.returncode is not None:
             self._connection.close()
 
@@ -444,7 +444,8 @@ class ForkServer:
         while not os.path.exists(self.socket_path):
             code = self.process.poll()
             if code is not None or time.monotonic() > deadline:
-                self.stop()
+                self._kill(self.process)  # not the abandoned ones: their children run on
+                self.process = None
                 raise ForkServerGone(f"the fork server did not start (status {code})")
             time.sleep(0.02)
 
@@ -462,11 +463,15 @@ class ForkServer:
     def stop(self) -> None:
         """SIGKILL the fork servers (and so any child of theirs still running)."""
         for process in [*self.abandoned, *([self.process] if self.process else [])]:
-            with contextlib.suppress(OSError):
-                process.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(10)
+            self._kill(process)
         self.process, self.abandoned = None, []
+
+    @staticmethod
+    def _kill(process: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(OSError):
+            process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)
 
     def launch(
         self, argv: Sequence[str], env: Mapping[str, str], fds: Mapping[int, Sequence[int]] = {}
@@ -500,22 +505,23 @@ def request_fork(
         connection.connect(socket_path)
         socket.send_fds(connection, [json.dumps(request).encode() + b"\n"], sent)
         answer = b""
-        while not answer.endswith(b"\n"):
+        while b"\n" not in answer:
             chunk = connection.recv(64)
             if not chunk:
                 raise OSError("the fork server closed the connection without a pid")
             answer += chunk
-        if answer.startswith(b"error "):
+        line, _, after = answer.partition(b"\n")  # a child that ended at once: its status too
+        if line.startswith(b"error "):
             connection.close()
-            raise LaunchRefused(answer[6:].decode(errors="replace").strip())
-        pid = int(answer)
+            raise LaunchRefused(line[6:].decode(errors="replace").strip())
+        pid = int(line)
     except LaunchRefused:
         raise
     except (OSError, ValueError) as exc:
         connection.close()
         raise ForkServerGone(f"the fork server did not answer: {exc}") from exc
     connection.settimeout(None)
-    return ForkedChild(pid, connection, argv)
+    return ForkedChild(pid, connection, argv, received=after)
 
 
 class Launcher:

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,69 @@ def test_a_launch_the_fork_server_does_not_answer_raises(
     with pytest.raises(ForkServerGone, match="did not answer"):
         server.launch(["python", "-m", "livefit", "serve"], {})
     listener.close()
+
+
+def test_a_status_that_comes_with_the_pid_is_the_childs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child that ended before the launcher read its pid: the fork server's pid line and
+    the status line can arrive in one read; the launch is not taken for a broken answer (the
+    fork server abandoned), and the status is the child's."""
+    server = ForkServer(tmp_path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(server.socket_path)
+    listener.listen(1)
+    kept: list[socket.socket] = []
+
+    def answer() -> None:
+        connection, _ = listener.accept()
+        connection.recv(65536)
+        connection.sendall(b"4242\nexit 3\n")
+        kept.append(connection)  # left open: the status must not need its end
+
+    answering = threading.Thread(target=answer)
+    answering.start()
+    monkeypatch.setattr(server, "running", lambda: True)
+    try:
+        process = server.launch(["python", "-m", "livefit", "serve"], {})
+    finally:
+        answering.join(10)
+        listener.close()
+    assert process.pid == 4242 and process.poll() == 3 and process.wait(1) == 3
+    for connection in kept:
+        connection.close()
+
+
+def test_a_fork_server_that_fails_to_start_leaves_the_abandoned_ones_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new fork server that exits before it listens is killed alone: an abandoned one's
+    children are still serving and must go on (they die with it)."""
+    killed: list[str] = []
+
+    class Exited:
+        pid = 1
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def poll(self) -> int:
+            return 1
+
+        def kill(self) -> None:
+            killed.append(self.name)
+
+        def wait(self, timeout: float) -> int:
+            return 1
+
+    server = ForkServer(tmp_path)
+    server.process = Exited("stopped")  # type: ignore[assignment]
+    server.abandon()
+    monkeypatch.setattr(fork_server, "start_child", lambda *a, **k: Exited("new"))
+    with pytest.raises(ForkServerGone, match="did not start"):
+        server.start()
+    assert killed == ["new"] and server.process is None
+    assert [p.name for p in server.abandoned] == ["stopped"]  # type: ignore[attr-defined]
 
 
 def test_a_group_process_is_named_after_its_role(monkeypatch: pytest.MonkeyPatch) -> None:
