@@ -64,9 +64,10 @@ class NoiseFilter:
         return not (self.no_driver and _CUINIT_FAILED.match(text))
 
 
-def filter_stream(source: BinaryIO, sink: BinaryIO) -> None:
-    """Copy ``source`` to ``sink`` line by line, without the lines ``NoiseFilter`` drops."""
-    noise = NoiseFilter()
+def filter_stream(source: BinaryIO, sink: BinaryIO, noise: NoiseFilter | None = None) -> None:
+    """Copy ``source`` to ``sink`` line by line, without the lines ``noise`` (a new
+    ``NoiseFilter`` by default) drops."""
+    noise = noise or NoiseFilter()
     for line in source:
         if noise.keep(line):
             sink.write(line)
@@ -141,10 +142,8 @@ def _listing_filtered(no_driver: bool) -> Iterator[None]:
     noise.no_driver = no_driver
 
     def copy() -> None:
-        with os.fdopen(read_end, "rb") as source:
-            for line in source:
-                if noise.keep(line):
-                    os.write(saved, line)
+        with os.fdopen(read_end, "rb") as source, os.fdopen(saved, "wb", closefd=False) as sink:
+            filter_stream(source, sink, noise)
 
     reader = threading.Thread(target=copy, name="livefit-stderr-filter", daemon=True)
     reader.start()
