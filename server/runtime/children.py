@@ -36,6 +36,15 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
+def stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` from the third (the state) on: ``[0]`` is field 3;
+    the command name before them may hold spaces and parentheses, so they start after its
+    last ")". Raises ``OSError`` (``FileNotFoundError``: no such process, or no /proc)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rindex(b")") + 2 :].decode().split()
+
+
 @functools.cache
 def prctl() -> Callable[..., int] | None:
     """Linux's ``prctl``, from this process's own symbols (libc's), looked up once; None

@@ -65,7 +65,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..base.logs import configure_logging, current_logging, process_label
-from .children import die_with_parent, prctl, start_child
+from .children import die_with_parent, prctl, start_child, stat_fields
 
 log = logging.getLogger(__name__)
 
@@ -379,10 +379,9 @@ class ForkedChild(subprocess.Popen[bytes]):
         group then learns of the death, and restarts it, as it does of any other. (An
         unreaped child's pid is not reused: this is always that child.)"""
         try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
+            fields = stat_fields(self.pid)
         except OSError:
             return
-        fields = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
         if fields[0] != "Z":
             self._zombie_since = None
             return

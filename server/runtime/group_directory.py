@@ -30,6 +30,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+from .children import stat_fields
 from .listening import StartupError
 
 log = logging.getLogger(__name__)
@@ -98,14 +99,12 @@ def owner_record(pid: int) -> str | None:
     """``"<pid> <start time>"`` for a running process (its start time in clock ticks since
     boot, from /proc), ``"<pid>"`` where /proc is not there; None when it is not running."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat_fields(pid)
     except FileNotFoundError:
         return None if Path("/proc/self/stat").exists() else _pid_only(pid)
     except OSError:
         return _pid_only(pid)
-    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return f"{pid} {fields[19]}\n"  # field 22, the start time
+    return f"{pid} {fields[22 - 3]}\n"  # field 22, the start time
 
 
 def _pid_only(pid: int) -> str | None:

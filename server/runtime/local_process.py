@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, Self
 
-from .children import start_child
+from .children import start_child, stat_fields
 
 LOOPBACK = "127.0.0.1"
 QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
@@ -207,11 +207,10 @@ def _group_alive(pgid: int) -> bool:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+            fields = stat_fields(entry)
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != b"Z":  # after "(comm)": state, ppid, pgrp
+        if int(fields[5 - 3]) == pgid and fields[0] != "Z":  # field 5 the group, 3 the state
             return True
     return False
 
