@@ -27,7 +27,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -129,6 +128,7 @@ class ForkServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     def _start(self) -> None:
+        from livefit.server.runtime import fork_server
         from livefit.server.runtime.children import start_child
         from livefit.server.runtime.local_process import quiet_env
 
@@ -141,13 +141,10 @@ class ForkServer:
             self.process = start_child([sys.executable, "-m", "tests.forkserver", self.socket_path],
                                        stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                        cwd=root)  # fmt: skip
-        deadline = time.monotonic() + 120
-        while not os.path.exists(self.socket_path):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the fork server did not start: {(self.workdir / 'forkserver.log').read_text()}"
-                )
-            time.sleep(0.05)
+        if not fork_server.listens(self.process, self.socket_path, fork_server.START_TIMEOUT_S):
+            raise RuntimeError(
+                f"the fork server did not start: {(self.workdir / 'forkserver.log').read_text()}"
+            )
 
     def stop(self) -> None:
         if self.process is not None:

@@ -439,14 +439,11 @@ class ForkServer:
         self.process = start_child(command, env=self.env)
         log.info("fork server started (pid %d): preloading TensorFlow and livefit for the "
                  "group's processes", self.process.pid)  # fmt: skip
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not os.path.exists(self.socket_path):
+        if not listens(self.process, self.socket_path, START_TIMEOUT_S):
             code = self.process.poll()
-            if code is not None or time.monotonic() > deadline:
-                self._kill(self.process)  # not the abandoned ones: their children run on
-                self.process = None
-                raise ForkServerGone(f"the fork server did not start (status {code})")
-            time.sleep(0.02)
+            self._kill(self.process)  # not the abandoned ones: their children run on
+            self.process = None
+            raise ForkServerGone(f"the fork server did not start (status {code})")
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -485,6 +482,17 @@ class ForkServer:
         except OSError:  # removed since: the child starts where the fork server is
             cwd = None
         return request_fork(self.socket_path, argv, env, cwd, fds)
+
+
+def listens(process: subprocess.Popen[bytes], socket_path: str, timeout_s: float) -> bool:
+    """Wait until the fork server ``process`` listens on ``socket_path`` (its imports done);
+    False if it exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(socket_path):
+        if process.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def request_fork(
