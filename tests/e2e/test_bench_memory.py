@@ -90,7 +90,9 @@ def _sample_the_tree(parent: subprocess.Popen[str], gate: Path) -> None:
         parent.stdin.write("restart\n")
         parent.stdin.flush()
         assert parent.stdout.readline().strip() == "restarted"
-        time.sleep(0.5)
+        # the new child names itself after its imports: a second or more on a loaded host
+        restarted = lambda: len(sampler.pids.get("serving 0", ())) == 2  # noqa: E731
+        _until(restarted, "the restarted serving process never seen by its name")
     assert len(sampler.samples) >= 4
     assert len(sampler.pids["serving 0"]) == 2
     assert len(sampler.pids["training"]) == len(sampler.pids[MAIN]) == 1
