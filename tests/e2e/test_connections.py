@@ -119,6 +119,18 @@ def tight() -> Iterator[Server]:
     assert server.stop() == 0
 
 
+def server_sockets(port: int) -> tuple[int, int]:
+    """The established connections to ``port`` on loopback, on the server's side; the number
+    of them holding bytes the server has not read (``/proc/net/tcp``: the receive queue)."""
+    established = unread = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        _, local, _, state, queues = line.split()[:5]
+        if int(local.split(":")[1], 16) == port and state == "01":  # 01: ESTABLISHED
+            established += 1
+            unread += int(queues.split(":")[1], 16) > 0
+    return established, unread
+
+
 def connect(server: Server) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
     sock.setblocking(False)
@@ -238,7 +250,10 @@ def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503(capped: Server
             sock = socket.create_connection(("127.0.0.1", capped.port), timeout=5)
             sock.sendall(head)
             busy.append(sock)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while (sockets := server_sockets(capped.port))[0] < len(busy) or sockets[1]:
+            assert time.monotonic() < deadline, f"(established, unread): {sockets}"
+            time.sleep(0.05)  # until every head is read, so that every connection is busy
         extra = socket.create_connection(("127.0.0.1", capped.port), timeout=5)
         extra.settimeout(5)
         answer = b""

