@@ -460,10 +460,11 @@ def test_broker_loss_is_visible_and_the_drop_in_prevents_it(tmp_path: Path, drop
             # A broker drops the newest messages: loss shows once a later number arrives.
             publisher.publish(np.zeros(4, np.float32), np.zeros(1, np.float32), batched=False)
             count += 1
+        deadline = time.monotonic() + 60  # every message trained or counted lost, then quiet
+        while sum(accounted(server)) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
         settle(server)
-        done = trained(server)
-        missing = server.metric("livefit_ingest_seq_missing", model="demo")
-        gaps = server.metric("livefit_ingest_seq_gaps_total", model="demo")
+        done, missing, gaps = accounted(server)
     finally:
         server.stop()
         broker.stop()
@@ -477,6 +478,13 @@ def test_broker_loss_is_visible_and_the_drop_in_prevents_it(tmp_path: Path, drop
         assert dropped_in_log, "the burst did not exceed the broker's queue: no test"
         assert missing + gaps > 0
         assert done + missing + gaps == count  # every lost message is counted
+
+
+def accounted(server: LivefitProcess) -> tuple[float, float, float]:
+    """Samples trained, sequence numbers missing, gaps."""
+    missing = server.metric("livefit_ingest_seq_missing", model="demo")
+    gaps = server.metric("livefit_ingest_seq_gaps_total", model="demo")
+    return trained(server), missing, gaps
 
 
 def settle(server: LivefitProcess, quiet_s: float = 1.5, timeout: float = 120.0) -> None:

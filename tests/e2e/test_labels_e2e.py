@@ -58,8 +58,10 @@ def config(broker: Mosquitto, storage: Path) -> str:
     return configs.learner_config(
         broker, storage, f"labels-{broker.port}",
         labelled("joins", "ttl_s = 3600"),
-        labelled("drop", "ttl_s = 3\nmax_pending = 5"),
-        labelled("dflt", 'ttl_s = 3\nmax_pending = 5\non_expiry = "default"\ndefault_y = 0.25'),
+        # ttl_s: long enough for a label to follow its record on a loaded host, short enough
+        # for the expiry to be waited for
+        labelled("drop", "ttl_s = 6\nmax_pending = 5"),
+        labelled("dflt", 'ttl_s = 6\nmax_pending = 5\non_expiry = "default"\ndefault_y = 0.25'),
     )  # fmt: skip
 
 
@@ -230,7 +232,7 @@ def test_expiry_by_count_and_by_ttl(fleet, name: str) -> None:
         assert wait_for(lambda: outcome(learner, name, "expired"), 2) == 2  # max_pending = 5
         client.labels(name, [f"{name}-0", f"{name}-6"], [[1.0], [1.0]])  # expired, pending
     assert wait_for(lambda: outcome(learner, name, "joined"), 1) == 1
-    assert wait_for(lambda: outcome(learner, name, "expired"), 6, timeout=20) == 6  # ttl_s = 3
+    assert wait_for(lambda: outcome(learner, name, "expired"), 6, timeout=30) == 6  # ttl_s = 6
     assert outcome(learner, name, "late") == 1
     learned = 1 + (6 if name == "dflt" else 0)  # the join, and the default labels
     assert wait_for(
