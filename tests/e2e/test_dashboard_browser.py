@@ -245,10 +245,18 @@ def open_page(browser: Browser, url: str, ready: Callable[[Page], bool]) -> Page
 def check_learner_page(browser: Browser, url: str) -> None:
     first = open_page(browser, url, lambda p: (p["stats"]["train_samples_total"] or 0) > 0)
     assert first["title"] == "livefit \u2013 learner"
-    time.sleep(3)
-    second = read_until(browser, lambda p: bool(p["stats"]["latency_p50_ms"]), 10)
+    before = first["stats"]
+
+    def moved(page: Page) -> bool:  # the page has followed the learner: on a loaded host, seconds
+        after = page["stats"]
+        return (bool(after["latency_p50_ms"])
+                and page["points"]["samples"] > first["points"]["samples"]
+                and after["train_samples_total"] > before["train_samples_total"]
+                and after["model_version"] > before["model_version"])  # fmt: skip
+
+    second = read_until(browser, moved, 30)
     browser.screenshot(ARTIFACTS / "dashboard.png")
-    before, after = first["stats"], second["stats"]
+    after = second["stats"]
     assert after["train_samples_total"] > before["train_samples_total"], (first, second)
     assert after["model_version"] > before["model_version"], (first, second)
     assert after["predict_requests_total"] > 0, second
@@ -262,8 +270,13 @@ def check_learner_page(browser: Browser, url: str) -> None:
 def check_replica_page(browser: Browser, url: str) -> None:
     first = open_page(browser, url, lambda p: p["stats"]["weights_age_seconds"] is not None)
     assert first["title"] == "livefit \u2013 replica"
-    time.sleep(2)
-    second = read_until(browser, lambda p: bool(p["stats"]["latency_p50_ms"]), 10)
+
+    def moved(page: Page) -> bool:  # the page has followed the replica's new versions
+        return (bool(page["stats"]["latency_p50_ms"])
+                and page["stats"]["serving_version"] > first["stats"]["serving_version"]
+                and page["points"]["weights_age"] > first["points"]["weights_age"])  # fmt: skip
+
+    second = read_until(browser, moved, 30)
     browser.screenshot(ARTIFACTS / "dashboard-replica.png")
     assert second["stats"]["serving_version"] > first["stats"]["serving_version"], (first, second)
     assert second["stats"]["predict_requests_total"] > 0, second

@@ -39,6 +39,7 @@ from livefit.clients.predict import PredictClient
 from livefit.local_servers import LivefitProcess
 from livefit.server.runtime.local_process import stop_all
 from livefit.server.runtime.mosquitto import Mosquitto
+from livefit.server.weights.keys import default_public_path
 from livefit.server.wire.labels import encode_predictions
 from tests import configs
 from tests.layouts import LAYOUT_IDS, LAYOUTS, ONE_PROCESS, metric, with_layout
@@ -76,8 +77,14 @@ def running_fleet(workdir: Path, layout: str) -> Iterator[Fleet]:
     text = config(broker, workdir / "data")
     learner = LivefitProcess(with_layout(text, layout), workdir)
     replica = LivefitProcess(text, workdir, command="replica")
-    try:  # side by side: the replica waits for the learner's key, then for its weights
+    try:  # side by side: the replica waits for its weights while the learner gets ready
         learner.start(ready_timeout_s=None)
+        # A replica waits broker.connect_timeout_s (10 s) for the key of a learner sharing its
+        # storage, which a learner writes after its imports: a loaded host took longer
+        key, deadline = default_public_path(workdir / "data"), time.monotonic() + 120
+        while not key.is_file():
+            assert time.monotonic() < deadline and learner.alive(), learner.tail()
+            time.sleep(0.05)
         replica.start(ready_timeout_s=None)
         learner.wait_ready()
         replica.wait_ready()
