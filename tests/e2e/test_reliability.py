@@ -39,6 +39,15 @@ from tests.layouts import (
 MESSAGE_SAMPLES = 10
 
 
+def checkpoint_after(server: LivefitProcess, timeout: float = 30) -> None:
+    """Until a checkpoint is written after this call (the next interval's)."""
+    written = lambda: metric(server, "livefit_checkpoints_total", model="demo", outcome="ok")  # noqa: E731
+    before, deadline = written(), time.monotonic() + timeout
+    while written() <= before:
+        assert time.monotonic() < deadline, f"no checkpoint in {timeout:.0f} s"
+        time.sleep(0.1)
+
+
 # SIGKILLs of the whole learner, each at a random point 0.3-2.5 s after the last restart: 6
 # of the one-process learner (10 took 118 s, the suite's longest test, for no case 6 misses),
 # 4 of a split learner, which restarts two TensorFlow processes each time (the kinds of
@@ -190,7 +199,8 @@ def test_corrupt_newest_checkpoint_falls_back(own_broker: Mosquitto, tmp_path: P
         for part in (1, 2):
             StreamingPublisher(own_broker, count=500, rate=0, source=f"part-{part}").run()
             wait_trained(server, 500 * part, settle_s=0)
-            time.sleep(1.5 if part == 1 else 0)  # past the 1 s checkpoint interval
+            if part == 1:
+                checkpoint_after(server)  # at the 1 s interval
     finally:
         assert server.stop() == 0
     checkpoints = sorted((tmp_path / "data" / "checkpoints" / "demo").glob("ckpt-*.safetensors"))
