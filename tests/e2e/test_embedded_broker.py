@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import time
 
 import pytest
@@ -14,6 +16,7 @@ from livefit.server.runtime.broker import EmbeddedAmqtt
 from livefit.server.runtime.local_process import free_port
 
 pytest.importorskip("amqtt")
+PAYLOAD = b'{"x": [1], "y": [2]}'
 # amqtt's own modules warn on import (deprecated APIs); not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::ResourceWarning")
 
@@ -33,10 +36,14 @@ def test_embedded_amqtt_carries_samples_over_mqtt_311() -> None:
         receiver.start()
         sender.start()
         assert receiver.wait_connected(10) and sender.wait_connected(10)
-        time.sleep(0.3)  # the subscription is in place
-        sender.publish("livefit/demo/samples", b'{"x": [1], "y": [2]}', qos=1).wait_for_publish(10)
-        message = receiver.inbox.get(timeout=10)
-        assert message.payload == b'{"x": [1], "y": [2]}' and message.qos == 1
+        deadline = time.monotonic() + 30
+        while True:  # sent again until the subscription is in place: none is kept before it
+            sender.publish("livefit/demo/samples", PAYLOAD, qos=1).wait_for_publish(10)
+            with contextlib.suppress(queue.Empty):
+                message = receiver.inbox.get(timeout=1)
+                break
+            assert time.monotonic() < deadline, "nothing arrived"
+        assert message.payload == PAYLOAD and message.qos == 1
         receiver.ack(message)
     finally:
         sender.stop()
