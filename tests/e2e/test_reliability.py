@@ -39,15 +39,6 @@ from tests.layouts import (
 MESSAGE_SAMPLES = 10
 
 
-def checkpoint_after(server: LivefitProcess, timeout: float = 30) -> None:
-    """Until a checkpoint is written after this call (the next interval's)."""
-    written = lambda: metric(server, "livefit_checkpoints_total", model="demo", outcome="ok")  # noqa: E731
-    before, deadline = written(), time.monotonic() + timeout
-    while written() <= before:
-        assert time.monotonic() < deadline, f"no checkpoint in {timeout:.0f} s"
-        time.sleep(0.1)
-
-
 # SIGKILLs of the whole learner, each at a random point 0.3-2.5 s after the last restart: 6
 # of the one-process learner (10 took 118 s, the suite's longest test, for no case 6 misses),
 # 4 of a split learner, which restarts two TensorFlow processes each time (the kinds of
@@ -199,8 +190,11 @@ def test_corrupt_newest_checkpoint_falls_back(own_broker: Mosquitto, tmp_path: P
         for part in (1, 2):
             StreamingPublisher(own_broker, count=500, rate=0, source=f"part-{part}").run()
             wait_trained(server, 500 * part, settle_s=0)
-            if part == 1:
-                checkpoint_after(server)  # at the 1 s interval
+            if part == 1:  # the 1 s interval's next checkpoint
+                name = "livefit_checkpoints_total"
+                before = server.metric(name, model="demo", outcome="ok")
+                after = server.wait_for_metric(name, before + 1, model="demo", outcome="ok")
+                assert after > before, "no checkpoint at the 1 s interval"
     finally:
         assert server.stop() == 0
     checkpoints = sorted((tmp_path / "data" / "checkpoints" / "demo").glob("ckpt-*.safetensors"))
